@@ -1,0 +1,476 @@
+"""The run's configuration: one typed, validated object built from the trigger form's params.
+
+Every field is declared once here with its default, form section, title and description; the DAG's
+``Param``s (``tpu_rl.params``) and the plan command are generated from these declarations.
+Defaults are the tutorial's values. Validation collects every problem, each naming the field and the
+fix, and runs before anything is created in the cloud.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from tpu_rl.tpu import SliceError, SliceShape, slice_shape
+
+SECTIONS = ("Cloud", "Cluster", "TPU slice", "Model", "Training", "Advanced")
+
+#: Models the MaxText 0.2.4 converters and model configs know (checked against the release by the tests).
+SUPPORTED_MODELS = (
+    "qwen3-0.6b",
+    "qwen3-4b",
+    "qwen3-8b",
+    "qwen3-14b",
+    "qwen3-32b",
+    "qwen3-30b-a3b",
+    "qwen3-30b-a3b-base",
+    "qwen3-235b-a22b",
+    "llama3.1-8b",
+    "llama3.1-70b",
+)
+
+#: The dataset ``train_rl`` uses when ``dataset_name`` is not given (MaxText 0.2.4, configs/post_train/rl.yml).
+MAXTEXT_DEFAULT_DATASET = "openai/gsm8k"
+
+
+def _param(default: Any, section: str, title: str, description: str, **schema: Any) -> Any:
+    """Declares a field with what the trigger form shows for it. ``default=None`` marks it required."""
+    metadata = {"section": section, "title": title, "description": description, "schema": schema}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _required(section: str, title: str, description: str, **schema: Any) -> Any:
+    return _param(None, section, title, description, **schema)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    # Cloud
+    project: str = _required("Cloud", "Project", "Google Cloud project ID that is billed for the run.")
+    region: str = _required("Cloud", "Region", "Region of the cluster and the bucket, e.g. us-east5.")
+    zone: str = _required("Cloud", "Zone", "Zone of the TPU node pool (inside the region), e.g. us-east5-b.")
+    gcs_bucket: str = _required(
+        "Cloud", "Cloud Storage bucket", "Bucket for checkpoints and exports; created in the region if absent."
+    )
+    gcp_conn_id: str = _param("google_cloud_default", "Cloud", "Google Cloud connection", "Airflow connection id.")
+
+    # Cluster
+    cluster_name: str = _required("Cluster", "Cluster name", "GKE cluster to create or use (at most 40 characters).")
+    cluster_mode: str = _param(
+        "create",
+        "Cluster",
+        "Cluster mode",
+        "create: this run creates the cluster and deletes it at the end. existing: use a running cluster "
+        "and never delete it.",
+        enum=["create", "existing"],
+    )
+    kubernetes_conn_id: str = _param(
+        "",
+        "Cluster",
+        "Kubernetes connection",
+        "Reach an existing cluster through this Airflow Kubernetes connection instead of GKE credentials "
+        "(e.g. a local simulated cluster). Empty: use GKE.",
+    )
+    namespace: str = _param("default", "Cluster", "Namespace", "Kubernetes namespace of the workloads.")
+    pw_cpu_machine_type: str = _param(
+        "c4d-standard-96",
+        "Cluster",
+        "CPU pool machine type",
+        "Machine type of the CPU pool that runs the Pathways head and the conversions.",
+    )
+    cpu_pool_name: str = _param(
+        "cpu-np", "Cluster", "CPU pool name", "Node pool for the Pathways head and the conversions."
+    )
+    cpu_pool_max_nodes: int = _param(4, "Cluster", "CPU pool max nodes", "Autoscaling limit.", minimum=1)
+    authorized_cidr: str = _param(
+        "0.0.0.0/0",
+        "Cluster",
+        "Authorized network",
+        "CIDR allowed to reach the control plane of a created cluster. The tutorial's 0.0.0.0/0 is open to "
+        "the world: narrow it to your network.",
+    )
+    kueue_queue_name: str = _param(
+        "",
+        "Cluster",
+        "Kueue LocalQueue",
+        "Submit workloads through this Kueue LocalQueue (Kueue must run on the cluster). Empty: no Kueue.",
+    )
+    jobset_version: str = _param(
+        "v0.10.1", "Cluster", "JobSet version", "Installed when the cluster has no JobSet controller."
+    )
+
+    # TPU slice
+    tpu_type: str = _param("v6e-64", "TPU slice", "TPU type", "Generation and size, e.g. v6e-64.")
+    topology: str = _param("8x8", "TPU slice", "Topology", "Chip topology of one slice, e.g. 8x8.")
+    compute_type: str = _param(
+        "ct6e-standard-4t", "TPU slice", "TPU machine type", "Machine type of the TPU hosts."
+    )
+    cluster_nodepool_count: int = _param(
+        1, "TPU slice", "Number of slices", "TPU node pools (slices) the training uses.", minimum=1
+    )
+    reservation: str = _param(
+        "", "TPU slice", "Reservation", "Name of the TPU reservation to consume. Empty: no reservation."
+    )
+    tpu_pool_mode: str = _param(
+        "per_run",
+        "TPU slice",
+        "TPU node pool mode",
+        "per_run: created just before training and deleted right after it. cluster: created with the "
+        "cluster and kept for its life. existing: use the pool(s) already in the cluster.",
+        enum=["per_run", "cluster", "existing"],
+    )
+    node_service_account: str = _param(
+        "",
+        "TPU slice",
+        "Node service account",
+        "Service account of the TPU and CPU nodes; it needs object access on the bucket (hostNetwork pods "
+        "skip Workload Identity). Empty: the Compute Engine default.",
+    )
+
+    # Model
+    model_name: str = _param(
+        "qwen3-30b-a3b", "Model", "MaxText model", "MaxText model name.", examples=list(SUPPORTED_MODELS)
+    )
+    hf_model_path: str = _param(
+        "Qwen/Qwen3-30B-A3B-Instruct-2507",
+        "Model",
+        "Hugging Face model",
+        "Checkpoint converted to MaxText, and the tokenizer shipped with the export.",
+    )
+    tokenizer_path: str = _param(
+        "Qwen/Qwen3-30B-A3B-Instruct-2507", "Model", "Tokenizer", "Tokenizer used by the RL trainer."
+    )
+    hf_token_conn_id: str = _param(
+        "huggingface_default",
+        "Model",
+        "Hugging Face token connection",
+        "Airflow connection whose password is the Hugging Face token. It reaches the pods as a Kubernetes "
+        "Secret, never as a value in the DAG, a log or a command line.",
+    )
+    cloud_image_name: str = _param(
+        "us-docker.pkg.dev/cloud-tpu-images/maxtext-images/tpu_post_training:0.2.4",
+        "Model",
+        "MaxText image",
+        "Container image of the conversions and the trainer.",
+    )
+    scan_layers: bool = _param(True, "Model", "Scan layers", "Must be the same in all three stages.")
+    conversion_on_tpu: bool = _param(
+        False,
+        "Model",
+        "Convert on the TPU slice",
+        "Run the conversions the tutorial's way, as a job over the whole TPU slice. Default: one pod on the "
+        "CPU pool, which leaves the slice free.",
+    )
+    conversion_cpu: str = _param("32", "Model", "Conversion CPU", "CPU request of a conversion pod.")
+    conversion_memory: str = _param(
+        "256Gi", "Model", "Conversion memory", "Memory request of a conversion pod (a 30B model needs >= 128Gi)."
+    )
+
+    # Training
+    run_name: str = _param("rl", "Training", "Run name", "MaxText run_name.", pattern=r"^[A-Za-z0-9_.-]+$")
+    num_batches: int = _param(50, "Training", "Batches", "num_batches.", minimum=1)
+    batch_size: int = _param(4, "Training", "Batch size", "batch_size.", minimum=1)
+    rollout_tensor_parallelism: int = _param(8, "Training", "Rollout tensor parallelism", "rollout_tensor_parallelism.")
+    rollout_expert_parallelism: int = _param(1, "Training", "Rollout expert parallelism", "rollout_expert_parallelism.")
+    trainer_devices_fraction: float = _param(0.5, "Training", "Trainer devices fraction", "Share of chips training.")
+    sampler_devices_fraction: float = _param(0.5, "Training", "Sampler devices fraction", "Share of chips sampling.")
+    ici_tensor_parallelism: int = _param(4, "Training", "ICI tensor parallelism", "ici_tensor_parallelism.")
+    ici_expert_parallelism: int = _param(4, "Training", "ICI expert parallelism", "ici_expert_parallelism.")
+    hbm_utilization_vllm: float = _param(0.65, "Training", "vLLM HBM utilization", "hbm_utilization_vllm.")
+    reshard_chunk_size: int = _param(8, "Training", "Reshard chunk size", "reshard_chunk_size.", minimum=1)
+    remat_policy: str = _param("full", "Training", "Remat policy", "remat_policy.")
+    async_scheduling: bool = _param(False, "Training", "Async scheduling", "async_scheduling.")
+    allow_split_physical_axes: bool = _param(True, "Training", "Allow split physical axes", "allow_split_physical_axes.")
+    ragged_gather_reduce_fallback: bool = _param(
+        True, "Training", "Ragged gather reduce fallback", "ragged_gather_reduce_fallback."
+    )
+    data_template_path: str = _param(
+        "maxtext/examples/chat_templates/openmathinstruct2_rl.json", "Training", "Data template", "data_template_path."
+    )
+    dataset_name: str = _param(
+        "", "Training", "Dataset", f"dataset_name. Empty: MaxText's default ({MAXTEXT_DEFAULT_DATASET})."
+    )
+    checkpoint_period: int = _param(
+        50, "Training", "Checkpoint period", "Steps between checkpoints; a crash loses up to this many.", minimum=1
+    )
+    extra_train_args: dict = _param(
+        {},
+        "Training",
+        "Extra train_rl arguments",
+        "More MaxText keys for train_rl, e.g. {\"rl.num_iterations\": 2}. Unknown keys fail the trainer.",
+    )
+
+    # Advanced
+    workload_prefix: str = _param(
+        "qwen",
+        "Advanced",
+        "Workload name prefix",
+        "Prefix of the JobSet names (the run adds the stage and a run key).",
+        pattern=r"^[a-z][a-z0-9-]*$",
+    )
+    pathways_image_tag: str = _param(
+        "latest",
+        "Advanced",
+        "Pathways image tag",
+        "Tag of the Pathways proxy and server images; pin it to match the JAX in the MaxText image.",
+    )
+    max_restarts: int = _param(
+        0,
+        "Advanced",
+        "JobSet restarts",
+        "failurePolicy.maxRestarts of the training JobSet. Airflow retries resume from the last checkpoint.",
+        minimum=0,
+    )
+    ttl_seconds_after_finished: int = _param(
+        3600, "Advanced", "JobSet TTL", "Seconds a finished JobSet is kept (--gke-ttl-after-finished).", minimum=0
+    )
+    keep_cluster: bool = _param(
+        False, "Advanced", "Keep the cluster", "Do not delete a cluster this run created (you pay for it)."
+    )
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> RunConfig:
+        """Builds and validates the config; raises ConfigError naming every bad field."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        problems = [
+            Problem(name, "is not a parameter of this DAG", "remove it from the run's conf")
+            for name in params
+            if name not in known
+        ]
+        values = {}
+        for name, spec in known.items():
+            value = params.get(name)
+            if value is None:
+                value = _default_of(spec)
+            try:
+                values[name] = _coerce(value, spec.type)
+            except (TypeError, ValueError):
+                problems.append(Problem(name, f"must be {spec.type}, got {value!r}", f"give a {spec.type} value"))
+                values[name] = _default_of(spec)
+        config = cls(**values)
+        problems += config.problems()
+        if problems:
+            raise ConfigError(problems)
+        return config
+
+    def problems(self) -> list[Problem]:
+        return list(_validate(self))
+
+    # Derived values, computed once.
+
+    @cached_property
+    def slice(self) -> SliceShape:
+        return slice_shape(self.tpu_type, self.topology, self.compute_type)
+
+    @property
+    def chips(self) -> int:
+        return self.slice.chips * self.cluster_nodepool_count
+
+    @property
+    def hosts_per_slice(self) -> int:
+        return self.slice.hosts
+
+    @property
+    def trainer_devices(self) -> float:
+        return self.chips * self.trainer_devices_fraction
+
+    @property
+    def sampler_devices(self) -> float:
+        return self.chips * self.sampler_devices_fraction
+
+    @property
+    def train_steps(self) -> int:
+        """Steps train_rl plans: num_batches * rl.num_iterations."""
+        return self.num_batches * int(self.extra_train_args.get("rl.num_iterations", 1))
+
+    @property
+    def effective_dataset(self) -> str:
+        return self.dataset_name or MAXTEXT_DEFAULT_DATASET
+
+    @property
+    def creates_cluster(self) -> bool:
+        return self.cluster_mode == "create"
+
+    def pathways_image(self, name: str) -> str:
+        return f"us-docker.pkg.dev/cloud-tpu-v2-images/pathways/{name}:{self.pathways_image_tag}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}; fix: {self.fix}."
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"The run's parameters are invalid ({len(problems)} problem(s)):\n{lines}")
+
+    @property
+    def fields(self) -> list[str]:
+        return [p.field for p in self.problems]
+
+
+def field_specs() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(RunConfig))
+
+
+def _default_of(spec: dataclasses.Field) -> Any:
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return spec.default
+
+
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict}
+
+
+def _coerce(value: Any, type_name: str) -> Any:
+    """Accepts what JSON and the trigger form send: numbers as strings, ints for floats."""
+    if value is None:
+        return None
+    kind = _TYPES[type_name]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError(value)
+    if kind is int and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
+        raise ValueError(value)
+    if kind is dict and not isinstance(value, dict):
+        raise TypeError(value)
+    if kind is str and not isinstance(value, str):
+        raise TypeError(value)
+    return kind(value)
+
+
+_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+_REGION = re.compile(r"[a-z]+-[a-z]+\d+")
+_CLUSTER = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_QUANTITY = re.compile(r"\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?")
+#: train_rl keys that have their own param; extra_train_args must not set them twice.
+_OWN_TRAIN_KEYS = {
+    "run_name", "base_output_directory", "model_name", "load_parameters_path", "hf_access_token",
+    "num_batches", "batch_size", "rollout_tensor_parallelism", "rollout_expert_parallelism",
+    "trainer_devices_fraction", "sampler_devices_fraction", "tokenizer_path", "ici_tensor_parallelism",
+    "ici_expert_parallelism", "hbm_utilization_vllm", "reshard_chunk_size", "remat_policy", "async_scheduling",
+    "allow_split_physical_axes", "ragged_gather_reduce_fallback", "data_template_path", "dataset_name",
+    "checkpoint_period", "scan_layers",
+}
+#: Longest JobSet name: the Pathways coordinator address ``<js>-pathways-head-0-0.<js>`` must fit 63 characters.
+PATHWAYS_JOBSET_NAME_MAX = 22
+
+
+def _validate(c: RunConfig):
+    for spec in dataclasses.fields(c):
+        if spec.default is None and not getattr(c, spec.name):
+            yield Problem(spec.name, "is required", f"set {spec.name} ({spec.metadata['description']})")
+    if c.project and not _PROJECT.fullmatch(c.project):
+        yield Problem("project", f"'{c.project}' is not a project ID", "use 6-30 lowercase letters, digits, dashes")
+    if c.region and not _REGION.fullmatch(c.region):
+        yield Problem("region", f"'{c.region}' is not a region", "use a region such as us-east5")
+    if c.zone and c.region and not c.zone.startswith(f"{c.region}-"):
+        yield Problem("zone", f"'{c.zone}' is not in region '{c.region}'", f"use a zone of {c.region}, e.g. {c.region}-b")
+    if c.cluster_name and not _CLUSTER.fullmatch(c.cluster_name):
+        yield Problem(
+            "cluster_name",
+            f"'{c.cluster_name}' is not a GKE cluster name",
+            "use at most 40 lowercase letters, digits and dashes, starting with a letter",
+        )
+    if c.gcs_bucket and (not _BUCKET.fullmatch(c.gcs_bucket) or c.gcs_bucket.startswith("goog") or ".." in c.gcs_bucket):
+        yield Problem(
+            "gcs_bucket",
+            f"'{c.gcs_bucket}' is not a valid bucket name",
+            "use 3-63 lowercase letters, digits, dashes, underscores or dots, starting and ending with a letter "
+            "or digit, not starting with 'goog'",
+        )
+    if c.kubernetes_conn_id and c.creates_cluster:
+        yield Problem(
+            "kubernetes_conn_id",
+            "reaches an existing cluster, but cluster_mode is 'create'",
+            "set cluster_mode to 'existing', or clear kubernetes_conn_id",
+        )
+    if c.kubernetes_conn_id and c.tpu_pool_mode != "existing":
+        yield Problem(
+            "tpu_pool_mode",
+            "must be 'existing' when the cluster is reached through kubernetes_conn_id (no GKE API to create pools)",
+            "set tpu_pool_mode to 'existing'",
+        )
+    if c.cluster_mode == "existing" and c.tpu_pool_mode == "cluster":
+        yield Problem(
+            "tpu_pool_mode",
+            "'cluster' creates the pool with the cluster, but cluster_mode is 'existing'",
+            "use 'per_run' or 'existing'",
+        )
+    if not _K8S_NAME.fullmatch(c.namespace):
+        yield Problem("namespace", f"'{c.namespace}' is not a Kubernetes namespace name", "use lowercase letters, digits, dashes")
+    if c.model_name not in SUPPORTED_MODELS:
+        yield Problem("model_name", f"'{c.model_name}' is not a supported MaxText model", f"use one of {', '.join(SUPPORTED_MODELS)}")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", c.hf_model_path):
+        yield Problem("hf_model_path", f"'{c.hf_model_path}' is not a Hugging Face repo id", "use owner/name")
+    for name in ("conversion_cpu", "conversion_memory"):
+        if not _QUANTITY.fullmatch(getattr(c, name)):
+            yield Problem(name, f"'{getattr(c, name)}' is not a Kubernetes quantity", "use e.g. 32 or 256Gi")
+    longest = f"{c.workload_prefix}-hf2mt-00000000"
+    if len(longest) > PATHWAYS_JOBSET_NAME_MAX:
+        yield Problem(
+            "workload_prefix",
+            f"makes JobSet names of {len(longest)} characters; Pathways allows {PATHWAYS_JOBSET_NAME_MAX}",
+            f"shorten it to at most {PATHWAYS_JOBSET_NAME_MAX - len('-hf2mt-00000000')} characters",
+        )
+    yield from _validate_slice(c)
+
+
+def _validate_slice(c: RunConfig):
+    try:
+        c.slice
+    except SliceError as error:
+        yield Problem(error.field, error.problem, error.fix)
+        return
+    for name in ("trainer_devices_fraction", "sampler_devices_fraction"):
+        fraction = getattr(c, name)
+        devices = c.chips * fraction
+        if not 0 < fraction <= 1:
+            yield Problem(name, f"{fraction} is outside (0, 1]", "use a fraction such as 0.5")
+        elif not devices.is_integer():
+            yield Problem(name, f"gives {devices:g} of {c.chips} chips", "choose a fraction that gives whole chips")
+    if c.trainer_devices_fraction + c.sampler_devices_fraction > 1:
+        yield Problem(
+            "sampler_devices_fraction",
+            f"trainer and sampler fractions add up to {c.trainer_devices_fraction + c.sampler_devices_fraction:g}",
+            "make them add up to at most 1",
+        )
+    if not 0 < c.hbm_utilization_vllm <= 1:
+        yield Problem("hbm_utilization_vllm", f"{c.hbm_utilization_vllm} is outside (0, 1]", "use e.g. 0.65")
+    # ici_fsdp_parallelism defaults to -1 (auto), so the explicit ICI axes must divide the trainer devices.
+    trainer_axes = c.ici_tensor_parallelism * c.ici_expert_parallelism
+    if c.trainer_devices.is_integer() and (trainer_axes < 1 or c.trainer_devices % trainer_axes):
+        yield Problem(
+            "ici_expert_parallelism",
+            f"ici_tensor_parallelism x ici_expert_parallelism = {trainer_axes} does not divide the "
+            f"{c.trainer_devices:g} trainer devices",
+            "choose ICI parallelisms whose product divides the trainer devices",
+        )
+    # rollout_data_parallelism defaults to -1 (auto), so the other two rollout axes must divide the sampler devices.
+    rollout_axes = c.rollout_tensor_parallelism * c.rollout_expert_parallelism
+    if c.sampler_devices.is_integer() and (rollout_axes < 1 or c.sampler_devices % rollout_axes):
+        yield Problem(
+            "rollout_tensor_parallelism",
+            f"rollout_tensor_parallelism x rollout_expert_parallelism = {rollout_axes} does not divide the "
+            f"{c.sampler_devices:g} sampler devices",
+            "choose rollout parallelisms whose product divides the sampler devices",
+        )
+    for key in sorted(set(c.extra_train_args) & _OWN_TRAIN_KEYS):
+        yield Problem("extra_train_args", f"sets '{key}', which has its own parameter", f"set '{key}' with its parameter")

@@ -1,0 +1,101 @@
+"""GKE request bodies (``google.cloud.container_v1`` JSON) for the cluster and its node pools.
+
+They follow the tutorial's blueprint (``gke-tpu-v6e-advanced.yaml``): a system pool, a CPU pool for the
+Pathways head and the conversions, and one TPU node pool per slice with a compact placement.
+Each carries the run key as a resource label: teardown deletes only what its own run created.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpu_rl.config import RunConfig
+from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+SYSTEM_POOL = "system"
+SYSTEM_MACHINE_TYPE = "n2-standard-8"
+
+
+def cluster_body(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
+    pools = [system_pool(config), cpu_pool(config)]
+    if config.tpu_pool_mode == "cluster":
+        pools += [tpu_node_pool(config, run, i) for i in range(config.cluster_nodepool_count)]
+    return {
+        "name": config.cluster_name,
+        "resource_labels": {GKE_LABEL_RUN_KEY: run.key},
+        "release_channel": {"channel": "REGULAR"},
+        "workload_identity_config": {"workload_pool": f"{config.project}.svc.id.goog"},
+        "addons_config": {"gcs_fuse_csi_driver_config": {"enabled": True}},
+        "datapath_provider": "ADVANCED_DATAPATH",
+        "ip_allocation_policy": {"use_ip_aliases": True},
+        "master_authorized_networks_config": {
+            "enabled": True,
+            "cidr_blocks": [{"display_name": "authorized", "cidr_block": config.authorized_cidr}],
+        },
+        "node_pools": pools,
+    }
+
+
+def _node_config(config: RunConfig, machine_type: str, run: RunIdentity | None = None, **extra: Any) -> dict[str, Any]:
+    node_config: dict[str, Any] = {
+        "machine_type": machine_type,
+        "oauth_scopes": [CLOUD_PLATFORM_SCOPE],
+        "workload_metadata_config": {"mode": "GKE_METADATA"},
+        **extra,
+    }
+    if config.node_service_account:
+        node_config["service_account"] = config.node_service_account
+    if run is not None:
+        node_config["resource_labels"] = {GKE_LABEL_RUN_KEY: run.key}
+    return node_config
+
+
+def system_pool(config: RunConfig) -> dict[str, Any]:
+    return {
+        "name": SYSTEM_POOL,
+        "initial_node_count": 1,
+        "config": _node_config(config, SYSTEM_MACHINE_TYPE),
+        "autoscaling": {"enabled": True, "min_node_count": 1, "max_node_count": 5},
+    }
+
+
+def cpu_pool(config: RunConfig) -> dict[str, Any]:
+    """Runs the Pathways head and the conversions; its boot disk holds a conversion's ~62 GB download."""
+    return {
+        "name": config.cpu_pool_name,
+        "initial_node_count": 1,
+        "locations": [config.zone],
+        "config": _node_config(config, config.pw_cpu_machine_type, disk_size_gb=500),
+        "autoscaling": {"enabled": True, "min_node_count": 0, "max_node_count": config.cpu_pool_max_nodes},
+    }
+
+
+def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict[str, Any]:
+    extra: dict[str, Any] = {
+        "disk_type": "hyperdisk-balanced",
+        "disk_size_gb": 100,
+        "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}],
+    }
+    if config.reservation:
+        extra["reservation_affinity"] = {
+            "consume_reservation_type": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name",
+            "values": [f"projects/{config.project}/reservations/{config.reservation}"],
+        }
+    return {
+        "name": run.tpu_pool_name(slice_index) if config.tpu_pool_mode == "per_run" else f"tpu-slice-{slice_index}",
+        "initial_node_count": config.hosts_per_slice,
+        "locations": [config.zone],
+        "config": _node_config(config, config.compute_type, run, **extra),
+        "placement_policy": {"type": "COMPACT", "tpu_topology": config.topology},
+        "management": {"auto_repair": True, "auto_upgrade": False},
+    }
+
+
+def cluster_parent(config: RunConfig) -> str:
+    return f"projects/{config.project}/locations/{config.region}"
+
+
+def cluster_path(config: RunConfig) -> str:
+    return f"{cluster_parent(config)}/clusters/{config.cluster_name}"

@@ -1,0 +1,291 @@
+"""Kubernetes objects of a run, as Python data: the JobSets of the three stages and the token Secret.
+
+They reproduce what the tutorial's ``gcluster job submit`` renders (see the README for the deliberate
+differences). Only fields JobSet v0.10.1 knows are emitted: that is what the GKE blueprint installs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpu_rl import maxtext
+from tpu_rl.config import RunConfig
+from tpu_rl.run import GcsLayout, RunIdentity
+
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+WORKLOAD_CONTAINER = "workload-container"
+HF_TOKEN_KEY = "HF_TOKEN"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+SLICE_TOPOLOGY = "cloud.google.com/gke-tpu-slice-topology"
+NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+TPU_RESOURCE = "google.com/tpu"
+#: The ``--env`` / ``--pathways-*-env`` values the tutorial sets on every container.
+TUTORIAL_ENV = {"GRPC_DNS_RESOLVER": "native"}
+PATHWAYS_ABSL_FLAGS = "--pathways_pipe_unreachable_timeout=60s"
+#: Where a conversion pod keeps the downloaded Hugging Face files.
+HF_CACHE_DIR = "/hf-cache"
+
+
+def hf_token_secret(config: RunConfig, run: RunIdentity, token: str | None = None) -> dict[str, Any]:
+    """The Secret the workloads read ``HF_TOKEN`` from. Without ``token`` (the plan) it carries no data."""
+    secret: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": run.secret_name(), "namespace": config.namespace, "labels": run.labels()},
+        "type": "Opaque",
+    }
+    if token is not None:
+        secret["stringData"] = {HF_TOKEN_KEY: token}
+    return secret
+
+
+def hf_to_maxtext_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
+    command = maxtext.to_maxtext(config, GcsLayout(config, run))
+    return _conversion_jobset(config, run, "hf_to_maxtext", command)
+
+
+def maxtext_to_hf_jobset(config: RunConfig, run: RunIdentity, step: int, attempt_prefix: str) -> dict[str, Any]:
+    command = maxtext.to_huggingface(config, GcsLayout(config, run), step, attempt_prefix)
+    return _conversion_jobset(config, run, "maxtext_to_hf", command)
+
+
+def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
+    """The Pathways JobSet of ``gcluster job submit --pathways``: a head on the CPU pool, workers on the slice."""
+    layout = GcsLayout(config, run)
+    name = run.jobset_name(config.workload_prefix, "train")
+    scratch = layout.uri(layout.pathways_scratch_prefix)
+    head_address = "$(PATHWAYS_HEAD)"
+    pathways_env = [_env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS), *_tutorial_env(), _label_env("PATHWAYS_HEAD", "coordinator")]
+    proxy = {
+        "name": "pathways-proxy",
+        "image": config.pathways_image("proxy_server"),
+        "imagePullPolicy": "Always",
+        "restartPolicy": "Always",
+        "args": ["--server_port=29000", f"--resource_manager_address={head_address}:29001", f"--gcs_scratch_location={scratch}"],
+        "env": pathways_env,
+        "ports": [{"containerPort": 29000}],
+        "resources": {"limits": {"cpu": "16", "memory": "100Gi"}},
+    }
+    resource_manager = {
+        "name": "pathways-rm",
+        "image": config.pathways_image("server"),
+        "imagePullPolicy": "Always",
+        "restartPolicy": "Always",
+        "args": [
+            "--server_port=29001",
+            f"--gcs_scratch_location={scratch}",
+            "--node_type=resource_manager",
+            f"--instance_count={config.cluster_nodepool_count}",
+            f"--instance_type={config.slice.pathways_instance_type}",
+        ],
+        "env": [
+            *pathways_env,
+            _env("TPU_SKIP_MDS_QUERY", "true"),
+            _label_env("HOST_ADDRESS", "coordinator"),
+            _label_env("JOBSET_NAME", "jobset-name"),
+            _label_env("REPLICATED_JOB_NAME", "replicatedjob-name"),
+        ],
+        "ports": [{"containerPort": 29001}, {"containerPort": 29002}],
+        "resources": {"limits": {"cpu": "8", "memory": "32Gi"}},
+    }
+    train = maxtext.train_rl(config, layout)
+    workload = {
+        "name": WORKLOAD_CONTAINER,
+        "image": config.cloud_image_name,
+        "imagePullPolicy": "Always",
+        "securityContext": {"privileged": True},
+        "command": ["/bin/bash", "-c", train.script()],
+        "env": [
+            _label_env("PATHWAYS_HEAD", "coordinator"),
+            _env("JAX_PLATFORMS", "proxy"),
+            _env("XCLOUD_ENVIRONMENT", "GCP"),
+            _env("JAX_BACKEND_TARGET", f"grpc://{head_address}:29000"),
+            _env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS),
+            *_tutorial_env(),
+            _secret_env(run),
+        ],
+        "resources": {"limits": {"cpu": "24", "memory": "100Gi"}, "requests": {"cpu": "2", "memory": "8Gi"}},
+    }
+    head_pod = {
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "restartPolicy": "Never",
+        "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
+        "initContainers": [proxy, resource_manager],
+        "containers": [workload],
+    }
+    worker_container = {
+        "name": "pathways-worker",
+        "image": config.pathways_image("server"),
+        "imagePullPolicy": "Always",
+        "args": ["--server_port=29005", f"--resource_manager_address={head_address}:29001", f"--gcs_scratch_location={scratch}"],
+        "env": [
+            _env("XCLOUD_ENVIRONMENT", "GCP"),
+            _env("MEGASCALE_GRPC_ENABLE_XOR_TRACER", "false"),
+            _label_env("MEGASCALE_NUM_SLICES", "replicatedjob-replicas"),
+            _label_env("MEGASCALE_SLICE_ID", "job-index"),
+            _label_env("MEGASCALE_COORDINATOR_ADDRESS", "coordinator"),
+            _label_env("PATHWAYS_HEAD", "coordinator"),
+            _label_env("JOBSET_NAME", "jobset-name"),
+            _label_env("REPLICATED_JOB_NAME", "replicatedjob-name"),
+            *_tutorial_env(),
+        ],
+        "ports": [{"containerPort": p} for p in (29005, 29006, 8471, 8080)],
+        "resources": {"limits": {TPU_RESOURCE: str(config.slice.chips_per_host)}},
+    }
+    worker_pod = {
+        **_tpu_placement(config, run),
+        "restartPolicy": "OnFailure",
+        "terminationGracePeriodSeconds": 30,
+        "containers": [worker_container],
+    }
+    return {
+        "apiVersion": JOBSET_API,
+        "kind": "JobSet",
+        "metadata": _metadata(config, run, name),
+        "spec": {
+            "ttlSecondsAfterFinished": config.ttl_seconds_after_finished,
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "coordinator": {"replicatedJob": "pathways-head"},
+            "startupPolicy": {"startupPolicyOrder": "InOrder"},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["pathways-head"]},
+            "failurePolicy": _failure_policy(config.max_restarts, restart_strategy="Recreate"),
+            "replicatedJobs": [
+                _replicated_job("pathways-head", 1, 1, 0, "kubernetes.io/hostname", head_pod),
+                _replicated_job(
+                    "worker",
+                    config.cluster_nodepool_count,
+                    config.hosts_per_slice,
+                    64,
+                    NODEPOOL_LABEL,
+                    worker_pod,
+                    pod_annotations={SLICE_TOPOLOGY: config.topology},
+                ),
+            ],
+        },
+    }
+
+
+def _conversion_jobset(
+    config: RunConfig, run: RunIdentity, stage: str, command: maxtext.MaxTextCommand
+) -> dict[str, Any]:
+    """A plain JobSet: by default one pod on the CPU pool; with ``conversion_on_tpu`` the tutorial's job
+    over the whole slice, where every host but index 0 exits at once."""
+    name = run.jobset_name(config.workload_prefix, stage)
+    container: dict[str, Any] = {
+        "name": WORKLOAD_CONTAINER,
+        "image": config.cloud_image_name,
+        "imagePullPolicy": "Always",
+        "command": ["/bin/bash", "-c", command.script(only_index_zero=config.conversion_on_tpu)],
+        "env": [*_tutorial_env(), _secret_env(run)],
+    }
+    metadata = _metadata(config, run, name)
+    if config.conversion_on_tpu:
+        container["securityContext"] = {"privileged": True}
+        container["resources"] = {"limits": {TPU_RESOURCE: str(config.slice.chips_per_host)}}
+        pod = {**_tpu_placement(config, run), "restartPolicy": "Never", "terminationGracePeriodSeconds": 30}
+        hosts, pod_annotations = config.hosts_per_slice, {SLICE_TOPOLOGY: config.topology}
+        metadata["annotations"] = {EXCLUSIVE_TOPOLOGY: NODEPOOL_LABEL}
+    else:
+        container["env"].append(_env("HF_HOME", HF_CACHE_DIR))
+        container["volumeMounts"] = [{"name": "hf-cache", "mountPath": HF_CACHE_DIR}]
+        resources = {"cpu": config.conversion_cpu, "memory": config.conversion_memory}
+        container["resources"] = {"requests": resources, "limits": dict(resources)}
+        pod = {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 30,
+            "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
+            "volumes": [{"name": "hf-cache", "emptyDir": {}}],
+        }
+        hosts, pod_annotations = 1, {}
+    pod["containers"] = [container]
+    return {
+        "apiVersion": JOBSET_API,
+        "kind": "JobSet",
+        "metadata": metadata,
+        "spec": {
+            "ttlSecondsAfterFinished": config.ttl_seconds_after_finished,
+            "failurePolicy": _failure_policy(1),
+            "replicatedJobs": [
+                _replicated_job("main-job", 1, hosts, 0, None, pod, pod_annotations=pod_annotations)
+            ],
+        },
+    }
+
+
+def _metadata(config: RunConfig, run: RunIdentity, name: str) -> dict[str, Any]:
+    labels = {"gcluster.google.com/workload": name, **run.labels()}
+    if config.kueue_queue_name:
+        labels["kueue.x-k8s.io/queue-name"] = config.kueue_queue_name
+    return {"name": name, "namespace": config.namespace, "labels": labels}
+
+
+def _failure_policy(max_restarts: int, restart_strategy: str | None = None) -> dict[str, Any]:
+    policy: dict[str, Any] = {"maxRestarts": max_restarts}
+    if restart_strategy:
+        policy["restartStrategy"] = restart_strategy
+    policy["rules"] = [{"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
+    return policy
+
+
+def _replicated_job(
+    name: str,
+    replicas: int,
+    hosts: int,
+    backoff_limit: int,
+    exclusive_topology: str | None,
+    pod_spec: dict[str, Any],
+    pod_annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    template: dict[str, Any] = {
+        "spec": {
+            "backoffLimit": backoff_limit,
+            "completionMode": "Indexed",
+            "parallelism": hosts,
+            "completions": hosts,
+            "template": {"metadata": {"annotations": pod_annotations or {}}, "spec": pod_spec},
+        }
+    }
+    if exclusive_topology:
+        template["metadata"] = {"annotations": {EXCLUSIVE_TOPOLOGY: exclusive_topology}}
+    return {"name": name, "replicas": replicas, "template": template}
+
+
+def _tpu_placement(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
+    """Scheduling of a TPU pod: the slice's accelerator and topology, never the default pool, and, when the
+    run made its own node pools, only those (another run's slice may have the same shape)."""
+    expressions = [{"key": NODEPOOL_LABEL, "operator": "NotIn", "values": ["default-pool"]}]
+    if config.tpu_pool_mode == "per_run":
+        pools = [run.tpu_pool_name(i) for i in range(config.cluster_nodepool_count)]
+        expressions.append({"key": NODEPOOL_LABEL, "operator": "In", "values": pools})
+    return {
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "nodeSelector": {
+            "cloud.google.com/gke-tpu-accelerator": config.slice.generation.accelerator,
+            "cloud.google.com/gke-tpu-topology": config.topology,
+        },
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+            }
+        },
+        "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+
+
+def _env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def _tutorial_env() -> list[dict[str, Any]]:
+    return [_env(k, v) for k, v in TUTORIAL_ENV.items()]
+
+
+def _label_env(name: str, jobset_label: str) -> dict[str, Any]:
+    path = f"metadata.labels['jobset.sigs.k8s.io/{jobset_label}']"
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _secret_env(run: RunIdentity) -> dict[str, Any]:
+    return {"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": {"name": run.secret_name(), "key": HF_TOKEN_KEY}}}

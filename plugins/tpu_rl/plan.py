@@ -1,0 +1,86 @@
+"""``python -m tpu_rl.plan --conf FILE.json``: prints every Kubernetes object and GKE request a run with
+those params would submit, as multi-document YAML, without contacting any cloud."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import yaml
+
+from tpu_rl import gke, manifests
+from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.run import DAG_ID, GcsLayout, RunIdentity
+
+
+def plan_documents(config: RunConfig, run: RunIdentity) -> list[tuple[str, dict[str, Any]]]:
+    """(comment, document) pairs in the order the DAG submits them."""
+    layout = GcsLayout(config, run)
+    docs: list[tuple[str, dict[str, Any]]] = []
+    if config.creates_cluster:
+        docs.append(
+            (
+                "GKE: create the cluster (deleted at the end of the run)",
+                {"gkeRequest": "CreateCluster", "parent": gke.cluster_parent(config), "cluster": gke.cluster_body(config, run)},
+            )
+        )
+    if config.tpu_pool_mode == "per_run":
+        for i in range(config.cluster_nodepool_count):
+            docs.append(
+                (
+                    f"GKE: create TPU node pool {i} before training (deleted right after it)",
+                    {"gkeRequest": "CreateNodePool", "parent": gke.cluster_path(config), "nodePool": gke.tpu_node_pool(config, run, i)},
+                )
+            )
+    docs.append(
+        (
+            f"Secret: {manifests.HF_TOKEN_KEY} from Airflow connection '{config.hf_token_conn_id}' at run time (value never shown)",
+            manifests.hf_token_secret(config, run),
+        )
+    )
+    docs.append(("HF -> MaxText conversion (skipped when its output is already complete)", manifests.hf_to_maxtext_jobset(config, run)))
+    docs.append(("RL training on Pathways", manifests.training_jobset(config, run)))
+    docs.append(
+        (
+            f"MaxText -> HF export; the step is resolved from the final checkpoint at run time (shown: the planned {config.train_steps})",
+            manifests.maxtext_to_hf_jobset(config, run, config.train_steps, layout.export_attempt_prefix(1)),
+        )
+    )
+    return docs
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes repeated values out in full: anchors and aliases make a plan hard to review."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render(config: RunConfig, run: RunIdentity) -> str:
+    return "".join(
+        f"---\n# {comment}\n{yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, width=1000)}"
+        for comment, doc in plan_documents(config, run)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpu_rl.plan", description=__doc__)
+    parser.add_argument("--conf", required=True, help="JSON file with the run's params (the trigger conf)")
+    parser.add_argument("--run-id", default="plan", help="run id the names are derived from")
+    parser.add_argument("--dag-id", default=DAG_ID)
+    args = parser.parse_args(argv)
+    with open(args.conf) as f:
+        params = json.load(f)
+    try:
+        config = RunConfig.from_params(params)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    sys.stdout.write(render(config, RunIdentity(args.dag_id, args.run_id)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Identity of one DAG run: the names and Cloud Storage paths that every stage of it derives.
+
+Everything here is a pure function of (dag_id, run_id) and the validated config, so a retried or
+cleared task finds what an earlier try of the same run created, and two runs never share outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpu_rl.config import RunConfig
+
+#: The DAG's id; the plan derives the same names as a run of it.
+DAG_ID = "maxtext_rl_tpu"
+
+#: Label keys that tie cloud and Kubernetes objects to the run that created them.
+LABEL_RUN_KEY = "tpu-rl.dev/run-key"
+LABEL_DAG_ID = "tpu-rl.dev/dag-id"
+LABEL_TASK_ID = "tpu-rl.dev/task-id"
+#: GKE resource labels allow only lowercase letters, digits, '-' and '_'.
+GKE_LABEL_RUN_KEY = "tpu-rl-run-key"
+
+#: Workload stages and the short word each contributes to its JobSet name.
+STAGE_WORDS = {"hf_to_maxtext": "hf2mt", "train": "train", "maxtext_to_hf": "mt2hf"}
+
+
+def slug(text: str) -> str:
+    """Lowercase letters, digits and single dashes: safe in object names and GCS paths."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", text.lower())).strip("-")
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    dag_id: str
+    run_id: str
+
+    @property
+    def key(self) -> str:
+        """Eight hex digits, stable for the run: short enough for every Kubernetes and GKE name."""
+        return hashlib.sha256(f"{self.dag_id}\n{self.run_id}".encode()).hexdigest()[:8]
+
+    @property
+    def slug(self) -> str:
+        """Readable and unique folder name for the run's outputs."""
+        return f"{slug(self.run_id)[:60]}-{self.key}"
+
+    def labels(self) -> dict[str, str]:
+        return {LABEL_RUN_KEY: self.key, LABEL_DAG_ID: slug(self.dag_id)[:63]}
+
+    def jobset_name(self, prefix: str, stage: str) -> str:
+        return f"{prefix}-{STAGE_WORDS[stage]}-{self.key}"
+
+    def secret_name(self) -> str:
+        return f"tpu-rl-hf-token-{self.key}"
+
+    def tpu_pool_name(self, slice_index: int) -> str:
+        return f"tpu-{self.key}-{slice_index}"
+
+
+@dataclass(frozen=True)
+class GcsLayout:
+    """Where each stage reads and writes, under ``gs://<bucket>/<model_name>/``.
+
+    The converted base checkpoint is keyed by the conversion settings, not by the run, so runs of the
+    same model and conversion share it; training and export outputs are per run.
+    """
+
+    config: RunConfig
+    run: RunIdentity
+
+    @property
+    def bucket(self) -> str:
+        return self.config.gcs_bucket
+
+    def _model_prefix(self) -> str:
+        return self.config.model_name
+
+    @property
+    def conversion_id(self) -> str:
+        scan = "scanned" if self.config.scan_layers else "unscanned"
+        return f"{slug(self.config.hf_model_path.split('/')[-1])}-{scan}"
+
+    @property
+    def converted_prefix(self) -> str:
+        """Object prefix of the MaxText base checkpoint (``to_maxtext``'s base_output_directory)."""
+        return f"{self._model_prefix()}/max-text-format/{self.conversion_id}/"
+
+    @property
+    def converted_items_prefix(self) -> str:
+        return f"{self.converted_prefix}0/items/"
+
+    @property
+    def training_prefix(self) -> str:
+        """``train_rl``'s base_output_directory: one folder per run, so a retry resumes its own run."""
+        return f"{self._model_prefix()}/trained/{self.run.slug}/"
+
+    @property
+    def actor_checkpoints_prefix(self) -> str:
+        return f"{self.training_prefix}{self.config.run_name}/checkpoints/actor/"
+
+    @property
+    def training_record_object(self) -> str:
+        """The record of the parameters the run trains with, checked before every resume."""
+        return f"{self.training_prefix}{self.config.run_name}/tpu_rl_training_record.json"
+
+    def model_params_prefix(self, step: int) -> str:
+        return f"{self.actor_checkpoints_prefix}{step}/model_params/"
+
+    def export_attempt_prefix(self, try_number: int) -> str:
+        """Each export attempt writes to a fresh prefix; only a verified one is published."""
+        return f"{self._model_prefix()}/hf-staging/{self.run.slug}/attempt-{try_number}/"
+
+    @property
+    def export_prefix(self) -> str:
+        """The published Hugging Face model of the run."""
+        return f"{self._model_prefix()}/hf-trained/{self.run.slug}/"
+
+    @property
+    def pathways_scratch_prefix(self) -> str:
+        return f"pathways/{self.run.slug}/"
+
+    def uri(self, prefix: str) -> str:
+        return f"gs://{self.bucket}/{prefix}"
