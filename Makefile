@@ -1,0 +1,39 @@
+# One command runs the tests (make test); one runs the whole pipeline on the simulated cluster (make demo).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test unit plan sim-up sim-down sim-status bench clean
+
+venv: $(STAMP)
+
+# The pinned install; constraints.txt freezes every transitive version of a tested environment.
+$(STAMP): requirements-dev.txt constraints.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -c constraints.txt -r requirements-dev.txt
+	echo "$(CURDIR)/plugins" > "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tpu_rl_plugins.pth"
+	touch $@
+
+test: venv
+	scripts/test.sh
+
+# Tests that need no service (config, manifests, plan, DAG structure).
+unit: venv
+	$(VENV)/bin/python -m pytest -m "not jobset and not checkpoints and not sim and not e2e"
+
+# make plan CONF=my-run.json
+plan: venv
+	$(VENV)/bin/python -m tpu_rl.plan --conf $(or $(CONF),include/examples/tutorial.json)
+
+sim-up: venv
+	sim/up.sh
+
+sim-down:
+	sim/down.sh
+
+sim-status:
+	sim/status.sh
+
+bench: venv
+	$(VENV)/bin/python benchmarks/dag_parse.py

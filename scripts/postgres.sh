@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The Airflow metadata database for tests and the demo: a PostgreSQL cluster on 127.0.0.1.
+# Its data lives under /tmp, keyed by the checkout's path: the postgres user may not be able to enter
+# the checkout (a clone in a private temporary folder), and two checkouts must not share a database.
+# start: creates and starts it if it does not run (prints "started" only then); stop: stops it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PGROOT=/tmp/tpu-rl-pg-$(printf %s "$PWD" | cksum | cut -d' ' -f1)
+PGDATA=$PGROOT/data
+PORT=${TPU_RL_PG_PORT:-55432}
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+install_if_missing() {
+  [ -n "$PGBIN" ] && return
+  echo "installing PostgreSQL from Debian's packages"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+}
+
+case "${1:-}" in
+  start)
+    install_if_missing
+    mkdir -p "$PGROOT" && if [ "$(id -u)" = 0 ]; then chown postgres "$PGROOT"; fi
+    if [ ! -f "$PGDATA/PG_VERSION" ]; then
+      as_postgres "$PGBIN/initdb" -D "$PGDATA" -U postgres --auth=trust >/dev/null
+    fi
+    if as_postgres "$PGBIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1; then
+      echo "PostgreSQL already running on 127.0.0.1:$PORT"
+      exit 0
+    fi
+    as_postgres "$PGBIN/pg_ctl" -D "$PGDATA" -l "$PGDATA/server.log" -w \
+      -o "-c listen_addresses=127.0.0.1 -p $PORT -k $PGDATA -c fsync=off -c max_connections=200" start >/dev/null
+    if ! as_postgres "$PGBIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -tAc "select 1 from pg_database where datname='airflow'" | grep -q 1; then
+      as_postgres "$PGBIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -qc "create database airflow"
+    fi
+    echo "started PostgreSQL on 127.0.0.1:$PORT"
+    ;;
+  stop)
+    [ -n "$PGBIN" ] && [ -f "$PGDATA/PG_VERSION" ] && as_postgres "$PGBIN/pg_ctl" -D "$PGDATA" -m fast stop >/dev/null 2>&1 || true
+    ;;
+  url)
+    echo "postgresql+psycopg2://postgres@127.0.0.1:$PORT/airflow"
+    ;;
+  *) echo "usage: $0 start|stop|url" >&2; exit 2 ;;
+esac
