@@ -84,9 +84,15 @@ build_kwok() {
 }
 
 build_jobset() {
-  local key=jobset-$JOBSET_VERSION
-  mkdir -p "$CACHE/$key/bin"
-  GOBIN="$CACHE/$key/bin" go install -ldflags "-s -w" "sigs.k8s.io/jobset@$JOBSET_VERSION"
+  local key=jobset-$JOBSET_VERSION src="$CACHE/src/jobset-$JOBSET_VERSION"
+  mkdir -p "$src" "$CACHE/$key/bin"
+  cd "$src"
+  # `go install sigs.k8s.io/jobset@v` asks the proxy for the module's version list (for deprecation
+  # notices), which the registry mirror answers 403: a wrapper module pins the version instead.
+  printf 'module tpu-rl-sim/jobset\n\ngo 1.24.0\n\nrequire sigs.k8s.io/jobset %s\n' "$JOBSET_VERSION" > go.mod
+  printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/jobset"\n' > tools.go
+  go mod tidy
+  go build -ldflags "-s -w" -o "$CACHE/$key/bin/jobset" sigs.k8s.io/jobset
   # The CRD ships in the module source: keep it beside the binary for the apiserver and the tests.
   local dir
   dir=$(go mod download -json "sigs.k8s.io/jobset@$JOBSET_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
