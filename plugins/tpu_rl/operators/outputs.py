@@ -1,0 +1,209 @@
+"""Decisions about stage outputs in Cloud Storage: skip finished work, refuse bad resumes, publish.
+
+Google provider imports stay inside methods: the DAG file imports this module at parse time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+from tpu_rl.checkpoints import training_record_changes
+
+if TYPE_CHECKING:
+    from airflow.sdk import Asset, Context
+
+
+class SkipIfCheckpointCompleteOperator(BaseOperator):
+    """Skips itself, and so the conversion downstream, when the Orbax step it would write is complete.
+
+    Re-running ``to_maxtext`` over a finished step downloads and converts everything again (about an
+    hour and 61 GB) only to skip the save. Put this task right before the conversion; give the task
+    that verifies the conversion ``trigger_rule="none_failed"`` so it still runs after a skip.
+
+    :param bucket: bucket name, without ``gs://``.
+    :param prefix: the step folder, e.g. ``GcsLayout.converted_prefix + "0/"``.
+    :param items: item folders the step must hold.
+    """
+
+    template_fields: Sequence[str] = ("bucket", "prefix")
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str,
+        items: Sequence[str] = ("items",),
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.bucket = bucket
+        self.prefix = prefix
+        self.items = list(items)
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+
+    def execute(self, context: Context) -> None:
+        from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
+
+        trigger = OrbaxStepCompleteTrigger(
+            self.bucket,
+            self.prefix,
+            items=self.items,
+            deadline=time.time(),
+            gcp_conn_id=self.gcp_conn_id,
+            impersonation_chain=self.impersonation_chain,
+        )
+        verdict, _ = asyncio.run(trigger.check())
+        if verdict.complete:
+            raise AirflowSkipException(f"{trigger.uri} is already a complete checkpoint: skipping the conversion")
+        self.log.info("%s must be (re)built: %s", trigger.uri, verdict.describe())
+
+
+class TrainingRecordCheckOperator(BaseOperator):
+    """Records a run's training parameters next to its checkpoints, and refuses a resume that changes them.
+
+    ``train_rl`` resumes from the latest checkpoint of the same run and fast-forwards the data;
+    changing ``num_batches``, ``batch_size``, the dataset or the model under it corrupts the run
+    silently. Run this before launching every training attempt.
+
+    :param bucket: bucket name, without ``gs://``.
+    :param record_object: ``GcsLayout.training_record_object``.
+    :param parameters: the parameters that must not change within a run (plain JSON values).
+
+    XCom return value: the record's ``gs://`` URI.
+    """
+
+    template_fields: Sequence[str] = ("bucket", "record_object", "parameters")
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        record_object: str,
+        parameters: Mapping[str, Any],
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.bucket = bucket
+        self.record_object = record_object
+        self.parameters = parameters
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+
+    def execute(self, context: Context) -> str:
+        from google.api_core.exceptions import NotFound
+
+        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+        uri = f"gs://{self.bucket}/{self.record_object}"
+        current = json.loads(json.dumps(dict(self.parameters)))  # As it reads back from JSON.
+        hook = GCSHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+        blob = hook.get_conn().bucket(self.bucket).blob(self.record_object)
+        try:
+            recorded = json.loads(blob.download_as_bytes())["parameters"]
+        except NotFound:
+            blob.upload_from_string(
+                json.dumps({"parameters": current}, indent=2, sort_keys=True),
+                content_type="application/json",
+                if_generation_match=0,
+            )
+            self.log.info("Recorded the run's training parameters in %s", uri)
+            return uri
+        if changes := training_record_changes(recorded, current):
+            raise AirflowFailException(
+                f"Refusing to resume the run recorded in {uri}: its checkpoints were trained with other "
+                f"parameters ({'; '.join(changes)}). Start a new DAG run, or restore the recorded values."
+            )
+        self.log.info("Training parameters match %s: resuming the same run", uri)
+        return uri
+
+
+class PublishHfExportOperator(BaseOperator):
+    """Copies a verified export attempt to the model's final location and emits its Asset event.
+
+    Stale objects at the destination (an earlier, larger export) are deleted first; objects are copied
+    server-side (rewrite), and the destination is compared with the source by names and sizes before
+    the event tells downstream DAGs the model is there.
+
+    :param bucket: bucket name, without ``gs://``.
+    :param source_prefix: the verified attempt, ``GcsLayout.export_attempt_prefix(n)``.
+    :param destination_prefix: ``GcsLayout.export_prefix``.
+    :param asset: the Asset downstream DAGs schedule on; also declared as this task's outlet.
+    :param final_step: the training step exported (the final checkpoint sensor's XCom).
+    :param source_run: ``gs://`` URI of the training run the model comes from.
+
+    XCom return value: the published ``gs://`` URI. Asset event extra: ``uri``, ``final_step``, ``source_run``.
+    """
+
+    template_fields: Sequence[str] = ("bucket", "source_prefix", "destination_prefix", "final_step", "source_run")
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        source_prefix: str,
+        destination_prefix: str,
+        asset: Asset,
+        final_step: int | str,
+        source_run: str,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(outlets=[asset], **kwargs)
+        self.bucket = bucket
+        self.source_prefix = source_prefix
+        self.destination_prefix = destination_prefix
+        self.asset = asset
+        self.final_step = final_step
+        self.source_run = source_run
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+
+    def execute(self, context: Context) -> str:
+        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+        source, destination = self.source_prefix, self.destination_prefix
+        if not (source.endswith("/") and destination.endswith("/")):
+            raise ValueError("source_prefix and destination_prefix must be folders ending in '/'")
+        if source.startswith(destination) or destination.startswith(source):
+            raise ValueError(f"{source} and {destination} overlap")
+        hook = GCSHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+        client = hook.get_conn()
+
+        def sizes(prefix: str) -> dict[str, int]:
+            return {b.name[len(prefix) :]: b.size for b in client.list_blobs(self.bucket, prefix=prefix)}
+
+        expected = sizes(source)
+        if not expected:
+            raise AirflowException(f"Nothing to publish under gs://{self.bucket}/{source}")
+        stale = sizes(destination)
+        for name in stale:
+            hook.delete(self.bucket, destination + name)
+        self.log.info("Cleared %d objects at gs://%s/%s", len(stale), self.bucket, destination)
+        for name in expected:
+            hook.rewrite(self.bucket, source + name, self.bucket, destination + name)
+        published = sizes(destination)
+        if published != expected:
+            differ = sorted(n for n in expected.keys() | published.keys() if expected.get(n) != published.get(n))
+            raise AirflowException(f"Published copy differs from the verified export in: {differ[:10]}")
+
+        uri = f"gs://{self.bucket}/{destination}"
+        context["outlet_events"][self.asset].extra = {
+            "uri": uri,
+            "final_step": int(self.final_step),
+            "source_run": self.source_run,
+        }
+        self.log.info("Published %d objects to %s", len(published), uri)
+        return uri

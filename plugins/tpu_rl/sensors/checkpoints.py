@@ -1,0 +1,172 @@
+"""Sensors that prove a stage's output in Cloud Storage is complete before the next stage uses it.
+
+Deferrable by default: the wait happens in the triggerer, not in a worker slot. With
+``deferrable=False`` they poke with the same check (use ``mode="reschedule"`` to free the slot).
+On timeout the task fails with the last list of what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowSensorTimeout
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from tpu_rl.triggers.checkpoints import GcsOutputTrigger
+
+
+class GcsOutputSensor(BaseSensorOperator):
+    """Waits until a trigger's check finds ``gs://<bucket>/<prefix>`` complete.
+
+    :param bucket: bucket name, without ``gs://``.
+    :param prefix: the folder to check, ending in ``/``.
+    :param timeout: how long to wait before failing with what is missing.
+    :param poke_interval: seconds between checks.
+    """
+
+    template_fields: Sequence[str] = ("bucket", "prefix")
+    ui_color = "#d7e8d4"
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        deferrable: bool = True,
+        timeout: timedelta | float = timedelta(minutes=30),
+        poke_interval: timedelta | float = 60,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(timeout=timeout, poke_interval=poke_interval, **kwargs)
+        self.bucket = bucket
+        self.prefix = prefix
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.deferrable = deferrable
+
+    def build_trigger(self, deadline: float) -> GcsOutputTrigger:
+        raise NotImplementedError
+
+    def result(self, event: dict[str, Any]) -> Any:
+        """The XCom return value of a complete output."""
+        return event["uri"]
+
+    def _trigger_kwargs(self, deadline: float) -> dict[str, Any]:
+        return {
+            "deadline": deadline,
+            "poll_interval": self.poke_interval,
+            "gcp_conn_id": self.gcp_conn_id,
+            "impersonation_chain": self.impersonation_chain,
+        }
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        self.defer(trigger=self.build_trigger(time.time() + self.timeout), method_name="execute_complete")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        if event["status"] != "complete":
+            raise AirflowSensorTimeout(event["message"])
+        self.log.info("%s is complete", event["uri"])
+        return self.result(event)
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        trigger = self.build_trigger(time.time())
+        verdict, found = asyncio.run(trigger.check())
+        if not verdict.complete:
+            self.log.info("%s not complete yet: %s", trigger.uri, verdict.describe())
+            return False
+        return PokeReturnValue(True, self.result({"uri": trigger.uri, **found}))
+
+
+class OrbaxCheckpointSensor(GcsOutputSensor):
+    """Waits for an Orbax step folder (``prefix``, e.g. the converted checkpoint's ``.../0/``).
+
+    :param items: item folders the step must hold (``["items"]`` for the converted checkpoint).
+
+    XCom return value: the step folder's ``gs://`` URI.
+    """
+
+    def __init__(self, *, items: Sequence[str] = ("items",), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.items = list(items)
+
+    def build_trigger(self, deadline: float) -> GcsOutputTrigger:
+        from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
+
+        return OrbaxStepCompleteTrigger(
+            self.bucket, self.prefix, items=self.items, **self._trigger_kwargs(deadline)
+        )
+
+
+class FinalTrainingCheckpointSensor(GcsOutputSensor):
+    """Waits for the RL run's end-of-run checkpoint under ``prefix`` (``.../checkpoints/actor/``).
+
+    The final step is resolved, never assumed: a run that dropped long prompts ends early.
+
+    :param train_steps: planned steps, ``num_batches * rl.num_iterations``.
+    :param checkpoint_period: the run's ``checkpoint_period``.
+
+    XCom return value: the final step (int), for the export's ``actor/<step>/model_params/``.
+    """
+
+    template_fields: Sequence[str] = (*GcsOutputSensor.template_fields, "train_steps", "checkpoint_period")
+
+    def __init__(
+        self,
+        *,
+        train_steps: int | str,
+        checkpoint_period: int | str,
+        items: Sequence[str] = ("model_params", "optimizer_state"),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.train_steps = train_steps
+        self.checkpoint_period = checkpoint_period
+        self.items = list(items)
+
+    def build_trigger(self, deadline: float) -> GcsOutputTrigger:
+        from tpu_rl.triggers.checkpoints import FinalTrainingCheckpointTrigger
+
+        return FinalTrainingCheckpointTrigger(
+            self.bucket,
+            self.prefix,
+            train_steps=int(self.train_steps),
+            checkpoint_period=int(self.checkpoint_period),
+            items=self.items,
+            **self._trigger_kwargs(deadline),
+        )
+
+    def result(self, event: dict[str, Any]) -> int:
+        return int(event["step"])
+
+
+class HfExportSensor(GcsOutputSensor):
+    """Waits for a Hugging Face export under ``prefix`` (the export attempt's folder).
+
+    :param not_before: ISO 8601 start of the export stage (templated); older objects are stale.
+
+    XCom return value: the export folder's ``gs://`` URI.
+    """
+
+    template_fields: Sequence[str] = (*GcsOutputSensor.template_fields, "not_before")
+
+    def __init__(self, *, not_before: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.not_before = not_before
+
+    def build_trigger(self, deadline: float) -> GcsOutputTrigger:
+        from tpu_rl.triggers.checkpoints import HfExportCompleteTrigger
+
+        return HfExportCompleteTrigger(
+            self.bucket, self.prefix, not_before=self.not_before or None, **self._trigger_kwargs(deadline)
+        )

@@ -1,0 +1,243 @@
+"""Triggers that poll Cloud Storage until a stage's output is complete, or report what is missing.
+
+They list objects and read only the small documents the rules in :mod:`tpu_rl.checkpoints` need
+(``_CHECKPOINT_METADATA``, ``_METADATA``, the export index, each shard's header through a ranged
+read), so a check costs a few listing pages, never a download of the checkpoint. Each trigger has a
+wall-clock deadline of its own and, when it passes, fires an ``incomplete`` event carrying the last
+list of problems: the task then fails with what is missing instead of a bare deferral timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from tpu_rl import checkpoints as rules
+from tpu_rl.checkpoints import StoredObject, Verdict
+
+
+def _parse_time(text: str) -> datetime:
+    """GCS RFC 3339 timestamps; some servers give nanoseconds, which datetime cannot hold."""
+    head, _, fraction = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00")
+
+
+def _parse_not_before(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+class GcsReader:
+    """Lists and reads one bucket's objects with the gcloud-aio client that GCSAsyncHook provides."""
+
+    def __init__(self, storage: Any, bucket: str) -> None:
+        self.storage = storage
+        self.bucket = bucket
+
+    async def list(self, prefix: str, delimiter: str | None = None) -> tuple[dict[str, StoredObject], list[str]]:
+        """Objects under ``prefix`` keyed by name relative to it, and the sub-folders (with a delimiter)."""
+        params = {"prefix": prefix, **({"delimiter": delimiter} if delimiter else {})}
+        objects: dict[str, StoredObject] = {}
+        folders: list[str] = []
+        while True:
+            page = await self.storage.list_objects(self.bucket, params=params)
+            for item in page.get("items", []):
+                name = item["name"][len(prefix) :]
+                objects[name] = StoredObject(name, int(item["size"]), _parse_time(item["updated"]))
+            folders += [p[len(prefix) :] for p in page.get("prefixes", [])]
+            if not page.get("nextPageToken"):
+                return objects, folders
+            params["pageToken"] = page["nextPageToken"]
+
+    async def read(self, name: str, first: int | None = None, last: int | None = None) -> bytes:
+        """An object's bytes, or only bytes ``first..last`` (inclusive) with a ranged download."""
+        headers = {"Range": f"bytes={first}-{last}"} if first is not None else None
+        return await self.storage.download(self.bucket, name, headers=headers)
+
+
+class GcsOutputTrigger(BaseTrigger):
+    """Polls until :meth:`probe` finds the output complete or the deadline passes.
+
+    :param bucket: bucket name, without ``gs://``.
+    :param prefix: the folder to check, ending in ``/``.
+    :param deadline: POSIX time after which an incomplete output is reported as such.
+    :param poll_interval: seconds between checks.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        *,
+        deadline: float,
+        poll_interval: float = 60.0,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.bucket = bucket
+        self.prefix = prefix
+        self.deadline = deadline
+        self.poll_interval = poll_interval
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}"
+
+    def _common_kwargs(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket,
+            "prefix": self.prefix,
+            "deadline": self.deadline,
+            "poll_interval": self.poll_interval,
+            "gcp_conn_id": self.gcp_conn_id,
+            "impersonation_chain": self.impersonation_chain,
+        }
+
+    async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
+        """Check the output once; return the verdict and what the event should carry when complete."""
+        raise NotImplementedError
+
+    async def check(self) -> tuple[Verdict, dict[str, Any]]:
+        """One check with a fresh client (also used by sensors in poke mode and by operators)."""
+        from aiohttp import ClientSession
+
+        from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
+
+        hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+        async with ClientSession() as session:
+            storage = await hook.get_storage_client(session)
+            return await self.probe(GcsReader(storage, self.bucket))
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from aiohttp import ClientError
+
+        while True:
+            try:
+                verdict, found = await self.check()
+            except (ClientError, asyncio.TimeoutError) as error:
+                verdict, found = Verdict((f"could not read {self.uri}: {error!r}",)), {}
+            if verdict.complete:
+                yield TriggerEvent({"status": "complete", "uri": self.uri, **found})
+                return
+            if time.time() >= self.deadline:
+                message = f"{self.uri} is incomplete: {verdict.describe()}"
+                yield TriggerEvent({"status": "incomplete", "uri": self.uri, "message": message})
+                return
+            self.log.info("%s not complete yet: %s", self.uri, verdict.describe())
+            await asyncio.sleep(max(0.0, min(self.poll_interval, self.deadline - time.time())))
+
+
+async def _probe_orbax_step(reader: GcsReader, step_prefix: str, label: str, items: Sequence[str]) -> Verdict:
+    listing, _ = await reader.list(step_prefix)
+    documents = {
+        name: (await reader.read(step_prefix + name) if name in listing else None)
+        for name in rules.orbax_documents(items)
+    }
+    return rules.check_orbax_step(label, listing, documents, items)
+
+
+class OrbaxStepCompleteTrigger(GcsOutputTrigger):
+    """Fires when an Orbax step folder (``prefix``, e.g. ``.../0/``) holds a committed, whole save.
+
+    :param items: the item folders the step must hold, e.g. ``["items"]``.
+    """
+
+    def __init__(self, bucket: str, prefix: str, *, items: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(bucket, prefix, **kwargs)
+        self.items = list(items)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{__name__}.{type(self).__name__}", {**self._common_kwargs(), "items": self.items}
+
+    async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
+        label = self.prefix.rstrip("/").rsplit("/", 1)[-1] + "/"
+        return await _probe_orbax_step(reader, self.prefix, label, self.items), {}
+
+
+class FinalTrainingCheckpointTrigger(GcsOutputTrigger):
+    """Fires with the run's final step once ``checkpoints/actor/`` (``prefix``) holds the end-of-run save.
+
+    :param train_steps: planned steps, ``num_batches * rl.num_iterations``.
+    :param checkpoint_period: ``train_rl``'s ``checkpoint_period``.
+    :param items: item folders of a training step.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        *,
+        train_steps: int,
+        checkpoint_period: int,
+        items: Sequence[str] = ("model_params", "optimizer_state"),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(bucket, prefix, **kwargs)
+        self.train_steps = train_steps
+        self.checkpoint_period = checkpoint_period
+        self.items = list(items)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{__name__}.{type(self).__name__}", {
+            **self._common_kwargs(),
+            "train_steps": self.train_steps,
+            "checkpoint_period": self.checkpoint_period,
+            "items": self.items,
+        }
+
+    async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
+        _, folders = await reader.list(self.prefix, delimiter="/")
+        step = None
+        for candidate in rules.step_numbers(folders):  # Orbax ignores steps without commit_success.txt.
+            marker, _ = await reader.list(f"{self.prefix}{candidate}/{rules.COMMIT_SUCCESS}")
+            if "" in marker:  # The marker's own name, relative to itself.
+                step = candidate
+                break
+        verdict = rules.check_final_step(step, self.train_steps, self.checkpoint_period)
+        if verdict.complete:
+            verdict = await _probe_orbax_step(reader, f"{self.prefix}{step}/", f"actor/{step}/", self.items)
+        return verdict, {"step": step}
+
+
+class HfExportCompleteTrigger(GcsOutputTrigger):
+    """Fires when a Hugging Face export under ``prefix`` is whole and written by this attempt.
+
+    :param not_before: ISO 8601 time the export stage started; older objects count as stale.
+    """
+
+    def __init__(self, bucket: str, prefix: str, *, not_before: str | None = None, **kwargs: Any) -> None:
+        super().__init__(bucket, prefix, **kwargs)
+        self.not_before = not_before
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{__name__}.{type(self).__name__}", {**self._common_kwargs(), "not_before": self.not_before}
+
+    async def _shard_problem(self, reader: GcsReader, shard: StoredObject) -> str | None:
+        if shard.size < 8:
+            return f"{shard.name}: only {shard.size} bytes"
+        length = rules.safetensors_header_length(await reader.read(self.prefix + shard.name, 0, 7))
+        header = None
+        if 8 + length <= min(shard.size, 8 + rules.MAX_SAFETENSORS_HEADER):
+            header = await reader.read(self.prefix + shard.name, 8, 8 + length - 1)
+        return rules.check_shard(shard.name, shard.size, length, header)
+
+    async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
+        listing, _ = await reader.list(self.prefix)
+        index = await reader.read(self.prefix + rules.HF_INDEX) if rules.HF_INDEX in listing else None
+        shards, index_verdict = rules.expected_shards(listing, index)
+        problems = list(index_verdict.problems)
+        for name in shards:
+            if name in listing and (problem := await self._shard_problem(reader, listing[name])):
+                problems.append(problem)
+        verdict = rules.check_hf_export(listing, shards, problems, _parse_not_before(self.not_before))
+        return verdict, {"shards": len(shards)}
