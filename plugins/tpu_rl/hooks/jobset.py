@@ -1,0 +1,353 @@
+"""Hooks for JobSets on a Kubernetes cluster: a GKE cluster through the Google provider, or any
+cluster through a Kubernetes connection.
+
+They only talk to the API (JobSets, their pods, nodes, Kueue Workloads); the operator decides what
+to do and the trigger waits. Objects are returned as plain dicts, as the API sends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from functools import cached_property
+from typing import Any
+
+from airflow.exceptions import AirflowException
+from airflow.utils.log.logging_mixin import LoggingMixin
+
+from tpu_rl.jobset_status import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
+
+KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS = "kueue.x-k8s.io", "v1beta1", "workloads"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+#: A watch request lasts this long on the server before we reconnect from the last resourceVersion:
+#: bounded, so a half-open connection is noticed and GKE tokens are refreshed.
+WATCH_SECONDS = 300
+#: A log stream is reopened this often even when the pod prints nothing (long XLA compiles).
+LOG_STREAM_SECONDS = 600
+
+
+class ClusterTarget:
+    """Which cluster to reach: a Kubernetes connection, or a GKE cluster by project, location and name."""
+
+    def __init__(
+        self,
+        *,
+        kubernetes_conn_id: str | None = None,
+        project_id: str | None = None,
+        location: str | None = None,
+        cluster_name: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        use_internal_ip: bool = False,
+        use_dns_endpoint: bool = False,
+    ) -> None:
+        if bool(kubernetes_conn_id) == bool(cluster_name):
+            raise ValueError("Give either kubernetes_conn_id or (project_id, location, cluster_name).")
+        if cluster_name and not (project_id and location):
+            raise ValueError("A GKE cluster needs project_id and location as well as cluster_name.")
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.project_id = project_id
+        self.location = location
+        self.cluster_name = cluster_name
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.use_internal_ip = use_internal_ip
+        self.use_dns_endpoint = use_dns_endpoint
+
+    @property
+    def is_gke(self) -> bool:
+        return self.cluster_name is not None
+
+
+class JobSetHook(LoggingMixin):
+    """Synchronous JobSet calls the operator makes before deferring and after resuming."""
+
+    def __init__(self, target: ClusterTarget) -> None:
+        super().__init__()
+        self.target = target
+
+    @cached_property
+    def gke_endpoint(self) -> tuple[str, str]:
+        """(API server URL, CA certificate) of the GKE cluster, as the GKE API reports them."""
+        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+        from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
+
+        t = self.target
+        cluster_hook = GKEHook(
+            gcp_conn_id=t.gcp_conn_id, location=t.location, impersonation_chain=t.impersonation_chain
+        )
+        return GKEClusterAuthDetails(
+            cluster_name=t.cluster_name,
+            project_id=t.project_id,
+            use_internal_ip=t.use_internal_ip,
+            use_dns_endpoint=t.use_dns_endpoint,
+            cluster_hook=cluster_hook,
+        ).fetch_cluster_info()
+
+    @cached_property
+    def kube_hook(self):
+        t = self.target
+        if t.is_gke:
+            from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook
+
+            cluster_url, ssl_ca_cert = self.gke_endpoint
+            return GKEKubernetesHook(
+                cluster_url=cluster_url,
+                ssl_ca_cert=ssl_ca_cert,
+                use_dns_endpoint=t.use_dns_endpoint,
+                gcp_conn_id=t.gcp_conn_id,
+                impersonation_chain=t.impersonation_chain,
+            )
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        return KubernetesHook(conn_id=t.kubernetes_conn_id)
+
+    @cached_property
+    def _custom(self):
+        from kubernetes import client
+
+        # A fresh ApiClient from get_conn() carries a refreshed GKE token.
+        return client.CustomObjectsApi(self.kube_hook.get_conn())
+
+    def get_jobset(self, name: str, namespace: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._custom.get_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create_jobset(self, body: dict, namespace: str) -> dict:
+        return self._custom.create_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, body
+        )
+
+    def delete_jobset(self, name: str, namespace: str, uid: str | None = None) -> bool:
+        """Delete with foreground propagation, so its Jobs and pods go first; False if already gone.
+
+        With ``uid``, only that incarnation is deleted (a precondition): never a successor of the same name.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        body: dict[str, Any] = {"propagationPolicy": "Foreground"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self._custom.delete_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, name, body=body
+            )
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):  # gone, or the name now belongs to another incarnation
+                return False
+            raise
+
+    def wait_until_gone(self, name: str, namespace: str, uid: str, timeout: float, interval: float = 2) -> None:
+        """Foreground deletion finishes only when the pods are gone: wait for that before resubmitting."""
+        deadline = time.monotonic() + timeout
+        while (jobset := self.get_jobset(name, namespace)) and jobset["metadata"]["uid"] == uid:
+            if time.monotonic() > deadline:
+                raise AirflowException(
+                    f"JobSet {namespace}/{name} (uid {uid}) still exists {timeout:.0f} s after its deletion; "
+                    f"finalizers: {jobset['metadata'].get('finalizers')}"
+                )
+            time.sleep(interval)
+
+
+class AsyncJobSetHook(LoggingMixin):
+    """Asynchronous calls the trigger makes while it waits: watches, log streams and a few reads.
+
+    Every request opens its own client (``get_conn``), so a GKE token is fresh for each one.
+    """
+
+    def __init__(
+        self,
+        *,
+        kubernetes_conn_id: str | None = None,
+        cluster_url: str | None = None,
+        ssl_ca_cert: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        use_dns_endpoint: bool = False,
+    ) -> None:
+        super().__init__()
+        if bool(kubernetes_conn_id) == bool(cluster_url):
+            raise ValueError("Give either kubernetes_conn_id or cluster_url (with ssl_ca_cert).")
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.cluster_url = cluster_url
+        self.ssl_ca_cert = ssl_ca_cert
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.use_dns_endpoint = use_dns_endpoint
+
+    @cached_property
+    def kube_hook(self):
+        if self.cluster_url:
+            from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
+
+            return GKEKubernetesAsyncHook(
+                cluster_url=self.cluster_url,
+                ssl_ca_cert=self.ssl_ca_cert,
+                use_dns_endpoint=self.use_dns_endpoint,
+                gcp_conn_id=self.gcp_conn_id,
+                impersonation_chain=self.impersonation_chain,
+            )
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+        return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id)
+
+    @contextlib.asynccontextmanager
+    async def _open(self, method: str, path: str, *, query: dict | None = None, body: Any = None,
+                    timeout: Any = 60) -> AsyncIterator[Any]:
+        """One request; yields the aiohttp response, or raises ApiException for an error status."""
+        from kubernetes_asyncio.client import ApiException
+
+        async with self.kube_hook.get_conn() as api:
+            response = await api.call_api(
+                path, method, query_params=list((query or {}).items()), body=body,
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout,
+            )
+            try:
+                if not 200 <= response.status <= 299:
+                    raise ApiException(status=response.status, reason=(await response.text())[:2000])
+                yield response
+            finally:
+                response.release()
+
+    async def _request(self, method: str, path: str, *, query: dict | None = None, body: Any = None) -> dict:
+        """The JSON answer, or {} for 404 Not Found."""
+        from kubernetes_asyncio.client import ApiException
+
+        try:
+            async with self._open(method, path, query=query, body=body) as response:
+                return json.loads(await response.read())
+        except ApiException as e:
+            if e.status == 404:
+                return {}
+            raise
+
+    async def get_jobset(self, name: str, namespace: str) -> dict:
+        """The JobSet, or {} if it does not exist."""
+        return await self._request("GET", _jobsets_path(namespace) + f"/{name}")
+
+    async def delete_jobset(self, name: str, namespace: str, uid: str) -> None:
+        await self._request(
+            "DELETE", _jobsets_path(namespace) + f"/{name}",
+            body={"propagationPolicy": "Foreground", "preconditions": {"uid": uid}},
+        )
+
+    async def node_exists(self, name: str) -> bool | None:
+        """Whether the node still exists (None if we may not read nodes)."""
+        from kubernetes_asyncio.client import ApiException
+
+        try:
+            return bool(await self._request("GET", f"/api/v1/nodes/{name}"))
+        except ApiException as e:
+            if e.status == 403:
+                return None
+            raise
+
+    async def kueue_workloads(self, namespace: str, jobset_uid: str) -> list[dict]:
+        """Kueue's Workloads for the JobSet ([] when Kueue is not installed)."""
+        listing = await self._request(
+            "GET", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{namespace}/{KUEUE_WORKLOADS}",
+            query={"labelSelector": f"{KUEUE_JOB_UID_LABEL}={jobset_uid}"},
+        )
+        return listing.get("items", [])
+
+    async def watch(self, path: str, *, field_selector: str = "", label_selector: str = "") -> AsyncIterator[tuple[str, dict]]:
+        """Events (type, object) of a collection, forever: a list first (each item as ADDED), then a
+        watch from its resourceVersion that reconnects where it left off, and lists again when the
+        server has forgotten that version (410 Gone). Objects gone during a relist come as DELETED.
+        """
+        from kubernetes_asyncio.client import ApiException
+
+        selectors = {k: v for k, v in (("fieldSelector", field_selector), ("labelSelector", label_selector)) if v}
+        known: dict[str, dict] = {}
+        resource_version = ""
+        while True:
+            if not resource_version:
+                listing = await self._request("GET", path, query=selectors)
+                resource_version = listing["metadata"]["resourceVersion"]
+                current = {o["metadata"]["uid"]: o for o in listing.get("items", [])}
+                for uid in set(known) - set(current):
+                    yield "DELETED", known.pop(uid)
+                for uid, obj in current.items():
+                    known[uid] = obj
+                    yield "ADDED", obj
+            query = {**selectors, "watch": "true", "resourceVersion": resource_version,
+                     "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
+            try:
+                async for event in self._stream_json(path, query, WATCH_SECONDS + 30):
+                    kind, obj = event["type"], event["object"]
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            resource_version = ""
+                            break
+                        raise AirflowException(f"Watch of {path} failed: {obj}")
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        known.pop(obj["metadata"]["uid"], None)
+                    else:
+                        known[obj["metadata"]["uid"]] = obj
+                    yield kind, obj
+            except ApiException as e:
+                if e.status != 410:
+                    raise
+                resource_version = ""
+            except (asyncio.TimeoutError, ConnectionError, OSError) as e:
+                self.log.info("Watch of %s interrupted (%s); reconnecting", path, type(e).__name__)
+                await asyncio.sleep(1)
+
+    async def _stream_json(self, path: str, query: dict, total_seconds: float) -> AsyncIterator[dict]:
+        import aiohttp
+
+        async for line in self._stream_lines(path, query, aiohttp.ClientTimeout(total=total_seconds, sock_connect=30)):
+            if line.strip():
+                yield json.loads(line)
+
+    async def _stream_lines(self, path: str, query: dict, timeout: Any) -> AsyncIterator[bytes]:
+        """Lines of a streamed answer (a watch or a followed log), until the server ends it."""
+        import aiohttp
+
+        async with self._open("GET", path, query=query, timeout=timeout) as response:
+            pending = b""
+            try:
+                async for chunk in response.content.iter_any():
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        yield line
+            except aiohttp.ClientPayloadError:
+                pass
+            if pending:
+                yield pending
+
+    async def follow_log(self, pod: str, namespace: str, container: str, since_seconds: int | None) -> AsyncIterator[str]:
+        """Lines ``<RFC3339 timestamp> <text>`` of a container's log, followed until it exits or the
+        stream is reopened after LOG_STREAM_SECONDS (the caller reconnects)."""
+        import aiohttp
+
+        query = {"container": container, "follow": "true", "timestamps": "true"}
+        if since_seconds is not None:
+            query["sinceSeconds"] = str(max(1, since_seconds))
+        timeout = aiohttp.ClientTimeout(total=LOG_STREAM_SECONDS, sock_connect=30)
+        try:
+            async for line in self._stream_lines(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query, timeout):
+                yield line.decode("utf-8", "replace")
+        except asyncio.TimeoutError:
+            return
+
+
+def _jobsets_path(namespace: str) -> str:
+    return f"/apis/{JOBSET_GROUP}/{JOBSET_VERSION}/namespaces/{namespace}/{JOBSET_PLURAL}"

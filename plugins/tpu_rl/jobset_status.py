@@ -1,0 +1,267 @@
+"""Reading JobSet, pod and Kueue objects: what state a JobSet is in, and why it failed.
+
+Pure functions of the API objects (plain dicts as the API returns them), so the operator, the
+trigger and the tests share one reading, and real objects captured from a cluster can be replayed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_PLURAL = "jobsets"
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+PATHWAYS_HEAD = "pathways-head"
+WORKLOAD_CONTAINER = "workload-container"
+
+COMPLETED = "Completed"
+FAILED = "Failed"
+
+#: Why Kubernetes marks a pod ``DisruptionTarget``, in the words a TPU user needs.
+DISRUPTION_MEANINGS = {
+    "TerminationByKubelet": "TPU host maintenance or node shutdown (the kubelet terminated the pod)",
+    "PreemptionByScheduler": "preempted by a higher-priority workload",
+    "EvictionByEvictionAPI": "evicted (TPU host maintenance, node drain or upgrade)",
+    "DeletionByTaintManager": "host lost or under maintenance (node tainted NoExecute)",
+    "DeletionByPodGC": "host lost (its node no longer exists)",
+}
+
+
+def is_pathways(manifest: Mapping) -> bool:
+    return any(rj.get("name") == PATHWAYS_HEAD for rj in manifest.get("spec", {}).get("replicatedJobs", []))
+
+
+def log_source(manifest: Mapping) -> tuple[str, str]:
+    """(replicated job, container) whose index-0 pod prints what a user reads: the workload's log."""
+    replicated = manifest.get("spec", {}).get("replicatedJobs", [])
+    if is_pathways(manifest):
+        return PATHWAYS_HEAD, WORKLOAD_CONTAINER
+    name = replicated[0]["name"] if replicated else ""
+    containers = _pod_spec(replicated[0]).get("containers", []) if replicated else []
+    names = [c.get("name") for c in containers]
+    container = WORKLOAD_CONTAINER if WORKLOAD_CONTAINER in names or not names else names[0]
+    return name, container
+
+
+def log_pod_selector(jobset_name: str, replicated_job: str) -> str:
+    return ",".join(
+        [
+            f"{JOBSET_NAME_LABEL}={jobset_name}",
+            f"{REPLICATED_JOB_LABEL}={replicated_job}",
+            f"{JOB_INDEX_LABEL}=0",
+            f"{COMPLETION_INDEX_LABEL}=0",
+        ]
+    )
+
+
+def _pod_spec(replicated_job: Mapping) -> Mapping:
+    return replicated_job.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+
+
+def terminal_condition(jobset: Mapping) -> dict | None:
+    """The Completed or Failed condition that ended the JobSet, or None while it runs."""
+    for condition in jobset.get("status", {}).get("conditions") or []:
+        if condition.get("type") in (COMPLETED, FAILED) and condition.get("status") == "True":
+            return dict(condition)
+    return None
+
+
+def restarts(jobset: Mapping) -> int:
+    return int(jobset.get("status", {}).get("restarts") or 0)
+
+
+def is_suspended(jobset: Mapping) -> bool:
+    return bool(jobset.get("spec", {}).get("suspend"))
+
+
+def failed_job_name(condition: Mapping) -> str | None:
+    """JobSet names the first failed child Job in its condition message."""
+    match = re.search(r"\(first failed job: ([^)]+)\)", condition.get("message") or "")
+    return match.group(1) if match else None
+
+
+def replicated_job_of(job_name: str, jobset: Mapping) -> str | None:
+    """Child Jobs are named ``<jobset>-<replicated job>-<index>``."""
+    prefix = jobset.get("metadata", {}).get("name", "") + "-"
+    for rj in jobset.get("spec", {}).get("replicatedJobs", []):
+        if re.fullmatch(re.escape(prefix + rj["name"]) + r"-\d+", job_name):
+            return rj["name"]
+    return None
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    container: str
+    exit_code: int
+    reason: str
+    message: str
+
+    def describe(self) -> str:
+        text = f"{self.container} exited {self.exit_code}"
+        if self.reason:
+            text += f" ({self.reason})"
+        if self.message:
+            text += f": {self.message.strip()[:300]}"
+        return text
+
+
+@dataclass
+class PodRecord:
+    """What we last saw of one JobSet pod: kept because pods of a failed JobSet can vanish."""
+
+    name: str
+    uid: str
+    replicated_job: str
+    job_index: str
+    completion_index: str
+    restart_attempt: int
+    node: str
+    phase: str
+    ready: bool
+    deleted: bool = False
+    exits: list[ContainerExit] = field(default_factory=list)
+    disruption: tuple[str, str] | None = None
+    status_reason: str = ""
+    status_message: str = ""
+
+    @classmethod
+    def from_pod(cls, pod: Mapping) -> PodRecord:
+        meta, status = pod.get("metadata", {}), pod.get("status", {}) or {}
+        labels = meta.get("labels") or {}
+        exits = []
+        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            for state_key in ("state", "lastState"):
+                terminated = (cs.get(state_key) or {}).get("terminated")
+                if terminated and terminated.get("exitCode", 0) != 0:
+                    exits.append(
+                        ContainerExit(
+                            cs.get("name", ""),
+                            int(terminated.get("exitCode")),
+                            terminated.get("reason") or "",
+                            terminated.get("message") or "",
+                        )
+                    )
+                    break
+        disruption = None
+        ready = False
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+                disruption = (condition.get("reason") or "", condition.get("message") or "")
+            if condition.get("type") == "Ready" and condition.get("status") == "True":
+                ready = True
+        return cls(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            replicated_job=labels.get(REPLICATED_JOB_LABEL, ""),
+            job_index=labels.get(JOB_INDEX_LABEL, ""),
+            completion_index=labels.get(COMPLETION_INDEX_LABEL, ""),
+            restart_attempt=int(labels.get(RESTART_ATTEMPT_LABEL) or 0),
+            node=(pod.get("spec") or {}).get("nodeName") or "",
+            phase=status.get("phase") or "",
+            ready=ready,
+            exits=exits,
+            disruption=disruption,
+            status_reason=status.get("reason") or "",
+            status_message=status.get("message") or "",
+        )
+
+    def failed(self) -> bool:
+        return bool(self.exits or self.disruption or self.phase == "Failed")
+
+    def describe(self, lost_nodes: Iterable[str] = ()) -> str:
+        where = f"{self.replicated_job} job {self.job_index} index {self.completion_index}, attempt {self.restart_attempt}"
+        parts = [e.describe() for e in self.exits]
+        if self.disruption:
+            reason, message = self.disruption
+            meaning = DISRUPTION_MEANINGS.get(reason, "disrupted")
+            parts.append(f"{meaning} [DisruptionTarget {reason}: {message.strip()}]")
+        if self.node and self.node in set(lost_nodes):
+            parts.append(f"host lost: node {self.node} no longer exists")
+        if self.status_reason:
+            parts.append(f"pod {self.status_reason}: {self.status_message.strip()}".rstrip(": "))
+        if not parts:
+            parts.append(f"phase {self.phase or 'unknown'}")
+        return f"pod {self.name} ({where}, node {self.node or 'none'}): " + "; ".join(parts)
+
+
+def progress_line(jobset: Mapping, pods: Iterable[PodRecord], kueue_note: str = "") -> str:
+    """One line a user can follow: suspension, restarts, and Jobs and pods per replicated job."""
+    if is_suspended(jobset):
+        state = "suspended (waiting for Kueue admission" + (f": {kueue_note}" if kueue_note else "") + ")"
+    else:
+        state = "running"
+    pods_by_rj: dict[str, dict[str, int]] = {}
+    attempt = restarts(jobset)
+    for pod in pods:
+        if pod.deleted or pod.restart_attempt != attempt:
+            continue
+        counts = pods_by_rj.setdefault(pod.replicated_job, {})
+        key = "ready" if pod.ready else pod.phase.lower() or "unknown"
+        counts[key] = counts.get(key, 0) + 1
+    parts = [state, f"restarts {attempt}"]
+    for rj in jobset.get("status", {}).get("replicatedJobsStatus") or []:
+        jobs = ", ".join(f"{k} {rj.get(k) or 0}" for k in ("active", "ready", "succeeded", "failed"))
+        pod_counts = pods_by_rj.get(rj["name"], {})
+        pod_text = ", ".join(f"{v} {k}" for k, v in sorted(pod_counts.items())) or "none"
+        parts.append(f"{rj['name']}: jobs {jobs}; pods {pod_text}")
+    return "; ".join(parts)
+
+
+def kueue_note(workloads: Iterable[Mapping]) -> str:
+    """Why Kueue has not admitted the workload yet (the QuotaReserved/Admitted condition messages)."""
+    notes = []
+    for workload in workloads:
+        for condition in workload.get("status", {}).get("conditions") or []:
+            if condition.get("type") in ("QuotaReserved", "Admitted") and condition.get("status") != "True":
+                notes.append(condition.get("message") or condition.get("reason") or "")
+    return "; ".join(n for n in dict.fromkeys(notes) if n)
+
+
+def explain_failure(
+    jobset: Mapping,
+    pods: Iterable[PodRecord],
+    lost_nodes: Iterable[str] = (),
+    log_tail: Iterable[str] = (),
+    log_pod: str = "",
+) -> str:
+    """The error a user reads first: JobSet condition, failed replicated job, pod exits, last log lines."""
+    name = jobset.get("metadata", {}).get("name", "")
+    condition = terminal_condition(jobset) or {}
+    lines = [
+        f"JobSet {jobset.get('metadata', {}).get('namespace', '')}/{name} failed: "
+        f"{condition.get('type', 'Failed')} ({condition.get('reason', 'unknown reason')}): "
+        f"{condition.get('message', '')} [restarts: {restarts(jobset)}]"
+    ]
+    job = failed_job_name(condition)
+    if job:
+        lines.append(f"Failed replicated job: {replicated_job_of(job, jobset) or 'unknown'} (child Job {job})")
+    lost = set(lost_nodes)
+    failed = sorted((p for p in pods if p.failed() or p.node in lost), key=lambda p: (-p.restart_attempt, p.name))
+    host_loss = [p for p in failed if p.node in lost or (p.disruption or ("",))[0] == "DeletionByPodGC"]
+    maintenance = [p for p in failed if p.disruption and p.disruption[0] != "DeletionByPodGC"]
+    if host_loss:
+        nodes = sorted({p.node for p in host_loss})
+        lines.append(f"Cause: TPU host lost (node gone: {', '.join(nodes)})")
+    elif maintenance:
+        lines.append("Cause: TPU host maintenance or preemption (pod condition DisruptionTarget)")
+    if failed:
+        lines.append("Failed pods:")
+        lines += [f"  {p.describe(lost)}" for p in failed[:10]]
+        if len(failed) > 10:
+            lines.append(f"  ... and {len(failed) - 10} more")
+    tail = list(log_tail)
+    if tail:
+        lines.append(f"Last {len(tail)} lines of the workload log{f' (pod {log_pod})' if log_pod else ''}:")
+        lines += [f"  | {line}" for line in tail]
+    else:
+        lines.append("No workload log was captured.")
+    return "\n".join(lines)

@@ -1,0 +1,337 @@
+"""Operator that runs one JobSet to its end on a GKE cluster (or any cluster), surviving worker restarts.
+
+The JobSet's name is fixed by the manifest (derived from the DAG run and stage), and its annotations
+record which DAG run, task and try submitted it, so any later try finds it again: it adopts a running
+JobSet, accepts a Completed one, and replaces a Failed one only on a new try. While the JobSet runs
+the task is deferred (the worker slot is free); the trigger streams progress and the workload log.
+
+Only light imports at module level: DAG files import this at parse time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from tpu_rl.links import JobSetLogsLink, JobSetWorkloadLink
+from tpu_rl.run import LABEL_DAG_ID, LABEL_TASK_ID, RunIdentity, slug
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from tpu_rl.hooks.jobset import JobSetHook
+
+#: Annotations with the full (unsanitized) identity of the submitter; label values are slugs.
+ANNOTATION_DAG_ID = LABEL_DAG_ID
+ANNOTATION_RUN_ID = "tpu-rl.dev/run-id"
+ANNOTATION_TASK_ID = LABEL_TASK_ID
+ANNOTATION_SUBMITTED_TRY = "tpu-rl.dev/submitted-try"
+#: XCom key of the JobSet the task tracks (name, namespace, uid): what a kill or timeout deletes.
+XCOM_JOBSET = "jobset"
+#: The coordinator address ``<js>-pathways-head-0-0.<js>`` must fit in 63 characters.
+PATHWAYS_MAX_NAME = 22
+
+
+class JobSetFailedError(RuntimeError):
+    """The JobSet ended Failed, or vanished while the task waited for it."""
+
+
+class JobSetOperator(BaseOperator):
+    """Submit a JobSet, or adopt the one an earlier try submitted, and wait deferred until it ends.
+
+    :param manifest: the JobSet (a dict, templated). ``metadata.name`` must be set and stable for the
+        DAG run and stage; labels and annotations identifying the task are added.
+    :param namespace: namespace of the JobSet (a namespace in the manifest wins).
+    :param kubernetes_conn_id: a Kubernetes connection to reach the cluster; or else
+    :param project_id: with ``location`` and ``cluster_name``: the GKE cluster, reached through
+        ``gcp_conn_id`` (tokens refreshed by the Google provider).
+    :param delete_on_kill: delete the JobSet when the task is killed, marked failed or cleared while it
+        runs, or when ``execution_timeout`` expires.
+    :param delete_on_success: delete a Completed JobSet at once instead of leaving it to its TTL.
+    :param log_tail_lines: lines of the workload log kept for the failure message and the XCom result.
+    :param progress_interval: seconds between progress lines while nothing changes.
+    :param deletion_timeout: how long to wait for a Failed JobSet's pods to go before resubmitting.
+    """
+
+    template_fields: Sequence[str] = (
+        "manifest",
+        "namespace",
+        "kubernetes_conn_id",
+        "project_id",
+        "location",
+        "cluster_name",
+        "gcp_conn_id",
+        "impersonation_chain",
+    )
+    template_fields_renderers = {"manifest": "json"}
+    operator_extra_links = (JobSetWorkloadLink(), JobSetLogsLink())
+    ui_color = "#d5e8f7"
+
+    def __init__(
+        self,
+        *,
+        manifest: dict | None = None,
+        namespace: str = "default",
+        kubernetes_conn_id: str | None = None,
+        project_id: str | None = None,
+        location: str | None = None,
+        cluster_name: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        use_internal_ip: bool = False,
+        use_dns_endpoint: bool = False,
+        delete_on_kill: bool = True,
+        delete_on_success: bool = False,
+        log_tail_lines: int = 100,
+        progress_interval: float = 300,
+        deletion_timeout: float = 600,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.manifest = manifest
+        self.namespace = namespace
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.project_id = project_id
+        self.location = location
+        self.cluster_name = cluster_name
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.use_internal_ip = use_internal_ip
+        self.use_dns_endpoint = use_dns_endpoint
+        self.delete_on_kill = delete_on_kill
+        self.delete_on_success = delete_on_success
+        self.log_tail_lines = log_tail_lines
+        self.progress_interval = progress_interval
+        self.deletion_timeout = deletion_timeout
+        #: The JobSet this task instance tracks: {"name", "namespace", "uid", "created"}.
+        self.tracked: dict[str, str] | None = None
+
+    # -- what subclasses may change ---------------------------------------------------------------
+
+    def build_manifest(self, context: Context) -> dict:
+        """The JobSet to run. The DAG's operators override this to build it from the run's config."""
+        if not self.manifest:
+            raise ValueError(f"{self.task_id}: no JobSet manifest given")
+        return copy.deepcopy(self.manifest)
+
+    # -- hooks ------------------------------------------------------------------------------------
+
+    @cached_property
+    def hook(self) -> JobSetHook:
+        from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
+
+        return JobSetHook(
+            ClusterTarget(
+                kubernetes_conn_id=self.kubernetes_conn_id,
+                project_id=self.project_id,
+                location=self.location,
+                cluster_name=self.cluster_name,
+                gcp_conn_id=self.gcp_conn_id,
+                impersonation_chain=self.impersonation_chain,
+                use_internal_ip=self.use_internal_ip,
+                use_dns_endpoint=self.use_dns_endpoint,
+            )
+        )
+
+    # -- execution --------------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict | None:
+        from tpu_rl import jobset_status as st
+
+        manifest = self._identified(self.build_manifest(context), context)
+        name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+        try_number = context["ti"].try_number
+        existing = self.hook.get_jobset(name, namespace)
+        if existing and existing["metadata"].get("deletionTimestamp"):
+            self.log.info("JobSet %s/%s is being deleted; waiting until it is gone", namespace, name)
+            self.hook.wait_until_gone(name, namespace, existing["metadata"]["uid"], self.deletion_timeout)
+            existing = None
+
+        if existing:
+            self._check_ours(existing, manifest)
+            self._track(context, existing)
+            condition = st.terminal_condition(existing)
+            if condition is None:
+                self.log.info(
+                    "Adopting running JobSet %s/%s (uid %s, submitted by try %s): not resubmitting",
+                    namespace, name, existing["metadata"]["uid"], _submitted_try(existing),
+                )
+            elif condition["type"] == st.COMPLETED:
+                self.log.info("JobSet %s/%s already Completed: %s", namespace, name, condition.get("message"))
+                return self._finish_success(existing, log_tail=[])
+            else:
+                failure = st.explain_failure(existing, [])
+                if try_number <= _submitted_try(existing):
+                    raise JobSetFailedError(failure)
+                self.log.warning(
+                    "JobSet submitted by try %s failed; try %s replaces it.\n%s",
+                    _submitted_try(existing), try_number, failure,
+                )
+                self.hook.delete_jobset(name, namespace, uid=existing["metadata"]["uid"])
+                self.hook.wait_until_gone(name, namespace, existing["metadata"]["uid"], self.deletion_timeout)
+                existing = None
+
+        if not existing:
+            existing = self.hook.create_jobset(manifest, namespace)
+            self.log.info("Submitted JobSet %s/%s (uid %s)", namespace, name, existing["metadata"]["uid"])
+            self._track(context, existing)
+        self._defer(context, existing)
+        return None
+
+    def _defer(self, context: Context, jobset: dict) -> None:
+        from tpu_rl import jobset_status as st
+        from tpu_rl.triggers.jobset import JobSetTrigger
+
+        replicated_job, container = st.log_source(jobset)
+        if self.hook.target.is_gke:
+            cluster_url, ssl_ca_cert = self.hook.gke_endpoint
+            connection = {"cluster_url": cluster_url, "ssl_ca_cert": ssl_ca_cert, "gcp_conn_id": self.gcp_conn_id,
+                          "impersonation_chain": self.impersonation_chain, "use_dns_endpoint": self.use_dns_endpoint}
+        else:
+            connection = {"kubernetes_conn_id": self.kubernetes_conn_id}
+        self.defer(
+            trigger=JobSetTrigger(
+                name=jobset["metadata"]["name"],
+                namespace=jobset["metadata"]["namespace"],
+                uid=jobset["metadata"]["uid"],
+                log_replicated_job=replicated_job,
+                log_container=container,
+                progress_interval=self.progress_interval,
+                log_tail_lines=self.log_tail_lines,
+                delete_on_kill=self.delete_on_kill,
+                **connection,
+            ),
+            method_name="execute_complete",
+            timeout=self._remaining_time(context),
+        )
+
+    def _remaining_time(self, context: Context) -> timedelta | None:
+        """``execution_timeout`` counts from the task's start, deferral included: the trigger gets the rest."""
+        if self.execution_timeout is None:
+            return None
+        from airflow.sdk import timezone
+
+        started = context["ti"].start_date or timezone.utcnow()
+        return max(self.execution_timeout - (timezone.utcnow() - started), timedelta(seconds=1))
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
+        self.tracked = {k: event[k] for k in ("name", "namespace", "uid")}
+        if event["status"] != "success":
+            raise JobSetFailedError(event["message"])
+        self.log.info("%s", event["message"])
+        return self._finish_success(
+            {"metadata": self.tracked, "status": {"restarts": event.get("restarts", 0)}}, event["log_tail"]
+        )
+
+    def _finish_success(self, jobset: dict, log_tail: list[str]) -> dict:
+        meta = jobset["metadata"]
+        if self.delete_on_success:
+            self.hook.delete_jobset(meta["name"], meta["namespace"], uid=meta["uid"])
+        return {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "state": "Completed",
+            "restarts": int((jobset.get("status") or {}).get("restarts") or 0),
+            "log_tail": log_tail,
+        }
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context):
+        """The scheduler resumes a deferred task whose trigger timed out (``execution_timeout``) with
+        ``__fail__``: the base class raises TaskDeferralTimeout. Delete the JobSet before failing."""
+        from airflow.sdk.exceptions import TaskDeferralTimeout
+
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except TaskDeferralTimeout:
+            self.tracked = self.tracked or context["ti"].xcom_pull(task_ids=self.task_id, key=XCOM_JOBSET)
+            self.log.error("execution_timeout expired while waiting for JobSet %s", self.tracked)
+            self.on_kill()
+            raise
+
+    def on_kill(self) -> None:
+        """Called on SIGTERM or timeout while execute/execute_complete runs; while deferred, the
+        trigger's on_kill (Airflow >= 3.3) and resume_execution cover the same ground."""
+        if not (self.delete_on_kill and self.tracked):
+            return
+        t = self.tracked
+        if self.hook.delete_jobset(t["name"], t["namespace"], uid=t["uid"]):
+            self.log.info("Deleted JobSet %s/%s (uid %s)", t["namespace"], t["name"], t["uid"])
+
+    # -- identity ---------------------------------------------------------------------------------
+
+    def _identified(self, manifest: dict, context: Context) -> dict:
+        """The manifest with labels (sanitized, for selectors) and annotations (full values) naming the
+        DAG run, task and try that submit it."""
+        from tpu_rl import jobset_status as st
+
+        ti = context["ti"]
+        meta = manifest.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name:
+            raise ValueError(f"{self.task_id}: the JobSet manifest needs metadata.name (stable for the run)")
+        if st.is_pathways(manifest) and len(name) > PATHWAYS_MAX_NAME and not (
+            manifest.get("spec", {}).get("network", {}).get("subdomain")
+        ):
+            raise ValueError(
+                f"Pathways JobSet name {name!r} is longer than {PATHWAYS_MAX_NAME} characters: the "
+                "coordinator address would exceed 63 characters and its Jobs would fail silently"
+            )
+        meta["namespace"] = meta.get("namespace") or self.namespace
+        run = RunIdentity(ti.dag_id, ti.run_id)
+        labels = meta.setdefault("labels", {})
+        labels.update(run.labels())
+        labels[LABEL_TASK_ID] = slug(ti.task_id)[:63].strip("-") or "task"
+        meta.setdefault("annotations", {}).update(
+            {
+                ANNOTATION_DAG_ID: ti.dag_id,
+                ANNOTATION_RUN_ID: ti.run_id,
+                ANNOTATION_TASK_ID: ti.task_id,
+                ANNOTATION_SUBMITTED_TRY: str(ti.try_number),
+            }
+        )
+        return manifest
+
+    def _check_ours(self, existing: dict, manifest: dict) -> None:
+        """Never adopt or replace a JobSet that another DAG run or task submitted under the same name."""
+        ours = manifest["metadata"]["annotations"]
+        theirs = existing["metadata"].get("annotations") or {}
+        keys = (ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, ANNOTATION_TASK_ID)
+        if any(theirs.get(k) != ours[k] for k in keys):
+            found = {k: theirs.get(k) for k in keys}
+            raise JobSetFailedError(
+                f"JobSet {manifest['metadata']['namespace']}/{manifest['metadata']['name']} exists but was not "
+                f"submitted by this task ({found}); refusing to adopt or replace it"
+            )
+
+    def _track(self, context: Context, jobset: dict) -> None:
+        meta = jobset["metadata"]
+        self.tracked = {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "created": meta.get("creationTimestamp", ""),
+        }
+        context["ti"].xcom_push(key=XCOM_JOBSET, value=self.tracked)
+
+    def link_params(self) -> dict[str, str] | None:
+        """What the extra links need, once a JobSet is tracked on a GKE cluster."""
+        if not (self.tracked and self.cluster_name):
+            return None
+        return {
+            "project_id": self.project_id,
+            "location": self.location,
+            "cluster_name": self.cluster_name,
+            "namespace": self.tracked["namespace"],
+            "name": self.tracked["name"],
+            "since": self.tracked.get("created", ""),
+        }
+
+
+def _submitted_try(jobset: dict) -> int:
+    return int((jobset["metadata"].get("annotations") or {}).get(ANNOTATION_SUBMITTED_TRY) or 0)

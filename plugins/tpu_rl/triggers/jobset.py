@@ -1,0 +1,327 @@
+"""Trigger that waits for a JobSet to finish, in the triggerer, without holding a worker slot.
+
+It keeps three long-lived requests open: a watch of the JobSet, a watch of its pods, and the followed
+log of the workload container. Progress and log lines go to the task's log; the pods' last state
+and the log's tail stay in memory, because a finished JobSet's pods can vanish before anyone reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from tpu_rl import jobset_status as st
+from tpu_rl.hooks.jobset import AsyncJobSetHook
+
+#: Airflow 3.3 added BaseTrigger.on_kill, called when a user kills the deferred task.
+_TRIGGERER_CALLS_ON_KILL = "on_kill" in vars(BaseTrigger)
+#: After the JobSet finished, how long the log stream may take to deliver the last lines.
+LOG_DRAIN_SECONDS = 10
+
+
+class _Progress:
+    """What the trigger has seen so far: the JobSet, its pods and the log tail."""
+
+    def __init__(self, tail_lines: int) -> None:
+        self.jobset: dict = {}
+        self.pods: dict[str, st.PodRecord] = {}
+        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self.log_pod = ""
+        self.kueue_note = ""
+        self.pods_changed = asyncio.Event()
+
+    def line(self) -> str:
+        return st.progress_line(self.jobset, self.pods.values(), self.kueue_note)
+
+
+class JobSetTrigger(BaseTrigger):
+    """Fires once the JobSet ``namespace/name`` (that incarnation: ``uid``) is Completed, Failed or gone.
+
+    :param progress_interval: seconds between progress lines when nothing changes (changes are
+        logged when they happen).
+    :param log_tail_lines: how many last lines of the workload log the event carries.
+    :param delete_on_kill: delete the JobSet when a user marks the deferred task failed or clears it.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        namespace: str,
+        uid: str,
+        log_replicated_job: str,
+        log_container: str,
+        kubernetes_conn_id: str | None = None,
+        cluster_url: str | None = None,
+        ssl_ca_cert: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        use_dns_endpoint: bool = False,
+        progress_interval: float = 300,
+        log_tail_lines: int = 100,
+        delete_on_kill: bool = True,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.namespace = namespace
+        self.uid = uid
+        self.log_replicated_job = log_replicated_job
+        self.log_container = log_container
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.cluster_url = cluster_url
+        self.ssl_ca_cert = ssl_ca_cert
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.use_dns_endpoint = use_dns_endpoint
+        self.progress_interval = progress_interval
+        self.log_tail_lines = log_tail_lines
+        self.delete_on_kill = delete_on_kill
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "log_replicated_job": self.log_replicated_job,
+                "log_container": self.log_container,
+                "kubernetes_conn_id": self.kubernetes_conn_id,
+                "cluster_url": self.cluster_url,
+                "ssl_ca_cert": self.ssl_ca_cert,
+                "gcp_conn_id": self.gcp_conn_id,
+                "impersonation_chain": self.impersonation_chain,
+                "use_dns_endpoint": self.use_dns_endpoint,
+                "progress_interval": self.progress_interval,
+                "log_tail_lines": self.log_tail_lines,
+                "delete_on_kill": self.delete_on_kill,
+            },
+        )
+
+    def hook(self) -> AsyncJobSetHook:
+        return AsyncJobSetHook(
+            kubernetes_conn_id=self.kubernetes_conn_id,
+            cluster_url=self.cluster_url,
+            ssl_ca_cert=self.ssl_ca_cert,
+            gcp_conn_id=self.gcp_conn_id,
+            impersonation_chain=self.impersonation_chain,
+            use_dns_endpoint=self.use_dns_endpoint,
+        )
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self.hook()
+        progress = _Progress(self.log_tail_lines)
+        helpers = [
+            asyncio.create_task(self._watch_pods(hook, progress)),
+            asyncio.create_task(self._follow_log(hook, progress)),
+            asyncio.create_task(self._report(hook, progress)),
+        ]
+        try:
+            final = await self._watch_jobset(hook, progress)
+            if final:
+                await self._drain_log(helpers[1])
+            event = await self._event(hook, progress, final)
+        except asyncio.CancelledError:
+            if not _TRIGGERER_CALLS_ON_KILL and await self._task_left_deferred():
+                await self.on_kill()
+            raise
+        finally:
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+        yield TriggerEvent(event)
+
+    async def on_kill(self) -> None:
+        """Airflow >= 3.3 calls this when a user marks the deferred task failed or clears it."""
+        if self.delete_on_kill:
+            self.log.info("Task killed while deferred: deleting JobSet %s (uid %s)", self.ref, self.uid)
+            await self.hook().delete_jobset(self.name, self.namespace, self.uid)
+
+    async def _task_left_deferred(self) -> bool:
+        """Before Airflow 3.3 a cancelled trigger cannot tell a user's kill from a triggerer restart:
+        the task's state can (the provider triggers' ``safe_to_cancel``)."""
+        from asgiref.sync import sync_to_async
+
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        ti = self.task_instance
+        if ti is None:
+            return False
+        states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
+        )
+        return states.get(ti.run_id, {}).get(ti.task_id) != "deferred"
+
+    async def _watch_jobset(self, hook: AsyncJobSetHook, progress: _Progress) -> dict | None:
+        """The JobSet once finished, or None once deleted (or replaced by another of the same name)."""
+        path = f"/apis/{st.JOBSET_GROUP}/{st.JOBSET_VERSION}/namespaces/{self.namespace}/{st.JOBSET_PLURAL}"
+        first = await hook.get_jobset(self.name, self.namespace)
+        if first.get("metadata", {}).get("uid") != self.uid:
+            return None
+        seen = False
+        async for kind, jobset in hook.watch(path, field_selector=f"metadata.name={self.name}"):
+            if jobset["metadata"]["uid"] != self.uid or kind == "DELETED":
+                if kind == "DELETED" or seen:
+                    return None
+                continue
+            seen = True
+            before = progress.jobset
+            progress.jobset = jobset
+            if st.restarts(jobset) > st.restarts(before or jobset):
+                self.log.warning("JobSet %s restarted: restart %d", self.ref, st.restarts(jobset))
+            if st.terminal_condition(jobset):
+                return jobset
+        return None
+
+    async def _watch_pods(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        selector = f"{st.JOBSET_NAME_LABEL}={self.name},jobset.sigs.k8s.io/jobset-uid={self.uid}"
+        async for kind, pod in hook.watch(path, label_selector=selector):
+            record = st.PodRecord.from_pod(pod)
+            if kind == "DELETED":
+                # Keep what the pod said before it went: the failure report needs it.
+                known = progress.pods.get(record.uid, record)
+                known.deleted = True
+                if record.failed() and not known.failed():
+                    record.deleted = True
+                    known = record
+                progress.pods[record.uid] = known
+            else:
+                progress.pods[record.uid] = record
+            progress.pods_changed.set()
+
+    def _log_target(self, progress: _Progress) -> st.PodRecord | None:
+        """The workload pod of the latest restart attempt whose container has started."""
+        candidates = [
+            p for p in progress.pods.values()
+            if p.replicated_job == self.log_replicated_job and p.job_index == "0"
+            and p.completion_index == "0" and p.phase in ("Running", "Succeeded", "Failed") and not p.deleted
+        ]
+        return max(candidates, key=lambda p: p.restart_attempt, default=None)
+
+    async def _follow_log(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
+        """Stream the workload log into the task log; follow a new pod after a restart; reconnect
+        after silences and dropped streams without repeating lines (by their timestamps)."""
+        last_ts = ""
+        at_last_ts: set[str] = set()
+        pod: st.PodRecord | None = None
+        finished: set[str] = set()  # pods whose log was read to the end
+        while True:
+            target = self._log_target(progress)
+            if target is None or target.uid in finished:
+                progress.pods_changed.clear()
+                await progress.pods_changed.wait()
+                continue
+            if pod is None or target.uid != pod.uid:
+                pod, last_ts, at_last_ts = target, "", set()
+                progress.log_pod = pod.name
+                self.log.info("Following %s of pod %s", self.log_container, pod.name)
+            since = None
+            if last_ts:
+                since = int(time.time() - _epoch(last_ts)) + 5
+            try:
+                async for raw in hook.follow_log(pod.name, self.namespace, self.log_container, since):
+                    stamp, _, text = raw.partition(" ")
+                    ts = _sortable(stamp)
+                    if ts < last_ts or (ts == last_ts and raw in at_last_ts):
+                        continue
+                    if ts != last_ts:
+                        last_ts, at_last_ts = ts, set()
+                    at_last_ts.add(raw)
+                    progress.tail.append(text)
+                    self.log.info("[%s] %s", pod.name, text)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the pod went away, or the API restarted: look again shortly
+                self.log.info("Log stream of %s ended: %s", pod.name, str(e)[:200])
+                await asyncio.sleep(5)
+                continue
+            current = progress.pods.get(pod.uid)
+            if current is None or current.deleted or current.phase in ("Succeeded", "Failed"):
+                finished.add(pod.uid)
+            else:
+                await asyncio.sleep(1)
+
+    async def _drain_log(self, follower: asyncio.Task) -> None:
+        """Give the log stream a moment to deliver what the pods printed last."""
+        deadline = time.monotonic() + LOG_DRAIN_SECONDS
+        while not follower.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+
+    async def _report(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
+        """Log progress when it changes (checked every few seconds) and every progress_interval anyway."""
+        last_line, last_time, started, kueue_checked = "", 0.0, time.monotonic(), 0.0
+        while True:
+            await asyncio.sleep(5)
+            if not progress.jobset:
+                continue
+            now = time.monotonic()
+            if st.is_suspended(progress.jobset) and now - kueue_checked > 60:
+                kueue_checked = now
+                try:
+                    progress.kueue_note = st.kueue_note(await hook.kueue_workloads(self.namespace, self.uid))
+                except Exception as e:
+                    progress.kueue_note = f"Kueue Workload unreadable: {str(e)[:100]}"
+            line = progress.line()
+            if line != last_line or now - last_time >= self.progress_interval:
+                elapsed = int(now - started)
+                self.log.info("JobSet %s after %dm%02ds: %s", self.ref, elapsed // 60, elapsed % 60, line)
+                last_line, last_time = line, now
+
+    async def _event(self, hook: AsyncJobSetHook, progress: _Progress, final: dict | None) -> dict[str, Any]:
+        tail = list(progress.tail)
+        event: dict[str, Any] = {
+            "name": self.name,
+            "namespace": self.namespace,
+            "uid": self.uid,
+            "log_tail": tail,
+            "log_pod": progress.log_pod,
+        }
+        if final is None:
+            message = (
+                f"JobSet {self.ref} (uid {self.uid}) was deleted while the task waited for it "
+                f"(by someone or something outside this task, or its TTL). Last progress: "
+                f"{progress.line() if progress.jobset else 'none seen'}."
+            )
+            if tail:
+                message += "\nLast lines of the workload log:\n" + "\n".join(f"  | {x}" for x in tail)
+            return {**event, "status": "deleted", "message": message}
+        condition = st.terminal_condition(final) or {}
+        event.update(
+            condition={k: condition.get(k, "") for k in ("type", "reason", "message")},
+            restarts=st.restarts(final),
+        )
+        if condition.get("type") == st.COMPLETED:
+            return {**event, "status": "success", "message": f"JobSet {self.ref} completed: {condition.get('message', '')}"}
+        lost = await self._lost_nodes(hook, progress)
+        message = st.explain_failure(final, progress.pods.values(), lost, tail, progress.log_pod)
+        return {**event, "status": "failed", "message": message}
+
+    async def _lost_nodes(self, hook: AsyncJobSetHook, progress: _Progress) -> list[str]:
+        nodes = {p.node for p in progress.pods.values() if p.node and (p.failed() or p.deleted)}
+        lost = []
+        for node in sorted(nodes)[:20]:
+            if await hook.node_exists(node) is False:
+                lost.append(node)
+        return lost
+
+
+def _sortable(stamp: str) -> str:
+    """A kubelet timestamp (RFC 3339, UTC, up to 9 fraction digits, trailing zeros dropped) padded so
+    that string order is time order."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return f"{head}.{frac.ljust(9, '0')}"
+
+
+def _epoch(sortable: str) -> float:
+    return datetime.fromisoformat(sortable.partition(".")[0]).replace(tzinfo=timezone.utc).timestamp()
