@@ -430,6 +430,8 @@ def _validate(c: RunConfig):
             f"makes JobSet names of {len(longest)} characters; Pathways allows {PATHWAYS_JOBSET_NAME_MAX}",
             f"shorten it to at most {PATHWAYS_JOBSET_NAME_MAX - len('-hf2mt-00000000')} characters",
         )
+    if not 0 < c.hbm_utilization_vllm <= 1:
+        yield Problem("hbm_utilization_vllm", f"{c.hbm_utilization_vllm} is outside (0, 1]", "use e.g. 0.65")
     yield from _validate_slice(c)
 
 
@@ -452,8 +454,6 @@ def _validate_slice(c: RunConfig):
             f"trainer and sampler fractions add up to {c.trainer_devices_fraction + c.sampler_devices_fraction:g}",
             "make them add up to at most 1",
         )
-    if not 0 < c.hbm_utilization_vllm <= 1:
-        yield Problem("hbm_utilization_vllm", f"{c.hbm_utilization_vllm} is outside (0, 1]", "use e.g. 0.65")
     # ici_fsdp_parallelism defaults to -1 (auto), so the explicit ICI axes must divide the trainer devices.
     trainer_axes = c.ici_tensor_parallelism * c.ici_expert_parallelism
     if c.trainer_devices.is_integer() and (trainer_axes < 1 or c.trainer_devices % trainer_axes):

@@ -27,7 +27,7 @@ def cluster_body(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         "release_channel": {"channel": "REGULAR"},
         "workload_identity_config": {"workload_pool": f"{config.project}.svc.id.goog"},
         "addons_config": {"gcs_fuse_csi_driver_config": {"enabled": True}},
-        "datapath_provider": "ADVANCED_DATAPATH",
+        "network_config": {"datapath_provider": "ADVANCED_DATAPATH"},
         "ip_allocation_policy": {"use_ip_aliases": True},
         "master_authorized_networks_config": {
             "enabled": True,

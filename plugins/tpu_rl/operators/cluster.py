@@ -1,0 +1,227 @@
+"""The GKE cluster and its TPU node pools: created, adopted, waited for and deleted, by run ownership.
+
+Every create adopts what exists; every delete removes only objects labelled with this run's key, so a
+retried or cleared task never creates twice and never deletes a cluster or pool another run made.
+GKE operations are awaited by the Google provider's ``GKEOperationTrigger`` (deferred, no worker slot).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow.sdk import BaseOperator, BaseSensorOperator
+
+from tpu_rl import gke
+from tpu_rl.config import RunConfig
+from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+from tpu_rl.run_context import config_of, run_of
+
+OPERATION_POLL_SECONDS = 30
+
+
+def _cluster_hook(config: RunConfig):
+    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+
+    return GKEHook(gcp_conn_id=config.gcp_conn_id, location=config.region)
+
+
+class _AwaitsGkeOperations(BaseOperator):
+    """Defers on GKE long-running operations one after another."""
+
+    def _await(self, config: RunConfig, operation_names: list[str]) -> None:
+        if not operation_names:
+            return
+        from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+
+        first, *rest = operation_names
+        self.defer(
+            trigger=GKEOperationTrigger(
+                operation_name=first,
+                project_id=config.project,
+                location=config.region,
+                gcp_conn_id=config.gcp_conn_id,
+                poll_interval=OPERATION_POLL_SECONDS,
+            ),
+            method_name="operation_done",
+            kwargs={"remaining": rest},
+        )
+
+    def operation_done(self, context: Any, event: dict[str, Any], remaining: list[str]) -> None:
+        from airflow.exceptions import AirflowException
+
+        if event["status"] in ("failed", "error"):
+            raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
+        self.log.info(event["message"])
+        self._await(config_of(context), remaining)
+
+
+class CreateClusterOperator(_AwaitsGkeOperations):
+    """Creates the run's cluster (cluster_mode=create), or adopts it when a previous try created it."""
+
+    def execute(self, context: Any) -> None:
+        from google.api_core.exceptions import AlreadyExists
+
+        config, run = config_of(context), run_of(context)
+        if not config.creates_cluster:
+            self.log.info("cluster_mode is 'existing': using cluster %s, which this run will not delete", config.cluster_name)
+            return
+        hook = _cluster_hook(config)
+        try:
+            operation = hook.create_cluster(
+                cluster=gke.cluster_body(config, run), project_id=config.project, wait_to_complete=False
+            )
+        except AlreadyExists:
+            cluster = hook.get_cluster(name=config.cluster_name, project_id=config.project)
+            owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY, "none")
+            self.log.info(
+                "Cluster %s already exists (status %s, created by run key %s; this run is %s): adopting it",
+                config.cluster_name, cluster.status.name, owner, run.key,
+            )
+            return
+        self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation.name)
+        self._await(config, [operation.name])
+
+
+class ClusterReadySensor(BaseSensorOperator):
+    """Waits until the cluster is RUNNING (even one that already existed) and its API answers."""
+
+    def poke(self, context: Any) -> bool:
+        from airflow.exceptions import AirflowFailException
+        from google.api_core.exceptions import NotFound
+
+        config = config_of(context)
+        if config.kubernetes_conn_id:
+            from kubernetes.client import VersionApi
+
+            from tpu_rl.hooks.cluster import kubernetes_hook_for
+
+            version = VersionApi(kubernetes_hook_for(config).api_client).get_code()
+            self.log.info("Cluster behind connection '%s' answers: Kubernetes %s", config.kubernetes_conn_id, version.git_version)
+            return True
+        try:
+            cluster = _cluster_hook(config).get_cluster(name=config.cluster_name, project_id=config.project)
+        except NotFound:
+            raise AirflowFailException(
+                f"cluster_name: no cluster '{config.cluster_name}' in {config.project}/{config.region}; fix: "
+                "set cluster_mode to 'create', or name an existing cluster."
+            ) from None
+        status = cluster.status.name
+        if status in ("ERROR", "DEGRADED", "STOPPING"):
+            raise AirflowFailException(f"Cluster {config.cluster_name} is {status}: {cluster.status_message}")
+        self.log.info("Cluster %s is %s", config.cluster_name, status)
+        return status == "RUNNING"
+
+
+class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
+    """Creates the run's TPU node pools just before training (tpu_pool_mode=per_run); otherwise checks
+    that the cluster has the slice's nodes, so a missing slice fails here and not as a pending JobSet."""
+
+    def execute(self, context: Any) -> None:
+        from google.api_core.exceptions import AlreadyExists
+        from google.cloud.container_v1 import NodePool
+
+        config, run = config_of(context), run_of(context)
+        if config.tpu_pool_mode != "per_run":
+            self._check_slice_nodes(config)
+            return
+        client = _cluster_hook(config).get_cluster_manager_client()
+        operations = []
+        for index in range(config.cluster_nodepool_count):
+            body = gke.tpu_node_pool(config, run, index)
+            try:
+                operation = client.create_node_pool(
+                    parent=gke.cluster_path(config), node_pool=NodePool.from_json(json.dumps(body))
+                )
+                self.log.info("Creating node pool %s (%d x %s)", body["name"], body["initial_node_count"], config.compute_type)
+                operations.append(operation.name)
+            except AlreadyExists:
+                self.log.info("Node pool %s already exists: adopting it", body["name"])
+        self._await(config, operations)
+
+    def _check_slice_nodes(self, config: RunConfig) -> None:
+        from airflow.exceptions import AirflowFailException
+        from kubernetes.client import CoreV1Api
+
+        from tpu_rl.hooks.cluster import kubernetes_hook_for
+
+        selector = (
+            f"cloud.google.com/gke-tpu-accelerator={config.slice.generation.accelerator},"
+            f"cloud.google.com/gke-tpu-topology={config.topology}"
+        )
+        nodes = CoreV1Api(kubernetes_hook_for(config).api_client).list_node(label_selector=selector).items
+        needed = config.hosts_per_slice * config.cluster_nodepool_count
+        self.log.info("Found %d nodes with %s (the training needs %d)", len(nodes), selector, needed)
+        if len(nodes) < needed:
+            raise AirflowFailException(
+                f"tpu_pool_mode: the cluster has {len(nodes)} {config.tpu_type} {config.topology} hosts, the run needs "
+                f"{needed}; fix: create the TPU node pool(s), or set tpu_pool_mode to 'per_run'."
+            )
+
+
+class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
+    """Deletes the TPU node pools this run created, right after training (teardown of the create)."""
+
+    def execute(self, context: Any) -> None:
+        from google.api_core.exceptions import NotFound
+
+        config, run = config_of(context), run_of(context)
+        if config.tpu_pool_mode != "per_run":
+            self.log.info("tpu_pool_mode is '%s': no node pool of this run to delete", config.tpu_pool_mode)
+            return
+        client = _cluster_hook(config).get_cluster_manager_client()
+        operations = []
+        for index in range(config.cluster_nodepool_count):
+            name = f"{gke.cluster_path(config)}/nodePools/{run.tpu_pool_name(index)}"
+            try:
+                operations.append(client.delete_node_pool(name=name).name)
+                self.log.info("Deleting node pool %s", name)
+            except NotFound:
+                self.log.info("Node pool %s does not exist: nothing to delete", name)
+        self._await(config, operations)
+
+
+class DeleteClusterOperator(_AwaitsGkeOperations):
+    """Teardown: deletes the cluster only if this run created it; in an existing cluster it removes the
+    run's token Secret instead. GKE refuses deletes while another operation runs: retries handle that."""
+
+    def execute(self, context: Any) -> None:
+        from google.api_core.exceptions import NotFound
+
+        config, run = config_of(context), run_of(context)
+        if not config.creates_cluster:
+            self._delete_secret(config, run)
+            return
+        if config.keep_cluster:
+            self.log.warning("keep_cluster is set: cluster %s stays up and keeps costing money", config.cluster_name)
+            return
+        hook = _cluster_hook(config)
+        try:
+            cluster = hook.get_cluster(name=config.cluster_name, project_id=config.project)
+        except NotFound:
+            self.log.info("Cluster %s does not exist: nothing to delete", config.cluster_name)
+            return
+        owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY)
+        if owner != run.key:
+            self.log.warning(
+                "Cluster %s was created by run key %s, not by this run (%s): leaving it", config.cluster_name, owner, run.key
+            )
+            return
+        operation = hook.delete_cluster(name=config.cluster_name, project_id=config.project, wait_to_complete=False)
+        if operation is not None:
+            self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation.name)
+            self._await(config, [operation.name])
+
+    def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
+        from kubernetes.client import CoreV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        from tpu_rl.hooks.cluster import kubernetes_hook_for
+
+        try:
+            CoreV1Api(kubernetes_hook_for(config).api_client).delete_namespaced_secret(run.secret_name(), config.namespace)
+            self.log.info("Deleted Secret %s/%s; the existing cluster stays", config.namespace, run.secret_name())
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self.log.info("No Secret %s to delete; the existing cluster stays", run.secret_name())

@@ -1,0 +1,134 @@
+"""Validation: every bad value is refused with a message naming the field and the fix."""
+
+import pytest
+
+from tpu_rl.config import ConfigError, RunConfig
+
+
+def problems_for(conf: dict, **overrides) -> dict[str, str]:
+    with pytest.raises(ConfigError) as raised:
+        RunConfig.from_params({**conf, **overrides})
+    return {p.field: str(p) for p in raised.value.problems}
+
+
+def test_tutorial_values_are_the_defaults(tutorial_config):
+    c = tutorial_config
+    assert (c.tpu_type, c.topology, c.compute_type) == ("v6e-64", "8x8", "ct6e-standard-4t")
+    assert (c.cluster_nodepool_count, c.pw_cpu_machine_type, c.model_name) == (1, "c4d-standard-96", "qwen3-30b-a3b")
+    assert c.cloud_image_name.endswith("tpu_post_training:0.2.4")
+    assert (c.num_batches, c.batch_size, c.rollout_tensor_parallelism, c.rollout_expert_parallelism) == (50, 4, 8, 1)
+    assert (c.ici_tensor_parallelism, c.ici_expert_parallelism, c.hbm_utilization_vllm) == (4, 4, 0.65)
+    assert (c.trainer_devices_fraction, c.sampler_devices_fraction, c.reshard_chunk_size) == (0.5, 0.5, 8)
+
+
+def test_derived_values_of_the_tutorial_slice(tutorial_config):
+    assert tutorial_config.chips == 64
+    assert tutorial_config.hosts_per_slice == 16
+    assert tutorial_config.slice.pathways_instance_type == "tpuv6e:8x8"
+    assert (tutorial_config.trainer_devices, tutorial_config.sampler_devices) == (32, 32)
+    assert tutorial_config.train_steps == 50
+
+
+def test_other_generations_derive_their_own_shape(tutorial_conf):
+    v5p = RunConfig.from_params({**tutorial_conf, "tpu_type": "v5p-128", "topology": "4x4x4", "compute_type": "ct5p-hightpu-4t"})
+    assert (v5p.chips, v5p.hosts_per_slice, v5p.slice.pathways_instance_type) == (64, 16, "tpuv5:4x4x4")
+    v6e_16 = RunConfig.from_params(
+        {**tutorial_conf, "tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2, "ici_expert_parallelism": 2}
+    )
+    assert (v6e_16.chips, v6e_16.hosts_per_slice) == (16, 4)
+
+
+@pytest.mark.parametrize("missing", ["project", "region", "zone", "cluster_name", "gcs_bucket"])
+def test_required_fields(tutorial_conf, missing):
+    del tutorial_conf[missing]
+    problems = problems_for(tutorial_conf)
+    assert "is required" in problems[missing]
+
+
+def test_invalid_topology_names_the_field(tutorial_conf):
+    problems = problems_for(tutorial_conf, topology="7x9")
+    assert list(problems) == ["topology"]
+    assert "'7x9' is not a v6e topology" in problems["topology"] and "8x8" in problems["topology"]
+
+
+def test_topology_must_match_the_tpu_type(tutorial_conf):
+    assert "4x4 has 16 chips but v6e-64 has 64" in problems_for(tutorial_conf, topology="4x4")["topology"]
+
+
+def test_unknown_tpu_type_and_wrong_machine_type(tutorial_conf):
+    assert "tpu_type" in problems_for(tutorial_conf, tpu_type="v9-64")
+    assert "not a v6e machine type" in problems_for(tutorial_conf, compute_type="ct5p-hightpu-4t")["compute_type"]
+
+
+def test_single_host_machine_type_cannot_form_a_multi_host_slice(tutorial_conf):
+    assert "cannot form a 64-chip slice" in problems_for(tutorial_conf, compute_type="ct6e-standard-8t")["compute_type"]
+
+
+def test_trainer_parallelism_must_divide_the_trainer_devices(tutorial_conf):
+    problems = problems_for(tutorial_conf, ici_tensor_parallelism=4, ici_expert_parallelism=3)
+    assert "12 does not divide the 32 trainer devices" in problems["ici_expert_parallelism"]
+
+
+def test_rollout_parallelism_must_divide_the_sampler_devices(tutorial_conf):
+    problems = problems_for(tutorial_conf, rollout_tensor_parallelism=64)
+    assert "64 does not divide the 32 sampler devices" in problems["rollout_tensor_parallelism"]
+
+
+def test_device_fractions(tutorial_conf):
+    assert "outside (0, 1]" in problems_for(tutorial_conf, trainer_devices_fraction=1.5)["trainer_devices_fraction"]
+    assert "add up to 1.2" in problems_for(tutorial_conf, trainer_devices_fraction=0.7)["sampler_devices_fraction"]
+    assert "whole chips" in problems_for(tutorial_conf, trainer_devices_fraction=0.3)["trainer_devices_fraction"]
+
+
+@pytest.mark.parametrize("bucket", ["Upper-Case", "ab", "goog-bucket", "-dash-first", "a..b"])
+def test_bucket_name_rules(tutorial_conf, bucket):
+    assert "not a valid bucket name" in problems_for(tutorial_conf, gcs_bucket=bucket)["gcs_bucket"]
+
+
+@pytest.mark.parametrize("name", ["1cluster", "Cluster", "a" * 41, "ends-with-dash-"])
+def test_cluster_name_rules(tutorial_conf, name):
+    assert "not a GKE cluster name" in problems_for(tutorial_conf, cluster_name=name)["cluster_name"]
+
+
+def test_zone_must_be_in_the_region(tutorial_conf):
+    assert "not in region 'us-east5'" in problems_for(tutorial_conf, zone="us-central1-a")["zone"]
+
+
+def test_pathways_jobset_name_length_limits_the_prefix(tutorial_conf):
+    problem = problems_for(tutorial_conf, workload_prefix="a-very-long-prefix")["workload_prefix"]
+    assert "Pathways allows 22" in problem and "at most 7 characters" in problem
+
+
+def test_kubernetes_connection_needs_an_existing_cluster_and_pools(tutorial_conf):
+    problems = problems_for(tutorial_conf, kubernetes_conn_id="sim")
+    assert "cluster_mode" in problems["kubernetes_conn_id"]
+    assert "'existing'" in problems["tpu_pool_mode"]
+    RunConfig.from_params({**tutorial_conf, "kubernetes_conn_id": "sim", "cluster_mode": "existing", "tpu_pool_mode": "existing"})
+
+
+def test_unknown_model_and_unknown_param(tutorial_conf):
+    problems = problems_for(tutorial_conf, model_name="gpt-9", num_batchs=3)
+    assert "not a supported MaxText model" in problems["model_name"]
+    assert "is not a parameter of this DAG" in problems["num_batchs"]
+
+
+def test_wrong_types_are_refused_not_guessed(tutorial_conf):
+    problems = problems_for(tutorial_conf, num_batches="many", scan_layers="maybe")
+    assert set(problems) == {"num_batches", "scan_layers"}
+
+
+def test_form_strings_are_coerced(tutorial_conf):
+    config = RunConfig.from_params({**tutorial_conf, "num_batches": "10", "scan_layers": "false"})
+    assert (config.num_batches, config.scan_layers) == (10, False)
+
+
+def test_extra_train_args_cannot_override_own_params(tutorial_conf):
+    problems = problems_for(tutorial_conf, extra_train_args={"num_batches": 3})
+    assert "has its own parameter" in problems["extra_train_args"]
+    config = RunConfig.from_params({**tutorial_conf, "extra_train_args": {"rl.num_iterations": 2}})
+    assert config.train_steps == 100
+
+
+def test_all_problems_are_reported_at_once(tutorial_conf):
+    problems = problems_for(tutorial_conf, topology="7x9", gcs_bucket="BAD", hbm_utilization_vllm=2)
+    assert {"topology", "gcs_bucket", "hbm_utilization_vllm"} <= set(problems)

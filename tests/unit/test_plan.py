@@ -1,0 +1,105 @@
+"""The plan command: what a run would submit, reviewable before spending money."""
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from tpu_rl.plan import plan_documents, render
+from tpu_rl.run import RunIdentity
+
+from conftest import REPO
+
+
+def _by_kind(docs):
+    jobsets = {d["metadata"]["name"].split("-")[1]: d for _, d in docs if d.get("kind") == "JobSet"}
+    return jobsets, [d for _, d in docs if d.get("gkeRequest") == "CreateNodePool"]
+
+
+def _pod_spec(jobset, replicated_job):
+    job = next(r for r in jobset["spec"]["replicatedJobs"] if r["name"] == replicated_job)
+    return job, job["template"]["spec"]["template"]["spec"]
+
+
+def test_tutorial_plan_has_the_tutorials_workloads(tutorial_config, run):
+    docs = plan_documents(tutorial_config, run)
+    jobsets, node_pools = _by_kind(docs)
+    assert set(jobsets) == {"hf2mt", "train", "mt2hf"}
+
+    train = jobsets["train"]
+    worker_job, worker = _pod_spec(train, "worker")
+    assert worker_job["replicas"] == 1
+    assert worker_job["template"]["spec"]["parallelism"] == worker_job["template"]["spec"]["completions"] == 16
+    assert worker["containers"][0]["resources"]["limits"] == {"google.com/tpu": "4"}
+    assert worker["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "8x8",
+    }
+    _, head = _pod_spec(train, "pathways-head")
+    assert head["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-np"}
+    rm = next(c for c in head["initContainers"] if c["name"] == "pathways-rm")
+    assert "--instance_type=tpuv6e:8x8" in rm["args"]
+    assert len(train["metadata"]["name"]) <= 22
+
+    for stage in ("hf2mt", "mt2hf"):
+        job, pod = _pod_spec(jobsets[stage], "main-job")
+        assert job["template"]["spec"]["parallelism"] == 1
+        assert pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": "cpu-np"}
+
+    [pool] = node_pools
+    assert pool["nodePool"]["initial_node_count"] == 16
+    assert pool["nodePool"]["placement_policy"] == {"type": "COMPACT", "tpu_topology": "8x8"}
+    assert pool["nodePool"]["config"]["machine_type"] == "ct6e-standard-4t"
+
+
+def test_conversion_on_the_slice_is_the_tutorials_job(tutorial_conf, run):
+    from tpu_rl.config import RunConfig
+
+    config = RunConfig.from_params({**tutorial_conf, "conversion_on_tpu": True})
+    jobsets, _ = _by_kind(plan_documents(config, run))
+    job, pod = _pod_spec(jobsets["hf2mt"], "main-job")
+    assert job["template"]["spec"]["completions"] == 16
+    assert pod["containers"][0]["command"][2].startswith('[ "$JOB_COMPLETION_INDEX" != "0" ] || python3 -m')
+    assert jobsets["hf2mt"]["metadata"]["annotations"] == {
+        "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
+    }
+
+
+def test_no_token_anywhere_in_the_plan(tutorial_config, run):
+    text = render(tutorial_config, run)
+    assert "hf_access_token" not in text
+    docs = list(yaml.safe_load_all(text))
+    [secret] = [d for d in docs if d.get("kind") == "Secret"]
+    assert "data" not in secret and "stringData" not in secret
+    for doc in docs:
+        if doc.get("kind") != "JobSet":
+            continue
+        for job in doc["spec"]["replicatedJobs"]:
+            pod = job["template"]["spec"]["template"]["spec"]
+            for container in pod.get("containers", []) + pod.get("initContainers", []):
+                for env in container.get("env", []):
+                    if env["name"] == "HF_TOKEN":
+                        assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "HF_TOKEN"}
+
+
+def test_names_are_stable_for_a_run_and_distinct_between_runs(tutorial_config):
+    first = render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__a"))
+    assert first == render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__a"))
+    assert first != render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__b"))
+
+
+def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text((REPO / "include/examples/tutorial.json").read_text())
+    result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(good)], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    kinds = [d.get("kind") or d.get("gkeRequest") for d in yaml.safe_load_all(result.stdout)]
+    assert kinds == ["CreateCluster", "CreateNodePool", "Secret", "JobSet", "JobSet", "JobSet"]
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**json.loads(good.read_text()), "topology": "7x9"}))
+    result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(bad)], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert "topology: '7x9' is not a v6e topology" in result.stderr
