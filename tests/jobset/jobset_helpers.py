@@ -1,0 +1,157 @@
+"""Helpers of the JobSet operator tests: the cluster client for checks, test manifests, and a driver
+that runs the operator as Airflow does."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
+CONN_ID = "tpu_rl_sim"
+SIM = "sim.tpu-rl.dev/"
+
+
+def read_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export "):].partition("=")
+            env[name] = shlex.split(value)[0] if value else ""
+    return env
+
+
+class Cluster:
+    """Direct API access for arranging faults and checking outcomes (not through the code under test)."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(kubeconfig)
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def jobsets(self, name: str, namespace: str = "default") -> list[dict]:
+        items = self.custom.list_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", field_selector=f"metadata.name={name}"
+        )["items"]
+        return items
+
+    def delete_jobset(self, name: str, namespace: str = "default") -> None:
+        self.custom.delete_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name, body={"propagationPolicy": "Foreground"}
+        )
+
+    def pods(self, name: str, namespace: str = "default") -> list:
+        return self.core.list_namespaced_pod(namespace, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+
+    def wait(self, what: str, predicate, timeout: float = 60, interval: float = 0.5):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if value := predicate():
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def tpu_jobset(name: str, *, hosts: int = 2, run_seconds: float = 3, max_restarts: int = 0,
+               annotations: dict[str, str] | None = None, replicated_job: str = "main-job") -> dict:
+    """A small plain multi-host TPU JobSet shaped like the conversions' (workloads.md section 1)."""
+    pod_annotations = {f"{SIM}run-seconds": str(run_seconds), **(annotations or {})}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "annotations": {
+            "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}},
+        "spec": {
+            "ttlSecondsAfterFinished": 3600,
+            "failurePolicy": {"maxRestarts": max_restarts},
+            "replicatedJobs": [{
+                "name": replicated_job,
+                "replicas": 1,
+                "template": {"spec": {
+                    "parallelism": hosts, "completions": hosts, "backoffLimit": 0, "completionMode": "Indexed",
+                    "template": {
+                        "metadata": {"annotations": pod_annotations},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "terminationGracePeriodSeconds": 30,
+                            "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                             "cloud.google.com/gke-tpu-topology": "8x8"},
+                            "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
+                            "containers": [{
+                                "name": "workload-container",
+                                "image": "python:3.12",
+                                "command": ["/bin/bash", "-c", "echo step; sleep 1"],
+                                "resources": {"limits": {"google.com/tpu": "4"}},
+                            }],
+                        },
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+class StandInTaskInstance:
+    """The parts of Airflow's RuntimeTaskInstance the operator uses (identity, try number, XCom).
+
+    It stands in for Airflow only; the cluster side is real. Tests that need Airflow's own task runner
+    use dag.test() instead (test_operator_dag.py).
+    """
+
+    def __init__(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> None:
+        self.dag_id, self.run_id, self.task_id, self.try_number = dag_id, run_id, task_id, try_number
+        self.map_index = -1
+        self.start_date = datetime.now(timezone.utc)
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+    def xcom_pull(self, task_ids: str | None = None, key: str = "return_value") -> Any:
+        return self.xcoms.get(key)
+
+
+def context_for(ti: StandInTaskInstance) -> dict:
+    return {"ti": ti, "task_instance": ti}
+
+
+def run_operator(op, context: dict) -> Any:
+    """execute -> TaskDeferred -> the trigger (rebuilt from its serialized form, as the triggerer does)
+    runs to its first event -> resume_execution, as Airflow's task runner and triggerer would.
+
+    A deferral with a timeout is cancelled at that time and the task resumed with ``__fail__`` /
+    "Trigger timeout", which is what Airflow's triggerer and scheduler do when a deferral times out.
+    """
+    from airflow.sdk.exceptions import TaskDeferred
+
+    try:
+        return op.execute(context)
+    except TaskDeferred as deferred:
+        classpath, kwargs = deferred.trigger.serialize()
+        module, _, cls = classpath.rpartition(".")
+        trigger = getattr(__import__(module, fromlist=[cls]), cls)(**kwargs)
+        context["deferred"] = deferred
+        timeout = deferred.timeout.total_seconds() if deferred.timeout else None
+        try:
+            event = asyncio.run(asyncio.wait_for(_first_event(trigger), timeout))
+        except TimeoutError:
+            return op.resume_execution("__fail__", {"error": "Trigger timeout"}, context)
+        return op.resume_execution(deferred.method_name, {"event": event.payload}, context)
+
+
+async def _first_event(trigger):
+    async for event in trigger.run():
+        return event
+    raise AssertionError("trigger ended without an event")

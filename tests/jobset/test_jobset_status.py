@@ -1,0 +1,94 @@
+"""Reading JobSet and pod objects (pure functions): state, progress line and the failure explanation.
+
+The objects have the shapes JobSet v0.10.1 and Kubernetes 1.34 write (field names and the condition
+messages are copied from their sources); tests/jobset/test_operator_sim.py checks the same functions on
+objects from the simulated cluster.
+"""
+
+from tpu_rl import jobset_status as st
+
+
+def jobset(conditions=(), restarts=0, replicated=("main-job",), suspend=False, rj_status=()):
+    return {
+        "metadata": {"name": "qwen-hf2mt-1a2b3c4d", "namespace": "default", "uid": "u1"},
+        "spec": {
+            "suspend": suspend,
+            "replicatedJobs": [
+                {"name": n, "template": {"spec": {"template": {"spec": {"containers": [{"name": "workload-container"}]}}}}}
+                for n in replicated
+            ],
+        },
+        "status": {"conditions": list(conditions), "restarts": restarts, "replicatedJobsStatus": list(rj_status)},
+    }
+
+
+def pod(name, *, rj="main-job", attempt=0, node="tpu-node-3", phase="Failed", exit_code=None, disruption=None, ready=False):
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if disruption:
+        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": "m"})
+    statuses = []
+    if exit_code is not None:
+        statuses.append({"name": "workload-container",
+                         "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": "boom"}}})
+    return {
+        "metadata": {"name": name, "uid": name + "-uid", "labels": {
+            st.REPLICATED_JOB_LABEL: rj, st.JOB_INDEX_LABEL: "0", st.COMPLETION_INDEX_LABEL: "0",
+            st.RESTART_ATTEMPT_LABEL: str(attempt)}},
+        "spec": {"nodeName": node},
+        "status": {"phase": phase, "conditions": conditions, "containerStatuses": statuses},
+    }
+
+
+FAILED = {
+    "type": "Failed", "status": "True", "reason": "ReachedMaxRestarts",
+    "message": "jobset failed due to reaching max number of restarts (first failed job: qwen-hf2mt-1a2b3c4d-main-job-0)",
+}
+
+
+def test_terminal_condition_and_kind():
+    assert st.terminal_condition(jobset()) is None
+    assert st.terminal_condition(jobset([{"type": "Completed", "status": "True"}]))["type"] == "Completed"
+    assert st.terminal_condition(jobset([{"type": "Failed", "status": "False"}])) is None
+    assert st.log_source(jobset()) == ("main-job", "workload-container")
+    assert st.log_source(jobset(replicated=("pathways-head", "worker"))) == ("pathways-head", "workload-container")
+
+
+def test_failure_names_condition_job_exit_code_and_log_tail():
+    message = st.explain_failure(
+        jobset([FAILED], restarts=1),
+        [st.PodRecord.from_pod(pod("p0", attempt=1, exit_code=3)), st.PodRecord.from_pod(pod("ok", phase="Running"))],
+        log_tail=["step 10 loss 1.2", "Traceback: OOM"],
+        log_pod="p0",
+    )
+    assert "Failed (ReachedMaxRestarts)" in message
+    assert "Failed replicated job: main-job (child Job qwen-hf2mt-1a2b3c4d-main-job-0)" in message
+    assert "workload-container exited 3 (Error): boom" in message
+    assert "pod ok" not in message
+    assert message.rstrip().endswith("| Traceback: OOM")
+
+
+def test_disruption_is_maintenance_and_missing_node_is_host_loss():
+    maintenance = st.explain_failure(
+        jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", disruption="TerminationByKubelet"))]
+    )
+    assert "TPU host maintenance or preemption" in maintenance
+    lost = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", exit_code=137))], lost_nodes=["tpu-node-3"])
+    assert "TPU host lost (node gone: tpu-node-3)" in lost
+    gc = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", disruption="DeletionByPodGC"))])
+    assert "TPU host lost" in gc
+
+
+def test_progress_line_counts_current_attempt_and_suspension():
+    status = [{"name": "main-job", "active": 1, "ready": 1, "succeeded": 0, "failed": 0}]
+    pods = [st.PodRecord.from_pod(pod("a", attempt=1, phase="Running", ready=True)),
+            st.PodRecord.from_pod(pod("old", attempt=0, phase="Failed"))]
+    line = st.progress_line(jobset(restarts=1, rj_status=status), pods)
+    assert line == "running; restarts 1; main-job: jobs active 1, ready 1, succeeded 0, failed 0; pods 1 ready"
+    suspended = st.progress_line(jobset(suspend=True), [], "resource memory unavailable in ClusterQueue")
+    assert suspended.startswith("suspended (waiting for Kueue admission: resource memory unavailable")
+
+
+def test_kueue_note_reads_pending_conditions():
+    workload = {"status": {"conditions": [
+        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "couldn't assign flavors"}]}}
+    assert st.kueue_note([workload]) == "couldn't assign flavors"

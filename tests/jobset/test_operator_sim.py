@@ -1,0 +1,210 @@
+"""JobSetOperator against the simulated cluster: real apiserver, JobSet controller and webhooks,
+scheduler, Job controller and pod GC; pods run on kwok nodes, with faults from pod annotations.
+
+Each test drives the operator as Airflow does (execute, defer, the trigger rebuilt from its
+serialized form, resume); see conftest.run_operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from jobset_helpers import (
+    CONN_ID,
+    REPO,
+    SIM,
+    StandInTaskInstance,
+    _first_event,
+    context_for,
+    run_operator,
+    tpu_jobset,
+    unique,
+)
+
+from tpu_rl.operators.jobset import JobSetFailedError, JobSetOperator
+
+pytestmark = pytest.mark.jobset
+HERE = Path(__file__).resolve().parent
+
+
+def operator(manifest: dict, **kwargs) -> JobSetOperator:
+    kwargs.setdefault("progress_interval", 10)
+    return JobSetOperator(task_id="train", manifest=manifest, kubernetes_conn_id=CONN_ID, **kwargs)
+
+
+def ti_for(name: str, try_number: int = 1) -> StandInTaskInstance:
+    return StandInTaskInstance("jobset_tests", f"manual__{name}", "train", try_number)
+
+
+def test_success_streams_log_and_a_retry_does_not_resubmit(sim, caplog):
+    caplog.set_level(logging.INFO)
+    name = unique("ok")
+    ti = ti_for(name)
+    result = run_operator(operator(tpu_jobset(name, run_seconds=4)), context_for(ti))
+
+    assert result["state"] == "Completed" and result["restarts"] == 0
+    assert any("simulated workload in pod" in line for line in result["log_tail"])
+    assert f"[{name}-main-job-0-0-" in caplog.text  # streamed live, from the index-0 pod
+    (jobset,) = sim.jobsets(name)
+    meta = jobset["metadata"]
+    assert meta["labels"]["tpu-rl.dev/task-id"] == "train"
+    assert meta["annotations"]["tpu-rl.dev/run-id"] == ti.run_id
+    assert meta["annotations"]["tpu-rl.dev/submitted-try"] == "1"
+    assert ti.xcoms["jobset"]["uid"] == meta["uid"]
+
+    again = run_operator(operator(tpu_jobset(name)), context_for(ti_for(name, try_number=2)))
+    assert again["uid"] == meta["uid"] and again["state"] == "Completed"
+    assert len(sim.jobsets(name)) == 1
+
+
+def test_failure_names_condition_exit_code_and_log(sim):
+    name = unique("fail")
+    manifest = tpu_jobset(name, annotations={f"{SIM}exit-code": "3"})
+    with pytest.raises(JobSetFailedError) as failure:
+        run_operator(operator(manifest), context_for(ti_for(name)))
+    message = str(failure.value)
+    assert f"JobSet default/{name} failed: Failed (" in message
+    assert f"Failed replicated job: main-job (child Job {name}-main-job-0)" in message
+    assert "workload-container exited 3 (Error)" in message
+    assert "Last " in message and "simulated workload in pod" in message
+
+    # The same try never resubmits; a new try replaces the failed JobSet.
+    uid = sim.jobsets(name)[0]["metadata"]["uid"]
+    with pytest.raises(JobSetFailedError):
+        run_operator(operator(manifest), context_for(ti_for(name)))
+    assert sim.jobsets(name)[0]["metadata"]["uid"] == uid
+    result = run_operator(operator(tpu_jobset(name)), context_for(ti_for(name, try_number=2)))
+    assert result["state"] == "Completed" and result["uid"] != uid
+    assert len(sim.jobsets(name)) == 1
+
+
+def test_restart_within_max_restarts_then_success(sim, caplog):
+    caplog.set_level(logging.INFO)
+    name = unique("restart")
+    manifest = tpu_jobset(name, max_restarts=1, annotations={f"{SIM}fail-attempts": "1"})
+    result = run_operator(operator(manifest), context_for(ti_for(name)))
+    assert result["state"] == "Completed" and result["restarts"] == 1
+    assert "restarted: restart 1" in caplog.text
+    assert caplog.text.count("Following workload-container of pod") >= 2  # followed the new pod
+
+
+def test_killed_while_waiting_reattaches_without_resubmitting(sim, caplog):
+    caplog.set_level(logging.INFO)
+    name = unique("kill")
+    child = subprocess.Popen(
+        [sys.executable, str(HERE / "run_jobset_task.py"), name, "20"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(HERE)])},
+    )
+    try:
+        sim.wait("the task's pods to run", lambda: sum(p.status.phase == "Running" for p in sim.pods(name)) == 2)
+        os.kill(child.pid, signal.SIGKILL)  # a worker crash: no on_kill, no cleanup
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    (before,) = sim.jobsets(name)
+    result = run_operator(operator(tpu_jobset(name, run_seconds=20)), context_for(ti_for(name)))
+    assert "Adopting running JobSet" in caplog.text
+    assert result["uid"] == before["metadata"]["uid"] and result["state"] == "Completed"
+    assert len(sim.jobsets(name)) == 1
+
+
+def run_with_action(op, context, action):
+    """Run the operator; once deferred, call ``action()`` in a thread while the trigger waits."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    trigger = deferred.value.trigger
+
+    async def main():
+        waiting = asyncio.create_task(_first_event(trigger))
+        await asyncio.to_thread(action)
+        return await waiting
+
+    event = asyncio.run(main())
+    return op.resume_execution(deferred.value.method_name, {"event": event.payload}, context)
+
+
+def test_jobset_deleted_from_outside_fails_clearly(sim):
+    name = unique("gone")
+    op = operator(tpu_jobset(name, run_seconds=60))
+
+    def delete_when_running():
+        sim.wait("pods running", lambda: sum(p.status.phase == "Running" for p in sim.pods(name)) == 2)
+        sim.delete_jobset(name)
+
+    with pytest.raises(JobSetFailedError, match=rf"JobSet default/{name} \(uid .*\) was deleted while the task waited"):
+        run_with_action(op, context_for(ti_for(name)), delete_when_running)
+
+
+def test_tpu_node_deleted_mid_run_is_host_loss(sim):
+    name = unique("host")
+    op = operator(tpu_jobset(name, run_seconds=300))
+    lost = {}
+
+    def delete_node():
+        pods = sim.wait("pods running", lambda: [p for p in sim.pods(name) if p.status.phase == "Running"][1:] and sim.pods(name))
+        lost["node"] = pods[0].spec.node_name
+        sim.core.delete_node(lost["node"])
+
+    try:
+        with pytest.raises(JobSetFailedError) as failure:
+            run_with_action(op, context_for(ti_for(name)), delete_node)
+    finally:
+        subprocess.run([sys.executable, str(REPO / "sim" / "nodes.py")], check=True, capture_output=True)
+    message = str(failure.value)
+    assert f"Cause: TPU host lost (node gone: {lost['node']})" in message
+    assert f"host lost: node {lost['node']} no longer exists" in message
+
+
+def test_execution_timeout_while_deferred_deletes_the_jobset(sim):
+    from airflow.sdk.exceptions import TaskDeferralTimeout
+
+    name = unique("timeout")
+    op = operator(tpu_jobset(name, run_seconds=120), execution_timeout=timedelta(seconds=10))
+    context = context_for(ti_for(name))
+    with pytest.raises(TaskDeferralTimeout):
+        run_operator(op, context)
+    deferral = context["deferred"].timeout
+    assert timedelta(seconds=5) < deferral <= timedelta(seconds=10)
+    sim.wait("the JobSet and its pods to be deleted", lambda: not sim.jobsets(name) and not sim.pods(name), timeout=60)
+
+
+def test_kill_deletes_the_jobset(sim):
+    """Both kill paths: the worker's on_kill (SIGTERM while executing) and the trigger's on_kill (a user
+    marks the deferred task failed; Airflow >= 3.3 calls it in the triggerer)."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    for path in ("worker", "trigger"):
+        name = unique(f"kill-{path}")
+        op = operator(tpu_jobset(name, run_seconds=120))
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(context_for(ti_for(name)))
+        if path == "worker":
+            op.on_kill()
+        else:
+            asyncio.run(deferred.value.trigger.on_kill())
+        sim.wait(f"JobSet deleted by the {path}'s on_kill", lambda: not sim.jobsets(name), timeout=60)
+
+
+def test_delete_on_kill_false_keeps_the_jobset(sim):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    name = unique("keep")
+    op = operator(tpu_jobset(name, run_seconds=5), delete_on_kill=False)
+    with pytest.raises(TaskDeferred):
+        op.execute(context_for(ti_for(name)))
+    op.on_kill()
+    time.sleep(1)
+    assert len(sim.jobsets(name)) == 1
