@@ -269,24 +269,25 @@ class AsyncJobSetHook(LoggingMixin):
         watch from its resourceVersion that reconnects where it left off, and lists again when the
         server has forgotten that version (410 Gone). Objects gone during a relist come as DELETED.
         """
+        import aiohttp
         from kubernetes_asyncio.client import ApiException
 
         selectors = {k: v for k, v in (("fieldSelector", field_selector), ("labelSelector", label_selector)) if v}
         known: dict[str, dict] = {}
         resource_version = ""
         while True:
-            if not resource_version:
-                listing = await self._request("GET", path, query=selectors)
-                resource_version = listing["metadata"]["resourceVersion"]
-                current = {o["metadata"]["uid"]: o for o in listing.get("items", [])}
-                for uid in set(known) - set(current):
-                    yield "DELETED", known.pop(uid)
-                for uid, obj in current.items():
-                    known[uid] = obj
-                    yield "ADDED", obj
-            query = {**selectors, "watch": "true", "resourceVersion": resource_version,
-                     "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
             try:
+                if not resource_version:
+                    listing = await self._request("GET", path, query=selectors)
+                    resource_version = listing["metadata"]["resourceVersion"]
+                    current = {o["metadata"]["uid"]: o for o in listing.get("items", [])}
+                    for uid in set(known) - set(current):
+                        yield "DELETED", known.pop(uid)
+                    for uid, obj in current.items():
+                        known[uid] = obj
+                        yield "ADDED", obj
+                query = {**selectors, "watch": "true", "resourceVersion": resource_version,
+                         "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
                 async for event in self._stream_json(path, query, WATCH_SECONDS + 30):
                     kind, obj = event["type"], event["object"]
                     if kind == "ERROR":
@@ -306,9 +307,10 @@ class AsyncJobSetHook(LoggingMixin):
                 if e.status != 410:
                     raise
                 resource_version = ""
-            except (asyncio.TimeoutError, ConnectionError, OSError) as e:
+            except (asyncio.TimeoutError, OSError, aiohttp.ClientError) as e:
+                # The apiserver restarting, a dropped or half-open connection.
                 self.log.info("Watch of %s interrupted (%s); reconnecting", path, type(e).__name__)
-                await asyncio.sleep(1)
+                await asyncio.sleep(2)
 
     async def _stream_json(self, path: str, query: dict, total_seconds: float) -> AsyncIterator[dict]:
         import aiohttp

@@ -8,6 +8,7 @@ and the log's tail stay in memory, because a finished JobSet's pods can vanish b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -34,6 +35,7 @@ class _Progress:
         self.tail: deque[str] = deque(maxlen=tail_lines)
         self.log_pod = ""
         self.kueue_note = ""
+        self.log_idle = True
         self.pods_changed = asyncio.Event()
 
     def line(self) -> str:
@@ -122,14 +124,13 @@ class JobSetTrigger(BaseTrigger):
         hook = self.hook()
         progress = _Progress(self.log_tail_lines)
         helpers = [
-            asyncio.create_task(self._watch_pods(hook, progress)),
-            asyncio.create_task(self._follow_log(hook, progress)),
-            asyncio.create_task(self._report(hook, progress)),
+            asyncio.create_task(self._keep_running(fn, hook, progress))
+            for fn in (self._watch_pods, self._follow_log, self._report)
         ]
         try:
             final = await self._watch_jobset(hook, progress)
             if final:
-                await self._drain_log(helpers[1])
+                await self._drain_log(progress)
             event = await self._event(hook, progress, final)
         except asyncio.CancelledError:
             if not _TRIGGERER_CALLS_ON_KILL and await self._task_left_deferred():
@@ -161,6 +162,17 @@ class JobSetTrigger(BaseTrigger):
             dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
         )
         return states.get(ti.run_id, {}).get(ti.task_id) != "deferred"
+
+    async def _keep_running(self, fn, hook: AsyncJobSetHook, progress: _Progress) -> None:
+        """Pods, log and progress only inform: an API error there is logged and retried, never fatal."""
+        while True:
+            try:
+                await fn(hook, progress)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.log.warning("%s failed (%s: %s); retrying in 10 s", fn.__name__, type(e).__name__, str(e)[:300])
+                await asyncio.sleep(10)
 
     async def _watch_jobset(self, hook: AsyncJobSetHook, progress: _Progress) -> dict | None:
         """The JobSet once finished, or None once deleted (or replaced by another of the same name)."""
@@ -219,9 +231,12 @@ class JobSetTrigger(BaseTrigger):
         while True:
             target = self._log_target(progress)
             if target is None or target.uid in finished:
+                progress.log_idle = True
                 progress.pods_changed.clear()
-                await progress.pods_changed.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(progress.pods_changed.wait(), 10)
                 continue
+            progress.log_idle = False
             if pod is None or target.uid != pod.uid:
                 pod, last_ts, at_last_ts = target, "", set()
                 progress.log_pod = pod.name
@@ -252,10 +267,10 @@ class JobSetTrigger(BaseTrigger):
             else:
                 await asyncio.sleep(1)
 
-    async def _drain_log(self, follower: asyncio.Task) -> None:
-        """Give the log stream a moment to deliver what the pods printed last."""
+    async def _drain_log(self, progress: _Progress) -> None:
+        """Give the log stream a moment to deliver what the pod printed last."""
         deadline = time.monotonic() + LOG_DRAIN_SECONDS
-        while not follower.done() and time.monotonic() < deadline:
+        while not progress.log_idle and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
 
     async def _report(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
