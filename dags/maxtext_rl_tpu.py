@@ -1,0 +1,153 @@
+"""
+### MaxText RL post-training on a GKE TPU slice
+
+The tutorial *Run multi-host RL training for Qwen3-30b-a3b on TPU v6e* as one pipeline:
+
+| stage | tutorial step |
+|---|---|
+| `validate_config` | the environment variables (checked: topology, parallelism, names, ...) |
+| `ensure_bucket` | `gcloud storage buckets create` |
+| `create_cluster`, `wait_for_cluster` | `gcluster deploy gke-tpu-v6e-advanced.yaml` (system and CPU pools) |
+| `ensure_jobset`, `hf_token_secret` | what the blueprint installs; `HF_TOKEN` as a Kubernetes Secret |
+| `check_converted`, `hf_to_maxtext`, `verify_converted` | `gcluster job submit --name qwen-hf-to-mt` (skipped when already converted) |
+| `check_training_record`, `create_tpu_pools`, `train_rl`, `delete_tpu_pools` | `gcluster job submit --pathways` on the 8x8 slice |
+| `verify_training` | `gcloud storage ls .../checkpoints/actor/` (final step resolved, not assumed) |
+| `maxtext_to_hf`, `verify_export`, `publish_export` | `gcluster job submit --name qwen-mt-to-hf` |
+| `delete_cluster` | `gcluster destroy` (only a cluster this run created; always runs) |
+
+Trigger it from the form: every tutorial value is a default. `python -m tpu_rl.plan --conf conf.json`
+prints what a run would submit, without touching the cloud.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG, Asset
+
+from tpu_rl.macros import MACROS
+from tpu_rl.operators.cluster import (
+    ClusterReadySensor,
+    CreateClusterOperator,
+    CreateTpuNodePoolsOperator,
+    DeleteClusterOperator,
+    DeleteTpuNodePoolsOperator,
+)
+from tpu_rl.operators.outputs import PublishHfExportOperator, SkipIfCheckpointCompleteOperator, TrainingRecordCheckOperator
+from tpu_rl.operators.setup import (
+    CreateHfTokenSecretOperator,
+    EnsureBucketOperator,
+    EnsureJobSetOperator,
+    ValidateRunConfigOperator,
+)
+from tpu_rl.params import DAG_ID, trigger_params
+from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
+from tpu_rl.workloads import XCOM_ATTEMPT_PREFIX, XCOM_SUBMITTED_AT, HfToMaxTextOperator, MaxTextToHfOperator, TrainRlOperator
+
+#: Downstream DAGs (serving, evaluation) schedule on this; each event's extra has uri, final_step, source_run.
+EXPORTED_MODEL = Asset(name="maxtext_rl_tpu_hf_model")
+
+LAYOUT = "run_layout(params, dag.dag_id, run_id)"
+BUCKET = "{{ params.gcs_bucket }}"
+GCP_CONN = "{{ params.gcp_conn_id }}"
+CLEANUP_RETRIES = {"retries": 10, "retry_delay": timedelta(minutes=2)}
+
+with DAG(
+    dag_id=DAG_ID,
+    description="MaxText RL post-training on a GKE TPU slice, end to end",
+    doc_md=__doc__,
+    schedule=None,
+    catchup=False,
+    params=trigger_params(),
+    user_defined_macros=MACROS,
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "execution_timeout": timedelta(hours=1)},
+    tags=["maxtext", "tpu", "gke", "rl"],
+) as dag:
+    validate = ValidateRunConfigOperator(task_id="validate_config", retries=0)
+    guard = EmptyOperator(task_id="guard")
+    bucket = EnsureBucketOperator(task_id="ensure_bucket")
+    create_cluster = CreateClusterOperator(task_id="create_cluster")
+    wait_for_cluster = ClusterReadySensor(
+        task_id="wait_for_cluster", mode="reschedule", poke_interval=60, timeout=timedelta(hours=1)
+    )
+    jobset = EnsureJobSetOperator(task_id="ensure_jobset")
+    token = CreateHfTokenSecretOperator(task_id="hf_token_secret")
+
+    check_converted = SkipIfCheckpointCompleteOperator(
+        task_id="check_converted", bucket=BUCKET, prefix=f"{{{{ {LAYOUT}.converted_prefix }}}}0/", gcp_conn_id=GCP_CONN
+    )
+    hf_to_maxtext = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4))
+    verify_converted = OrbaxCheckpointSensor(
+        task_id="verify_converted",
+        trigger_rule="none_failed",
+        bucket=BUCKET,
+        prefix=f"{{{{ {LAYOUT}.converted_prefix }}}}0/",
+        gcp_conn_id=GCP_CONN,
+        timeout=timedelta(minutes=30),
+    )
+
+    check_training_record = TrainingRecordCheckOperator(
+        task_id="check_training_record",
+        bucket=BUCKET,
+        record_object=f"{{{{ {LAYOUT}.training_record_object }}}}",
+        parameters={
+            "model_name": "{{ params.model_name }}",
+            "load_parameters_path": f"{{{{ {LAYOUT}.converted_items_prefix }}}}",
+            "num_batches": "{{ params.num_batches }}",
+            "batch_size": "{{ params.batch_size }}",
+            "dataset": "{{ run_config(params).effective_dataset }}",
+            "data_template_path": "{{ params.data_template_path }}",
+            "train_steps": "{{ run_config(params).train_steps }}",
+        },
+        gcp_conn_id=GCP_CONN,
+    )
+    create_tpu_pools = CreateTpuNodePoolsOperator(task_id="create_tpu_pools", execution_timeout=timedelta(hours=2))
+    train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
+    delete_tpu_pools = DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", **CLEANUP_RETRIES)
+    verify_training = FinalTrainingCheckpointSensor(
+        task_id="verify_training",
+        bucket=BUCKET,
+        prefix=f"{{{{ {LAYOUT}.actor_checkpoints_prefix }}}}",
+        train_steps="{{ run_config(params).train_steps }}",
+        checkpoint_period="{{ params.checkpoint_period }}",
+        gcp_conn_id=GCP_CONN,
+        timeout=timedelta(minutes=30),
+    )
+
+    maxtext_to_hf = MaxTextToHfOperator(
+        task_id="maxtext_to_hf", step_task_id=verify_training.task_id, execution_timeout=timedelta(hours=4)
+    )
+    export_attempt = f"ti.xcom_pull(task_ids='{maxtext_to_hf.task_id}', key='{{key}}')"
+    verify_export = HfExportSensor(
+        task_id="verify_export",
+        bucket=BUCKET,
+        prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
+        not_before="{{ " + export_attempt.format(key=XCOM_SUBMITTED_AT) + " }}",
+        gcp_conn_id=GCP_CONN,
+        timeout=timedelta(minutes=30),
+    )
+    publish_export = PublishHfExportOperator(
+        task_id="publish_export",
+        bucket=BUCKET,
+        source_prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
+        destination_prefix=f"{{{{ {LAYOUT}.export_prefix }}}}",
+        asset=EXPORTED_MODEL,
+        final_step=f"{{{{ ti.xcom_pull(task_ids='{verify_training.task_id}') }}}}",
+        source_run=f"{{{{ {LAYOUT}.uri({LAYOUT}.training_prefix) }}}}",
+        gcp_conn_id=GCP_CONN,
+    )
+    delete_cluster = DeleteClusterOperator(task_id="delete_cluster", **CLEANUP_RETRIES)
+    done = EmptyOperator(task_id="pipeline_done")
+
+    (
+        validate >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
+        >> check_converted >> hf_to_maxtext >> verify_converted
+        >> check_training_record >> create_tpu_pools >> train >> verify_training
+        >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]
+    )
+    train >> delete_tpu_pools >> delete_cluster
+    delete_tpu_pools.as_teardown(setups=create_tpu_pools)
+    # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
+    # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).
+    delete_cluster.as_teardown(setups=[guard, create_cluster], on_failure_fail_dagrun=True)
