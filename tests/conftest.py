@@ -1,0 +1,20 @@
+"""Every test runs against the same local Airflow as `make test`: scripts/airflow-env.sh is the one
+definition of it (Airflow home, dags and plugins folders, the PostgreSQL metadata database)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _airflow_env() -> dict[str, str]:
+    out = subprocess.run(
+        ["bash", "-c", f"source {REPO}/scripts/airflow-env.sh && env -0"], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+
+
+for _key, _value in _airflow_env().items():
+    if _key.startswith("AIRFLOW") and _key not in os.environ:
+        os.environ[_key] = _value

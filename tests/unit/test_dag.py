@@ -1,0 +1,89 @@
+"""The DAG's structure, and its setup/teardown wiring run through Airflow with failures injected.
+
+The wiring tests replace each task's work with "succeed" or "raise" (the GKE API has no local stand-in,
+and the wiring is what is under test); the dependencies, trigger rules, setup/teardown flags and the
+run's final state are Airflow's own, from ``dag.test()`` on the PostgreSQL metadata database.
+"""
+
+from datetime import timedelta
+
+import pytest
+from airflow.dag_processing.dagbag import DagBag
+from airflow.exceptions import AirflowException
+
+from conftest import REPO, TUTORIAL_CONF
+
+WORK = ["ensure_bucket", "hf_to_maxtext", "train_rl", "maxtext_to_hf", "publish_export"]
+
+
+@pytest.fixture(scope="module")
+def dag():
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    return bag.get_dag("maxtext_rl_tpu")
+
+
+def test_dag_imports_without_errors_and_has_no_cycles(dag):
+    from airflow.utils.dag_cycle_tester import check_cycle
+
+    check_cycle(dag)
+    assert len(dag.tasks) == 20
+
+
+def test_every_task_retries_and_has_a_time_limit(dag):
+    for task in dag.tasks:
+        limit = task.execution_timeout or getattr(task, "timeout", None)
+        assert limit and limit <= timedelta(hours=72), task.task_id
+        if task.task_id != "validate_config":
+            assert task.retries >= 1, task.task_id
+    assert dag.get_task("validate_config").retries == 0  # bad params do not get better on retry
+
+
+def test_trigger_form_has_sections_and_tutorial_defaults(dag):
+    params = dag.params
+    sections = {params.get_param(name).schema.get("section") for name in params}
+    assert sections == {"Cloud", "Cluster", "TPU slice", "Model", "Training", "Advanced"}
+    assert params["topology"] == "8x8" and params["tpu_type"] == "v6e-64" and params["num_batches"] == 50
+    for required in ("project", "region", "zone", "cluster_name", "gcs_bucket"):
+        assert not params.get_param(required).has_value, required  # the form asks for it
+
+
+def test_clearing_training_reruns_its_setups_and_teardowns_not_the_conversion(dag):
+    train = dag.get_task("train_rl")
+    related = {t.task_id for t in train.get_upstreams_only_setups_and_teardowns()}
+    assert related == {"guard", "create_cluster", "create_tpu_pools", "delete_tpu_pools", "delete_cluster"}
+    assert "hf_to_maxtext" not in related
+
+
+def run_with_failure(dag, failing: str | None):
+    for task in dag.tasks:
+        def execute(context, task_id=task.task_id):
+            if task_id == failing:
+                raise AirflowException(f"injected failure in {task_id}")
+            return 50 if task_id == "verify_training" else None
+
+        task.execute = execute
+        task.retries = 0
+    run = dag.test(run_conf=dict(TUTORIAL_CONF))
+    return run.state, {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+@pytest.mark.parametrize(
+    "failing, run_state, must_run, must_not_run",
+    [
+        ("create_cluster", "failed", ["delete_cluster"], ["train_rl", "delete_tpu_pools"]),
+        ("train_rl", "failed", ["delete_tpu_pools", "delete_cluster"], ["maxtext_to_hf"]),
+        ("delete_cluster", "failed", ["publish_export", "pipeline_done"], []),
+        (None, "success", ["delete_tpu_pools", "delete_cluster", "pipeline_done"], []),
+    ],
+    ids=["create fails", "training fails", "teardown fails", "all succeed"],
+)
+def test_teardown_wiring(dag, failing, run_state, must_run, must_not_run):
+    state, tasks = run_with_failure(dag, failing)
+    assert state == run_state, tasks
+    for task_id in must_run:
+        assert tasks[task_id] == "success", (task_id, tasks)
+    for task_id in must_not_run:
+        assert tasks[task_id] in ("upstream_failed", "skipped", None), (task_id, tasks)
+    if failing:
+        assert tasks[failing] == "failed"
