@@ -1,0 +1,264 @@
+"""Checkpoint/export sensors, triggers and output operators against a real GCS emulator.
+
+Sensors are driven the way Airflow drives them: ``execute`` defers, the trigger is rebuilt from its
+serialized form (as the triggerer does) and run to its event, and ``execute_complete`` decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import time
+from datetime import datetime, timezone
+
+import pytest
+from airflow.sdk import Asset
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException, TaskDeferred
+from airflow.sdk.execution_time.context import OutletEventAccessors
+
+from checkpoint_writers import put, write_hf_export, write_orbax_step
+from tpu_rl.operators.outputs import (
+    PublishHfExportOperator,
+    SkipIfCheckpointCompleteOperator,
+    TrainingRecordCheckOperator,
+)
+from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
+from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
+
+pytestmark = pytest.mark.checkpoints
+
+CONVERTED = "qwen3-30b-a3b/max-text-format/qwen3-30b-a3b-instruct-2507-scanned/"
+ACTOR = "qwen3-30b-a3b/trained/manual-run-1a2b3c4d/rl/checkpoints/actor/"
+STAGING = "qwen3-30b-a3b/hf-staging/manual-run-1a2b3c4d/attempt-1/"
+FINAL = "qwen3-30b-a3b/hf-trained/manual-run-1a2b3c4d/"
+
+
+async def run_sensor(sensor):
+    """Defer, run the (re-serialized) trigger to its first event, and resume the sensor with it."""
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    classpath, kwargs = deferred.value.trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    trigger = getattr(importlib.import_module(module), name)(**kwargs)
+    event = await anext(trigger.run())
+    return getattr(sensor, deferred.value.method_name)({}, event=event.payload)
+
+
+def converted_sensor(bucket, **kwargs):
+    return OrbaxCheckpointSensor(task_id="verify_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/", timeout=0, **kwargs)
+
+
+def training_sensor(bucket, train_steps=50, checkpoint_period=20):
+    return FinalTrainingCheckpointSensor(
+        task_id="verify_training",
+        bucket=bucket.name,
+        prefix=ACTOR,
+        train_steps=train_steps,
+        checkpoint_period=checkpoint_period,
+        timeout=0,
+    )
+
+
+# --- Orbax step --------------------------------------------------------------------------------
+
+
+async def test_complete_orbax_step_is_accepted(bucket):
+    write_orbax_step(bucket, f"{CONVERTED}0/", custom={"scan_layers": True})
+    assert await run_sensor(converted_sensor(bucket)) == f"gs://{bucket.name}/{CONVERTED}0/"
+
+
+async def test_step_without_commit_success_fails_naming_it(bucket):
+    write_orbax_step(bucket, f"{CONVERTED}0/", commit=False)
+    with pytest.raises(AirflowSensorTimeout) as error:
+        await run_sensor(converted_sensor(bucket))
+    assert "no commit_success.txt in 0/" in str(error.value)
+    assert "0/_CHECKPOINT_METADATA has no commit_timestamp_nsecs" in str(error.value)
+
+
+async def test_step_with_missing_leaf_fails_naming_the_leaf(bucket):
+    write_orbax_step(bucket, f"{CONVERTED}0/", drop_leaf="params.decoder.layers.mlp.wi_0.kernel")
+    with pytest.raises(AirflowSensorTimeout) as error:
+        await run_sensor(converted_sensor(bucket))
+    assert "leaf 0/items/params.decoder.layers.mlp.wi_0.kernel/ has no .zarray" in str(error.value)
+    assert "decoder_norm" not in str(error.value)
+
+
+async def test_empty_items_folder_proves_nothing(bucket):
+    put(bucket, f"{CONVERTED}0/items/_sharding", "{}")
+    with pytest.raises(AirflowSensorTimeout) as error:
+        await run_sensor(converted_sensor(bucket))
+    assert "no _METADATA in 0/items/" in str(error.value)
+
+
+async def test_trigger_waits_until_the_commit_lands(bucket):
+    """The trigger keeps polling an unfinished step and fires once Orbax writes its last marker."""
+    write_orbax_step(bucket, f"{CONVERTED}0/", commit=False)
+    trigger = OrbaxStepCompleteTrigger(
+        bucket.name, f"{CONVERTED}0/", items=["items"], deadline=time.time() + 30, poll_interval=0.2
+    )
+    first_event = asyncio.ensure_future(anext(trigger.run()))
+    await asyncio.sleep(0.6)
+    assert not first_event.done()
+    await asyncio.to_thread(write_orbax_step, bucket, f"{CONVERTED}0/")
+    event = await asyncio.wait_for(first_event, timeout=10)
+    assert event.payload["status"] == "complete"
+
+
+def test_poke_mode_uses_the_same_check(bucket):
+    sensor = converted_sensor(bucket, deferrable=False)
+    assert sensor.poke({}) is False
+    write_orbax_step(bucket, f"{CONVERTED}0/")
+    assert sensor.poke({}).xcom_value == f"gs://{bucket.name}/{CONVERTED}0/"
+
+
+# --- Final training checkpoint -----------------------------------------------------------------
+
+
+async def test_run_whose_highest_step_is_periodic_is_not_final(bucket):
+    for step in (20, 40):
+        write_orbax_step(bucket, f"{ACTOR}{step}/", ("model_params", "optimizer_state"))
+    write_orbax_step(bucket, f"{ACTOR}50/", ("model_params", "optimizer_state"), commit=False)  # Crashed mid-save.
+    with pytest.raises(AirflowSensorTimeout) as error:
+        await run_sensor(training_sensor(bucket))
+    assert "highest committed step 40 of 50 is a periodic save (checkpoint_period 20)" in str(error.value)
+
+
+async def test_early_ended_run_resolves_its_last_step(bucket):
+    for step in (20, 40, 47):
+        write_orbax_step(bucket, f"{ACTOR}{step}/", ("model_params", "optimizer_state"))
+    assert await run_sensor(training_sensor(bucket)) == 47
+
+
+async def test_full_run_resolves_train_steps_and_checks_both_items(bucket):
+    write_orbax_step(bucket, f"{ACTOR}50/", ("model_params",))  # optimizer_state never written
+    with pytest.raises(AirflowSensorTimeout) as error:
+        await run_sensor(training_sensor(bucket, checkpoint_period=50))
+    assert "no _METADATA in actor/50/optimizer_state/" in str(error.value)
+    write_orbax_step(bucket, f"{ACTOR}50/", ("model_params", "optimizer_state"))
+    assert await run_sensor(training_sensor(bucket, checkpoint_period=50)) == 50
+
+
+async def test_run_without_checkpoints(bucket):
+    with pytest.raises(AirflowSensorTimeout, match="no committed step under checkpoints/actor/"):
+        await run_sensor(training_sensor(bucket))
+
+
+# --- Hugging Face export -----------------------------------------------------------------------
+
+
+def export_sensor(bucket, **kwargs):
+    return HfExportSensor(task_id="verify_export", bucket=bucket.name, prefix=STAGING, timeout=0, **kwargs)
+
+
+async def test_complete_export_is_accepted(bucket):
+    started = datetime.now(timezone.utc).isoformat()
+    write_hf_export(bucket, STAGING, shards=3)
+    assert await run_sensor(export_sensor(bucket, not_before=started)) == f"gs://{bucket.name}/{STAGING}"
+
+
+async def test_single_shard_export_has_no_index(bucket):
+    write_hf_export(bucket, STAGING, shards=1, index=False)
+    bucket.rename_blob(bucket.blob(f"{STAGING}model-00001-of-00001.safetensors"), f"{STAGING}model.safetensors")
+    assert await run_sensor(export_sensor(bucket)) == f"gs://{bucket.name}/{STAGING}"
+
+
+async def test_missing_shard_is_named(bucket):
+    write_hf_export(bucket, STAGING, shards=3, skip_shard=2)
+    with pytest.raises(AirflowSensorTimeout) as error:
+        await run_sensor(export_sensor(bucket))
+    assert "shard 2 of 3 missing (model-00002-of-00003.safetensors)" in str(error.value)
+
+
+async def test_shard_shorter_than_its_header_says(bucket):
+    write_hf_export(bucket, STAGING, shards=3, truncate_shard=3)
+    with pytest.raises(AirflowSensorTimeout) as error:
+        await run_sensor(export_sensor(bucket))
+    message = str(error.value)
+    assert "model-00003-of-00003.safetensors: header accounts for" in message
+    assert "model-00001" not in message
+
+
+async def test_export_without_index_yet(bucket):
+    write_hf_export(bucket, STAGING, shards=3, index=False)
+    with pytest.raises(AirflowSensorTimeout, match=r"no model.safetensors.index.json \(3 shards present"):
+        await run_sensor(export_sensor(bucket))
+
+
+async def test_stale_index_from_an_earlier_attempt(bucket):
+    write_hf_export(bucket, STAGING, shards=3)  # The earlier attempt.
+    await asyncio.sleep(0.05)
+    started = datetime.now(timezone.utc).isoformat()
+    write_hf_export(bucket, STAGING, shards=3, index=False)  # This attempt died before the index.
+    with pytest.raises(AirflowSensorTimeout) as error:
+        await run_sensor(export_sensor(bucket, not_before=started))
+    message = str(error.value)
+    assert "model.safetensors.index.json was written at" in message
+    assert "stale from an earlier attempt" in message
+    assert "config.json was written" not in message
+
+
+# --- Skip, record, publish ---------------------------------------------------------------------
+
+
+def test_conversion_is_skipped_on_a_second_run(bucket):
+    check = SkipIfCheckpointCompleteOperator(task_id="check_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/")
+    check.execute({})  # First run: nothing there, so the conversion goes ahead.
+    write_orbax_step(bucket, f"{CONVERTED}0/")  # What the conversion writes.
+    with pytest.raises(AirflowSkipException, match="0/ is already a complete checkpoint: skipping the conversion"):
+        check.execute({})
+
+
+def test_half_written_conversion_is_not_skipped(bucket):
+    write_orbax_step(bucket, f"{CONVERTED}0/", commit=False)
+    SkipIfCheckpointCompleteOperator(task_id="check_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/").execute({})
+
+
+def test_resume_with_changed_num_batches_is_refused(bucket):
+    record = "qwen3-30b-a3b/trained/manual-run-1a2b3c4d/rl/tpu_rl_training_record.json"
+    parameters = {"num_batches": 4, "batch_size": 1, "dataset": "openai/gsm8k", "model": "qwen3-30b-a3b"}
+
+    def check(**changes):
+        return TrainingRecordCheckOperator(
+            task_id="check_training_record",
+            bucket=bucket.name,
+            record_object=record,
+            parameters={**parameters, **changes},
+        ).execute({})
+
+    assert check() == f"gs://{bucket.name}/{record}"
+    assert json.loads(bucket.blob(record).download_as_bytes())["parameters"] == parameters
+    check()  # A retry with the same parameters resumes.
+    with pytest.raises(AirflowFailException) as error:
+        check(num_batches=8)
+    assert "num_batches: 4 -> 8" in str(error.value)
+    assert "batch_size" not in str(error.value)
+
+
+def test_publish_replaces_stale_files_and_emits_the_asset_event(bucket):
+    write_hf_export(bucket, STAGING, shards=2)
+    put(bucket, f"{FINAL}model-00003-of-00003.safetensors", b"old")  # From an earlier, bigger export.
+    put(bucket, f"{FINAL}model.safetensors.index.json", "{}")
+    asset = Asset(name="qwen3-30b-a3b-rl", uri="gs://models/qwen3-30b-a3b/hf-trained/")
+    publish = PublishHfExportOperator(
+        task_id="publish_export",
+        bucket=bucket.name,
+        source_prefix=STAGING,
+        destination_prefix=FINAL,
+        asset=asset,
+        final_step="47",
+        source_run=f"gs://{bucket.name}/qwen3-30b-a3b/trained/manual-run-1a2b3c4d/rl/",
+    )
+    assert publish.outlets == [asset]
+    events = OutletEventAccessors()
+    assert publish.execute({"outlet_events": events}) == f"gs://{bucket.name}/{FINAL}"
+
+    published = {b.name[len(FINAL) :]: b.size for b in bucket.list_blobs(prefix=FINAL)}
+    staged = {b.name[len(STAGING) :]: b.size for b in bucket.list_blobs(prefix=STAGING)}
+    assert published == staged
+    assert "model-00003-of-00003.safetensors" not in published
+    assert events[asset].extra == {
+        "uri": f"gs://{bucket.name}/{FINAL}",
+        "final_step": 47,
+        "source_run": f"gs://{bucket.name}/qwen3-30b-a3b/trained/manual-run-1a2b3c4d/rl/",
+    }
