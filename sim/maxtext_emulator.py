@@ -1,0 +1,549 @@
+"""MaxText stage emulator of the simulated TPU cluster (part of the simulation, never imported by plugins/).
+
+A controller started by sim/up.sh. It watches pods; when a pod that is meant to exit (not restartPolicy
+Always, not a Pathways worker) starts Running, it handles the pod once (per pod uid):
+
+1. Faults: merges the pod's own sim.tpu-rl.dev/* annotations with the first matching rule of the fault
+   ConfigMap (sim/faults.py) and decides whether this attempt fails.
+2. MaxText: if the pod's `workload-container` runs `python3 -m maxtext.<stage> ...` (inside
+   `/bin/bash -c <script>`) and this pod is the one doing the work (the Pathways head; completion index 0
+   of a multi-host job; any single pod), writes to the GCS emulator what that stage writes
+   (/work/shared/reference/maxtext.md), with the faults asked for.
+3. Releases the pod: annotation sim.tpu-rl.dev/exit-at (RFC 3339). The kwok stages in sim/kwok/ then end
+   the pod at that time, Succeeded or Failed with the exit code.
+
+Pod annotations read (on the pod template):
+  sim.tpu-rl.dev/run-seconds    run time (default $TPU_RL_SIM_RUN_SECONDS, else 3)
+  sim.tpu-rl.dev/exit-code      fail with this exit code
+  sim.tpu-rl.dev/fail-attempts  fail only while label jobset.sigs.k8s.io/restart-attempt < N
+  sim.tpu-rl.dev/maxtext-fault  comma-separated: skip-commit (last step has no commit_success.txt and a
+                                null commit_timestamp_nsecs), drop-leaf (one leaf folder missing),
+                                drop-shard (one safetensors shard missing), no-index (no
+                                model.safetensors.index.json), stop-at-step=N (training ends early at N,
+                                normal exit, end-of-run save at N), crash-at-step=N (training crashes at
+                                N: only periodic saves before N, exit code 1 unless exit-code is set)
+Annotations written: sim.tpu-rl.dev/exit-at, /emulated (what was done), /fault-rule, /warnings, and
+exit-code / fail-attempts / run-seconds when a rule sets them.
+
+Stage contract (arguments read, `key=value` and `--flag=value`):
+  to_maxtext      base_output_directory (required), scan_layers, checkpoint_storage_use_ocdbt/_zarr3,
+                  model_name  ->  <base>/0/{items/, _CHECKPOINT_METADATA, commit_success.txt}
+  train_rl        base_output_directory, run_name (required), num_batches (4), rl.num_iterations (1),
+                  checkpoint_period (50), max_num_checkpoints_to_keep (10), log_period (20),
+                  load_parameters_path (must exist when given)
+                  ->  <base>/<run>/checkpoints/actor/<step>/{model_params/, optimizer_state/, ...}
+                      and <base>/<run>/tensorboard/events.out.tfevents.*; resumes after the last
+                      committed step like the real trainer
+  to_huggingface  base_output_directory (required), load_parameters_path (must exist when given),
+                  weight_dtype (float32), --hf_model_path, model_name
+                  ->  tokenizer files, config.json, model-0000i-of-00004.safetensors, index last
+A missing input (load_parameters_path with no objects) or a missing bucket fails the pod (exit code 1).
+HF_TOKEN: checked to come from a Secret that exists (pod fails otherwise); a literal value or
+hf_access_token= on the command line gives a warning. Values are never printed.
+
+Also writes each handled pod's container log (CRI format) to .sim/podlogs/<ns>/<pod>/<container>.log.
+"""
+
+import json
+import os
+import shlex
+import struct
+import sys
+import time
+import traceback
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import faults  # noqa: E402  (sim/faults.py)
+
+SIM = Path(os.environ.get("SIM", Path(__file__).resolve().parent.parent / ".sim"))
+RUN_SECONDS = float(os.environ.get("TPU_RL_SIM_RUN_SECONDS", "3"))
+PREFIX = "sim.tpu-rl.dev/"
+STAGES = {
+    "maxtext.checkpoint_conversion.to_maxtext": "to_maxtext",
+    "maxtext.trainers.post_train.rl.train_rl": "train_rl",
+    "maxtext.checkpoint_conversion.to_huggingface": "to_huggingface",
+}
+HF_IDS = {"qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Thinking-2507"}  # MaxText's default tokenizer per model
+HEARTBEAT = SIM / "run" / "maxtext-emulator.heartbeat"
+HANDLED = SIM / "run" / "maxtext-emulator-handled.txt"
+
+
+def log(msg):
+    print(f"{datetime.now(timezone.utc).isoformat(timespec='milliseconds')} {msg}", flush=True)
+
+
+class PodFailure(Exception):
+    """The emulated process fails: the pod gets this exit code."""
+
+    def __init__(self, message, exit_code=1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# ---------------------------------------------------------------- command parsing
+
+def parse_invocation(command):
+    """Finds `python3 -m maxtext.<module> args...` in a container command. Returns (stage, args, flags)."""
+    parts = list(command or [])
+    script = parts[2] if parts[:2] == ["/bin/bash", "-c"] and len(parts) > 2 else " ".join(map(shlex.quote, parts))
+    lexer = shlex.shlex(script.replace("\\\n", " "), posix=True, punctuation_chars=";&|()\n")
+    lexer.whitespace = " \t\r"
+    lexer.whitespace_split = True
+    tokens = list(lexer)
+    for i, tok in enumerate(tokens[:-1]):
+        if tok == "-m" and tokens[i + 1] in STAGES:
+            args, flags = {}, {}
+            for arg in tokens[i + 2:]:
+                if set(arg) <= set(";&|()\n"):
+                    break
+                if arg.startswith("--"):
+                    key, _, value = arg[2:].partition("=")
+                    flags[key] = value if _ else True
+                elif "=" in arg:
+                    key, _, value = arg.partition("=")
+                    args[key] = value
+            return STAGES[tokens[i + 1]], args, flags
+    return None, {}, {}
+
+
+def truthy(value):
+    return str(value).strip().lower() in ("1", "true", "yes")
+
+
+def split_gs(url):
+    if not url.startswith("gs://"):
+        raise PodFailure(f"not a gs:// path: {url}")
+    bucket, _, path = url[5:].partition("/")
+    return bucket, path.strip("/")
+
+
+# ---------------------------------------------------------------- GCS writer
+
+class Bucket:
+    def __init__(self, client, url):
+        from google.api_core.exceptions import NotFound
+
+        name, self.root = split_gs(url)
+        self.url = url.rstrip("/")
+        try:
+            self.bucket = client.get_bucket(name)
+        except NotFound:
+            raise PodFailure(f"bucket gs://{name} does not exist") from None
+        self.written = []
+
+    def key(self, rel):
+        return f"{self.root}/{rel}" if self.root else rel
+
+    def put(self, rel, data, content_type="application/octet-stream"):
+        if isinstance(data, (dict, list)):
+            data, content_type = json.dumps(data, indent=1).encode(), "application/json"
+        elif isinstance(data, str):
+            data, content_type = data.encode(), "text/plain"
+        self.bucket.blob(self.key(rel)).upload_from_string(data, content_type=content_type)
+        self.written.append(rel)
+
+    def exists(self, rel):
+        return self.bucket.blob(self.key(rel)).exists()
+
+    def names(self, rel=""):
+        prefix = self.key(rel).rstrip("/") + "/" if (self.root or rel) else ""
+        return [b.name[len(prefix):] for b in self.bucket.list_blobs(prefix=prefix)]
+
+    def delete_prefix(self, rel):
+        for blob in list(self.bucket.list_blobs(prefix=self.key(rel).rstrip("/") + "/")):
+            blob.delete()
+
+
+def require_input(client, url, what):
+    bucket_name, path = split_gs(url)
+    bucket = client.bucket(bucket_name)
+    if not any(True for _ in client.list_blobs(bucket, prefix=path.rstrip("/") + "/", max_results=1)):
+        raise PodFailure(f"{what} {url} not found")
+
+
+# ---------------------------------------------------------------- Orbax layout
+
+LEAVES = [
+    ("token_embedder", "embedding"),
+    ("decoder", "decoder_norm", "scale"),
+    ("decoder", "layers", "self_attention", "query", "kernel"),
+    ("decoder", "layers", "self_attention", "out", "kernel"),
+    ("decoder", "layers", "moe_block", "gate", "kernel"),
+    ("decoder", "logits_dense", "kernel"),
+]
+
+
+def write_item(out, item, keypaths, drop_leaf):
+    """One Orbax PyTree item without OCDBT: _METADATA, _sharding and one zarr v2 folder per leaf."""
+    tree = {}
+    for i, keypath in enumerate(keypaths):
+        tree[str(tuple(keypath))] = {
+            "key_metadata": [{"key": k, "key_type": 2} for k in keypath],
+            "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False, "write_shape": [4, 4]},
+        }
+        if drop_leaf and i == len(keypaths) - 1:
+            continue
+        leaf = f"{item}/{'.'.join(keypath)}"
+        out.put(f"{leaf}/.zarray", {"chunks": [4, 4], "compressor": {"id": "zstd", "level": 1},
+                                    "dtype": "bfloat16", "fill_value": 0, "filters": None, "order": "C",
+                                    "shape": [4, 4], "zarr_format": 2, "dimension_separator": "."})
+        out.put(f"{leaf}/0.0", bytes(range(32)))
+    out.put(f"{item}/_sharding", {str(tuple(k)): {"sharding_type": "NamedSharding"} for k in keypaths})
+    out.put(f"{item}/_METADATA", {"tree_metadata": tree, "use_zarr3": False, "use_ocdbt": False,
+                                  "store_array_data_equal_to_fill_value": True, "custom_metadata": None})
+
+
+def write_step(out, step_dir, items, custom, faults_):
+    """A checkpoint step: items first, then _CHECKPOINT_METADATA, then commit_success.txt (last)."""
+    init = time.time_ns()
+    for item, keypaths in items.items():
+        write_item(out, f"{step_dir}/{item}", keypaths, "drop-leaf" in faults_)
+    committed = "skip-commit" not in faults_
+    out.put(f"{step_dir}/_CHECKPOINT_METADATA", {
+        "item_handlers": {item: "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+                          for item in items},
+        "metrics": {}, "performance_metrics": {}, "init_timestamp_nsecs": init,
+        "commit_timestamp_nsecs": time.time_ns() if committed else None, "custom_metadata": custom})
+    if committed:
+        out.put(f"{step_dir}/commit_success.txt", f"Checkpoint commit was successful to {out.url}/{step_dir}")
+
+
+def committed_steps(out, directory):
+    steps = set()
+    for name in out.names(directory):
+        step, _, rest = name.partition("/")
+        if step.isdigit() and rest == "commit_success.txt":
+            steps.add(int(step))
+    return steps
+
+
+# ---------------------------------------------------------------- TensorBoard events (TFRecord of Event protos)
+
+def _varint(n):
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def _field(num, wire, payload):
+    return _varint(num << 3 | wire) + (_varint(len(payload)) + payload if wire == 2 else payload)
+
+
+def _event(wall_time, step, file_version=None, scalars=None):
+    msg = _field(1, 1, struct.pack("<d", wall_time)) + _field(2, 0, _varint(step))
+    if file_version:
+        msg += _field(3, 2, file_version.encode())
+    if scalars:
+        values = b"".join(_field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, struct.pack("<f", v)))
+                          for tag, v in scalars.items())
+        msg += _field(5, 2, values)
+    return msg
+
+
+def _record(data):
+    import google_crc32c
+
+    def masked(b):
+        crc = google_crc32c.value(b)
+        return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked(header)) + data + struct.pack("<I", masked(data))
+
+
+def tensorboard_events(steps):
+    now = time.time()
+    blob = _record(_event(now, 0, file_version="brain.Event:2"))
+    for step in steps:
+        blob += _record(_event(now, step, scalars={"rewards/train/mean": 0.5 + step / 1000,
+                                                   "actor/train/loss": 1.0 / (1 + step),
+                                                   "actor/train/kl": 0.01}))
+    return blob
+
+
+# ---------------------------------------------------------------- safetensors
+
+def safetensors_file(tensors, dtype):
+    """A real safetensors file: 8-byte LE header length, JSON header with data_offsets, data."""
+    size = {"BF16": 2, "F32": 4}[dtype] * 16
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name in tensors:
+        header[name] = {"dtype": dtype, "shape": [4, 4], "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + bytes(i % 251 for i in range(offset))
+
+
+# ---------------------------------------------------------------- the three stages
+
+def to_maxtext(client, args, flags, faults_):
+    out = Bucket(client, args["base_output_directory"])
+    if out.exists("0/commit_success.txt"):
+        return ["finished checkpoint 0/ exists: conversion ran, save skipped"], out
+    if out.names("0"):
+        out.delete_prefix("0")  # a new save over an unfinished step deletes it first
+    keypaths = [("params", "params") + leaf for leaf in LEAVES]
+    write_step(out, "0", {"items": keypaths}, {"scan_layers": truthy(args.get("scan_layers", "true"))}, faults_)
+    return [f"Conversion complete. Checkpoint saved to {out.url}/0"], out
+
+
+def train_rl(client, args, flags, faults_):
+    if args.get("load_parameters_path"):
+        require_input(client, args["load_parameters_path"], "load_parameters_path")
+    out = Bucket(client, args["base_output_directory"].rstrip("/") + "/" + args["run_name"])
+    train_steps = int(args.get("num_batches", 4)) * int(args.get("rl.num_iterations", 1))
+    period = int(args.get("checkpoint_period", 50))
+    keep = int(args.get("max_num_checkpoints_to_keep", 10))
+    log_period = int(args.get("log_period", 20))
+    stop = min([train_steps] + [int(f.split("=")[1]) for f in faults_ if f.startswith("stop-at-step=")])
+    crash = [int(f.split("=")[1]) for f in faults_ if f.startswith("crash-at-step=")]
+    actor = "checkpoints/actor"
+    done = committed_steps(out, actor)
+    start = max(done, default=0)
+    lines = [f"train_steps={train_steps} checkpoint_period={period}"]
+    if start:
+        lines.append(f"restored actor checkpoint at step {start}, resuming")
+    end = crash[0] if crash else stop
+    saves = [s for s in range(start + 1, end + (0 if crash else 1)) if s % period == 0]
+    if not crash and end > start and end not in saves:
+        saves.append(end)  # the end-of-run save, on a normal exit only
+    for step in saves:
+        if out.names(f"{actor}/{step}"):
+            out.delete_prefix(f"{actor}/{step}")  # unfinished folder from a crashed save
+        last = step == saves[-1]
+        write_step(out, f"{actor}/{step}", {
+            "model_params": [("params",) + leaf for leaf in LEAVES],
+            "optimizer_state": [("opt_state", "0", m) + leaf for m in ("mu", "nu") for leaf in LEAVES[:2]],
+        }, {"global_step": step}, faults_ if last else [])
+        lines.append(f"saved checkpoint at step {step}")
+    for old in sorted(committed_steps(out, actor))[:-keep] if keep > 0 else []:
+        out.delete_prefix(f"{actor}/{old}")
+        lines.append(f"deleted old checkpoint {old} (keeping {keep})")
+    logged = [s for s in range(start + 1, end + 1) if s % log_period == 0 or s == end]
+    out.put(f"tensorboard/events.out.tfevents.{int(time.time())}.{os.getpid()}.sim", tensorboard_events(logged))
+    if crash:
+        raise PodFailure(f"training crashed at step {crash[0]} (simulated)")
+    lines.append("RL Training Completed Successfully!")
+    return lines, out
+
+
+def to_huggingface(client, args, flags, faults_):
+    if args.get("load_parameters_path"):
+        require_input(client, args["load_parameters_path"], "load_parameters_path")
+    out = Bucket(client, args["base_output_directory"])
+    model = args.get("model_name", "qwen3-30b-a3b")
+    tokenizer = flags.get("hf_model_path") or HF_IDS.get(model, model)
+    dtype = {"bfloat16": "BF16"}.get(args.get("weight_dtype", "float32"), "F32")
+    out.put("tokenizer_config.json", {"name_or_path": tokenizer, "tokenizer_class": "Qwen2Tokenizer",
+                                      "model_max_length": 262144})
+    out.put("tokenizer.json", {"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}})
+    out.put("config.json", {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                            "torch_dtype": "bfloat16" if dtype == "BF16" else "float32",
+                            "sim_model_name": model})
+    shards = 4
+    weight_map, total = {}, 0
+    for i in range(1, shards + 1):
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        tensors = [f"model.layers.{i - 1}.self_attn.q_proj.weight", f"model.layers.{i - 1}.mlp.gate.weight"]
+        if i == 1:
+            tensors.insert(0, "model.embed_tokens.weight")
+        if i == shards:
+            tensors += ["model.norm.weight", "lm_head.weight"]
+        data = safetensors_file(tensors, dtype)
+        total += len(data) - 8 - struct.unpack("<Q", data[:8])[0]
+        weight_map.update({t: name for t in tensors})
+        if "drop-shard" in faults_ and i == 2:
+            continue
+        out.put(name, data)
+    if "no-index" not in faults_:
+        out.put("model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    return [f"Saved Hugging Face model ({shards} shards, tokenizer {tokenizer}) to {out.url}"], out
+
+
+# ---------------------------------------------------------------- the controller
+
+class Emulator:
+    def __init__(self):
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+        from kubernetes import client, config
+
+        kubeconfig = os.environ.get("KUBECONFIG", str(SIM / "kubeconfig"))
+        self.core = client.CoreV1Api(config.new_client_from_config(kubeconfig))
+        self.gcs = storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials())
+        HANDLED.parent.mkdir(parents=True, exist_ok=True)
+        self.handled = set(HANDLED.read_text().split()) if HANDLED.exists() else set()
+
+    def run(self):
+        from kubernetes import watch
+
+        log(f"watching pods (default run time {RUN_SECONDS:g} s)")
+        while True:
+            try:
+                pods = self.core.list_pod_for_all_namespaces()
+                for pod in pods.items:
+                    self.consider(pod)
+                HEARTBEAT.touch()
+                stream = watch.Watch().stream(self.core.list_pod_for_all_namespaces,
+                                              resource_version=pods.metadata.resource_version, timeout_seconds=10)
+                for event in stream:
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.consider(event["object"])
+                HEARTBEAT.touch()
+            except Exception:  # the API may be restarting: log, wait, list again
+                log("watch error:\n" + traceback.format_exc())
+                time.sleep(2)
+
+    def consider(self, pod):
+        meta, spec = pod.metadata, pod.spec
+        annotations = meta.annotations or {}
+        if (meta.deletion_timestamp or pod.status.phase != "Running" or PREFIX + "exit-at" in annotations
+                or meta.uid in self.handled or spec.restart_policy == "Always"
+                or any(c.name == "pathways-worker" for c in spec.containers)):
+            return
+        try:
+            self.handle(pod)
+        except Exception:
+            log(f"error handling pod {meta.namespace}/{meta.name}, will retry:\n" + traceback.format_exc())
+
+    def handle(self, pod):
+        meta = pod.metadata
+        labels, annotations = meta.labels or {}, dict(meta.annotations or {})
+        ref = f"{meta.namespace}/{meta.name}"
+        container = next((c for c in pod.spec.containers if c.name == "workload-container"), None)
+        stage, args, flags = parse_invocation((container.command or []) + (container.args or [])) if container else (None, {}, {})
+        workload = labels.get("jobset.sigs.k8s.io/jobset-name") or labels.get("batch.kubernetes.io/job-name") or meta.name
+        attempt = labels.get("jobset.sigs.k8s.io/restart-attempt")
+        attempt_key = f"{meta.namespace}/{workload}" + (f"/attempt-{attempt}" if attempt is not None else "")
+
+        # 1. faults: pod annotations, overridden by the first matching sim-side rule
+        patch, rule_name = {}, None
+        for name, rule in faults.list_faults(self.core).items():
+            if self.matches(rule, pod, workload, stage) and faults.record_applied(self.core, name, attempt_key):
+                rule_name = name
+                for field in faults.EFFECT_FIELDS:
+                    if rule.get(field) is not None:
+                        patch[PREFIX + field.replace("_", "-")] = str(rule[field])
+                patch[PREFIX + "fault-rule"] = name
+                break
+        effective = {**annotations, **patch}
+        maxtext_faults = [f.strip() for f in effective.get(PREFIX + "maxtext-fault", "").split(",") if f.strip()]
+        fails = self.will_fail(effective, int(attempt or 0))
+
+        # 2. the MaxText stage, in the pod that does the work
+        warnings, lines = self.check_secrets(pod, container, args), []
+        index = labels.get("batch.kubernetes.io/job-completion-index", "0")
+        job_index = labels.get("jobset.sigs.k8s.io/job-index", "0")
+        try:
+            if warnings and warnings[0].startswith("missing-secret"):
+                # A real kubelet would not start the container (CreateContainerConfigError).
+                raise PodFailure(warnings[0])
+            if not stage:
+                summary = "no MaxText stage in this pod"
+            elif index != "0" or job_index != "0":
+                summary = f"{stage}: skipped (completion index {index}, job index {job_index} does no work)"
+            elif fails and not maxtext_faults:
+                summary = f"{stage}: nothing written (the pod fails before saving)"
+            else:
+                lines, out = globals()[stage](self.gcs, args, flags, maxtext_faults)
+                summary = f"{stage}: wrote {len(out.written)} objects under {out.url}"
+        except PodFailure as e:
+            lines, summary = [f"ERROR: {e}"], f"{stage or 'pod'}: failed: {e}"
+            if not fails:  # fail this attempt whatever the fault annotations say
+                patch[PREFIX + "exit-code"] = str(e.exit_code)
+                if PREFIX + "fail-attempts" in effective:
+                    patch[PREFIX + "fail-attempts"] = str(int(attempt or 0) + 1)
+        if maxtext_faults:
+            summary += f" [faults: {','.join(maxtext_faults)}]"
+
+        # 3. release the pod: kwok's stages end it at exit-at
+        effective = {**annotations, **patch}
+        run_seconds = float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))
+        exit_at = datetime.now(timezone.utc) + timedelta(seconds=run_seconds)
+        patch[PREFIX + "exit-at"] = exit_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        patch[PREFIX + "emulated"] = summary[:1000]
+        if warnings:
+            patch[PREFIX + "warnings"] = ",".join(warnings)
+        self.write_pod_log(pod, container, stage, lines)
+        with HANDLED.open("a") as f:
+            f.write(meta.uid + "\n")
+        self.handled.add(meta.uid)
+        self.core.patch_namespaced_pod(meta.name, meta.namespace, {"metadata": {"annotations": patch}})
+        outcome = (f"fails with exit code {effective.get(PREFIX + 'exit-code', '1')}"
+                   if self.will_fail(effective, int(attempt or 0)) else "succeeds")
+        log(f"{ref}: {summary}; {outcome} at {patch[PREFIX + 'exit-at']}"
+            + (f"; rule {rule_name}" if rule_name else "") + (f"; warnings {warnings}" if warnings else ""))
+        for line in lines:
+            log(f"  {ref}: {line}")
+
+    @staticmethod
+    def matches(rule, pod, workload, stage):
+        labels = pod.metadata.labels or {}
+        checks = {
+            "prefix": workload,
+            "stage": stage,
+            "replicated_job": labels.get("jobset.sigs.k8s.io/replicatedjob-name"),
+            "namespace": pod.metadata.namespace,
+        }
+        for field, actual in checks.items():
+            want = rule.get(field)
+            if want is None:
+                continue
+            if actual is None or (not actual.startswith(want) if field == "prefix" else actual != want):
+                return False
+        return True
+
+    @staticmethod
+    def will_fail(annotations, attempt):
+        """Same rule as the kwok stages (sim/kwok/pod-fail.yaml)."""
+        if annotations.get(PREFIX + "fail-attempts") is not None:
+            return attempt < int(annotations[PREFIX + "fail-attempts"])
+        return annotations.get(PREFIX + "exit-code", "0") != "0"
+
+    def check_secrets(self, pod, container, args):
+        """HF token hygiene. Never reads or prints a token's value beyond checking the key exists."""
+        from kubernetes.client.exceptions import ApiException
+
+        warnings = []
+        if container is None:
+            return warnings
+        if "hf_access_token" in args:
+            warnings.append("hf_access_token-on-command-line")
+        for env in container.env or []:
+            if env.name != "HF_TOKEN":
+                continue
+            ref = env.value_from.secret_key_ref if env.value_from else None
+            if env.value is not None:
+                warnings.append("HF_TOKEN-literal-value")
+            elif ref is not None:
+                try:
+                    secret = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
+                    if ref.key not in (secret.data or {}) and not ref.optional:
+                        warnings.insert(0, f"missing-secret-key {ref.name}/{ref.key} for HF_TOKEN")
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                    if not ref.optional:
+                        warnings.insert(0, f"missing-secret {ref.name} for HF_TOKEN")
+        return warnings
+
+    @staticmethod
+    def write_pod_log(pod, container, stage, lines):
+        """CRI-format log of what the workload would print, for kubectl logs through kwok."""
+        if container is None:
+            return
+        path = SIM / "podlogs" / pod.metadata.namespace / pod.metadata.name / f"{container.name}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = [f"simulated {stage or 'workload'} in pod {pod.metadata.name}"] + lines
+        path.write_text("".join(f"{now} stdout F {line}\n" for line in body))
+
+
+if __name__ == "__main__":
+    Emulator().run()

