@@ -144,25 +144,32 @@ def step_numbers(folder_names: Iterable[str]) -> list[int]:
     return sorted((int(n.strip("/")) for n in folder_names if n.strip("/").isdigit()), reverse=True)
 
 
-def check_final_step(step: int | None, train_steps: int, checkpoint_period: int) -> Verdict:
+def check_final_step(
+    step: int | None, train_steps: int, checkpoint_period: int, uncommitted: Sequence[int] = ()
+) -> Verdict:
     """Whether the highest committed step is the end-of-run save, not a periodic one.
 
     ``train_rl`` saves when ``step % checkpoint_period == 0`` and force-saves the last step on a normal
     exit, which may come before ``train_steps`` when prompts were dropped (maxtext.md, stage b).
+
+    :param uncommitted: higher step folders without ``commit_success.txt`` (an interrupted save).
     """
-    if step is None:
-        return Verdict(("no committed step under checkpoints/actor/",))
-    if step == train_steps or (step < train_steps and step % checkpoint_period):
+    if step == train_steps or (step is not None and step < train_steps and step % checkpoint_period):
         return Verdict()
-    if step > train_steps:
-        return Verdict((
+    problems = [f"no {COMMIT_SUCCESS} in actor/{n}/" for n in uncommitted]
+    if step is None:
+        problems.append("no committed step under checkpoints/actor/")
+    elif step > train_steps:
+        problems.append(
             f"highest committed step {step} is beyond the planned {train_steps} steps "
-            "(was this run trained with other parameters?)",
-        ))
-    return Verdict((
-        f"highest committed step {step} of {train_steps} is a periodic save "
-        f"(checkpoint_period {checkpoint_period}), not the end of the run",
-    ))
+            "(was this run trained with other parameters?)"
+        )
+    else:
+        problems.append(
+            f"highest committed step {step} of {train_steps} is a periodic save "
+            f"(checkpoint_period {checkpoint_period}), not the end of the run"
+        )
+    return Verdict(tuple(problems))
 
 
 # --- Hugging Face export -----------------------------------------------------------------------

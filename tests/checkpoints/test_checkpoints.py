@@ -122,6 +122,7 @@ async def test_run_whose_highest_step_is_periodic_is_not_final(bucket):
     with pytest.raises(AirflowSensorTimeout) as error:
         await run_sensor(training_sensor(bucket))
     assert "highest committed step 40 of 50 is a periodic save (checkpoint_period 20)" in str(error.value)
+    assert "no commit_success.txt in actor/50/" in str(error.value)
 
 
 async def test_early_ended_run_resolves_its_last_step(bucket):
@@ -196,6 +197,14 @@ async def test_stale_index_from_an_earlier_attempt(bucket):
     assert "model.safetensors.index.json was written at" in message
     assert "stale from an earlier attempt" in message
     assert "config.json was written" not in message
+
+
+def test_export_sensor_refuses_an_unrendered_attempt(bucket):
+    """A missing XCom renders as "None": fail at once rather than wait 30 minutes on gs://<bucket>/None."""
+    with pytest.raises(ValueError, match="prefix 'None' is not a folder"):
+        HfExportSensor(task_id="verify_export", bucket=bucket.name, prefix="None").execute({})
+    with pytest.raises(ValueError, match="not_before 'None' is not an ISO 8601 time"):
+        export_sensor(bucket, not_before="None").execute({})
 
 
 # --- Skip, record, publish ---------------------------------------------------------------------

@@ -69,6 +69,8 @@ class GcsOutputSensor(BaseSensorOperator):
         }
 
     def execute(self, context: Context) -> Any:
+        if not self.prefix.endswith("/"):  # e.g. "None" from an XCom that was never pushed
+            raise ValueError(f"prefix {self.prefix!r} is not a folder (it must end in '/')")
         if not self.deferrable:
             return super().execute(context)
         self.defer(trigger=self.build_trigger(time.time() + self.timeout), method_name="execute_complete")
@@ -165,8 +167,12 @@ class HfExportSensor(GcsOutputSensor):
         self.not_before = not_before
 
     def build_trigger(self, deadline: float) -> GcsOutputTrigger:
-        from tpu_rl.triggers.checkpoints import HfExportCompleteTrigger
+        from tpu_rl.triggers.checkpoints import HfExportCompleteTrigger, parse_not_before
 
+        try:
+            parse_not_before(self.not_before)
+        except ValueError:
+            raise ValueError(f"not_before {self.not_before!r} is not an ISO 8601 time") from None
         return HfExportCompleteTrigger(
             self.bucket, self.prefix, not_before=self.not_before or None, **self._trigger_kwargs(deadline)
         )

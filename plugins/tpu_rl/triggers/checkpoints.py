@@ -27,7 +27,8 @@ def _parse_time(text: str) -> datetime:
     return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00")
 
 
-def _parse_not_before(text: str | None) -> datetime | None:
+def parse_not_before(text: str | None) -> datetime | None:
+    """An ISO 8601 time (UTC when it names no zone); raises ValueError for anything else."""
     if not text:
         return None
     moment = datetime.fromisoformat(text)
@@ -88,6 +89,7 @@ class GcsOutputTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.gcp_conn_id = gcp_conn_id
         self.impersonation_chain = impersonation_chain
+        self._hook: Any = None
 
     @property
     def uri(self) -> str:
@@ -113,9 +115,10 @@ class GcsOutputTrigger(BaseTrigger):
 
         from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 
-        hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+        if self._hook is None:
+            self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
         async with ClientSession() as session:
-            storage = await hook.get_storage_client(session)
+            storage = await self._hook.get_storage_client(session)
             return await self.probe(GcsReader(storage, self.bucket))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -197,13 +200,14 @@ class FinalTrainingCheckpointTrigger(GcsOutputTrigger):
 
     async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
         _, folders = await reader.list(self.prefix, delimiter="/")
-        step = None
+        step, uncommitted = None, []
         for candidate in rules.step_numbers(folders):  # Orbax ignores steps without commit_success.txt.
             marker, _ = await reader.list(f"{self.prefix}{candidate}/{rules.COMMIT_SUCCESS}")
             if "" in marker:  # The marker's own name, relative to itself.
                 step = candidate
                 break
-        verdict = rules.check_final_step(step, self.train_steps, self.checkpoint_period)
+            uncommitted.append(candidate)
+        verdict = rules.check_final_step(step, self.train_steps, self.checkpoint_period, uncommitted)
         if verdict.complete:
             verdict = await _probe_orbax_step(reader, f"{self.prefix}{step}/", f"actor/{step}/", self.items)
         return verdict, {"step": step}
@@ -227,7 +231,7 @@ class HfExportCompleteTrigger(GcsOutputTrigger):
             return f"{shard.name}: only {shard.size} bytes"
         length = rules.safetensors_header_length(await reader.read(self.prefix + shard.name, 0, 7))
         header = None
-        if 8 + length <= min(shard.size, 8 + rules.MAX_SAFETENSORS_HEADER):
+        if 0 < length <= min(shard.size - 8, rules.MAX_SAFETENSORS_HEADER):
             header = await reader.read(self.prefix + shard.name, 8, 8 + length - 1)
         return rules.check_shard(shard.name, shard.size, length, header)
 
@@ -239,5 +243,5 @@ class HfExportCompleteTrigger(GcsOutputTrigger):
         for name in shards:
             if name in listing and (problem := await self._shard_problem(reader, listing[name])):
                 problems.append(problem)
-        verdict = rules.check_hf_export(listing, shards, problems, _parse_not_before(self.not_before))
+        verdict = rules.check_hf_export(listing, shards, problems, parse_not_before(self.not_before))
         return verdict, {"shards": len(shards)}
