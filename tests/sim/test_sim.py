@@ -1,0 +1,250 @@
+"""The simulated TPU cluster itself: real apiserver, scheduler, Job controller, JobSet controller and
+webhooks, kwok-simulated v6e hosts, the GCS emulator and the MaxText stage emulator.
+
+The workloads come from the package's manifest builder (tpu_rl.manifests), as the DAG submits them.
+"""
+
+import json
+import struct
+import uuid
+
+import pytest
+
+from tpu_rl import manifests
+from tpu_rl.config import RunConfig
+from tpu_rl.run import GcsLayout, RunIdentity
+
+pytestmark = pytest.mark.sim
+
+BUCKET = "tpu-rl-sim"
+TPU_POOL = "tpu-v6e-64-np"
+
+
+def sim_config(**overrides):
+    params = {
+        "project": "tpu-rl-sim", "region": "us-east5", "zone": "us-east5-b", "cluster_name": "tpu-rl-sim",
+        "gcs_bucket": BUCKET, "cluster_mode": "existing", "kubernetes_conn_id": "tpu_rl_sim",
+        "tpu_pool_mode": "existing", "num_batches": 6, "checkpoint_period": 4,
+        # a unique model folder per test session, so runs never see each other's outputs
+        "hf_model_path": f"Qwen/sim-{uuid.uuid4().hex[:6]}",
+    }
+    params.update(overrides)
+    return RunConfig.from_params(params)
+
+
+def new_run(sim, config, what):
+    run = RunIdentity(dag_id="sim_tests", run_id=f"{what}-{uuid.uuid4().hex[:8]}")
+    secret = manifests.hf_token_secret(config, run, token="hf_simulated_token_not_real")
+    sim.core.create_namespaced_secret(config.namespace, secret)
+    return run, GcsLayout(config, run)
+
+
+def webhook_defaults(body):
+    """(path, value) of every default JobSet v0.10.1's mutating webhook sets on this body."""
+    spec, out = body["spec"], []
+    if "successPolicy" not in spec:
+        out.append((("spec", "successPolicy", "operator"), "All"))
+    if "startupPolicy" not in spec:
+        out.append((("spec", "startupPolicy", "startupPolicyOrder"), "AnyOrder"))
+    for key in ("enableDNSHostnames", "publishNotReadyAddresses"):
+        if key not in spec.get("network", {}):
+            out.append((("spec", "network", key), True))
+    for i, rjob in enumerate(spec["replicatedJobs"]):
+        if "completionMode" not in rjob["template"]["spec"]:
+            out.append((("spec", "replicatedJobs", i, "template", "spec", "completionMode"), "Indexed"))
+        if "restartPolicy" not in rjob["template"]["spec"]["template"]["spec"]:
+            out.append((("spec", "replicatedJobs", i, "template", "spec", "template", "spec", "restartPolicy"),
+                        "OnFailure"))
+    for i, rule in enumerate(spec.get("failurePolicy", {}).get("rules", [])):
+        if "name" not in rule:
+            out.append((("spec", "failurePolicy", "rules", i, "name"), f"failurePolicyRule{i}"))
+    return out
+
+
+def lookup(obj, path):
+    for key in path:
+        obj = obj[key]
+    return obj
+
+
+def completed(js):
+    conditions = {c["type"]: c["status"] for c in js["status"].get("conditions", [])}
+    return conditions.get("Completed") == "True"
+
+
+@pytest.fixture(scope="module")
+def config():
+    return sim_config()
+
+
+@pytest.fixture(scope="module")
+def converted(sim, config):
+    """Stage (a), run once for the module: a plain single-pod conversion JobSet on the CPU pool."""
+    run, layout = new_run(sim, config, "convert")
+    body = manifests.hf_to_maxtext_jobset(config, run)
+    name = body["metadata"]["name"]
+    sim.create_jobset(body)
+    js = sim.wait_jobset(name)
+    return {"run": run, "layout": layout, "jobset": js, "name": name}
+
+
+def test_conversion_pod_completes_and_writes_a_committed_checkpoint(sim, converted):
+    assert completed(converted["jobset"]), converted["jobset"]["status"]
+    layout = converted["layout"]
+    out = layout.uri(layout.converted_prefix)
+    names = sim.names(out)
+    assert "0/commit_success.txt" in names
+    meta = json.loads(sim.read(out + "0/_CHECKPOINT_METADATA"))
+    assert meta["commit_timestamp_nsecs"] and meta["custom_metadata"] == {"scan_layers": True}
+    items = json.loads(sim.read(out + "0/items/_METADATA"))
+    assert items["use_ocdbt"] is False and items["use_zarr3"] is False
+    leaves = {".".join(k["key"] for k in leaf["key_metadata"]) for leaf in items["tree_metadata"].values()}
+    assert leaves and all(f"0/items/{leaf}/.zarray" in names for leaf in leaves)
+
+
+def test_pathways_jobset_is_admitted_placed_and_completes(sim, config, converted, faults_api):
+    run, layout = new_run(sim, config, "train")
+    body = manifests.training_jobset(config, run)
+    name = body["metadata"]["name"]
+    # the head runs 30 s, long enough to see all workers placed (they start after it: startup InOrder)
+    faults_api.set_fault(sim.core, "slow-head", prefix=name, replicated_job="pathways-head", run_seconds=30)
+    created = sim.create_jobset(body)
+    for path, value in webhook_defaults(body):  # what JobSet's mutating webhook adds when absent
+        assert lookup(created, path) == value, path
+
+    running_workers = lambda: [p for p in sim.pods(name)
+                               if p.status.phase == "Running" and p.spec.containers[0].name == "pathways-worker"]
+    workers = sim.wait("16 running Pathways workers", lambda: len(running_workers()) == 16 and running_workers(),
+                       timeout=60)
+    nodes = {p.spec.node_name for p in workers}
+    assert len(workers) == 16 and len(nodes) == 16, sorted(nodes)
+    tpu_nodes = {n.metadata.name for n in sim.core.list_node(
+        label_selector=f"cloud.google.com/gke-nodepool={TPU_POOL}").items}
+    assert nodes == tpu_nodes
+    # the real pod webhook's exclusive placement: affinities on the leader, the leader's pool on followers
+    leader = next(p for p in workers if p.metadata.labels["batch.kubernetes.io/job-completion-index"] == "0")
+    anti = leader.spec.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution
+    assert [t.topology_key for t in anti] == ["cloud.google.com/gke-nodepool"]
+    assert all(p.spec.node_selector["cloud.google.com/gke-nodepool"] == TPU_POOL for p in workers if p is not leader)
+    head = [p for p in sim.pods(name) if p.metadata.labels["jobset.sigs.k8s.io/replicatedjob-name"] == "pathways-head"]
+    assert len(head) == 1
+    head_node = sim.core.read_node(head[0].spec.node_name)
+    assert head_node.metadata.labels["cloud.google.com/gke-nodepool"] == "cpu-np"
+
+    js = sim.wait_jobset(name)
+    assert completed(js), js["status"]
+    assert js["status"].get("terminalState") == "Completed"
+
+    actor = layout.uri(layout.actor_checkpoints_prefix)
+    names = sim.names(actor)
+    committed = sorted(int(n.split("/")[0]) for n in names if n.endswith("/commit_success.txt"))
+    assert committed == [4, 6]  # every checkpoint_period (4) and the end-of-run save at 6 batches
+    step = json.loads(sim.read(f"{actor}6/_CHECKPOINT_METADATA"))
+    assert step["custom_metadata"] == {"global_step": 6} and step["commit_timestamp_nsecs"]
+    assert {"6/model_params/_METADATA", "6/optimizer_state/_METADATA"} <= names
+    assert any("/tensorboard/events.out.tfevents." in n for n in sim.names(layout.uri(layout.training_prefix)))
+
+
+def test_export_writes_safetensors_shards_and_the_index_last(sim, config, converted):
+    run, layout = new_run(sim, config, "export")
+    # the export reads a trained checkpoint: train first, with the sim's defaults
+    train = manifests.training_jobset(config, run)
+    sim.create_jobset(train)
+    assert completed(sim.wait_jobset(train["metadata"]["name"]))
+    attempt = layout.export_attempt_prefix(1)
+    body = manifests.maxtext_to_hf_jobset(config, run, 6, attempt)
+    sim.create_jobset(body)
+    assert completed(sim.wait_jobset(body["metadata"]["name"]))
+
+    out = layout.uri(attempt)
+    index = json.loads(sim.read(out + "model.safetensors.index.json"))
+    shards = set(index["weight_map"].values())
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json", *shards} <= sim.names(out)
+    assert json.loads(sim.read(out + "tokenizer_config.json"))["name_or_path"] == config.hf_model_path
+    total = 0
+    for shard in shards:
+        data = sim.read(out + shard)
+        header_len = struct.unpack("<Q", data[:8])[0]
+        header = json.loads(data[8:8 + header_len])
+        end = max(t["data_offsets"][1] for k, t in header.items() if k != "__metadata__")
+        assert 8 + header_len + end == len(data)
+        total += end
+    assert index["metadata"]["total_size"] == total
+
+
+def test_failed_first_attempt_is_restarted_by_the_failure_policy(sim, config, converted, faults_api):
+    """A sim-side fault (no change to the manifest) fails the first attempt; maxRestarts 1 restarts it."""
+    run, layout = new_run(sim, config, "restart")
+    body = manifests.hf_to_maxtext_jobset(config, run)
+    name = body["metadata"]["name"]
+    assert body["spec"]["failurePolicy"]["maxRestarts"] == 1
+    faults_api.set_fault(sim.core, "first-attempt", prefix=name, fail_attempts=1, exit_code=3)
+    sim.create_jobset(body)
+
+    failed = sim.wait("the first attempt's pod to fail", lambda: [
+        p for p in sim.pods(name) if p.status.phase == "Failed"], timeout=60)
+    assert failed[0].metadata.labels["jobset.sigs.k8s.io/restart-attempt"] == "0"
+    assert failed[0].status.container_statuses[0].state.terminated.exit_code == 3
+    js = sim.wait_jobset(name)
+    assert completed(js), js["status"]
+    assert js["status"]["restarts"] == 1
+    # the rule matched both attempts; fail_attempts=1 failed only attempt 0
+    applied = faults_api.list_faults(sim.core)["first-attempt"]["applied"]
+    assert applied == [f"default/{name}/attempt-0", f"default/{name}/attempt-1"]
+
+
+def test_pod_template_annotation_fails_the_jobset_with_the_exit_code(sim):
+    """Faults can also be asked for in the manifest: sim.tpu-rl.dev/exit-code on the pod template."""
+    name = f"sim-fail-{uuid.uuid4().hex[:6]}"
+    body = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0},
+            "replicatedJobs": [{"name": "main-job", "replicas": 1, "template": {"spec": {
+                "backoffLimit": 0, "completions": 1, "parallelism": 1,
+                "template": {
+                    "metadata": {"annotations": {"sim.tpu-rl.dev/exit-code": "7", "sim.tpu-rl.dev/run-seconds": "1"}},
+                    "spec": {"restartPolicy": "Never",
+                             "nodeSelector": {"cloud.google.com/gke-nodepool": "cpu-np"},
+                             "containers": [{"name": "workload-container", "image": "busybox",
+                                             "command": ["/bin/bash", "-c", "exit 7"]}]}}}}}],
+        },
+    }
+    sim.create_jobset(body)
+    pod = sim.wait("the pod to fail", lambda: [p for p in sim.pods(name) if p.status.phase == "Failed"], timeout=60)[0]
+    assert pod.status.container_statuses[0].state.terminated.exit_code == 7
+    js = sim.wait_jobset(name)
+    conditions = {c["type"]: c for c in js["status"]["conditions"]}
+    assert conditions["Failed"]["status"] == "True", js["status"]
+    assert js["status"].get("terminalState") == "Failed"
+
+
+def committed_steps(sim, layout):
+    actor = layout.uri(layout.actor_checkpoints_prefix)
+    return sorted(int(n.split("/")[0]) for n in sim.names(actor) if n.endswith("/commit_success.txt"))
+
+
+def test_training_that_stops_early_saves_its_last_step(sim, config, converted, faults_api):
+    """stop-at-step: the run ends normally at step 5 of 6; the end-of-run save is actor/5."""
+    run, layout = new_run(sim, config, "early")
+    body = manifests.training_jobset(config, run)
+    faults_api.set_fault(sim.core, "early", prefix=body["metadata"]["name"], maxtext_fault="stop-at-step=5")
+    sim.create_jobset(body)
+    assert completed(sim.wait_jobset(body["metadata"]["name"]))
+    assert committed_steps(sim, layout) == [4, 5]
+
+
+def test_crashed_training_is_restarted_and_resumes_from_its_last_checkpoint(sim, converted, faults_api):
+    """crash-at-step on the first attempt only: checkpoint 4 survives, the JobSet restart (maxRestarts 1)
+    resumes from it and makes the end-of-run save at 6."""
+    config = sim_config(max_restarts=1, hf_model_path=converted["layout"].config.hf_model_path)
+    run, layout = new_run(sim, config, "crash")
+    body = manifests.training_jobset(config, run)
+    name = body["metadata"]["name"]
+    faults_api.set_fault(sim.core, "crash", prefix=name, stage="train_rl", maxtext_fault="crash-at-step=5", times=1)
+    sim.create_jobset(body)
+    js = sim.wait_jobset(name, timeout=180)
+    assert completed(js), js["status"]
+    assert js["status"]["restarts"] == 1
+    assert committed_steps(sim, layout) == [4, 6]
