@@ -32,7 +32,7 @@ class SkipIfCheckpointCompleteOperator(BaseOperator):
     :param items: item folders the step must hold.
     """
 
-    template_fields: Sequence[str] = ("bucket", "prefix")
+    template_fields: Sequence[str] = ("bucket", "prefix", "gcp_conn_id")
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class TrainingRecordCheckOperator(BaseOperator):
     XCom return value: the record's ``gs://`` URI.
     """
 
-    template_fields: Sequence[str] = ("bucket", "record_object", "parameters")
+    template_fields: Sequence[str] = ("bucket", "record_object", "parameters", "gcp_conn_id")
 
     def __init__(
         self,
@@ -146,7 +146,9 @@ class PublishHfExportOperator(BaseOperator):
     XCom return value: the published ``gs://`` URI. Asset event extra: ``uri``, ``final_step``, ``source_run``.
     """
 
-    template_fields: Sequence[str] = ("bucket", "source_prefix", "destination_prefix", "final_step", "source_run")
+    template_fields: Sequence[str] = (
+        "bucket", "source_prefix", "destination_prefix", "final_step", "source_run", "gcp_conn_id"
+    )
 
     def __init__(
         self,

@@ -31,7 +31,7 @@ class GcsOutputSensor(BaseSensorOperator):
     :param poke_interval: seconds between checks.
     """
 
-    template_fields: Sequence[str] = ("bucket", "prefix")
+    template_fields: Sequence[str] = ("bucket", "prefix", "gcp_conn_id")
     ui_color = "#d7e8d4"
 
     def __init__(
