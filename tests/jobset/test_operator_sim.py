@@ -8,7 +8,6 @@ serialized form, resume); see conftest.run_operator.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import subprocess
@@ -46,15 +45,14 @@ def ti_for(name: str, try_number: int = 1) -> StandInTaskInstance:
     return StandInTaskInstance("jobset_tests", f"manual__{name}", "train", try_number)
 
 
-def test_success_streams_log_and_a_retry_does_not_resubmit(sim, caplog):
-    caplog.set_level(logging.INFO)
+def test_success_streams_log_and_a_retry_does_not_resubmit(sim, capfd):
     name = unique("ok")
     ti = ti_for(name)
     result = run_operator(operator(tpu_jobset(name, run_seconds=4)), context_for(ti))
 
     assert result["state"] == "Completed" and result["restarts"] == 0
     assert any("simulated workload in pod" in line for line in result["log_tail"])
-    assert f"[{name}-main-job-0-0-" in caplog.text  # streamed live, from the index-0 pod
+    assert f"[{name}-main-job-0-0-" in capfd.readouterr().out  # streamed live, from the index-0 pod
     (jobset,) = sim.jobsets(name)
     meta = jobset["metadata"]
     assert meta["labels"]["tpu-rl.dev/task-id"] == "train"
@@ -88,18 +86,17 @@ def test_failure_names_condition_exit_code_and_log(sim):
     assert len(sim.jobsets(name)) == 1
 
 
-def test_restart_within_max_restarts_then_success(sim, caplog):
-    caplog.set_level(logging.INFO)
+def test_restart_within_max_restarts_then_success(sim, capfd):
     name = unique("restart")
     manifest = tpu_jobset(name, max_restarts=1, annotations={f"{SIM}fail-attempts": "1"})
     result = run_operator(operator(manifest), context_for(ti_for(name)))
     assert result["state"] == "Completed" and result["restarts"] == 1
-    assert "restarted: restart 1" in caplog.text
-    assert caplog.text.count("Following workload-container of pod") >= 2  # followed the new pod
+    out = capfd.readouterr().out
+    assert "restarted: restart 1" in out
+    assert out.count("Following workload-container of pod") >= 2  # followed the new pod
 
 
-def test_killed_while_waiting_reattaches_without_resubmitting(sim, caplog):
-    caplog.set_level(logging.INFO)
+def test_killed_while_waiting_reattaches_without_resubmitting(sim, capfd):
     name = unique("kill")
     child = subprocess.Popen(
         [sys.executable, str(HERE / "run_jobset_task.py"), name, "20"],
@@ -114,7 +111,7 @@ def test_killed_while_waiting_reattaches_without_resubmitting(sim, caplog):
             child.kill()
     (before,) = sim.jobsets(name)
     result = run_operator(operator(tpu_jobset(name, run_seconds=20)), context_for(ti_for(name)))
-    assert "Adopting running JobSet" in caplog.text
+    assert "Adopting running JobSet" in capfd.readouterr().out
     assert result["uid"] == before["metadata"]["uid"] and result["state"] == "Completed"
     assert len(sim.jobsets(name)) == 1
 
