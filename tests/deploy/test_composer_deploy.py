@@ -1,0 +1,163 @@
+"""scripts/deploy_composer.py against a real GCS emulator: the bucket ends up laid out the way Composer
+serves it (dags/ -> /home/airflow/gcs/dags, plugins/ -> .../plugins, data/ -> .../data), stale files go,
+caches and tests never ship, and a second deploy uploads nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("deploy_composer", REPO / "scripts/deploy_composer.py")
+deploy = sys.modules["deploy_composer"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(deploy)
+
+STALE = ["dags/old_dag.py", "plugins/tpu_rl/removed.py"]
+# Objects the deploy must leave alone: Composer's liveness DAG, and run-time data outside data/include/.
+FOREIGN = ["dags/airflow_monitoring.py", "data/run-output/metrics.json"]
+
+
+def _expected_objects(repo: Path) -> set[str]:
+    """Written from Composer's folder mapping, not from the script: every DAG file, every source file of
+    the tpu_rl package, every include asset."""
+    expected = {"dags/maxtext_rl_tpu.py"}
+    expected |= {f"plugins/{p.relative_to(repo / 'plugins').as_posix()}" for p in (repo / "plugins/tpu_rl").rglob("*.py")
+                 if "__pycache__" not in p.parts}
+    expected |= {f"data/include/{p.relative_to(repo / 'include').as_posix()}" for p in (repo / "include").rglob("*")
+                 if p.is_file()}
+    return expected
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """A copy of the package folders with the caches a real checkout has after a test run."""
+    repo = tmp_path / "repo"
+    for folder in ("dags", "plugins", "include", "tests"):
+        shutil.copytree(REPO / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    cache = repo / "plugins/tpu_rl/__pycache__"
+    cache.mkdir()
+    (cache / "config.cpython-312.pyc").write_bytes(b"\x00bytecode")
+    (repo / "plugins/tpu_rl/stray.pyc").write_bytes(b"\x00bytecode")
+    (repo / "dags/__pycache__").mkdir()
+    (repo / "dags/__pycache__/maxtext_rl_tpu.cpython-312.pyc").write_bytes(b"\x00bytecode")
+    return repo
+
+
+def _prefill(bucket) -> None:
+    for name in STALE + FOREIGN:
+        bucket.blob(name).upload_from_string(b"# left over from an earlier deploy\n")
+
+
+def _names(client, bucket) -> set[str]:
+    return {blob.name for blob in client.list_blobs(bucket)}
+
+
+def test_deploy_gives_the_layout_composer_serves(gcs_client, composer_bucket, checkout, tmp_path):
+    _prefill(composer_bucket)
+
+    result = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
+    print(f"first deploy: {result.summary()}")
+
+    names = _names(gcs_client, composer_bucket)
+    expected = _expected_objects(checkout)
+    assert names == expected | set(FOREIGN), "the bucket must hold the package, Composer's own files and nothing else"
+    assert sorted(result.deleted) == sorted(STALE)
+    assert not [n for n in names if n.startswith("tests/") or "/tests/" in n], "tests/ shipped"
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")], "bytecode caches shipped"
+
+    # What Composer's workers would see: the DAG file parses with tpu_rl imported from the bucket's plugins/.
+    gcs = tmp_path / "home-airflow-gcs"
+    for name in names:
+        if name.startswith(("dags/", "plugins/")):
+            target = gcs / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            composer_bucket.blob(name).download_to_filename(str(target))
+    probe = (
+        "import sys, runpy; sys.path.insert(0, sys.argv[1]); "
+        "dag = runpy.run_path(sys.argv[2])['dag']; import tpu_rl; "
+        "assert tpu_rl.__file__.startswith(sys.argv[1]), tpu_rl.__file__; print(dag.dag_id, len(dag.tasks))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(gcs / "plugins"), str(gcs / "dags/maxtext_rl_tpu.py")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("maxtext_rl_tpu ")
+
+
+def test_second_deploy_uploads_nothing_and_a_change_uploads_one_file(gcs_client, composer_bucket, checkout):
+    files = deploy.local_files(checkout)
+    first = deploy.sync(gcs_client, composer_bucket.name, files)
+    second = deploy.sync(gcs_client, composer_bucket.name, files)
+    print(f"first deploy: {first.summary()}; second deploy: {second.summary()}")
+    assert (second.uploaded, second.deleted) == ([], [])
+    assert len(second.unchanged) == len(first.uploaded) == len(files)
+
+    plan = checkout / "plugins/tpu_rl/plan.py"
+    plan.write_text(plan.read_text() + "\n# edited\n")
+    third = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
+    print(f"after editing plan.py: {third.summary()}")
+    assert (third.uploaded, third.deleted) == (["plugins/tpu_rl/plan.py"], [])
+
+
+def test_cli_with_a_bucket_syncs_without_gcloud(gcs_client, composer_bucket, monkeypatch, capsys, tmp_path):
+    _prefill(composer_bucket)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcloud reachable: --bucket alone must not call it
+
+    assert deploy.main(["--bucket", composer_bucket.name, "--project", "test"]) == 0
+
+    out = capsys.readouterr().out
+    assert f"delete gs://{composer_bucket.name}/dags/old_dag.py" in out
+    assert _names(gcs_client, composer_bucket) == _expected_objects(REPO) | set(FOREIGN)
+
+
+def test_dry_run_prints_the_gcloud_commands_and_changes_nothing(gcs_client, composer_bucket, monkeypatch, capsys,
+                                                                  tmp_path):
+    _prefill(composer_bucket)
+    before = _names(gcs_client, composer_bucket)
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+    deploy.main(["--env", "rl-env", "--location", "us-east5", "--project", "p1", "--bucket", composer_bucket.name,
+                 "--dry-run"])
+
+    out = capsys.readouterr().out
+    assert "gcloud composer environments describe rl-env --location us-east5 --project p1" in out
+    assert "gcloud composer environments update rl-env --location us-east5 --project p1 " \
+           f"--update-pypi-packages-from-file {REPO / 'requirements.txt'}" in out
+    assert f"would delete gs://{composer_bucket.name}/plugins/tpu_rl/removed.py" in out
+    assert _names(gcs_client, composer_bucket) == before
+
+
+def _fake_gcloud(directory: Path, bucket: str, pypi: dict[str, str]) -> Path:
+    """A stand-in for the gcloud CLI only (GCS stays the emulator): answers describe, logs every call."""
+    log = directory / "gcloud.log"
+    describe = json.dumps({"config": {"dagGcsPrefix": f"gs://{bucket}/dags", "softwareConfig": {"pypiPackages": pypi}}})
+    script = directory / "gcloud"
+    script.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$3\" in describe) echo '{describe}';; esac\n")
+    script.chmod(0o755)
+    return log
+
+
+@pytest.mark.parametrize("installed", ["same", "older"])
+def test_env_deploy_finds_the_bucket_and_updates_packages_only_on_change(gcs_client, composer_bucket, monkeypatch,
+                                                                          tmp_path, installed):
+    pypi = deploy.parse_requirements(REPO / "requirements.txt")
+    if installed == "older":
+        pypi["apache-airflow-providers-google"] = ">=10.0.0"
+    log = _fake_gcloud(tmp_path, composer_bucket.name, pypi)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+    assert deploy.main(["--env", "rl-env", "--location", "us-east5"]) == 0
+
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("composer environments describe rl-env --location us-east5")
+    updates = [c for c in calls if " update " in f" {c} "]
+    assert updates == ([] if installed == "same" else
+                       [f"composer environments update rl-env --location us-east5 --update-pypi-packages-from-file "
+                        f"{REPO / 'requirements.txt'}"])
+    assert "dags/maxtext_rl_tpu.py" in _names(gcs_client, composer_bucket)
