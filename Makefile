@@ -37,3 +37,10 @@ sim-status:
 
 bench: venv
 	$(VENV)/bin/python benchmarks/dag_parse.py
+
+# make deploy-composer ENV=<name> LOCATION=<region> [PROJECT=...] [BUCKET=...] [DRY_RUN=1]: mirror dags/,
+# plugins/ and include/ into the environment's bucket, then its PyPI packages from requirements.txt.
+.PHONY: deploy-composer
+deploy-composer: venv
+	$(VENV)/bin/python scripts/deploy_composer.py --env "$(ENV)" --location "$(LOCATION)" \
+	  $(if $(PROJECT),--project "$(PROJECT)") $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(DRY_RUN),--dry-run)
