@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from aiohttp import ClientError, ClientSession
+from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import checkpoints as rules
@@ -110,11 +112,7 @@ class GcsOutputTrigger(BaseTrigger):
         raise NotImplementedError
 
     async def check(self) -> tuple[Verdict, dict[str, Any]]:
-        """One check with a fresh client (also used by sensors in poke mode and by operators)."""
-        from aiohttp import ClientSession
-
-        from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
-
+        """One check in a fresh HTTP session (also used by sensors in poke mode and by operators)."""
         if self._hook is None:
             self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
         async with ClientSession() as session:
@@ -122,8 +120,6 @@ class GcsOutputTrigger(BaseTrigger):
             return await self.probe(GcsReader(storage, self.bucket))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from aiohttp import ClientError
-
         while True:
             try:
                 verdict, found = await self.check()
