@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test unit plan sim-up sim-down sim-status bench clean
+.PHONY: venv test unit demo plan sim-up sim-down sim-status bench
 
 venv: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): requirements-dev.txt constraints.txt
 
 test: venv
 	scripts/test.sh
+
+# The whole pipeline on the simulated cluster through a local Airflow; KEEP_UI=1 leaves the UI up.
+demo: venv
+	scripts/demo.sh
 
 # Tests that need no service (config, manifests, plan, DAG structure).
 unit: venv

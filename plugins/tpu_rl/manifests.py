@@ -224,7 +224,7 @@ def _failure_policy(max_restarts: int, restart_strategy: str | None = None) -> d
     policy: dict[str, Any] = {"maxRestarts": max_restarts}
     if restart_strategy:
         policy["restartStrategy"] = restart_strategy
-    policy["rules"] = [{"name": "fail-on-pod-failure-policy", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
+    policy["rules"] = [{"name": "FailJobSetOnPodFailurePolicy", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
     return policy
 
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# make demo: the whole pipeline on the simulated cluster through a local Airflow (scheduler, triggerer,
+# dag-processor, api-server on PostgreSQL). Stops what it started, unless KEEP_UI=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/airflow-env.sh
+
+started=()
+cleanup() {
+  if [ "${KEEP_UI:-0}" = 1 ]; then
+    echo "KEEP_UI=1: leaving running: ${started[*]:-nothing new}; the UI is at $(scripts/airflow-stack.sh url)"
+    echo "stop with: scripts/airflow-stack.sh stop; sim/down.sh; scripts/postgres.sh stop"
+    return
+  fi
+  for ((i=${#started[@]}-1; i>=0; i--)); do
+    case ${started[i]} in
+      airflow) scripts/airflow-stack.sh stop ;;
+      sim) sim/down.sh ;;
+      postgres) scripts/postgres.sh stop ;;
+    esac
+  done
+}
+trap cleanup EXIT
+
+if scripts/postgres.sh start | tee /dev/stderr | grep -q '^started'; then started+=(postgres); fi
+airflow db migrate >/dev/null
+if ! sim/status.sh >/dev/null 2>&1; then sim/up.sh; started+=(sim); fi
+source .sim/airflow.env
+if ! scripts/airflow-stack.sh status >/dev/null 2>&1; then started+=(airflow); fi
+scripts/airflow-stack.sh start
+python scripts/demo.py --url "$(scripts/airflow-stack.sh url)" --conf "${CONF:-include/examples/simulation.json}"
