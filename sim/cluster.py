@@ -1,9 +1,11 @@
 """Kubernetes-side setup of the simulated cluster, called by sim/up.sh step by step.
 
-    cluster.py files     kubeconfig and the JobSet controller's config file
-    cluster.py crd       applies the JobSet CRD from the build cache
-    cluster.py webhooks  registers JobSet's four webhooks by URL and waits until they default a JobSet
-    cluster.py finish    default bucket in the GCS emulator, .sim/airflow.env
+    cluster.py STEP...   runs the steps in order, in one process:
+      files     kubeconfig and the JobSet controller's config file
+      crd       applies the JobSet CRD from the build cache
+      webhooks  registers JobSet's four webhooks by URL and waits until they default a JobSet
+      nodes     the simulated GKE nodes (sim/nodes.py)
+      finish    default bucket in the GCS emulator, .sim/airflow.env
 
 Every object is built here as Python data. Settings come from the environment exported by sim/lib.sh.
 """
@@ -202,5 +204,15 @@ def finish():
     (SIM / "airflow.env").write_text("\n".join(lines) + "\n")
 
 
+def create_nodes():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import nodes
+
+    nodes.ensure_nodes(str(SIM / "kubeconfig"))
+
+
 if __name__ == "__main__":
-    {"files": write_files, "crd": apply_crd, "webhooks": register_webhooks, "finish": finish}[sys.argv[1]]()
+    steps = {"files": write_files, "crd": apply_crd, "webhooks": register_webhooks, "nodes": create_nodes,
+             "finish": finish}
+    for step in sys.argv[1:]:  # several steps in one process: importing the clients takes seconds
+        steps[step]()

