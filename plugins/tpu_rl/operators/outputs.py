@@ -12,7 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+try:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+except ImportError:  # Airflow 3.1 (Composer 3): these live only in airflow.exceptions; 3.3 moved them to the SDK
+    from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from tpu_rl.checkpoints import training_record_changes
 
