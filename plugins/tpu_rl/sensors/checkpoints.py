@@ -14,7 +14,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowSensorTimeout
+try:
+    from airflow.sdk.exceptions import AirflowSensorTimeout
+except ImportError:  # Airflow 3.1 (Composer 3) has it only in airflow.exceptions; 3.3's SDK has it
+    from airflow.exceptions import AirflowSensorTimeout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
