@@ -244,7 +244,10 @@ class JobSetOperator(BaseOperator):
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context):
         """The scheduler resumes a deferred task whose trigger timed out (``execution_timeout``) with
         ``__fail__``: the base class raises TaskDeferralTimeout. Delete the JobSet before failing."""
-        from airflow.sdk.exceptions import TaskDeferralTimeout
+        try:
+            from airflow.sdk.exceptions import TaskDeferralTimeout
+        except ImportError:  # Airflow 3.1 (Composer 3) raises airflow.exceptions' class; 3.3's SDK has its own
+            from airflow.exceptions import TaskDeferralTimeout
 
         try:
             return super().resume_execution(next_method, next_kwargs, context)
