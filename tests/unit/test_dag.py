@@ -8,7 +8,10 @@ run's final state are Airflow's own, from ``dag.test()`` on the PostgreSQL metad
 from datetime import timedelta
 
 import pytest
-from airflow.dag_processing.dagbag import DagBag
+try:
+    from airflow.dag_processing.dagbag import DagBag
+except ImportError:  # Airflow 3.1 (Composer 3); later versions moved DagBag to airflow.dag_processing
+    from airflow.models.dagbag import DagBag
 from airflow.exceptions import AirflowException
 
 from conftest import REPO, TUTORIAL_CONF
