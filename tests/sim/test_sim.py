@@ -61,6 +61,14 @@ def webhook_defaults(body):
     return out
 
 
+def wait_slice_free(sim, timeout=600):
+    def free():
+        busy = [p for p in sim.core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
+                if (p.spec.node_name or "").startswith(f"gke-tpu-rl-sim-{TPU_POOL}-")]
+        return not busy
+    sim.wait("no running pod on the TPU slice", free, timeout=timeout, interval=2)
+
+
 def lookup(obj, path):
     for key in path:
         obj = obj[key]
@@ -106,6 +114,7 @@ def test_pathways_jobset_is_admitted_placed_and_completes(sim, config, converted
     run, layout = new_run(sim, config, "train")
     body = manifests.training_jobset(config, run)
     name = body["metadata"]["name"]
+    wait_slice_free(sim)  # the cluster is shared: another workload may hold the slice (exclusive placement)
     # the head runs 30 s, long enough to see all workers placed (they start after it: startup InOrder)
     faults_api.set_fault(sim.core, "slow-head", prefix=name, replicated_job="pathways-head", run_seconds=30)
     created = sim.create_jobset(body)
@@ -149,6 +158,7 @@ def test_export_writes_safetensors_shards_and_the_index_last(sim, config, conver
     run, layout = new_run(sim, config, "export")
     # the export reads a trained checkpoint: train first, with the sim's defaults
     train = manifests.training_jobset(config, run)
+    wait_slice_free(sim)
     sim.create_jobset(train)
     assert completed(sim.wait_jobset(train["metadata"]["name"]))
     attempt = layout.export_attempt_prefix(1)
@@ -230,6 +240,7 @@ def test_training_that_stops_early_saves_its_last_step(sim, config, converted, f
     run, layout = new_run(sim, config, "early")
     body = manifests.training_jobset(config, run)
     faults_api.set_fault(sim.core, "early", prefix=body["metadata"]["name"], maxtext_fault="stop-at-step=5")
+    wait_slice_free(sim)
     sim.create_jobset(body)
     assert completed(sim.wait_jobset(body["metadata"]["name"]))
     assert committed_steps(sim, layout) == [4, 5]
@@ -243,6 +254,7 @@ def test_crashed_training_is_restarted_and_resumes_from_its_last_checkpoint(sim,
     body = manifests.training_jobset(config, run)
     name = body["metadata"]["name"]
     faults_api.set_fault(sim.core, "crash", prefix=name, stage="train_rl", maxtext_fault="crash-at-step=5", times=1)
+    wait_slice_free(sim)
     sim.create_jobset(body)
     js = sim.wait_jobset(name, timeout=180)
     assert completed(js), js["status"]
