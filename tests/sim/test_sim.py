@@ -260,3 +260,86 @@ def test_crashed_training_is_restarted_and_resumes_from_its_last_checkpoint(sim,
     assert completed(js), js["status"]
     assert js["status"]["restarts"] == 1
     assert committed_steps(sim, layout) == [4, 6]
+
+
+@pytest.fixture
+def spare_pool(sim):
+    """Two extra TPU-like hosts in their own pool, so losing one never disturbs the shared slice."""
+    import nodes
+
+    pool, names = f"sim-spare-{uuid.uuid4().hex[:4]}", []
+    for i in range(2):
+        name = f"{pool}-{i}"
+        body = nodes.node(name, pool, "ct6e-standard-4t",
+                          {"cpu": "180", "memory": "720Gi", "pods": "110", "google.com/tpu": "4"},
+                          {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                           "cloud.google.com/gke-tpu-topology": "2x4"},
+                          [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}])
+        sim.core.create_node(body)
+        names.append(name)
+    yield pool, names
+    from kubernetes.client.exceptions import ApiException
+
+    for name in names:
+        try:
+            sim.core.delete_node(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def two_host_jobset(name, pool):
+    """Two long-running pods, one per host of `pool`, restarted once by the JobSet on failure."""
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"failurePolicy": {"maxRestarts": 1}, "replicatedJobs": [{"name": "main-job", "template": {"spec": {
+            "backoffLimit": 0, "completions": 2, "parallelism": 2,
+            "template": {
+                "metadata": {"annotations": {"sim.tpu-rl.dev/run-seconds": "600"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"cloud.google.com/gke-nodepool": pool},
+                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                        "labelSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}},
+                        "topologyKey": "kubernetes.io/hostname"}]}},
+                    "containers": [{"name": "workload-container", "image": "busybox", "command": ["sleep", "600"],
+                                    "resources": {"limits": {"google.com/tpu": "4"}}}],
+                }}}}}]},
+    }
+
+
+@pytest.mark.parametrize("how, reason, timeout", [
+    ("evict", "DeletionByTaintManager", 30),  # NoExecute taint: a host going away for maintenance
+    ("lose", "DeletionByPodGC", 120),         # Node deleted: pod GC acts after its 40 s quarantine
+])
+def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(sim, spare_pool, how, reason,
+                                                                                timeout):
+    import hosts
+
+    pool, names = spare_pool
+    name = f"sim-host-{uuid.uuid4().hex[:6]}"
+    sim.create_jobset(two_host_jobset(name, pool))
+    running = lambda: [p for p in sim.pods(name) if p.status.phase == "Running"]
+    sim.wait("both pods running", lambda: len(running()) == 2, timeout=60)
+    victim = next(p for p in running() if p.spec.node_name == names[1])
+    getattr(hosts, how)(sim.core, names[1])
+    # the pod lives on only briefly once disrupted: watch it from before the loss
+    from kubernetes import watch
+
+    condition = None
+    for event in watch.Watch().stream(sim.core.list_namespaced_pod, "default", timeout_seconds=timeout,
+                                      field_selector=f"metadata.name={victim.metadata.name}",
+                                      resource_version=victim.metadata.resource_version):
+        found = [c for c in event["object"].status.conditions or [] if c.type == "DisruptionTarget"]
+        if found:
+            condition = found[0]
+            break
+    assert condition is not None, f"no DisruptionTarget on {victim.metadata.name} within {timeout} s"
+    assert condition.reason == reason
+    sim.wait("the JobSet to restart", lambda: sim.get_jobset(name)["status"].get("restarts") == 1, timeout=30)
+    # attempt 1: one pod runs on the surviving host; the lost host's pod cannot be placed until it is back
+    attempt1 = lambda: [p for p in sim.pods(name) if p.metadata.labels["jobset.sigs.k8s.io/restart-attempt"] == "1"]
+    sim.wait("attempt 1 with one pod running, one pending", lambda: sorted(
+        p.status.phase for p in attempt1()) == ["Pending", "Running"], timeout=30)
+    sim.delete_jobset(name)
