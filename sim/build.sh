@@ -80,7 +80,15 @@ build_kwok() {
   local key=kwok-$KWOK_VERSION
   mkdir -p "$CACHE/$key/bin"
   GOBIN="$CACHE/$key/bin" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  kwok_crds
   mark "$key"
+}
+
+# kwok serves `kubectl logs` from Logs objects (--enable-crds=Logs): keep their CRD beside the binary.
+kwok_crds() {
+  local dir
+  dir=$(cd "$CACHE" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  install -m 0644 "$dir/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$CACHE/kwok-$KWOK_VERSION/"
 }
 
 build_jobset() {
@@ -109,4 +117,6 @@ for component in etcd kwok jobset kube; do
     timed "$component ${!version_var}" "build_$component"
   fi
 done
+# Caches built before the CRD was kept get it added.
+[ -f "$CACHE/kwok-$KWOK_VERSION/kwok.x-k8s.io_logs.yaml" ] || kwok_crds
 echo "simulation binaries ready in $CACHE ($((SECONDS - total)) s)"

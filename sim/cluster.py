@@ -2,7 +2,7 @@
 
     cluster.py STEP...   runs the steps in order, in one process:
       files     kubeconfig and the JobSet controller's config file
-      crd       applies the JobSet CRD from the build cache
+      crds      applies the JobSet and kwok Logs CRDs from the build cache
       webhooks  registers JobSet's four webhooks by URL and waits until they default a JobSet
       nodes     the simulated GKE nodes (sim/nodes.py)
       finish    default bucket in the GCS emulator, .sim/airflow.env
@@ -62,31 +62,39 @@ def api_client():
     return config.new_client_from_config(str(SIM / "kubeconfig"))
 
 
-def apply_crd():
+def apply_crds():
+    """JobSet's CRD, and kwok's Logs CRD (kwok serves `kubectl logs` from Logs objects), from the build cache."""
     import yaml
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    cache = Path(os.environ["CACHE"]) / f"jobset-{os.environ['JOBSET_VERSION']}"
-    crd = yaml.safe_load((cache / "jobset.x-k8s.io_jobsets.yaml").read_text())
+    cache = Path(os.environ["CACHE"])
+    files = [cache / f"jobset-{os.environ['JOBSET_VERSION']}" / "jobset.x-k8s.io_jobsets.yaml",
+             cache / f"kwok-{os.environ['KWOK_VERSION']}" / "kwok.x-k8s.io_logs.yaml"]
     api = client.ApiextensionsV1Api(api_client())
-    name = crd["metadata"]["name"]
-    try:
-        api.create_custom_resource_definition(crd)
-        print(f"created CRD {name}")
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        crd["metadata"]["resourceVersion"] = api.read_custom_resource_definition(name).metadata.resource_version
-        api.replace_custom_resource_definition(name, crd)
-        print(f"CRD {name} up to date")
+    names = []
+    for path in files:
+        crd = yaml.safe_load(path.read_text())
+        name = crd["metadata"]["name"]
+        names.append(name)
+        try:
+            api.create_custom_resource_definition(crd)
+            print(f"created CRD {name}")
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            crd["metadata"]["resourceVersion"] = api.read_custom_resource_definition(name).metadata.resource_version
+            api.replace_custom_resource_definition(name, crd)
     deadline = time.time() + 60
-    while time.time() < deadline:
-        conditions = api.read_custom_resource_definition(name).status.conditions or []
+    while names and time.time() < deadline:
+        conditions = api.read_custom_resource_definition(names[0]).status.conditions or []
         if any(c.type == "Established" and c.status == "True" for c in conditions):
-            return
-        time.sleep(0.5)
-    sys.exit(f"CRD {name} not established")
+            names.pop(0)
+        else:
+            time.sleep(0.5)
+    if names:
+        sys.exit(f"CRDs not established: {names}")
+    print("CRDs established")
 
 
 def webhook(name, path, rules, object_selector=None):
@@ -212,7 +220,7 @@ def create_nodes():
 
 
 if __name__ == "__main__":
-    steps = {"files": write_files, "crd": apply_crd, "webhooks": register_webhooks, "nodes": create_nodes,
+    steps = {"files": write_files, "crds": apply_crds, "webhooks": register_webhooks, "nodes": create_nodes,
              "finish": finish}
     for step in sys.argv[1:]:  # several steps in one process: importing the clients takes seconds
         steps[step]()

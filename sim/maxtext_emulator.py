@@ -41,7 +41,9 @@ A missing input (load_parameters_path with no objects) or a missing bucket fails
 HF_TOKEN: checked to come from a Secret that exists (pod fails otherwise); a literal value or
 hf_access_token= on the command line gives a warning. Values are never printed.
 
-Also writes each handled pod's container log (CRI format) to .sim/podlogs/<ns>/<pod>/<container>.log.
+Logs: for every running pod it writes what its containers would print (CRI format) to
+.sim/podlogs/<ns>/<pod>/<container>.log and creates a kwok Logs object pointing at those files, so
+`kubectl logs` (and read_namespaced_pod_log) work; the workload container's log says what was emulated.
 """
 
 import json
@@ -375,7 +377,10 @@ class Emulator:
         from kubernetes import client, config
 
         kubeconfig = os.environ.get("KUBECONFIG", str(SIM / "kubeconfig"))
-        self.core = client.CoreV1Api(config.new_client_from_config(kubeconfig))
+        api = config.new_client_from_config(kubeconfig)
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.logged = set()
         self.gcs = storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials())
         HANDLED.parent.mkdir(parents=True, exist_ok=True)
         self.handled = set(HANDLED.read_text().split()) if HANDLED.exists() else set()
@@ -403,12 +408,15 @@ class Emulator:
     def consider(self, pod):
         meta, spec = pod.metadata, pod.spec
         annotations = meta.annotations or {}
-        if (meta.deletion_timestamp or pod.status.phase != "Running" or PREFIX + "exit-at" in annotations
-                or meta.uid in self.handled or spec.restart_policy == "Always"
-                or any(c.name == "pathways-worker" for c in spec.containers)):
+        if meta.deletion_timestamp or pod.status.phase != "Running":
             return
+        never_ends = spec.restart_policy == "Always" or any(c.name == "pathways-worker" for c in spec.containers)
         try:
-            self.handle(pod)
+            if never_ends:
+                if meta.uid not in self.logged:
+                    self.publish_logs(pod, None, [])
+            elif PREFIX + "exit-at" not in annotations and meta.uid not in self.handled:
+                self.handle(pod)
         except Exception:
             log(f"error handling pod {meta.namespace}/{meta.name}, will retry:\n" + traceback.format_exc())
 
@@ -470,7 +478,7 @@ class Emulator:
         patch[PREFIX + "emulated"] = summary[:1000]
         if warnings:
             patch[PREFIX + "warnings"] = ",".join(warnings)
-        self.write_pod_log(pod, container, stage, lines)
+        self.publish_logs(pod, stage, lines)
         with HANDLED.open("a") as f:
             f.write(meta.uid + "\n")
         self.handled.add(meta.uid)
@@ -533,17 +541,35 @@ class Emulator:
                         warnings.insert(0, f"missing-secret {ref.name} for HF_TOKEN")
         return warnings
 
-    @staticmethod
-    def write_pod_log(pod, container, stage, lines):
-        """CRI-format log of what the workload would print, for kubectl logs through kwok."""
-        if container is None:
-            return
-        path = SIM / "podlogs" / pod.metadata.namespace / pod.metadata.name / f"{container.name}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body = [f"simulated {stage or 'workload'} in pod {pod.metadata.name}"] + lines
-        path.write_text("".join(f"{now} stdout F {line}\n" for line in body))
+    def publish_logs(self, pod, stage, lines):
+        """What the containers would print, for `kubectl logs`: CRI-format files under .sim/podlogs/ and a
+        kwok Logs object (owned by the pod, so it goes with it) that points kwok at them."""
+        from kubernetes.client.exceptions import ApiException
 
+        meta = pod.metadata
+        folder = SIM / "podlogs" / meta.namespace / meta.name
+        folder.mkdir(parents=True, exist_ok=True)
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        entries = []
+        for c in list(pod.spec.init_containers or []) + list(pod.spec.containers):
+            body = [f"[simulated] {c.name} started on {pod.spec.node_name}"]
+            if c.name == "workload-container":
+                body += ([f"[simulated] python3 -m maxtext ... ({stage})"] if stage else []) + lines
+            path = folder / f"{c.name}.log"
+            path.write_text("".join(f"{now} stdout F {line}\n" for line in body))
+            entries.append({"containers": [c.name], "logsFile": str(path), "follow": True})
+        logs = {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs",
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid}]},
+            "spec": {"logs": entries},
+        }
+        try:
+            self.custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", meta.namespace, "logs", logs)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        self.logged.add(meta.uid)
 
 if __name__ == "__main__":
     Emulator().run()

