@@ -6,7 +6,9 @@ The workloads come from the package's manifest builder (tpu_rl.manifests), as th
 
 import json
 import struct
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from tpu_rl.run import GcsLayout, RunIdentity
 
 pytestmark = pytest.mark.sim
 
+REPO = Path(__file__).resolve().parents[2]
 BUCKET = "tpu-rl-sim"
 TPU_POOL = "tpu-v6e-64-np"
 
@@ -96,6 +99,12 @@ def converted(sim, config):
     return {"run": run, "layout": layout, "jobset": js, "name": name}
 
 
+def test_status_reports_every_component_healthy(sim):
+    status = subprocess.run([REPO / "sim" / "status.sh"], capture_output=True, text=True)
+    assert status.returncode == 0, status.stdout
+    assert [line.split()[-1] for line in status.stdout.splitlines()[:8]] == ["healthy"] * 8
+
+
 def test_conversion_pod_completes_and_writes_a_committed_checkpoint(sim, converted):
     assert completed(converted["jobset"]), converted["jobset"]["status"]
     layout = converted["layout"]
@@ -108,6 +117,11 @@ def test_conversion_pod_completes_and_writes_a_committed_checkpoint(sim, convert
     assert items["use_ocdbt"] is False and items["use_zarr3"] is False
     leaves = {".".join(k["key"] for k in leaf["key_metadata"]) for leaf in items["tree_metadata"].values()}
     assert leaves and all(f"0/items/{leaf}/.zarray" in names for leaf in leaves)
+    # the pod's log is served through the API (kwok, from the emulator's Logs object)
+    pod = sim.pods(converted["name"])[0]
+    assert pod.spec.node_name.startswith("gke-tpu-rl-sim-cpu-np-")
+    log = sim.core.read_namespaced_pod_log(pod.metadata.name, "default", container="workload-container")
+    assert f"Conversion complete. Checkpoint saved to {out}0" in log
 
 
 def test_pathways_jobset_is_admitted_placed_and_completes(sim, config, converted, faults_api):
