@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stops the simulation: only the processes whose pids sim/up.sh recorded in .sim/pids, newest first.
-# State (.sim/data, pki, logs) is kept; `sim/down.sh --purge` also deletes .sim/data (etcd and GCS contents).
+# State (.sim/data, pki, logs) is kept; `sim/down.sh --purge` also deletes .sim/data (etcd and GCS
+# contents), the emulator's record of handled pods and the pod logs.
 set -uo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -20,6 +21,6 @@ for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
 done
 rm -f "$SIM/run/maxtext-emulator.heartbeat"
 if [ "${1:-}" = --purge ]; then
-  rm -rf "$SIM/data"
-  echo "deleted $SIM/data"
+  rm -rf "$SIM/data" "$SIM/run" "$SIM/podlogs"
+  echo "deleted $SIM/data, $SIM/run, $SIM/podlogs"
 fi
