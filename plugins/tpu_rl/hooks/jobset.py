@@ -195,7 +195,9 @@ class AsyncJobSetHook(LoggingMixin):
 
             return GKEKubernetesAsyncHook(
                 cluster_url=self.cluster_url,
-                ssl_ca_cert=self.ssl_ca_cert,
+                # A DNS endpoint has a public certificate, not the cluster CA's. google provider 19.x
+                # (Composer 3's Airflow 3.1) ignores use_dns_endpoint here and pins the CA anyway.
+                ssl_ca_cert=None if self.use_dns_endpoint else self.ssl_ca_cert,
                 use_dns_endpoint=self.use_dns_endpoint,
                 gcp_conn_id=self.gcp_conn_id,
                 impersonation_chain=self.impersonation_chain,
