@@ -48,3 +48,8 @@ bench: venv
 deploy-composer: venv
 	$(VENV)/bin/python scripts/deploy_composer.py --env "$(ENV)" --location "$(LOCATION)" \
 	  $(if $(PROJECT),--project "$(PROJECT)") $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(DRY_RUN),--dry-run)
+
+# Composer 3 compatibility: the DAG import and tests/unit on Airflow 3.1.7 (.venv-af31); see docs/compatibility.md.
+.PHONY: test-compat
+test-compat:
+	scripts/test-compat.sh
