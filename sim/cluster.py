@@ -57,7 +57,7 @@ def write_files():
 
 
 def api_client():
-    from kubernetes import client, config
+    from kubernetes import config
 
     return config.new_client_from_config(str(SIM / "kubeconfig"))
 

@@ -4,7 +4,6 @@ The session fixture starts the simulation with sim/up.sh when sim/status.sh says
 skips), and stops it at the end only if it started it.
 """
 
-import json
 import os
 import shlex
 import subprocess
@@ -115,12 +114,3 @@ def faults_api(sim):
 
     yield faults
     faults.clear_faults(sim.core)
-
-
-def jsonpath(obj, *keys):
-    for key in keys:
-        obj = obj[key]
-    return obj
-
-
-__all__ = ["Sim", "json", "jsonpath"]
