@@ -255,9 +255,19 @@ def check_hf_export(
 
 
 def training_record_changes(recorded: Mapping, current: Mapping) -> list[str]:
-    """The parameters that differ between a run's record and a resume, as ``"name: old -> new"``."""
+    """The parameters that differ between a run's record and a resume, as ``"name: old -> new"``.
+
+    Records written before the parameters were typed hold numbers as the strings Jinja rendered
+    (``"50"``): such a string equals the number it spells, so those runs still resume.
+    """
     return [
         f"{key}: {recorded.get(key)!r} -> {current.get(key)!r}"
         for key in sorted(set(recorded) | set(current))
-        if recorded.get(key) != current.get(key)
+        if not _same_recorded_value(recorded.get(key), current.get(key))
     ]
+
+
+def _same_recorded_value(recorded: object, current: object) -> bool:
+    if recorded == current:
+        return True
+    return isinstance(recorded, str) and not isinstance(current, (str, type(None))) and recorded == str(current)

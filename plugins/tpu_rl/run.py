@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tpu_rl.config import RunConfig
@@ -61,6 +61,38 @@ class RunIdentity:
         return f"tpu-{self.key}-{slice_index}"
 
 
+#: Name of the lock object next to the converted checkpoint's step folder (Orbax ignores non-step names).
+CONVERSION_LOCK_NAME = "_tpu_rl_conversion.lock"
+
+
+def conversion_id(config: RunConfig) -> str:
+    """The folder of a converted base checkpoint: the same for every run of the same model and settings."""
+    scan = "scanned" if config.scan_layers else "unscanned"
+    return f"{slug(config.hf_model_path.split('/')[-1])}-{scan}"
+
+
+def converted_prefix(config: RunConfig) -> str:
+    return f"{config.model_name}/max-text-format/{conversion_id(config)}/"
+
+
+def training_record(config: RunConfig) -> dict[str, Any]:
+    """The parameters a training run must keep across all its attempts, as plain JSON values.
+
+    ``train_rl`` resumes from the run's latest checkpoint and fast-forwards the data; a change in any of
+    these under the same run corrupts it silently. Both the ``check_training_record`` task and every
+    submission of ``train_rl`` compare them with the record stored next to the checkpoints.
+    """
+    return {
+        "model_name": config.model_name,
+        "load_parameters_path": f"{converted_prefix(config)}0/items/",
+        "num_batches": config.num_batches,
+        "batch_size": config.batch_size,
+        "dataset": config.effective_dataset,
+        "data_template_path": config.data_template_path,
+        "train_steps": config.train_steps,
+    }
+
+
 @dataclass(frozen=True)
 class GcsLayout:
     """Where each stage reads and writes, under ``gs://<bucket>/<model_name>/``.
@@ -81,17 +113,26 @@ class GcsLayout:
 
     @property
     def conversion_id(self) -> str:
-        scan = "scanned" if self.config.scan_layers else "unscanned"
-        return f"{slug(self.config.hf_model_path.split('/')[-1])}-{scan}"
+        return conversion_id(self.config)
 
     @property
     def converted_prefix(self) -> str:
         """Object prefix of the MaxText base checkpoint (``to_maxtext``'s base_output_directory)."""
-        return f"{self._model_prefix()}/max-text-format/{self.conversion_id}/"
+        return converted_prefix(self.config)
+
+    @property
+    def converted_step_prefix(self) -> str:
+        """The step folder the conversion writes and every run checks: ``.../0/``."""
+        return f"{self.converted_prefix}0/"
 
     @property
     def converted_items_prefix(self) -> str:
-        return f"{self.converted_prefix}0/items/"
+        return f"{self.converted_step_prefix}items/"
+
+    @property
+    def conversion_lock_object(self) -> str:
+        """The cross-run lock on the shared conversion: at most one run converts into ``converted_prefix``."""
+        return f"{self.converted_prefix}{CONVERSION_LOCK_NAME}"
 
     @property
     def training_prefix(self) -> str:

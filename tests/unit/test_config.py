@@ -132,3 +132,11 @@ def test_extra_train_args_cannot_override_own_params(tutorial_conf):
 def test_all_problems_are_reported_at_once(tutorial_conf):
     problems = problems_for(tutorial_conf, topology="7x9", gcs_bucket="BAD", hbm_utilization_vllm=2)
     assert {"topology", "gcs_bucket", "hbm_utilization_vllm"} <= set(problems)
+
+
+def test_training_record_holds_typed_values(tutorial_config):
+    from tpu_rl.run import GcsLayout, RunIdentity, training_record
+
+    record = training_record(tutorial_config)
+    assert record["num_batches"] == 50 and record["batch_size"] == 4 and record["train_steps"] == 50
+    assert record["load_parameters_path"] == GcsLayout(tutorial_config, RunIdentity("d", "r")).converted_items_prefix
