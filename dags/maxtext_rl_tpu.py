@@ -9,7 +9,7 @@ The tutorial *Run multi-host RL training for Qwen3-30b-a3b on TPU v6e* as one pi
 | `ensure_bucket` | `gcloud storage buckets create` |
 | `create_cluster`, `wait_for_cluster` | `gcluster deploy gke-tpu-v6e-advanced.yaml` (system and CPU pools) |
 | `ensure_jobset`, `hf_token_secret` | what the blueprint installs; `HF_TOKEN` as a Kubernetes Secret |
-| `check_converted`, `hf_to_maxtext`, `verify_converted` | `gcluster job submit --name qwen-hf-to-mt` (skipped when already converted) |
+| `hf_to_maxtext`, `verify_converted` | `gcluster job submit --name qwen-hf-to-mt` (skipped when already converted; one run at a time converts) |
 | `check_training_record`, `create_tpu_pools`, `train_rl`, `delete_tpu_pools` | `gcluster job submit --pathways` on the 8x8 slice |
 | `verify_training` | `gcloud storage ls .../checkpoints/actor/` (final step resolved, not assumed) |
 | `maxtext_to_hf`, `verify_export`, `publish_export` | `gcluster job submit --name qwen-mt-to-hf` |
@@ -34,7 +34,7 @@ from tpu_rl.operators.cluster import (
     DeleteClusterOperator,
     DeleteTpuNodePoolsOperator,
 )
-from tpu_rl.operators.outputs import PublishHfExportOperator, SkipIfCheckpointCompleteOperator, TrainingRecordCheckOperator
+from tpu_rl.operators.outputs import PublishHfExportOperator
 from tpu_rl.operators.setup import (
     CreateHfTokenSecretOperator,
     EnsureBucketOperator,
@@ -43,7 +43,14 @@ from tpu_rl.operators.setup import (
 )
 from tpu_rl.params import DAG_ID, trigger_params
 from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
-from tpu_rl.workloads import XCOM_ATTEMPT_PREFIX, XCOM_SUBMITTED_AT, HfToMaxTextOperator, MaxTextToHfOperator, TrainRlOperator
+from tpu_rl.workloads import (
+    XCOM_ATTEMPT_PREFIX,
+    XCOM_SUBMITTED_AT,
+    HfToMaxTextOperator,
+    MaxTextToHfOperator,
+    RunTrainingRecordCheckOperator,
+    TrainRlOperator,
+)
 
 #: Downstream DAGs (serving, evaluation) schedule on this; each event's extra has uri, final_step, source_run.
 EXPORTED_MODEL = Asset(name="maxtext_rl_tpu_hf_model")
@@ -74,34 +81,20 @@ with DAG(
     jobset = EnsureJobSetOperator(task_id="ensure_jobset")
     token = CreateHfTokenSecretOperator(task_id="hf_token_secret")
 
-    check_converted = SkipIfCheckpointCompleteOperator(
-        task_id="check_converted", bucket=BUCKET, prefix=f"{{{{ {LAYOUT}.converted_prefix }}}}0/", gcp_conn_id=GCP_CONN
-    )
+    # Skips when the shared base checkpoint is complete; else converts under a lock in the bucket, or waits
+    # (deferred) while another run converts it.
     hf_to_maxtext = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4))
     verify_converted = OrbaxCheckpointSensor(
         task_id="verify_converted",
         trigger_rule="none_failed",
         bucket=BUCKET,
-        prefix=f"{{{{ {LAYOUT}.converted_prefix }}}}0/",
+        prefix=f"{{{{ {LAYOUT}.converted_step_prefix }}}}",
         gcp_conn_id=GCP_CONN,
         timeout=timedelta(minutes=30),
     )
 
-    check_training_record = TrainingRecordCheckOperator(
-        task_id="check_training_record",
-        bucket=BUCKET,
-        record_object=f"{{{{ {LAYOUT}.training_record_object }}}}",
-        parameters={
-            "model_name": "{{ params.model_name }}",
-            "load_parameters_path": f"{{{{ {LAYOUT}.converted_items_prefix }}}}",
-            "num_batches": "{{ params.num_batches }}",
-            "batch_size": "{{ params.batch_size }}",
-            "dataset": "{{ run_config(params).effective_dataset }}",
-            "data_template_path": "{{ params.data_template_path }}",
-            "train_steps": "{{ run_config(params).train_steps }}",
-        },
-        gcp_conn_id=GCP_CONN,
-    )
+    # Fails the run before TPU pools exist; train_rl repeats the same check before every submission.
+    check_training_record = RunTrainingRecordCheckOperator(task_id="check_training_record")
     create_tpu_pools = CreateTpuNodePoolsOperator(task_id="create_tpu_pools", execution_timeout=timedelta(hours=2))
     train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
     delete_tpu_pools = DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", **CLEANUP_RETRIES)
@@ -142,7 +135,7 @@ with DAG(
 
     (
         validate >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
-        >> check_converted >> hf_to_maxtext >> verify_converted
+        >> hf_to_maxtext >> verify_converted
         >> check_training_record >> create_tpu_pools >> train >> verify_training
         >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]
     )

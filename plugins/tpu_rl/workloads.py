@@ -1,12 +1,23 @@
 """The pipeline's three workloads: the JobSet operator, aimed at the run's cluster, with its manifest built
-from the run's validated config at execute time."""
+from the run's validated config at execute time; and the guards around them (the cross-run lock on the
+shared conversion, the training record checked before every training submission)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
+
+try:
+    from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskDeferred
+except ImportError:  # Airflow 3.1 (Composer 3): these live only in airflow.exceptions; 3.3 moved them to the SDK
+    from airflow.exceptions import AirflowException, AirflowSkipException, TaskDeferred
 
 from tpu_rl import manifests
 from tpu_rl.operators.jobset import ANNOTATION_SUBMITTED_TRY, JobSetOperator
+from tpu_rl.operators.outputs import TrainingRecordCheckOperator, check_training_record
+from tpu_rl.run import training_record
 from tpu_rl.run_context import config_of, layout_of, run_of
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
@@ -36,13 +47,235 @@ class RunJobSetOperator(JobSetOperator):
 
 
 class HfToMaxTextOperator(RunJobSetOperator):
+    """Converts the Hugging Face checkpoint into the base checkpoint that runs of the same model and
+    conversion settings share, unless it is already complete; at most one DAG run converts at a time.
+
+    - The step folder ``.../0/`` is complete: skip (the reason is in the task log).
+    - Else take the lock ``<converted_prefix>_tpu_rl_conversion.lock`` (:class:`~tpu_rl.operators.outputs.GcsLock`;
+      re-entrant for later tries of the same run and task), then submit or adopt this run's JobSet as
+      any JobSetOperator does. The lock is released once that JobSet has ended: Completed, Failed or
+      deleted (a kill or ``execution_timeout`` deletes it first). While the JobSet may still run, it stays.
+    - Another run holds the lock: wait deferred until the step is complete (skip: converted by that run),
+      the lock is released (try again) or it is stale (older than its holder's ``execution_timeout`` plus
+      ``lock_stale_margin``: take it over).
+
+    :param lock_poll_interval: seconds between checks while another run converts.
+    :param lock_stale_margin: added to ``execution_timeout`` (or to a day without one) to make the age
+        after which this task's lock counts as abandoned.
+    :param items: item folders of the converted step.
+    """
+
+    def __init__(
+        self,
+        *,
+        lock_poll_interval: float = 60,
+        lock_stale_margin: timedelta = timedelta(minutes=30),
+        items: Sequence[str] = ("items",),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.lock_poll_interval = lock_poll_interval
+        self.lock_stale_margin = lock_stale_margin
+        self.items = list(items)
+        self._context: Any = None
+
     def build_manifest(self, context: Any) -> dict:
         return manifests.hf_to_maxtext_jobset(config_of(context), run_of(context))
 
+    # -- the lock ---------------------------------------------------------------------------------
+
+    @property
+    def stale_after(self) -> float:
+        limit = self.execution_timeout or timedelta(days=1)
+        return (limit + self.lock_stale_margin).total_seconds()
+
+    def _lock(self, context: Any):
+        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+        from tpu_rl.operators.outputs import GcsLock
+
+        config, ti = config_of(context), context["ti"]
+        client = GCSHook(gcp_conn_id=config.gcp_conn_id).get_conn()
+        owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
+        return GcsLock(
+            client, config.gcs_bucket, layout_of(context).conversion_lock_object, owner, self.stale_after, self.log
+        )
+
+    def _step(self, context: Any) -> tuple[str, Any]:
+        from tpu_rl.operators.outputs import orbax_step_verdict
+
+        config = config_of(context)
+        return orbax_step_verdict(
+            config.gcs_bucket, layout_of(context).converted_step_prefix, self.items, config.gcp_conn_id
+        )
+
+    def _skip(self, context: Any, reason: str) -> None:
+        self._lock(context).release()  # An earlier try of ours converted it, then died before releasing.
+        raise AirflowSkipException(reason)
+
+    # -- execution --------------------------------------------------------------------------------
+
+    def execute(self, context: Any) -> dict | None:
+        return self._convert_or_wait(context, previous_holder=None)
+
+    def _convert_or_wait(self, context: Any, previous_holder: dict | None) -> dict | None:
+        uri, verdict = self._step(context)
+        if verdict.complete:
+            self._skip(context, self._skip_reason(uri, previous_holder))
+        self.log.info("%s must be (re)built: %s", uri, verdict.describe())
+        lock = self._lock(context)
+        acquired, state = lock.acquire()
+        if not acquired:
+            self.log.info(
+                "%s is held by %s: waiting (deferred) until that conversion ends; this lock counts as stale "
+                "%.0f s after it was written", lock.uri, state.describe(), state.stale_after(self.stale_after),
+            )
+            self._wait_for_holder(context, lock, state.holder)
+        try:
+            uri, verdict = self._step(context)  # Completed by another run between the first check and the lock?
+        except Exception:
+            lock.release()
+            raise
+        if verdict.complete:
+            self._skip(context, self._skip_reason(uri, previous_holder))
+        return self._run_conversion(context)
+
+    def _skip_reason(self, uri: str, holder: dict | None) -> str:
+        if holder:
+            return (
+                f"{uri} was converted by run {holder.get('run_id')} (DAG {holder.get('dag_id')}, task "
+                f"{holder.get('task_id')}, try {holder.get('try_number')}) while this run waited for its lock: "
+                "skipping the conversion"
+            )
+        return f"{uri} is already a complete checkpoint: skipping the conversion"
+
+    def _wait_for_holder(self, context: Any, lock: Any, holder: dict) -> None:
+        from tpu_rl.triggers.checkpoints import ConversionLockTrigger
+
+        config, remaining = config_of(context), self._remaining_time(context)
+        # The trigger gives up a minute before the task's own limit, with a message naming the holder.
+        deadline = time.time() + (remaining.total_seconds() - 60 if remaining else 10 * 365 * 86400)
+        self.defer(
+            trigger=ConversionLockTrigger(
+                config.gcs_bucket,
+                layout_of(context).converted_step_prefix,
+                items=self.items,
+                lock_object=lock.name,
+                holder=holder,
+                stale_after=self.stale_after,
+                deadline=deadline,
+                poll_interval=self.lock_poll_interval,
+                gcp_conn_id=config.gcp_conn_id,
+            ),
+            method_name="lock_wait_complete",
+            timeout=remaining,
+        )
+
+    def lock_wait_complete(self, context: Any, event: dict[str, Any]) -> dict | None:
+        holder = event.get("holder") or {}
+        if event["status"] == "complete":
+            self._skip(context, self._skip_reason(event["uri"], holder))
+        if event["status"] == "incomplete":
+            raise AirflowException(
+                f"Gave up waiting for the conversion of run {holder.get('run_id')} (task {holder.get('task_id')}, "
+                f"try {holder.get('try_number')}) before this try's execution_timeout; a retry waits again, and "
+                f"takes the lock over once it is stale. Last check: {event.get('message')}"
+            )
+        self.log.info("The lock of run %s is %s: trying again", holder.get("run_id"), event["status"])
+        return self._convert_or_wait(context, previous_holder=holder)
+
+    def _run_conversion(self, context: Any) -> dict | None:
+        """Submit or adopt this run's JobSet (the JobSetOperator's execute), holding the lock."""
+        self._context = context
+        try:
+            result = super().execute(context)
+        except TaskDeferred:
+            raise
+        except BaseException:
+            self._release_unless_running(context)
+            raise
+        self._lock(context).release()  # Already Completed (adopted from an earlier try).
+        return result
+
+    def _release_unless_running(self, context: Any) -> None:
+        """After a failed submit/adopt: release unless this run's JobSet may still be writing."""
+        from tpu_rl import jobset_status as st
+
+        try:
+            manifest = self.build_manifest(context)
+            meta = manifest["metadata"]
+            jobset = self.hook.get_jobset(meta["name"], meta.get("namespace") or self.namespace)
+        except Exception as error:  # Cannot tell: keep the lock (a retry re-enters it; else it goes stale).
+            self.log.warning("Keeping the conversion lock: could not read this run's JobSet (%s)", error)
+            return
+        if jobset is None or st.terminal_condition(jobset) is not None:
+            self._lock(context).release()
+        else:
+            self.log.warning("Keeping the conversion lock: JobSet %s still runs", jobset["metadata"]["name"])
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict:
+        """The JobSet ended (completed, failed or deleted): in every case it writes no more; release."""
+        try:
+            return super().execute_complete(context, event)
+        finally:
+            self._lock(context).release()
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any):
+        self._context = context
+        return super().resume_execution(next_method, next_kwargs, context)
+
+    def on_kill(self) -> None:
+        """Killed or timed out: the JobSetOperator deletes the JobSet; once it is gone, release the lock."""
+        super().on_kill()
+        t, context = self.tracked, self._context
+        if not (self.delete_on_kill and t and context):
+            return  # No JobSet of ours known to be gone: the lock stays (a retry re-enters it, or it goes stale).
+        try:
+            self.hook.wait_until_gone(t["name"], t["namespace"], t["uid"], timeout=min(self.deletion_timeout, 30))
+            self._lock(context).release()
+        except Exception as error:
+            self.log.warning("Keeping the conversion lock: JobSet %s is not gone yet (%s)", t["name"], error)
+
 
 class TrainRlOperator(RunJobSetOperator):
+    """Trains; before it submits a new JobSet (not when it adopts a running or Completed one) it checks the
+    run's training record, so a retry or a clear of ``train_rl`` never resumes with changed parameters."""
+
     def build_manifest(self, context: Any) -> dict:
         return manifests.training_jobset(config_of(context), run_of(context))
+
+    def execute(self, context: Any) -> dict | None:
+        from tpu_rl import jobset_status as st
+
+        self._aim(context)
+        meta = self.build_manifest(context)["metadata"]
+        existing = self.hook.get_jobset(meta["name"], meta.get("namespace") or self.namespace)
+        condition = st.terminal_condition(existing) if existing else None
+        adopting = existing is not None and not existing["metadata"].get("deletionTimestamp") and (
+            condition is None or condition["type"] == st.COMPLETED
+        )
+        if not adopting:
+            config = config_of(context)
+            check_training_record(
+                config.gcs_bucket, layout_of(context).training_record_object, training_record(config), self.log,
+                config.gcp_conn_id,
+            )
+        return super().execute(context)
+
+
+class RunTrainingRecordCheckOperator(TrainingRecordCheckOperator):
+    """``check_training_record`` of the DAG: the run's bucket, record object and :func:`~tpu_rl.run.training_record`
+    (typed values), filled in when the task renders, so the Rendered Template view shows them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(bucket="", record_object="", parameters={}, **kwargs)
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        super().render_template_fields(context, jinja_env)
+        config = config_of(context)
+        self.bucket, self.gcp_conn_id = config.gcs_bucket, config.gcp_conn_id
+        self.record_object = layout_of(context).training_record_object
+        self.parameters = training_record(config)
 
 
 class MaxTextToHfOperator(RunJobSetOperator):

@@ -14,15 +14,11 @@ from datetime import datetime, timezone
 
 import pytest
 from airflow.sdk import Asset
-from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException, TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from checkpoint_writers import put, write_hf_export, write_orbax_step
-from tpu_rl.operators.outputs import (
-    PublishHfExportOperator,
-    SkipIfCheckpointCompleteOperator,
-    TrainingRecordCheckOperator,
-)
+from tpu_rl.operators.outputs import PublishHfExportOperator, TrainingRecordCheckOperator
 from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
 from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
 
@@ -207,20 +203,7 @@ def test_export_sensor_refuses_an_unrendered_attempt(bucket):
         export_sensor(bucket, not_before="None").execute({})
 
 
-# --- Skip, record, publish ---------------------------------------------------------------------
-
-
-def test_conversion_is_skipped_on_a_second_run(bucket):
-    check = SkipIfCheckpointCompleteOperator(task_id="check_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/")
-    check.execute({})  # First run: nothing there, so the conversion goes ahead.
-    write_orbax_step(bucket, f"{CONVERTED}0/")  # What the conversion writes.
-    with pytest.raises(AirflowSkipException, match="0/ is already a complete checkpoint: skipping the conversion"):
-        check.execute({})
-
-
-def test_half_written_conversion_is_not_skipped(bucket):
-    write_orbax_step(bucket, f"{CONVERTED}0/", commit=False)
-    SkipIfCheckpointCompleteOperator(task_id="check_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/").execute({})
+# --- Record, publish (the conversion's skip and lock: test_conversion_lock.py) ----------------------
 
 
 def test_resume_with_changed_num_batches_is_refused(bucket):
@@ -242,6 +225,21 @@ def test_resume_with_changed_num_batches_is_refused(bucket):
         check(num_batches=8)
     assert "num_batches: 4 -> 8" in str(error.value)
     assert "batch_size" not in str(error.value)
+
+
+def test_record_from_before_typed_parameters_still_resumes(bucket):
+    """Records written while the DAG rendered the parameters with Jinja hold "50", not 50."""
+    record = "qwen3-30b-a3b/trained/manual-run-1a2b3c4d/rl/tpu_rl_training_record.json"
+    put(bucket, record, {"parameters": {"num_batches": "50", "batch_size": "4", "dataset": "openai/gsm8k"}})
+
+    def check(**parameters):
+        return TrainingRecordCheckOperator(
+            task_id="check_training_record", bucket=bucket.name, record_object=record, parameters=parameters
+        ).execute({})
+
+    check(num_batches=50, batch_size=4, dataset="openai/gsm8k")
+    with pytest.raises(AirflowFailException, match="num_batches: '50' -> 60"):
+        check(num_batches=60, batch_size=4, dataset="openai/gsm8k")
 
 
 def test_publish_replaces_stale_files_and_emits_the_asset_event(bucket):

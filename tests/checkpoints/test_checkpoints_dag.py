@@ -5,20 +5,70 @@ as a database row."""
 from __future__ import annotations
 
 import json
+import time
+from functools import cached_property
 
 import pytest
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Asset, task
 
 from checkpoint_writers import write_hf_export, write_orbax_step
-from tpu_rl.operators.outputs import PublishHfExportOperator, SkipIfCheckpointCompleteOperator
+from conversion_fakes import InMemoryJobSets, jobset_event, layout, run_conf
+from tpu_rl.operators.jobset import XCOM_JOBSET
+from tpu_rl.operators.outputs import PublishHfExportOperator
 from tpu_rl.sensors.checkpoints import HfExportSensor, OrbaxCheckpointSensor
+from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
+from tpu_rl.workloads import HfToMaxTextOperator
 
 pytestmark = pytest.mark.checkpoints
 
-CONVERTED_STEP = "m/max-text-format/conv/0/"
 FINAL = "m/hf-trained/run/"
 DAG_ID = "tpu_rl_checkpoints_flow_test"
+
+
+class ConversionWithoutCluster(HfToMaxTextOperator):
+    """The DAG's hf_to_maxtext (checkpoint check, lock, submit, deferred wait, release) with the cluster
+    replaced: submitting the JobSet writes the checkpoint its pod would write, and the deferred wait for the
+    JobSet (``JobSetOperator._defer``) is a wait in the triggerer for that checkpoint. The JobSet operator
+    against a real API server is tested in tests/jobset."""
+
+    def __init__(self, *, bucket_name: str, **kwargs):
+        super().__init__(**kwargs)
+        self.bucket_name = bucket_name
+
+    @cached_property
+    def hook(self):
+        cluster = InMemoryJobSets()
+        create = cluster.create_jobset
+
+        def create_and_convert(body, namespace):
+            write_orbax_step(GcsBucket.of(self.bucket_name), layout(self.bucket_name).converted_step_prefix)
+            return create(body, namespace)
+
+        cluster.create_jobset = create_and_convert
+        return cluster
+
+    def _defer(self, context, jobset):
+        self.defer(
+            trigger=OrbaxStepCompleteTrigger(
+                self.bucket_name, layout(self.bucket_name).converted_step_prefix, items=["items"],
+                deadline=time.time() + 60, poll_interval=1,
+            ),
+            method_name="checkpoint_written",
+        )
+
+    def checkpoint_written(self, context, event):
+        tracked = context["ti"].xcom_pull(task_ids=self.task_id, key=XCOM_JOBSET)
+        return self.execute_complete(context, jobset_event(tracked, "success"))
+
+
+class GcsBucket:
+    @staticmethod
+    def of(name):
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(project="test", credentials=AnonymousCredentials()).bucket(name)
 
 
 @pytest.fixture
@@ -31,15 +81,11 @@ def no_leftover_dag():
 
 
 def build_dag(bucket, asset):
-    with DAG(dag_id=DAG_ID, schedule=None) as dag:
-        check = SkipIfCheckpointCompleteOperator(task_id="check_converted", bucket=bucket.name, prefix=CONVERTED_STEP)
-
-        @task
-        def hf_to_maxtext():
-            write_orbax_step(bucket, CONVERTED_STEP)
-
+    converted_step = layout(bucket.name).converted_step_prefix
+    with DAG(dag_id=DAG_ID, schedule=None, params=run_conf(bucket.name)) as dag:
+        hf_to_maxtext = ConversionWithoutCluster(task_id="hf_to_maxtext", bucket_name=bucket.name)
         verify_converted = OrbaxCheckpointSensor(
-            task_id="verify_converted", trigger_rule="none_failed", bucket=bucket.name, prefix=CONVERTED_STEP,
+            task_id="verify_converted", trigger_rule="none_failed", bucket=bucket.name, prefix=converted_step,
             poke_interval=1, timeout=60,
         )
 
@@ -59,7 +105,7 @@ def build_dag(bucket, asset):
             task_id="publish_export", bucket=bucket.name, source_prefix="{{ " + attempt.format("attempt_prefix") + " }}",
             destination_prefix=FINAL, asset=asset, final_step="50", source_run=f"gs://{bucket.name}/m/trained/run/",
         )
-        check >> hf_to_maxtext() >> verify_converted >> maxtext_to_hf() >> verify_export >> publish
+        hf_to_maxtext >> verify_converted >> maxtext_to_hf() >> verify_export >> publish
         publish >> EmptyOperator(task_id="done")
     _sync_to_db(dag)
     return dag
@@ -90,9 +136,10 @@ def test_second_run_skips_the_conversion_and_each_publish_emits_an_asset_event(b
         states.append({ti.task_id: ti.state for ti in run.get_task_instances()})
         assert run.state == "success", states[-1]
 
-    assert states[0]["check_converted"] == "success" and states[0]["hf_to_maxtext"] == "success"
-    assert states[1]["check_converted"] == "skipped" and states[1]["hf_to_maxtext"] == "skipped"
+    assert states[0]["hf_to_maxtext"] == "success"  # Locked, converted (deferred), released.
+    assert states[1]["hf_to_maxtext"] == "skipped"  # The checkpoint is complete.
     assert states[1]["verify_converted"] == "success"
+    assert bucket.get_blob(layout(bucket.name).conversion_lock_object) is None
     with create_session() as session:
         events = (
             session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)

@@ -30,7 +30,18 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     from airflow.utils.dag_cycle_tester import check_cycle
 
     check_cycle(dag)
-    assert len(dag.tasks) == 20
+    assert len(dag.tasks) == 19
+
+
+def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):
+    """hf_to_maxtext skips a complete checkpoint itself (no separate check task); the record's values are typed."""
+    from tpu_rl.workloads import RunTrainingRecordCheckOperator
+
+    assert "check_converted" not in dag.task_ids
+    assert [t.task_id for t in dag.get_task("hf_to_maxtext").upstream_list] == ["hf_token_secret"]
+    assert dag.get_task("verify_converted").trigger_rule == "none_failed"
+    assert isinstance(dag.get_task("check_training_record"), RunTrainingRecordCheckOperator)
+    assert [t.task_id for t in dag.get_task("create_tpu_pools").upstream_list] == ["check_training_record"]
 
 
 def test_every_task_retries_and_has_a_time_limit(dag):

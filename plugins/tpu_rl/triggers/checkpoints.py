@@ -10,12 +10,13 @@ list of problems: the task then fails with what is missing instead of a bare def
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from aiohttp import ClientError, ClientSession
+from aiohttp import ClientError, ClientResponseError, ClientSession
 from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -111,6 +112,10 @@ class GcsOutputTrigger(BaseTrigger):
         """Check the output once; return the verdict and what the event should carry when complete."""
         raise NotImplementedError
 
+    def other_event(self, found: dict[str, Any]) -> dict[str, Any] | None:
+        """An event (with its ``status``) that ends the wait before the output is complete; None: keep waiting."""
+        return None
+
     async def check(self) -> tuple[Verdict, dict[str, Any]]:
         """One check in a fresh HTTP session (also used by sensors in poke mode and by operators)."""
         if self._hook is None:
@@ -127,6 +132,9 @@ class GcsOutputTrigger(BaseTrigger):
                 verdict, found = Verdict((f"could not read {self.uri}: {error!r}",)), {}
             if verdict.complete:
                 yield TriggerEvent({"status": "complete", "uri": self.uri, **found})
+                return
+            if (other := self.other_event(found)) is not None:
+                yield TriggerEvent({"uri": self.uri, **other})
                 return
             if time.time() >= self.deadline:
                 message = f"{self.uri} is incomplete: {verdict.describe()}"
@@ -161,6 +169,76 @@ class OrbaxStepCompleteTrigger(GcsOutputTrigger):
     async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
         label = self.prefix.rstrip("/").rsplit("/", 1)[-1] + "/"
         return await _probe_orbax_step(reader, self.prefix, label, self.items), {}
+
+
+class ConversionLockTrigger(OrbaxStepCompleteTrigger):
+    """Waits while another DAG run holds the lock on a shared conversion (see ``tpu_rl.operators.outputs.GcsLock``).
+
+    Each poll reads the lock object, then the step folder. Events: ``complete`` (the step is whole: the
+    holder converted it; ``holder`` is the last lock seen), ``released`` (the lock is gone and the step
+    is not whole: the holder failed, try again), ``stale`` (the lock is older than its
+    ``stale_after_seconds``: take it over), or ``incomplete`` at the deadline.
+
+    :param lock_object: the lock's object name in the bucket.
+    :param holder: the lock's JSON when the task deferred.
+    :param stale_after: seconds after which a lock that names no limit of its own counts as stale.
+    """
+
+    def __init__(
+        self, bucket: str, prefix: str, *, lock_object: str, holder: dict[str, Any], stale_after: float, **kwargs: Any
+    ) -> None:
+        super().__init__(bucket, prefix, **kwargs)
+        self.lock_object = lock_object
+        self.holder = dict(holder)
+        self.stale_after = stale_after
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{__name__}.{type(self).__name__}", {
+            **self._common_kwargs(),
+            "items": self.items,
+            "lock_object": self.lock_object,
+            "holder": self.holder,
+            "stale_after": self.stale_after,
+        }
+
+    async def _read_lock(self, reader: GcsReader) -> tuple[dict[str, Any], datetime] | None:
+        page = await reader.storage.list_objects(self.bucket, params={"prefix": self.lock_object})
+        item = next((i for i in page.get("items", []) if i["name"] == self.lock_object), None)
+        if item is None:
+            return None
+        try:
+            holder = json.loads(await reader.read(self.lock_object))
+        except ClientResponseError as error:
+            if error.status == 404:
+                return None
+            raise
+        except ValueError:
+            holder = {}
+        return (holder if isinstance(holder, dict) else {}), _parse_time(item.get("updated") or item["timeCreated"])
+
+    async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
+        lock = await self._read_lock(reader)  # Before the step: a holder deletes its lock only after it converted.
+        if lock is not None and lock[0] != self.holder:
+            self.log.info("%s is now held by %s", self.lock_object, lock[0])
+            self.holder = lock[0]
+        verdict, _ = await super().probe(reader)
+        found: dict[str, Any] = {"holder": self.holder, "lock": "held"}
+        if lock is None:
+            found["lock"] = "released"
+        else:
+            age = (datetime.now(timezone.utc) - lock[1]).total_seconds()
+            try:
+                limit = float(lock[0].get("stale_after_seconds") or self.stale_after)
+            except (TypeError, ValueError):
+                limit = self.stale_after
+            if age > limit:
+                found.update(lock="stale", age=age)
+        return verdict, found
+
+    def other_event(self, found: dict[str, Any]) -> dict[str, Any] | None:
+        if found.get("lock") in ("released", "stale"):
+            return {"status": found["lock"], **found}
+        return None
 
 
 class FinalTrainingCheckpointTrigger(GcsOutputTrigger):
