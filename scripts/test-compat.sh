@@ -48,7 +48,7 @@ PY
 export AIRFLOW_HOME=$repo/.airflow-af31 AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=$af31_url
 source scripts/airflow-env.sh
 export PATH=$repo/$VENV/bin:$PATH
-echo "Airflow $(python -c 'import airflow; print(airflow.__version__)') on database $DB"
+echo "Airflow $(python -c 'import airflow; print(airflow.__version__)' 2>/dev/null) on database $DB"
 log=$(mktemp)
 airflow db migrate >"$log" 2>&1 || { cat "$log"; exit 1; }
 
