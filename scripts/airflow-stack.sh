@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # A local Airflow like a deployment's: api-server (UI and REST API), scheduler, dag-processor and
-# triggerer on the PostgreSQL metadata database, with the LocalExecutor.
+# triggerer on a PostgreSQL metadata database of its own (scripts/postgres.sh must run), LocalExecutor.
 #   start: starts what is not running (idempotent); stop: stops what start started; status.
 # Connections come from the environment (source .sim/airflow.env first to aim it at the simulation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
 STATE=$AIRFLOW_HOME/stack
+# Its own database: test processes run dag.test() on the main one, and a scheduler would pick those runs up.
+DB=airflow_stack
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=$(scripts/postgres.sh url $DB)
 PORT=${TPU_RL_AIRFLOW_PORT:-18080}
 COMPONENTS=(api-server scheduler dag-processor triggerer)
 mkdir -p "$STATE"
@@ -30,6 +33,8 @@ running() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/nu
 
 case "${1:-}" in
   start)
+    scripts/postgres.sh ensure-db $DB
+    airflow db migrate >/dev/null
     for c in "${COMPONENTS[@]}"; do
       if running "$c"; then echo "airflow $c already running (pid $(cat "$STATE/$c.pid"))"; continue; fi
       setsid airflow "$c" > "$STATE/$c.log" 2>&1 &

@@ -2,7 +2,8 @@
 # The Airflow metadata database for tests and the demo: a PostgreSQL cluster on 127.0.0.1.
 # Its data lives under /tmp, keyed by the checkout's path: the postgres user may not be able to enter
 # the checkout (a clone in a private temporary folder), and two checkouts must not share a database.
-# start: creates and starts it if it does not run (prints "started" only then); stop: stops it.
+# start: creates and starts it if it does not run (prints "started" only then); stop: stops it;
+# ensure-db NAME: creates a database; url [DB]: its SQLAlchemy URL (default database: airflow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PGROOT=/tmp/tpu-rl-pg-$(printf %s "$PWD" | cksum | cut -d' ' -f1)
@@ -18,6 +19,12 @@ install_if_missing() {
   PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 }
 
+ensure_db() {
+  if ! as_postgres "$PGBIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -tAc "select 1 from pg_database where datname='$1'" | grep -q 1; then
+    as_postgres "$PGBIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -qc "create database \"$1\""
+  fi
+}
+
 case "${1:-}" in
   start)
     install_if_missing
@@ -31,16 +38,17 @@ case "${1:-}" in
     fi
     as_postgres "$PGBIN/pg_ctl" -D "$PGDATA" -l "$PGDATA/server.log" -w \
       -o "-c listen_addresses=127.0.0.1 -p $PORT -k $PGDATA -c fsync=off -c max_connections=200" start >/dev/null
-    if ! as_postgres "$PGBIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -tAc "select 1 from pg_database where datname='airflow'" | grep -q 1; then
-      as_postgres "$PGBIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -qc "create database airflow"
-    fi
+    ensure_db airflow
     echo "started PostgreSQL on 127.0.0.1:$PORT"
+    ;;
+  ensure-db)
+    ensure_db "${2:?usage: $0 ensure-db NAME}"
     ;;
   stop)
     [ -n "$PGBIN" ] && [ -f "$PGDATA/PG_VERSION" ] && as_postgres "$PGBIN/pg_ctl" -D "$PGDATA" -m fast stop >/dev/null 2>&1 || true
     ;;
   url)
-    echo "postgresql+psycopg2://postgres@127.0.0.1:$PORT/airflow"
+    echo "postgresql+psycopg2://postgres@127.0.0.1:$PORT/${2:-airflow}"
     ;;
-  *) echo "usage: $0 start|stop|url" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|ensure-db NAME|url [DB]" >&2; exit 2 ;;
 esac

@@ -1,13 +1,8 @@
-import json
-from pathlib import Path
-
 import pytest
 
 from tpu_rl.config import RunConfig
 from tpu_rl.run import RunIdentity
-
-REPO = Path(__file__).resolve().parents[2]
-TUTORIAL_CONF = json.loads((REPO / "include/examples/tutorial.json").read_text())
+from tpu_rl_testing import TUTORIAL_CONF
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ except ImportError:  # Airflow 3.1 (Composer 3); later versions moved DagBag to 
     from airflow.models.dagbag import DagBag
 from airflow.exceptions import AirflowException
 
-from conftest import REPO, TUTORIAL_CONF
+from tpu_rl_testing import REPO, TUTORIAL_CONF
 
 WORK = ["ensure_bucket", "hf_to_maxtext", "train_rl", "maxtext_to_hf", "publish_export"]
 

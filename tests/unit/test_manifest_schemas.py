@@ -17,7 +17,7 @@ from google.cloud.container_v1 import Cluster, NodePool
 from tpu_rl.config import RunConfig
 from tpu_rl.plan import plan_documents
 
-from conftest import REPO
+from tpu_rl_testing import REPO
 
 KUBERNETES_VERSION = "1.34.0"
 VARIANTS = {

@@ -9,7 +9,7 @@ import yaml
 from tpu_rl.plan import plan_documents, render
 from tpu_rl.run import RunIdentity
 
-from conftest import REPO
+from tpu_rl_testing import REPO
 
 
 def _by_kind(docs):
