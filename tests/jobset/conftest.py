@@ -1,7 +1,7 @@
 """Fixtures for the JobSet operator against the simulated cluster (marker ``jobset``).
 
 The session fixture starts the simulation with sim/up.sh when sim/status.sh says it is not up (never
-skips) and stops it at the end only if it started it. Airflow reaches the cluster through the
+skips) and stops it at the end only if it was down before. Airflow reaches the cluster through the
 connection ``tpu_rl_sim`` (``AIRFLOW_CONN_TPU_RL_SIM`` from .sim/airflow.env).
 """
 
@@ -16,10 +16,12 @@ from jobset_helpers import REPO, SIM_DIR, Cluster, read_env
 
 @pytest.fixture(scope="session")
 def sim() -> Cluster:
-    started = False
-    if subprocess.run([REPO / "sim" / "status.sh"], capture_output=True).returncode != 0:
+    status = subprocess.run([REPO / "sim" / "status.sh"], capture_output=True, text=True)
+    # Stop it at the end only if it was down: an unhealthy component of a running sim (e.g. a stale
+    # heartbeat under load) is restarted by up.sh but the sim is someone else's to stop.
+    started = any(line.startswith("kube-apiserver") and "STOPPED" in line for line in status.stdout.splitlines())
+    if status.returncode != 0:
         subprocess.run([REPO / "sim" / "up.sh"], check=True)
-        started = True
     env = read_env(SIM_DIR / "airflow.env")
     os.environ.update({k: v for k, v in env.items() if k.startswith("AIRFLOW_CONN_")})
     yield Cluster(env["KUBECONFIG"])

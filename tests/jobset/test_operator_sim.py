@@ -51,7 +51,7 @@ def test_success_streams_log_and_a_retry_does_not_resubmit(sim, capfd):
     result = run_operator(operator(tpu_jobset(name, run_seconds=4)), context_for(ti))
 
     assert result["state"] == "Completed" and result["restarts"] == 0
-    assert any("simulated workload in pod" in line for line in result["log_tail"])
+    assert any("[simulated] workload-container started on" in line for line in result["log_tail"])
     assert f"[{name}-main-job-0-0-" in capfd.readouterr().out  # streamed live, from the index-0 pod
     (jobset,) = sim.jobsets(name)
     meta = jobset["metadata"]
@@ -74,7 +74,7 @@ def test_failure_names_condition_exit_code_and_log(sim):
     assert f"JobSet default/{name} failed: Failed (" in message
     assert f"Failed replicated job: main-job (child Job {name}-main-job-0)" in message
     assert "workload-container exited 3 (Error)" in message
-    assert "Last " in message and "simulated workload in pod" in message
+    assert "Last " in message and "[simulated] workload-container started on" in message
 
     # The same try never resubmits; a new try replaces the failed JobSet.
     uid = sim.jobsets(name)[0]["metadata"]["uid"]
@@ -88,7 +88,7 @@ def test_failure_names_condition_exit_code_and_log(sim):
 
 def test_restart_within_max_restarts_then_success(sim, capfd):
     name = unique("restart")
-    manifest = tpu_jobset(name, max_restarts=1, annotations={f"{SIM}fail-attempts": "1"})
+    manifest = tpu_jobset(name, run_seconds=6, max_restarts=1, annotations={f"{SIM}fail-attempts": "1"})
     result = run_operator(operator(manifest), context_for(ti_for(name)))
     assert result["state"] == "Completed" and result["restarts"] == 1
     out = capfd.readouterr().out

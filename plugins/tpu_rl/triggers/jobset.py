@@ -24,6 +24,8 @@ from tpu_rl.hooks.jobset import AsyncJobSetHook
 _TRIGGERER_CALLS_ON_KILL = "on_kill" in vars(BaseTrigger)
 #: After the JobSet finished, how long the log stream may take to deliver the last lines.
 LOG_DRAIN_SECONDS = 10
+#: A pod's log stream is closed this long after the pod ended (a stream may stay open after that).
+POD_END_GRACE_SECONDS = 3
 
 
 class _Progress:
@@ -40,6 +42,25 @@ class _Progress:
 
     def line(self) -> str:
         return st.progress_line(self.jobset, self.pods.values(), self.kueue_note)
+
+
+class _LogCursor:
+    """Where a pod's log was read up to, by the kubelet's line timestamps: a reconnect asks for a
+    little more than needed (``sinceSeconds``) and drops the lines already seen."""
+
+    def __init__(self) -> None:
+        self.last_ts = ""
+        self.at_last_ts: set[str] = set()
+
+    def new_text(self, raw: str) -> str | None:
+        stamp, _, text = raw.partition(" ")
+        ts = _sortable(stamp)
+        if ts < self.last_ts or (ts == self.last_ts and raw in self.at_last_ts):
+            return None
+        if ts != self.last_ts:
+            self.last_ts, self.at_last_ts = ts, set()
+        self.at_last_ts.add(raw)
+        return text
 
 
 class JobSetTrigger(BaseTrigger):
@@ -222,12 +243,14 @@ class JobSetTrigger(BaseTrigger):
         return max(candidates, key=lambda p: p.restart_attempt, default=None)
 
     async def _follow_log(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
-        """Stream the workload log into the task log; follow a new pod after a restart; reconnect
-        after silences and dropped streams without repeating lines (by their timestamps)."""
-        last_ts = ""
-        at_last_ts: set[str] = set()
+        """Stream the workload log into the task log. Switch to the new pod after a restart (even if
+        the old stream stays open), reconnect after silences and dropped streams without repeating
+        lines, and stop following a pod shortly after it ended."""
+        cursor = _LogCursor()
         pod: st.PodRecord | None = None
         finished: set[str] = set()  # pods whose log was read to the end
+        failed_reads: dict[str, int] = {}
+        retry_delay = 1.0
         while True:
             target = self._log_target(progress)
             if target is None or target.uid in finished:
@@ -238,34 +261,55 @@ class JobSetTrigger(BaseTrigger):
                 continue
             progress.log_idle = False
             if pod is None or target.uid != pod.uid:
-                pod, last_ts, at_last_ts = target, "", set()
+                pod, cursor = target, _LogCursor()
                 progress.log_pod = pod.name
                 self.log.info("Following %s of pod %s", self.log_container, pod.name)
-            since = None
-            if last_ts:
-                since = int(time.time() - _epoch(last_ts)) + 5
-            try:
-                async for raw in hook.follow_log(pod.name, self.namespace, self.log_container, since):
-                    stamp, _, text = raw.partition(" ")
-                    ts = _sortable(stamp)
-                    if ts < last_ts or (ts == last_ts and raw in at_last_ts):
-                        continue
-                    if ts != last_ts:
-                        last_ts, at_last_ts = ts, set()
-                    at_last_ts.add(raw)
-                    progress.tail.append(text)
-                    self.log.info("[%s] %s", pod.name, text)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the pod went away, or the API restarted: look again shortly
-                self.log.info("Log stream of %s ended: %s", pod.name, str(e)[:200])
-                await asyncio.sleep(5)
-                continue
+            stream = asyncio.create_task(self._stream_log(hook, pod, cursor, progress))
+            ended_at = None
+            while not stream.done():
+                await asyncio.wait({stream}, timeout=2)
+                newer = self._log_target(progress)
+                current = progress.pods.get(pod.uid)
+                if current is None or current.deleted or current.phase in ("Succeeded", "Failed"):
+                    ended_at = ended_at or time.monotonic()
+                if (newer is not None and newer.uid != pod.uid) or (
+                    ended_at and time.monotonic() - ended_at > POD_END_GRACE_SECONDS
+                ):
+                    stream.cancel()
+                    await asyncio.gather(stream, return_exceptions=True)
+            received, clean = stream.result() if not stream.cancelled() else (False, True)
             current = progress.pods.get(pod.uid)
             if current is None or current.deleted or current.phase in ("Succeeded", "Failed"):
-                finished.add(pod.uid)
-            else:
-                await asyncio.sleep(1)
+                # An ended pod's log is still readable: after an error, try again (its last lines
+                # are what a failure report needs).
+                failed_reads[pod.uid] = failed_reads.get(pod.uid, 0) + (not clean)
+                if clean or failed_reads[pod.uid] >= 3:
+                    finished.add(pod.uid)
+                else:
+                    await asyncio.sleep(2)
+            elif self._log_target(progress) is target:
+                # The stream ended while the container runs: reconnect, backing off while it stays quiet.
+                retry_delay = 1 if received else min(retry_delay * 2, 30)
+                await asyncio.sleep(retry_delay)
+
+    async def _stream_log(self, hook: AsyncJobSetHook, pod: st.PodRecord, cursor: _LogCursor,
+                          progress: _Progress) -> tuple[bool, bool]:
+        """One log request: (whether it brought new lines, whether it ended without an error)."""
+        received = False
+        since = int(time.time() - _epoch(cursor.last_ts)) + 5 if cursor.last_ts else None
+        try:
+            async for raw in hook.follow_log(pod.name, self.namespace, self.log_container, since):
+                text = cursor.new_text(raw)
+                if text is not None:
+                    received = True
+                    progress.tail.append(text)
+                    self.log.info("[%s] %s", pod.name, text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # not started yet, gone, or the API restarted: look again shortly
+            self.log.info("Log stream of %s ended: %s", pod.name, str(e)[:200])
+            return received, False
+        return received, True
 
     async def _drain_log(self, progress: _Progress) -> None:
         """Give the log stream a moment to deliver what the pod printed last."""
