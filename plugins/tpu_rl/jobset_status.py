@@ -177,20 +177,18 @@ class PodRecord:
     def failed(self) -> bool:
         return bool(self.exits or self.disruption or self.phase == "Failed")
 
-    def describe(self, lost_nodes: Iterable[str] = ()) -> str:
-        where = f"{self.replicated_job} job {self.job_index} index {self.completion_index}, attempt {self.restart_attempt}"
+    def cause(self, lost_nodes: Iterable[str] = ()) -> str:
+        """Why the pod failed, without which pod it was: pods failing alike are reported together."""
         parts = [e.describe() for e in self.exits]
         if self.disruption:
             reason, message = self.disruption
             meaning = DISRUPTION_MEANINGS.get(reason, "disrupted")
             parts.append(f"{meaning} [DisruptionTarget {reason}: {message.strip()}]")
         if self.node and self.node in set(lost_nodes):
-            parts.append(f"host lost: node {self.node} no longer exists")
+            parts.append("host lost: its node no longer exists")
         if self.status_reason:
             parts.append(f"pod {self.status_reason}: {self.status_message.strip()}".rstrip(": "))
-        if not parts:
-            parts.append(f"phase {self.phase or 'unknown'}")
-        return f"pod {self.name} ({where}, node {self.node or 'none'}): " + "; ".join(parts)
+        return "; ".join(parts) or f"phase {self.phase or 'unknown'}"
 
 
 def progress_line(jobset: Mapping, pods: Iterable[PodRecord], kueue_note: str = "") -> str:
@@ -253,14 +251,22 @@ def explain_failure(
         lines.append(f"Cause: TPU host lost (node gone: {', '.join(nodes)})")
     elif maintenance:
         lines.append("Cause: TPU host maintenance or preemption (pod condition DisruptionTarget)")
-    if failed:
-        lines.append("Failed pods:")
-        lines += [f"  {p.describe(lost)}" for p in failed[:10]]
-        if len(failed) > 10:
-            lines.append(f"  ... and {len(failed) - 10} more")
+    groups: dict[tuple[int, str, str], list[PodRecord]] = {}
+    for pod in failed:
+        groups.setdefault((pod.restart_attempt, pod.replicated_job, pod.cause(lost)), []).append(pod)
+    if groups:
+        lines.append("Failed pods (newest restart attempt first):")
+    for (attempt, replicated, cause), members in list(groups.items())[:10]:
+        first = sorted(members, key=lambda p: (p.job_index, p.completion_index))[0]
+        nodes = sorted({p.node for p in members if p.node})
+        where = f"nodes {', '.join(nodes)}" if len(nodes) <= 4 else f"{len(nodes)} nodes"
+        lines.append(
+            f"  attempt {attempt}, {replicated}: {len(members)} pod(s): {cause} "
+            f"(e.g. pod {first.name}, job {first.job_index} index {first.completion_index}; {where})"
+        )
     tail = list(log_tail)
     if tail:
-        lines.append(f"Last {len(tail)} lines of the workload log{f' (pod {log_pod})' if log_pod else ''}:")
+        lines.append(f"Last {len(tail)} lines of the workload log{f' (last pod followed: {log_pod})' if log_pod else ''}:")
         lines += [f"  | {line}" for line in tail]
     else:
         lines.append("No workload log was captured.")

@@ -62,9 +62,16 @@ def test_failure_names_condition_job_exit_code_and_log_tail():
     )
     assert "Failed (ReachedMaxRestarts)" in message
     assert "Failed replicated job: main-job (child Job qwen-hf2mt-1a2b3c4d-main-job-0)" in message
-    assert "workload-container exited 3 (Error): boom" in message
+    assert "attempt 1, main-job: 1 pod(s): workload-container exited 3 (Error): boom (e.g. pod p0" in message
     assert "pod ok" not in message
     assert message.rstrip().endswith("| Traceback: OOM")
+
+
+def test_pods_failing_alike_are_reported_together():
+    pods = [st.PodRecord.from_pod(pod(f"p{i}", exit_code=42, node=f"n{i}")) for i in range(16)]
+    message = st.explain_failure(jobset([FAILED]), pods)
+    assert "attempt 0, main-job: 16 pod(s): workload-container exited 42 (Error): boom" in message
+    assert "16 nodes" in message and message.count("exited 42") == 1
 
 
 def test_disruption_is_maintenance_and_missing_node_is_host_loss():
@@ -74,6 +81,7 @@ def test_disruption_is_maintenance_and_missing_node_is_host_loss():
     assert "TPU host maintenance or preemption" in maintenance
     lost = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", exit_code=137))], lost_nodes=["tpu-node-3"])
     assert "TPU host lost (node gone: tpu-node-3)" in lost
+    assert "host lost: its node no longer exists" in lost
     gc = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", disruption="DeletionByPodGC"))])
     assert "TPU host lost" in gc
 

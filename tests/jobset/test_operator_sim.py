@@ -162,7 +162,7 @@ def test_tpu_node_deleted_mid_run_is_host_loss(sim):
         subprocess.run([sys.executable, str(REPO / "sim" / "nodes.py")], check=True, capture_output=True)
     message = str(failure.value)
     assert f"Cause: TPU host lost (node gone: {lost['node']})" in message
-    assert f"host lost: node {lost['node']} no longer exists" in message
+    assert "host lost: its node no longer exists" in message and lost["node"] in message
 
 
 def test_execution_timeout_while_deferred_deletes_the_jobset(sim):

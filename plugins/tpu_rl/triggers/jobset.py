@@ -261,6 +261,8 @@ class JobSetTrigger(BaseTrigger):
                 continue
             progress.log_idle = False
             if pod is None or target.uid != pod.uid:
+                if pod is not None:
+                    progress.tail.append(f"--- pod {target.name} (restart attempt {target.restart_attempt}) ---")
                 pod, cursor = target, _LogCursor()
                 progress.log_pod = pod.name
                 self.log.info("Following %s of pod %s", self.log_container, pod.name)
