@@ -22,7 +22,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if scripts/postgres.sh start | tee /dev/stderr | grep -q '^started'; then started+=(postgres); fi
+out=$(scripts/postgres.sh start); echo "$out"
+[[ $out == started* ]] && started+=(postgres)
 if ! sim/status.sh >/dev/null 2>&1; then sim/up.sh; started+=(sim); fi
 source .sim/airflow.env
 if ! scripts/airflow-stack.sh status >/dev/null 2>&1; then started+=(airflow); fi

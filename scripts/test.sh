@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test: starts the metadata database and the simulated cluster when they are not running,
-# and stops only what it started.
+# Runs every test: installs the browser, starts the metadata database and the simulated cluster when
+# they are not running (the e2e fixture starts the local Airflow stack), runs pytest on Airflow 3.3.2,
+# then the Composer-compatibility run on Airflow 3.1.7. Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
 
 started=()
 cleanup() {
-  for service in "${started[@]}"; do
-    case $service in
+  for ((i=${#started[@]}-1; i>=0; i--)); do
+    case ${started[i]} in
       postgres) scripts/postgres.sh stop ;;
       sim) sim/down.sh ;;
     esac
@@ -16,10 +17,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if scripts/postgres.sh start | tee /dev/stderr | grep -q '^started'; then started+=(postgres); fi
+scripts/install-browser.sh
+out=$(scripts/postgres.sh start); echo "$out"
+[[ $out == started* ]] && started+=(postgres)
 airflow db migrate >/dev/null
 if ! sim/status.sh >/dev/null 2>&1; then
   sim/up.sh
   started+=(sim)
 fi
-python -m pytest "$@"
+status=0
+python -m pytest "$@" || status=$?
+if [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
+  scripts/test-compat.sh || status=$?
+fi
+exit $status

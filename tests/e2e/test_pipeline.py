@@ -1,0 +1,137 @@
+"""The whole pipeline as users run it: triggered through the REST API of a local Airflow (scheduler,
+triggerer, dag-processor, api-server on PostgreSQL) against the simulated TPU cluster.
+
+Faults are injected on the simulation's side (sim/faults.py), never through the DAG's params: the DAG
+runs exactly as it would against GKE, in existing-cluster mode.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+
+from sim import faults
+from tpu_rl.run import RunIdentity
+
+from tpu_rl_testing import REPO, SIM_CONF
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "maxtext_rl_tpu"
+RUN_TIMEOUT = 900
+
+
+def new_run_id(label: str) -> str:
+    return f"e2e__{label}__{uuid.uuid4().hex[:8]}"
+
+
+def trigger_and_wait(airflow, conf: dict, label: str) -> tuple[str, str]:
+    run_id = airflow.trigger(DAG_ID, conf, run_id=new_run_id(label))
+    return run_id, airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def airflow(airflow_stack):
+    airflow_stack.wait_for_healthy_dag(DAG_ID)
+    airflow_stack.unpause(DAG_ID)
+    return airflow_stack
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """The simulation's GCS emulator, as its env file names it."""
+    env = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in (REPO / ".sim/airflow.env").read_text().splitlines()
+        if line.startswith("export ")
+    )
+    endpoint = env["STORAGE_EMULATOR_HOST"].strip("'\"")
+    return storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})
+
+
+@pytest.fixture
+def sim_faults():
+    api = faults.core_api()
+    faults.clear_faults(api)
+    yield api
+    faults.clear_faults(api)
+
+
+def objects(gcs, bucket: str, prefix: str) -> dict[str, int]:
+    return {b.name[len(prefix):]: b.size for b in gcs.list_blobs(bucket, prefix=prefix)}
+
+
+def test_happy_path(airflow, gcs):
+    run_id, state = trigger_and_wait(airflow, SIM_CONF, "happy")
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
+    assert all(ti["state"] in ("success", "skipped") for ti in tasks.values())
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 50
+    published = airflow.xcom(DAG_ID, run_id, "publish_export")
+    slug = RunIdentity(DAG_ID, run_id).slug
+    assert published == f"gs://{SIM_CONF['gcs_bucket']}/qwen3-30b-a3b/hf-trained/{slug}/"
+    exported = objects(gcs, SIM_CONF["gcs_bucket"], f"qwen3-30b-a3b/hf-trained/{slug}/")
+    assert "model.safetensors.index.json" in exported and "config.json" in exported
+    events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
+    assert any(e["source_run_id"] == run_id and e["extra"]["uri"] == published for e in events)
+
+
+def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow, gcs, sim_faults):
+    conf = {**SIM_CONF, "checkpoint_period": 10}
+    run_id = new_run_id("crash")
+    train_jobset = RunIdentity(DAG_ID, run_id).jobset_name(conf.get("workload_prefix", "qwen"), "train")
+    faults.set_fault(sim_faults, "e2e-train-crash", prefix=train_jobset, stage="train_rl",
+                     maxtext_fault="crash-at-step=30", exit_code=3)
+    airflow.trigger(DAG_ID, conf, run_id=run_id)
+    assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "failed"
+
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert tasks["train_rl"]["state"] == "failed"
+    assert tasks["delete_tpu_pools"]["state"] == "success"
+    assert tasks["delete_cluster"]["state"] == "success"
+    assert tasks["maxtext_to_hf"]["state"] == "upstream_failed"
+    log = airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
+    assert "workload-container exited 3" in log, log[-3000:]
+
+    # Periodic saves before the crash survive; the user fixes the cause and clears train_rl.
+    slug = RunIdentity(DAG_ID, run_id).slug
+    actor = f"qwen3-30b-a3b/trained/{slug}/rl/checkpoints/actor/"
+    assert {"10/commit_success.txt", "20/commit_success.txt"} <= set(objects(gcs, conf["gcs_bucket"], actor))
+    conversion_try = tasks["hf_to_maxtext"]["try_number"]
+    faults.clear_faults(sim_faults)
+    cleared = airflow.clear(DAG_ID, run_id, ["train_rl"])
+    assert "hf_to_maxtext" not in cleared and "train_rl" in cleared
+    assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"
+
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert tasks["hf_to_maxtext"]["try_number"] == conversion_try  # the conversion was not redone
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 50
+    resumed_log = airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
+    assert "Adopting" not in resumed_log  # a new JobSet, resuming from the run's own checkpoints
+    assert "50/commit_success.txt" in objects(gcs, conf["gcs_bucket"], actor)
+
+
+def test_two_concurrent_runs_do_not_collide(airflow, gcs):
+    run_ids = [airflow.trigger(DAG_ID, SIM_CONF, run_id=new_run_id(f"concurrent{i}")) for i in range(2)]
+    states = [airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) for run_id in run_ids]
+    assert states == ["success", "success"]
+    published = [airflow.xcom(DAG_ID, run_id, "publish_export") for run_id in run_ids]
+    assert published[0] != published[1]
+    for run_id, uri in zip(run_ids, published):
+        assert RunIdentity(DAG_ID, run_id).slug in uri
+        prefix = uri.split("/", 3)[3]
+        assert "model.safetensors.index.json" in objects(gcs, SIM_CONF["gcs_bucket"], prefix)
+
+
+def test_rest_api_trigger_with_bad_conf_fails_in_the_first_task(airflow):
+    run_id, state = trigger_and_wait(airflow, {**SIM_CONF, "topology": "7x9"}, "badconf")
+    assert state == "failed"
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert tasks["validate_config"]["state"] == "failed"
+    assert tasks["validate_config"]["try_number"] == 1  # not retried: bad params do not get better
+    assert all(ti["state"] in ("upstream_failed", None) for t, ti in tasks.items() if t != "validate_config")
+    log = airflow.task_log(DAG_ID, run_id, "validate_config", 1)
+    assert "topology: '7x9' is not a v6e topology" in log
