@@ -205,3 +205,46 @@ def test_delete_on_kill_false_keeps_the_jobset(sim):
     op.on_kill()
     time.sleep(1)
     assert len(sim.jobsets(name)) == 1
+
+
+def test_suspended_jobset_is_reported_then_runs_when_admitted(sim, capfd):
+    """Kueue admits by flipping spec.suspend; the sim has no Kueue, so the test admits by hand (and the
+    trigger's Kueue lookup meets a cluster without the Workload API)."""
+    name = unique("susp")
+    manifest = tpu_jobset(name, run_seconds=2)
+    manifest["spec"]["suspend"] = True
+
+    def admit():
+        sim.wait("the suspension to be reported", lambda: "suspended (waiting for Kueue admission" in capfd.readouterr().out,
+                 timeout=30)
+        sim.custom.patch_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name,
+                                                  {"spec": {"suspend": False}})
+
+    result = run_with_action(operator(manifest, progress_interval=5), context_for(ti_for(name)), admit)
+    assert result["state"] == "Completed"
+
+
+def pathways_jobset(name: str) -> dict:
+    """Pathways-shaped: a head whose workload-container decides success, and TPU workers that never end."""
+    head = tpu_jobset(name, hosts=1, run_seconds=3, replicated_job="pathways-head")["spec"]["replicatedJobs"][0]
+    head["template"]["spec"]["template"]["spec"]["nodeSelector"] = {"cloud.google.com/gke-nodepool": "cpu-np"}
+    del head["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    worker = tpu_jobset(name, hosts=2, replicated_job="worker")["spec"]["replicatedJobs"][0]
+    pod = worker["template"]["spec"]["template"]["spec"]
+    pod["restartPolicy"] = "OnFailure"
+    pod["containers"][0]["name"] = "pathways-worker"
+    manifest = tpu_jobset(name)
+    manifest["spec"].update(
+        replicatedJobs=[head, worker],
+        successPolicy={"operator": "All", "targetReplicatedJobs": ["pathways-head"]},
+        startupPolicy={"startupPolicyOrder": "InOrder"},
+    )
+    return manifest
+
+
+def test_pathways_jobset_follows_the_head_and_completes_with_it(sim, capfd):
+    name = unique("pw")  # well under the 22 characters a Pathways name may have
+    result = run_operator(operator(pathways_jobset(name)), context_for(ti_for(name)))
+    assert result["state"] == "Completed"
+    assert f"Following workload-container of pod {name}-pathways-head-0-0-" in capfd.readouterr().out
+    assert any("[simulated] workload-container started on" in line for line in result["log_tail"])
