@@ -52,17 +52,6 @@ def log_source(manifest: Mapping) -> tuple[str, str]:
     return name, container
 
 
-def log_pod_selector(jobset_name: str, replicated_job: str) -> str:
-    return ",".join(
-        [
-            f"{JOBSET_NAME_LABEL}={jobset_name}",
-            f"{REPLICATED_JOB_LABEL}={replicated_job}",
-            f"{JOB_INDEX_LABEL}=0",
-            f"{COMPLETION_INDEX_LABEL}=0",
-        ]
-    )
-
-
 def _pod_spec(replicated_job: Mapping) -> Mapping:
     return replicated_job.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
 
@@ -184,7 +173,7 @@ class PodRecord:
             reason, message = self.disruption
             meaning = DISRUPTION_MEANINGS.get(reason, "disrupted")
             parts.append(f"{meaning} [DisruptionTarget {reason}: {message.strip()}]")
-        if self.node and self.node in set(lost_nodes):
+        if self.node and self.node in set(lost_nodes) and (self.disruption or ("",))[0] != "DeletionByPodGC":
             parts.append("host lost: its node no longer exists")
         if self.status_reason:
             parts.append(f"pod {self.status_reason}: {self.status_message.strip()}".rstrip(": "))

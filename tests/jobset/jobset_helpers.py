@@ -33,6 +33,7 @@ class Cluster:
     def __init__(self, kubeconfig: str) -> None:
         from kubernetes import client, config
 
+        self.kubeconfig = kubeconfig
         api = config.new_client_from_config(kubeconfig)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)

@@ -5,6 +5,9 @@ messages are copied from their sources); tests/jobset/test_operator_sim.py check
 objects from the simulated cluster.
 """
 
+import json
+from pathlib import Path
+
 from tpu_rl import jobset_status as st
 
 
@@ -100,3 +103,26 @@ def test_kueue_note_reads_pending_conditions():
     workload = {"status": {"conditions": [
         {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "couldn't assign flavors"}]}}
     assert st.kueue_note([workload]) == "couldn't assign flavors"
+
+
+def replay(kind):
+    """A failed JobSet and the last state seen of each of its pods, captured from the simulated cluster
+    (JobSet v0.10.1 controller, Kubernetes 1.34 Job controller and pod GC)."""
+    captured = json.loads((Path(__file__).parent / "data" / f"{kind}.json").read_text())
+    return captured["jobset"], [st.PodRecord.from_pod(p) for p in captured["pods"]], captured["lost_nodes"]
+
+
+def test_captured_exit_code_failure():
+    jobset, pods, _ = replay("failed_exit_code")
+    message = st.explain_failure(jobset, pods)
+    assert "Failed (ReachedMaxRestarts)" in message and "[restarts: 1]" in message
+    assert "Failed replicated job: main-job (child Job cap-exit-main-job-0)" in message
+    assert "workload-container exited 42 (Error)" in message
+    assert "TPU host" not in message
+
+
+def test_captured_lost_host():
+    jobset, pods, lost = replay("failed_host_lost")
+    message = st.explain_failure(jobset, pods, lost_nodes=lost)
+    assert f"Cause: TPU host lost (node gone: {lost[0]})" in message
+    assert "DisruptionTarget DeletionByPodGC" in message  # what the pod GC wrote before deleting the pod

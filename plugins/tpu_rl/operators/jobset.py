@@ -16,6 +16,7 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow.exceptions import AirflowException
 from airflow.sdk import BaseOperator
 
 from tpu_rl.links import JobSetLogsLink, JobSetWorkloadLink
@@ -37,7 +38,7 @@ XCOM_JOBSET = "jobset"
 PATHWAYS_MAX_NAME = 22
 
 
-class JobSetFailedError(RuntimeError):
+class JobSetFailedError(AirflowException):
     """The JobSet ended Failed, or vanished while the task waited for it."""
 
 
