@@ -143,4 +143,8 @@ with DAG(
     delete_tpu_pools.as_teardown(setups=create_tpu_pools)
     # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
     # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).
-    delete_cluster.as_teardown(setups=[guard, create_cluster], on_failure_fail_dagrun=True)
+    # Everything the workloads need from the cluster is a setup, so clearing a stage re-runs it (each adopts
+    # or skips what exists) after a teardown removed the cluster or, in an existing one, the run's Secret.
+    delete_cluster.as_teardown(
+        setups=[guard, create_cluster, wait_for_cluster, jobset, token], on_failure_fail_dagrun=True
+    )

@@ -65,7 +65,10 @@ def test_trigger_form_has_sections_and_tutorial_defaults(dag):
 def test_clearing_training_reruns_its_setups_and_teardowns_not_the_conversion(dag):
     train = dag.get_task("train_rl")
     related = {t.task_id for t in train.get_upstreams_only_setups_and_teardowns()}
-    assert related == {"guard", "create_cluster", "create_tpu_pools", "delete_tpu_pools", "delete_cluster"}
+    assert related == {
+        "guard", "create_cluster", "wait_for_cluster", "ensure_jobset", "hf_token_secret",
+        "create_tpu_pools", "delete_tpu_pools", "delete_cluster",
+    }
     assert "hf_to_maxtext" not in related
 
 
