@@ -1,0 +1,146 @@
+"""End-to-end fixtures: the local Airflow stack (scripts/airflow-stack.sh) and a headless Chromium.
+
+``airflow_stack`` (session) reuses a stack that already runs (a demo's, say) and never stops it; otherwise
+it starts what is missing: PostgreSQL (scripts/postgres.sh) and the stack (which migrates its own
+database), with the simulated cluster's connections in its environment when the simulation is up
+(``.sim/airflow.env`` exists and ``sim/status.sh`` exits 0; the fixture never starts the simulation).
+At the end it stops only what it started.
+
+``browser`` (session) is Debian's Chromium (scripts/install-browser.sh installs it) driven by Playwright;
+``page`` is a new page for each test (in one context for the session, so the UI's scripts are cached).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.local_airflow import AirflowApiError, LocalAirflow
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+#: As root, on a machine whose only network is the package registries: no sandbox, no GPU, and none of
+#: Chromium's own background connections (refused here, and slow to fail).
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+class AirflowStack(LocalAirflow):
+    """The running stack: its REST client (all of LocalAirflow's methods), its base URL, and what this
+    session did to it."""
+
+    def __init__(self, base_url: str, started: bool, with_sim: bool | None):
+        super().__init__(base_url)
+        #: True when this session started the stack (and stops it); False when it reused a running one.
+        self.started = started
+        #: Whether the stack has the simulated cluster's connections: None for a reused stack (not known).
+        self.with_sim = with_sim
+
+    @property
+    def client(self) -> LocalAirflow:
+        return self
+
+    def wait_for_healthy_dag(self, dag_id: str, timeout: float = 180) -> None:
+        """Until the DAG is parsed, not stale, and its file has no import error (the dag-processor
+        re-parses the checkout, which may be edited while the stack runs)."""
+        deadline = time.monotonic() + timeout
+        problem = ""
+        while time.monotonic() < deadline:
+            try:
+                dag = self.request("GET", f"/api/v2/dags/{dag_id}")
+            except AirflowApiError as error:
+                if error.status != 404:
+                    raise
+                errors = self.request("GET", "/api/v2/importErrors?limit=100")["import_errors"]
+                problem = "not parsed yet" + "".join(f"\n{e['filename']}: {e['stack_trace'][-1000:]}" for e in errors)
+            else:
+                errors = self.request("GET", "/api/v2/importErrors?limit=100")["import_errors"]
+                dag_file = Path(dag["relative_fileloc"] or dag["fileloc"]).name
+                mine = [e for e in errors if e["filename"] and Path(e["filename"]).name == dag_file]
+                if not mine and not dag.get("is_stale") and not dag.get("has_import_errors"):
+                    return
+                problem = mine[0]["stack_trace"][-2000:] if mine else "stale"
+            time.sleep(2)
+        raise TimeoutError(f"DAG {dag_id} not healthy after {timeout:.0f} s: {problem}")
+
+
+def _run(command: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, check=check, timeout=600
+    )
+
+
+def _sim_env() -> dict[str, str]:
+    """The variables of .sim/airflow.env when the simulation is up, else nothing."""
+    env_file = REPO / ".sim" / "airflow.env"
+    if not env_file.exists() or _run("sim/status.sh", check=False).returncode != 0:
+        return {}
+    out = _run(f"set -a; source {env_file}; env -0").stdout
+    current = dict(os.environ)
+    values = dict(item.split("=", 1) for item in out.split("\0") if "=" in item)
+    return {key: value for key, value in values.items() if current.get(key) != value}
+
+
+@pytest.fixture(scope="session")
+def airflow_stack():
+    status = _run("scripts/airflow-stack.sh status", check=False)
+    base_url = _run("scripts/airflow-stack.sh url").stdout.strip()
+    if status.returncode == 0:
+        yield AirflowStack(base_url, started=False, with_sim=None)
+        return
+    # Some components may run (not all): start fills in the missing ones; then stop only if none ran before.
+    partly_running = ": running" in status.stdout
+    started_postgres = _run("scripts/postgres.sh start").stdout.startswith("started")
+    sim_env = _sim_env()
+    env = {**os.environ, **sim_env}
+    try:
+        start = _run("scripts/airflow-stack.sh start", env=env, check=False)
+        if start.returncode != 0:
+            raise RuntimeError(f"scripts/airflow-stack.sh start failed:\n{start.stdout}\n{start.stderr}")
+        yield AirflowStack(base_url, started=not partly_running, with_sim=bool(sim_env))
+    finally:
+        if not partly_running:
+            _run("scripts/airflow-stack.sh stop", check=False)
+        if started_postgres:
+            _run("scripts/postgres.sh stop", check=False)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/install-browser.sh (Debian's chromium package)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="session")
+def browser_context(browser):
+    """One context for the session, so the UI's scripts are cached after the first page."""
+    context = browser.new_context(viewport={"width": 1400, "height": 2200})
+    context.set_default_timeout(60_000)
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page(browser_context):
+    """A new page for each test, tall enough for a form."""
+    page = browser_context.new_page()
+    yield page
+    page.close()
