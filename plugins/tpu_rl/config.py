@@ -172,25 +172,25 @@ class RunConfig:
     )
 
     # Training
-    run_name: str = _param("rl", "Training", "Run name", "MaxText run_name.", pattern=r"^[A-Za-z0-9_.-]+$")
-    num_batches: int = _param(50, "Training", "Batches", "num_batches.", minimum=1)
-    batch_size: int = _param(4, "Training", "Batch size", "batch_size.", minimum=1)
-    rollout_tensor_parallelism: int = _param(8, "Training", "Rollout tensor parallelism", "rollout_tensor_parallelism.")
-    rollout_expert_parallelism: int = _param(1, "Training", "Rollout expert parallelism", "rollout_expert_parallelism.")
-    trainer_devices_fraction: float = _param(0.5, "Training", "Trainer devices fraction", "Share of chips training.")
-    sampler_devices_fraction: float = _param(0.5, "Training", "Sampler devices fraction", "Share of chips sampling.")
-    ici_tensor_parallelism: int = _param(4, "Training", "ICI tensor parallelism", "ici_tensor_parallelism.")
-    ici_expert_parallelism: int = _param(4, "Training", "ICI expert parallelism", "ici_expert_parallelism.")
-    hbm_utilization_vllm: float = _param(0.65, "Training", "vLLM HBM utilization", "hbm_utilization_vllm.")
-    reshard_chunk_size: int = _param(8, "Training", "Reshard chunk size", "reshard_chunk_size.", minimum=1)
-    remat_policy: str = _param("full", "Training", "Remat policy", "remat_policy.")
-    async_scheduling: bool = _param(False, "Training", "Async scheduling", "async_scheduling.")
-    allow_split_physical_axes: bool = _param(True, "Training", "Allow split physical axes", "allow_split_physical_axes.")
+    run_name: str = _param("rl", "Training", "Run name", "run_name: folder of the run's checkpoints under the run's training output.", pattern=r"^[A-Za-z0-9_.-]+$")
+    num_batches: int = _param(50, "Training", "Batches", "num_batches: batches of prompts to train on; with rl.num_iterations it sets the planned steps.", minimum=1)
+    batch_size: int = _param(4, "Training", "Batch size", "batch_size: prompts per batch; each gets rl.num_generations rollouts.", minimum=1)
+    rollout_tensor_parallelism: int = _param(8, "Training", "Rollout tensor parallelism", "rollout_tensor_parallelism of the vLLM sampler; with expert parallelism it must divide the sampler chips.")
+    rollout_expert_parallelism: int = _param(1, "Training", "Rollout expert parallelism", "rollout_expert_parallelism of the vLLM sampler.")
+    trainer_devices_fraction: float = _param(0.5, "Training", "Trainer devices fraction", "trainer_devices_fraction: share of the chips that train; must give whole chips.")
+    sampler_devices_fraction: float = _param(0.5, "Training", "Sampler devices fraction", "sampler_devices_fraction: share of the chips that generate rollouts (vLLM).")
+    ici_tensor_parallelism: int = _param(4, "Training", "ICI tensor parallelism", "ici_tensor_parallelism of the trainer; FSDP takes the rest of the trainer chips.")
+    ici_expert_parallelism: int = _param(4, "Training", "ICI expert parallelism", "ici_expert_parallelism of the trainer (MoE experts across chips).")
+    hbm_utilization_vllm: float = _param(0.65, "Training", "vLLM HBM utilization", "hbm_utilization_vllm: share of sampler HBM vLLM may use (weights and KV cache).")
+    reshard_chunk_size: int = _param(8, "Training", "Reshard chunk size", "reshard_chunk_size: model keys per chunk when weights move from trainer to sampler; smaller uses less memory.", minimum=1)
+    remat_policy: str = _param("full", "Training", "Remat policy", "remat_policy: activation rematerialization of the trainer (full recomputes the most, uses the least HBM).")
+    async_scheduling: bool = _param(False, "Training", "Async scheduling", "async_scheduling of vLLM.")
+    allow_split_physical_axes: bool = _param(True, "Training", "Allow split physical axes", "allow_split_physical_axes: lets a mesh axis span parts of the physical torus.")
     ragged_gather_reduce_fallback: bool = _param(
-        True, "Training", "Ragged gather reduce fallback", "ragged_gather_reduce_fallback."
+        True, "Training", "Ragged gather reduce fallback", "ragged_gather_reduce_fallback: the JAX reference MoE kernel instead of the fused one."
     )
     data_template_path: str = _param(
-        "maxtext/examples/chat_templates/openmathinstruct2_rl.json", "Training", "Data template", "data_template_path."
+        "maxtext/examples/chat_templates/openmathinstruct2_rl.json", "Training", "Data template", "data_template_path: chat template of the prompts, inside the image."
     )
     dataset_name: str = _param(
         "", "Training", "Dataset", f"dataset_name. Empty: MaxText's default ({MAXTEXT_DEFAULT_DATASET})."

@@ -14,7 +14,9 @@ def trigger_params() -> dict[str, Param]:
     params = {}
     for spec in field_specs():
         meta = spec.metadata
-        schema = {"type": _JSON_TYPES[spec.type], **meta["schema"]}
+        json_type = _JSON_TYPES[spec.type]
+        # An empty default means "none": the form must accept the field empty (null), not require it.
+        schema = {"type": [json_type, "null"] if spec.default == "" else json_type, **meta["schema"]}
         if spec.default is None:
             # Required: no default, so the form asks for it and the run cannot start without it.
             params[spec.name] = Param(title=meta["title"], description=meta["description"], section=meta["section"], minLength=1, **schema)

@@ -35,15 +35,6 @@ REQUIRED = {
     "gcs_bucket": "e2e-form-bucket",
     "cluster_name": "e2e-form",
 }
-#: Optional fields whose default is "" (empty means "none"): the form refuses them empty (see
-#: test_required_fields_alone_enable_trigger), so a trigger has to fill them.
-EMPTY_DEFAULTS = {
-    "kubernetes_conn_id": "e2e_no_such_connection",
-    "kueue_queue_name": "e2e-queue",
-    "reservation": "e2e-no-such-reservation",
-    "node_service_account": "e2e@e2e-form-test.iam.gserviceaccount.com",
-    "dataset_name": "openai/gsm8k",
-}
 SPECS = {spec.name: spec for spec in field_specs()}
 
 
@@ -165,7 +156,7 @@ def test_form_refuses_invalid_values(airflow, page):
     expect(cloud.get_by_text("This field is required")).to_have_count(4)
     expect(form.submit).to_be_disabled()
 
-    form.fill(REQUIRED | EMPTY_DEFAULTS)
+    form.fill(REQUIRED)
     expect(form.submit).to_be_enabled()
 
     batches = form.field("num_batches")
@@ -206,13 +197,6 @@ def test_form_refuses_invalid_values(airflow, page):
         pytest.fail(f"the api-server created run {run_id} from an invalid form")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # only the form's refusal: a setup error stays an error
-    reason="Optional string params with default '' (kubernetes_conn_id, kueue_queue_name, reservation, "
-    "node_service_account, dataset_name) have JSON type 'string' without 'null': Airflow's form takes them "
-    "as required, and the Trigger button stays disabled until they are filled",
-)
 def test_required_fields_alone_enable_trigger(airflow, page):
     form = TriggerForm(page, airflow.base_url)
     form.fill(REQUIRED)
@@ -221,7 +205,7 @@ def test_required_fields_alone_enable_trigger(airflow, page):
 
 def test_valid_trigger_starts_a_run_with_the_typed_conf(airflow, page):
     form = TriggerForm(page, airflow.base_url)
-    typed = REQUIRED | EMPTY_DEFAULTS | {"num_batches": 7, "run_name": "e2e-form"}
+    typed = REQUIRED | {"num_batches": 7, "run_name": "e2e-form"}
     form.fill(typed)
     run_id = f"e2e_form_{uuid.uuid4().hex[:8]}"
     form.set_run_id(run_id)
