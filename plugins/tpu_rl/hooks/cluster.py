@@ -1,8 +1,11 @@
-"""Kubernetes access to the run's cluster: through an Airflow Kubernetes connection, or GKE credentials."""
+"""Kubernetes access to the run's cluster, as the JobSet operator reaches it: through the Airflow
+Kubernetes connection named by the params, or the GKE cluster with refreshed tokens."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
 
 if TYPE_CHECKING:
     from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
@@ -10,35 +13,16 @@ if TYPE_CHECKING:
     from tpu_rl.config import RunConfig
 
 
-def kubernetes_hook(
-    *,
-    kubernetes_conn_id: str | None = None,
-    project_id: str | None = None,
-    location: str | None = None,
-    cluster_name: str | None = None,
-    gcp_conn_id: str = "google_cloud_default",
-) -> KubernetesHook:
-    """A Kubernetes connection wins; otherwise the GKE cluster's endpoint and CA with refreshed tokens."""
-    if kubernetes_conn_id:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-        return KubernetesHook(conn_id=kubernetes_conn_id)
-    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook, GKEKubernetesHook
-
-    cluster = GKEHook(gcp_conn_id=gcp_conn_id, location=location).get_cluster(name=cluster_name, project_id=project_id)
-    return GKEKubernetesHook(
-        gcp_conn_id=gcp_conn_id,
-        cluster_url=f"https://{cluster.endpoint}",
-        ssl_ca_cert=cluster.master_auth.cluster_ca_certificate,
-        enable_tcp_keepalive=True,
-    )
-
-
-def kubernetes_hook_for(config: RunConfig) -> KubernetesHook:
-    return kubernetes_hook(
-        kubernetes_conn_id=config.kubernetes_conn_id or None,
+def cluster_target(config: RunConfig) -> ClusterTarget:
+    if config.kubernetes_conn_id:
+        return ClusterTarget(kubernetes_conn_id=config.kubernetes_conn_id)
+    return ClusterTarget(
         project_id=config.project,
         location=config.region,
         cluster_name=config.cluster_name,
         gcp_conn_id=config.gcp_conn_id,
     )
+
+
+def kubernetes_hook_for(config: RunConfig) -> KubernetesHook:
+    return JobSetHook(cluster_target(config)).kube_hook
