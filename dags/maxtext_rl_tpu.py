@@ -104,6 +104,7 @@ with DAG(
         prefix=f"{{{{ {LAYOUT}.actor_checkpoints_prefix }}}}",
         train_steps="{{ run_config(params).train_steps }}",
         checkpoint_period="{{ params.checkpoint_period }}",
+        trainer_log=f"{{{{ (ti.xcom_pull(task_ids='{train.task_id}') or {{}}).get('log_tail', []) | join('\\n') }}}}",
         gcp_conn_id=GCP_CONN,
         timeout=timedelta(minutes=30),
     )

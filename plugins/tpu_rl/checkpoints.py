@@ -144,8 +144,16 @@ def step_numbers(folder_names: Iterable[str]) -> list[int]:
     return sorted((int(n.strip("/")) for n in folder_names if n.strip("/").isdigit()), reverse=True)
 
 
+#: What ``train_rl`` prints after its last save on a normal exit (MaxText 0.2.4).
+TRAINER_SUCCESS_LINE = "RL Training Completed Successfully!"
+
+
 def check_final_step(
-    step: int | None, train_steps: int, checkpoint_period: int, uncommitted: Sequence[int] = ()
+    step: int | None,
+    train_steps: int,
+    checkpoint_period: int,
+    uncommitted: Sequence[int] = (),
+    trainer_completed: bool = False,
 ) -> Verdict:
     """Whether the highest committed step is the end-of-run save, not a periodic one.
 
@@ -153,8 +161,12 @@ def check_final_step(
     exit, which may come before ``train_steps`` when prompts were dropped (maxtext.md, stage b).
 
     :param uncommitted: higher step folders without ``commit_success.txt`` (an interrupted save).
+    :param trainer_completed: the trainer reported a normal exit (its success line), so its last save
+        is the end-of-run one even when an early end falls on a multiple of ``checkpoint_period``.
     """
     if step == train_steps or (step is not None and step < train_steps and step % checkpoint_period):
+        return Verdict()
+    if trainer_completed and step is not None and step < train_steps and not uncommitted:
         return Verdict()
     problems = [f"no {COMMIT_SUCCESS} in actor/{n}/" for n in uncommitted]
     if step is None:

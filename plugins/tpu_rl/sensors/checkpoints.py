@@ -14,10 +14,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
 try:
     from airflow.sdk.exceptions import AirflowSensorTimeout
 except ImportError:  # Airflow 3.1 (Composer 3) has it only in airflow.exceptions; 3.3's SDK has it
     from airflow.exceptions import AirflowSensorTimeout
+
+from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -120,11 +123,15 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
 
     :param train_steps: planned steps, ``num_batches * rl.num_iterations``.
     :param checkpoint_period: the run's ``checkpoint_period``.
+    :param trainer_log: the end of the trainer's log (templated): its success line proves a normal exit,
+        which tells an early end on a multiple of ``checkpoint_period`` from an interrupted run.
 
     XCom return value: the final step (int), for the export's ``actor/<step>/model_params/``.
     """
 
-    template_fields: Sequence[str] = (*GcsOutputSensor.template_fields, "train_steps", "checkpoint_period")
+    template_fields: Sequence[str] = (
+        *GcsOutputSensor.template_fields, "train_steps", "checkpoint_period", "trainer_log"
+    )
 
     def __init__(
         self,
@@ -132,12 +139,14 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
         train_steps: int | str,
         checkpoint_period: int | str,
         items: Sequence[str] = ("model_params", "optimizer_state"),
+        trainer_log: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.train_steps = train_steps
         self.checkpoint_period = checkpoint_period
         self.items = list(items)
+        self.trainer_log = trainer_log
 
     def build_trigger(self, deadline: float) -> GcsOutputTrigger:
         from tpu_rl.triggers.checkpoints import FinalTrainingCheckpointTrigger
@@ -148,6 +157,7 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
             train_steps=int(self.train_steps),
             checkpoint_period=int(self.checkpoint_period),
             items=self.items,
+            trainer_completed=TRAINER_SUCCESS_LINE in (self.trainer_log or ""),
             **self._trigger_kwargs(deadline),
         )
 

@@ -257,12 +257,14 @@ class FinalTrainingCheckpointTrigger(GcsOutputTrigger):
         train_steps: int,
         checkpoint_period: int,
         items: Sequence[str] = ("model_params", "optimizer_state"),
+        trainer_completed: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(bucket, prefix, **kwargs)
         self.train_steps = train_steps
         self.checkpoint_period = checkpoint_period
         self.items = list(items)
+        self.trainer_completed = trainer_completed
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{__name__}.{type(self).__name__}", {
@@ -270,6 +272,7 @@ class FinalTrainingCheckpointTrigger(GcsOutputTrigger):
             "train_steps": self.train_steps,
             "checkpoint_period": self.checkpoint_period,
             "items": self.items,
+            "trainer_completed": self.trainer_completed,
         }
 
     async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
@@ -281,7 +284,9 @@ class FinalTrainingCheckpointTrigger(GcsOutputTrigger):
                 step = candidate
                 break
             uncommitted.append(candidate)
-        verdict = rules.check_final_step(step, self.train_steps, self.checkpoint_period, uncommitted)
+        verdict = rules.check_final_step(
+            step, self.train_steps, self.checkpoint_period, uncommitted, self.trainer_completed
+        )
         if verdict.complete:
             verdict = await _probe_orbax_step(reader, f"{self.prefix}{step}/", f"actor/{step}/", self.items)
         return verdict, {"step": step}
