@@ -22,9 +22,11 @@ test: venv
 demo: venv
 	scripts/demo.sh
 
-# Tests that need no service (config, manifests, plan, DAG structure).
+# The tests that need only the metadata database (config, manifests, plan, DAG wiring, deploy files).
 unit: venv
-	$(VENV)/bin/python -m pytest -m "not jobset and not checkpoints and not sim and not e2e"
+	scripts/postgres.sh start
+	source scripts/airflow-env.sh && airflow db migrate >/dev/null && \
+	  python -m pytest -m "not jobset and not checkpoints and not sim and not e2e"
 
 # make plan CONF=my-run.json
 plan: venv

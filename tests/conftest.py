@@ -5,6 +5,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -18,3 +20,12 @@ def _airflow_env() -> dict[str, str]:
 for _key, _value in _airflow_env().items():
     if _key.startswith("AIRFLOW") and _key not in os.environ:
         os.environ[_key] = _value
+
+
+@pytest.fixture(scope="session")
+def metadata_db():
+    """The metadata database with this checkout's DAG bundles registered: the DAG rows that dag.test()
+    writes reference them, and a fresh database has none until a dag-processor has run."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+
+    DagBundlesManager().sync_bundles_to_db()

@@ -20,7 +20,7 @@ from tpu_rl.sensors.checkpoints import HfExportSensor, OrbaxCheckpointSensor
 from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
 from tpu_rl.workloads import HfToMaxTextOperator
 
-pytestmark = pytest.mark.checkpoints
+pytestmark = [pytest.mark.checkpoints, pytest.mark.usefixtures("metadata_db")]
 
 FINAL = "m/hf-trained/run/"
 DAG_ID = "tpu_rl_checkpoints_flow_test"

@@ -6,8 +6,8 @@ database), with the simulated cluster's connections in its environment when the 
 (``.sim/airflow.env`` exists and ``sim/status.sh`` exits 0; the fixture never starts the simulation).
 At the end it stops only what it started.
 
-``browser`` (session) is Debian's Chromium (scripts/install-browser.sh installs it) driven by Playwright;
-``page`` is a new page for each test (in one context for the session, so the UI's scripts are cached).
+``browser`` (module) is Debian's Chromium (scripts/install-browser.sh installs it) driven by Playwright;
+``page`` is a new page for each test (in one context for the module, so the UI's scripts are cached).
 """
 
 from __future__ import annotations
@@ -117,7 +117,9 @@ def airflow_stack():
             _run("scripts/postgres.sh stop", check=False)
 
 
-@pytest.fixture(scope="session")
+# Module scope: while Playwright's sync API is open it keeps an event loop running in the main thread, and
+# any later test that calls asyncio.run() (the JobSet and checkpoint tests do) would fail.
+@pytest.fixture(scope="module")
 def browser():
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: run scripts/install-browser.sh (Debian's chromium package)")
@@ -129,9 +131,9 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_context(browser):
-    """One context for the session, so the UI's scripts are cached after the first page."""
+    """One context for the module, so the UI's scripts are cached after the first page."""
     context = browser.new_context(viewport={"width": 1400, "height": 2200})
     context.set_default_timeout(60_000)
     yield context

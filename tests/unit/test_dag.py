@@ -20,7 +20,7 @@ WORK = ["ensure_bucket", "hf_to_maxtext", "train_rl", "maxtext_to_hf", "publish_
 
 
 @pytest.fixture(scope="module")
-def dag():
+def dag(metadata_db):
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
     return bag.get_dag("maxtext_rl_tpu")
