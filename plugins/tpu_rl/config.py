@@ -454,23 +454,22 @@ def _validate_slice(c: RunConfig):
             f"trainer and sampler fractions add up to {c.trainer_devices_fraction + c.sampler_devices_fraction:g}",
             "make them add up to at most 1",
         )
-    # ici_fsdp_parallelism defaults to -1 (auto), so the explicit ICI axes must divide the trainer devices.
-    trainer_axes = c.ici_tensor_parallelism * c.ici_expert_parallelism
-    if c.trainer_devices.is_integer() and (trainer_axes < 1 or c.trainer_devices % trainer_axes):
-        yield Problem(
-            "ici_expert_parallelism",
-            f"ici_tensor_parallelism x ici_expert_parallelism = {trainer_axes} does not divide the "
-            f"{c.trainer_devices:g} trainer devices",
-            "choose ICI parallelisms whose product divides the trainer devices",
-        )
-    # rollout_data_parallelism defaults to -1 (auto), so the other two rollout axes must divide the sampler devices.
-    rollout_axes = c.rollout_tensor_parallelism * c.rollout_expert_parallelism
-    if c.sampler_devices.is_integer() and (rollout_axes < 1 or c.sampler_devices % rollout_axes):
-        yield Problem(
-            "rollout_tensor_parallelism",
-            f"rollout_tensor_parallelism x rollout_expert_parallelism = {rollout_axes} does not divide the "
-            f"{c.sampler_devices:g} sampler devices",
-            "choose rollout parallelisms whose product divides the sampler devices",
-        )
+    # ici_fsdp_parallelism and rollout_data_parallelism default to -1 (auto-filled), so the explicit axes
+    # only have to divide the devices of their side.
+    yield from _axes_divide(c, "trainer", "ICI", "ici_tensor_parallelism", "ici_expert_parallelism", blame=1)
+    yield from _axes_divide(c, "sampler", "rollout", "rollout_tensor_parallelism", "rollout_expert_parallelism", blame=0)
     for key in sorted(set(c.extra_train_args) & _OWN_TRAIN_KEYS):
         yield Problem("extra_train_args", f"sets '{key}', which has its own parameter", f"set '{key}' with its parameter")
+
+
+def _axes_divide(c: RunConfig, side: str, kind: str, *fields: str, blame: int):
+    """The product of two parallelism params must divide the devices of one side; ``blame`` picks the
+    field the message names."""
+    devices = getattr(c, f"{side}_devices")
+    product = getattr(c, fields[0]) * getattr(c, fields[1])
+    if devices.is_integer() and (product < 1 or devices % product):
+        yield Problem(
+            fields[blame],
+            f"{fields[0]} x {fields[1]} = {product} does not divide the {devices:g} {side} devices",
+            f"choose {kind} parallelisms whose product divides the {side} devices",
+        )
