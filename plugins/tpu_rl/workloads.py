@@ -29,13 +29,13 @@ class RunJobSetOperator(JobSetOperator):
     """Targets the cluster named by the run's params (a Kubernetes connection, or GKE)."""
 
     def _aim(self, context: Any) -> None:
+        from tpu_rl.hooks.cluster import cluster_target
+
         config = config_of(context)
+        target = cluster_target(config)
         self.namespace = config.namespace
-        self.gcp_conn_id = config.gcp_conn_id
-        if config.kubernetes_conn_id:
-            self.kubernetes_conn_id = config.kubernetes_conn_id
-        else:
-            self.project_id, self.location, self.cluster_name = config.project, config.region, config.cluster_name
+        self.kubernetes_conn_id, self.gcp_conn_id = target.kubernetes_conn_id, target.gcp_conn_id
+        self.project_id, self.location, self.cluster_name = target.project_id, target.location, target.cluster_name
 
     def execute(self, context: Any) -> dict | None:
         self._aim(context)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def cluster_target(config: RunConfig) -> ClusterTarget:
     if config.kubernetes_conn_id:
-        return ClusterTarget(kubernetes_conn_id=config.kubernetes_conn_id)
+        return ClusterTarget(kubernetes_conn_id=config.kubernetes_conn_id, gcp_conn_id=config.gcp_conn_id)
     return ClusterTarget(
         project_id=config.project,
         location=config.region,
