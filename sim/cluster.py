@@ -201,8 +201,14 @@ def finish():
         "STORAGE_EMULATOR_HOST": GCS,
         "AIRFLOW_CONN_TPU_RL_SIM": json.dumps(
             {"conn_type": "kubernetes", "extra": {"kube_config_path": kubeconfig}}),
+        # The GKE emulator (sim/gke_emulator.py): a service-account key whose token_uri is the emulator's
+        # token endpoint; gRPC's HTTP CONNECT proxy support sends container.googleapis.com:443 to the
+        # emulator, whose certificate is signed by the sim CA. GCS still goes to STORAGE_EMULATOR_HOST.
         "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps(
-            {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": PROJECT}}),
+            {"conn_type": "google_cloud_platform",
+             "extra": {"key_path": str(SIM / "gke" / "service-account.json"), "project": PROJECT}}),
+        "grpc_proxy": f"http://127.0.0.1:{os.environ['GKE_PROXY_PORT']}",
+        "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(PKI / "ca.crt"),
         # A fake token: the simulation checks that pods get HF_TOKEN from a Secret, never its value.
         "AIRFLOW_CONN_HUGGINGFACE_DEFAULT": json.dumps(
             {"conn_type": "generic", "password": "hf_simulated_token_not_real"}),

@@ -19,8 +19,22 @@ for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
   fi
   rm -f "$(pidfile "$name")"
 done
+# The control planes the GKE emulator started for its clusters (their pids, same format, under
+# $SIM/gke/clusters/<name>/pids); they come back when the emulator restarts (state in $SIM/gke/state.json).
+for f in "$SIM"/gke/clusters/*/pids/*.pid; do
+  [ -f "$f" ] || continue
+  read -r pid st <"$f" || true
+  if [ -n "$pid" ] && [ "$(starttime "$pid")" = "$st" ]; then
+    kill -TERM "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+    echo "stopped $(basename "$(dirname "$(dirname "$f")")")/$(basename "$f" .pid) (pid $pid)"
+  fi
+  rm -f "$f"
+done
 rm -f "$SIM/run/maxtext-emulator.heartbeat"
 if [ "${1:-}" = --purge ]; then
-  rm -rf "$SIM/data" "$SIM/run" "$SIM/podlogs"
-  echo "deleted $SIM/data, $SIM/run, $SIM/podlogs"
+  # $SIM/gke/service-account.json and token-secret stay (the Airflow connection names the key file).
+  rm -rf "$SIM/data" "$SIM/run" "$SIM/podlogs" "$SIM/gke/clusters" "$SIM/gke/state.json" "$SIM/gke/faults.json"
+  echo "deleted $SIM/data, $SIM/run, $SIM/podlogs, GKE emulator state"
 fi

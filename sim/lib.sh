@@ -19,12 +19,16 @@ KWOK_PORT=${TPU_RL_SIM_KWOK_PORT:-20250}
 JOBSET_WEBHOOK_PORT=${TPU_RL_SIM_JOBSET_WEBHOOK_PORT:-19443}
 JOBSET_HEALTH_PORT=${TPU_RL_SIM_JOBSET_HEALTH_PORT:-18081}
 GCS_PORT=${TPU_RL_SIM_GCS_PORT:-14443}
+# GKE emulator: CONNECT proxy (the clients' grpc_proxy), its gRPC/TLS server, the OAuth token endpoint.
+GKE_PROXY_PORT=${TPU_RL_SIM_GKE_PROXY_PORT:-14480}
+GKE_GRPC_PORT=${TPU_RL_SIM_GKE_GRPC_PORT:-14481}
+GKE_TOKEN_PORT=${TPU_RL_SIM_GKE_TOKEN_PORT:-14482}
 
 KUBECONFIG_PATH=$SIM/kubeconfig
 PKI=$SIM/pki
 
 # The components, in start order (down.sh stops them in reverse).
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok jobset gcs maxtext-emulator)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok jobset gcs maxtext-emulator gke)
 
 bin() { echo "$CACHE/$1/bin/$2"; }
 
@@ -66,6 +70,8 @@ health() {
     jobset) curl -sf --max-time 2 "http://127.0.0.1:$JOBSET_HEALTH_PORT/readyz" >/dev/null &&
       [ "$(curl -s --max-time 2 --cacert "$PKI/ca.crt" -o /dev/null -w '%{http_code}' "https://127.0.0.1:$JOBSET_WEBHOOK_PORT/")" != 000 ] ;;
     gcs) curl -sf --max-time 2 "http://127.0.0.1:$GCS_PORT/storage/v1/b?project=tpu-rl-sim" >/dev/null ;;
+    # Up when the token endpoint answers (it starts after the gRPC server and the proxy).
+    gke) curl -sf --max-time 2 "http://127.0.0.1:$GKE_TOKEN_PORT/healthz" >/dev/null ;;
     maxtext-emulator) [ -f "$SIM/run/maxtext-emulator.heartbeat" ] &&
       [ $(( $(date +%s) - $(stat -c %Y "$SIM/run/maxtext-emulator.heartbeat") )) -lt 30 ] ;;
     *) return 1 ;;

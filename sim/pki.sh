@@ -32,6 +32,10 @@ sign apiserver "/CN=kube-apiserver" "$server_ext
 subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 sign serving "/CN=tpu-rl-sim-local" "$server_ext
 subjectAltName=IP:127.0.0.1,DNS:localhost"
+# The GKE emulator's gRPC server (sim/gke_emulator.py): clients reach it as container.googleapis.com through its
+# CONNECT proxy and trust it through GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=ca.crt.
+sign gke "/CN=container.googleapis.com" "$server_ext
+subjectAltName=DNS:container.googleapis.com"
 client_ext="basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"

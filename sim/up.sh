@@ -19,7 +19,8 @@ done
 [ -x "$PY" ] || { echo "no Python at $PY (create .venv first)" >&2; exit 1; }
 mkdir -p "$SIM"/{logs,pids,run,data}
 bash "$SIM_SRC/pki.sh" "$PKI"
-export SIM CACHE JOBSET_VERSION KWOK_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT
+export SIM CACHE JOBSET_VERSION KWOK_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT \
+  GKE_PROXY_PORT GKE_GRPC_PORT GKE_TOKEN_PORT
 "$PY" "$SIM_SRC/cluster.py" files
 
 # launch NAME CMD...: reuse NAME if its recorded process is alive, else start CMD.
@@ -91,6 +92,13 @@ launch gcs "$fake_gcs" -scheme http -host 127.0.0.1 -port "$GCS_PORT" \
 launch maxtext-emulator env KUBECONFIG="$KUBECONFIG_PATH" STORAGE_EMULATOR_HOST="http://127.0.0.1:$GCS_PORT" \
   SIM="$SIM" "$PY" -u "$SIM_SRC/maxtext_emulator.py"
 
+# The GKE API emulator (sim/gke_emulator.py): the service-account key first (cluster.py finish names it).
+TPU_RL_SIM_GKE_TOKEN_PORT=$GKE_TOKEN_PORT "$PY" "$SIM_SRC/gke_emulator.py" init
+launch gke env SIM="$SIM" TPU_RL_SIM_DIR="$SIM" TPU_RL_SIM_CACHE="$CACHE" TPU_RL_SIM_PYTHON="$PY" \
+  TPU_RL_SIM_ETCD_PORT="$ETCD_PORT" TPU_RL_SIM_GCS_PORT="$GCS_PORT" \
+  TPU_RL_SIM_GKE_PROXY_PORT="$GKE_PROXY_PORT" TPU_RL_SIM_GKE_GRPC_PORT="$GKE_GRPC_PORT" \
+  TPU_RL_SIM_GKE_TOKEN_PORT="$GKE_TOKEN_PORT" "$PY" -u "$SIM_SRC/gke_emulator.py"
+
 # The JobSet manager and kwok need their CRDs before they start.
 "$PY" "$SIM_SRC/cluster.py" crds
 stages=()
@@ -105,7 +113,7 @@ launch kwok "$(bin kwok-$KWOK_VERSION kwok)" \
 launch jobset "$(bin jobset-$JOBSET_VERSION jobset)" \
   --kubeconfig="$KUBECONFIG_PATH" --config="$SIM/jobset/config.yaml" --zap-log-level=info
 
-healthy kube-controller-manager kube-scheduler kwok jobset gcs
+healthy kube-controller-manager kube-scheduler kwok jobset gcs gke
 "$PY" "$SIM_SRC/cluster.py" webhooks nodes finish
 healthy maxtext-emulator
 

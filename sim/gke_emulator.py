@@ -1,0 +1,896 @@
+"""GKE API emulator: google.container.v1.ClusterManager over gRPC/TLS, reached by the real clients unmodified.
+
+    gke_emulator.py init    writes $SIM/gke/service-account.json (a fresh RSA key) if missing
+    gke_emulator.py         runs the emulator (sim/up.sh starts it as component `gke`)
+
+One process, three listeners, all on 127.0.0.1:
+  proxy  (TPU_RL_SIM_GKE_PROXY_PORT, 14480)  an HTTP CONNECT proxy: the clients run with
+         grpc_proxy=http://127.0.0.1:<proxy>, so gRPC sends `CONNECT container.googleapis.com:443`; the
+         proxy pipes that tunnel to the gRPC server below and answers 403 to any other host. It never
+         dials anything but its own gRPC port on 127.0.0.1.
+  grpc   (TPU_RL_SIM_GKE_GRPC_PORT, 14481)   the ClusterManager service, TLS with $SIM/pki/gke.crt
+         (SAN DNS:container.googleapis.com, signed by the sim CA; clients trust it through
+         GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=$SIM/pki/ca.crt).
+  token  (TPU_RL_SIM_GKE_TOKEN_PORT, 14482)  the OAuth token endpoint named by the key file's token_uri
+         (JWT-bearer grant, RS256 assertion verified against the key's public key); GET /healthz.
+
+Authentication: every gRPC call needs `authorization: Bearer <token>` where the token is an access token
+this emulator issued, or a self-signed JWT of a known service account (google-auth sends one on gRPC:
+the generated clients set always_use_jwt_access, as Google's APIs accept). Else UNAUTHENTICATED.
+Access tokens are deterministic per service account (HMAC of the account with a secret kept in
+$SIM/gke/token-secret): a refresh returns the same token, so a control plane started before a refresh
+keeps accepting it (the control planes get {token: client_email} at start).
+
+State: $SIM/gke/state.json (clusters, node pools, operations, control-plane slots); reservations the
+emulator knows: $SIM/gke/reservations.json (a JSON list of names or projects/P/reservations/N; default
+none); capacity faults: $SIM/gke/faults.json (sim/gke_faults.py), read on each request. Durations:
+TPU_RL_SIM_GKE_CLUSTER_CREATE_SECONDS (3, after the control plane is ready), _POOL_CREATE_SECONDS (3),
+_DELETE_SECONDS (2), _PENDING_SECONDS (0.3). Validation: sim/gke_rules.py. See sim/README.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import os
+import select
+import socket
+import sys
+import threading
+import time
+import uuid
+from concurrent import futures
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs
+
+SRC = Path(__file__).resolve().parent
+sys.path.insert(0, str(SRC))
+
+import gke_rules  # noqa: E402
+from gke_rules import GkeError  # noqa: E402
+
+SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or SRC.parent / ".sim")
+os.environ.setdefault("TPU_RL_SIM_DIR", str(SIM))  # sim/control_plane.py reads it
+GKE_DIR = SIM / "gke"
+PKI = SIM / "pki"
+HOST = "container.googleapis.com"
+PROXY_PORT = int(os.environ.get("TPU_RL_SIM_GKE_PROXY_PORT", "14480"))
+GRPC_PORT = int(os.environ.get("TPU_RL_SIM_GKE_GRPC_PORT", "14481"))
+TOKEN_PORT = int(os.environ.get("TPU_RL_SIM_GKE_TOKEN_PORT", "14482"))
+PROJECT = "tpu-rl-sim"
+SA_EMAIL = f"tpu-rl-sim@{PROJECT}.iam.gserviceaccount.com"
+SERVICE = "google.container.v1.ClusterManager"
+TOKEN_SECONDS = 3600
+MAX_SLOTS = 50
+
+
+def seconds(name, default):
+    return float(os.environ.get(f"TPU_RL_SIM_GKE_{name}_SECONDS", default))
+
+
+PENDING_S = seconds("PENDING", "0.3")
+CLUSTER_CREATE_S = seconds("CLUSTER_CREATE", "3")
+POOL_CREATE_S = seconds("POOL_CREATE", "3")
+DELETE_S = seconds("DELETE", "2")
+DEFAULT_BOOT_DISK = os.environ.get("TPU_RL_SIM_GKE_DEFAULT_BOOT_DISK", gke_rules.DEFAULT_BOOT_DISK)
+
+log = logging.getLogger("gke")
+
+
+def now_iso():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Service account key and tokens
+# ------------------------------------------------------------------------------------------------------------
+
+
+def init_files():
+    """The service-account key file (fresh RSA key) and the token secret, if missing."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    GKE_DIR.mkdir(parents=True, exist_ok=True)
+    key_file = GKE_DIR / "service-account.json"
+    token_uri = f"http://127.0.0.1:{TOKEN_PORT}/token"
+    if key_file.exists():
+        info = json.loads(key_file.read_text())
+        if info.get("token_uri") != token_uri:  # the port changed: same key, new token endpoint
+            info["token_uri"] = token_uri
+            key_file.write_text(json.dumps(info, indent=2))
+    else:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+        info = {
+            "type": "service_account", "project_id": PROJECT, "private_key_id": uuid.uuid4().hex,
+            "private_key": pem, "client_email": SA_EMAIL, "client_id": str(int(uuid.uuid4().int % 10**21)),
+            "auth_uri": "http://127.0.0.1/unused", "token_uri": token_uri,
+        }
+        key_file.write_text(json.dumps(info, indent=2))
+        key_file.chmod(0o600)
+    secret = GKE_DIR / "token-secret"
+    if not secret.exists():
+        secret.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
+        secret.chmod(0o600)
+    return key_file
+
+
+class Accounts:
+    """The service accounts this emulator knows (every $SIM/gke/*service-account*.json) and their tokens."""
+
+    def __init__(self):
+        from cryptography.hazmat.primitives import serialization
+
+        self.secret = (GKE_DIR / "token-secret").read_bytes()
+        self.public_keys = {}  # client_email -> public key
+        for path in sorted(GKE_DIR.glob("*service-account*.json")):
+            info = json.loads(path.read_text())
+            key = serialization.load_pem_private_key(info["private_key"].encode(), password=None)
+            self.public_keys[info["client_email"]] = key.public_key()
+        self.tokens = {self.token_for(email): email for email in self.public_keys}
+
+    def token_for(self, email: str) -> str:
+        mac = hmac.new(self.secret, email.encode(), hashlib.sha256).digest()
+        return "ya29.sim-" + base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+    def grant(self, assertion: str) -> tuple[str, str]:
+        """JWT-bearer grant: returns (access_token, email) or raises ValueError with the OAuth error text."""
+        import jwt
+
+        try:
+            claims = jwt.decode(assertion, options={"verify_signature": False})
+        except jwt.PyJWTError as e:
+            raise ValueError(f"Invalid JWT: {e}") from None
+        email = claims.get("iss")
+        if email not in self.public_keys:
+            raise ValueError("Invalid JWT Signature.")
+        try:
+            # google-auth puts Google's token endpoint in "aud" whatever the key's token_uri says.
+            jwt.decode(assertion, self.public_keys[email], algorithms=["RS256"], leeway=60,
+                       audience=[f"http://127.0.0.1:{TOKEN_PORT}/token", "https://oauth2.googleapis.com/token"])
+        except jwt.PyJWTError as e:
+            raise ValueError(f"Invalid JWT Signature. ({e})") from None
+        return self.token_for(email), email
+
+    def caller(self, bearer: str) -> str | None:
+        """The service account a gRPC bearer token belongs to: an issued token or a self-signed JWT."""
+        if bearer in self.tokens:
+            return self.tokens[bearer]
+        import jwt
+
+        try:
+            claims = jwt.decode(bearer, options={"verify_signature": False})
+            email = claims.get("iss")
+            if email in self.public_keys and claims.get("sub", email) == email:
+                jwt.decode(bearer, self.public_keys[email], algorithms=["RS256"], leeway=60,
+                           options={"verify_aud": False})
+                return email
+        except jwt.PyJWTError:
+            pass
+        return None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Faults and reservations (files read on each request)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def read_json(path, default):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def reservations() -> set[str]:
+    return set(read_json(GKE_DIR / "reservations.json", []))
+
+
+def take_fault(kind: str, pool_name: str, machine_type: str):
+    """The first fault rule of `kind` matching the pool; counts one use against its `times`."""
+    sys.path.insert(0, str(SRC))
+    import gke_faults
+
+    return gke_faults.take(kind, pool_name, machine_type)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The emulated project
+# ------------------------------------------------------------------------------------------------------------
+
+
+class Emulator:
+    def __init__(self):
+        from google.cloud import container_v1 as c
+
+        self.c = c
+        self.lock = threading.RLock()
+        self.accounts = Accounts()
+        self.clusters: dict[str, dict] = {}  # key "P/L/C" -> {"cluster": Cluster, "slot": int}
+        self.operations: dict[str, dict] = {}  # op name -> {"op": Operation, "key", "pool", "kind", ...}
+        self.control_planes: dict[str, object] = {}
+        self._load()
+
+    # --- persistence --------------------------------------------------------------------------------------
+    def _load(self):
+        c = self.c
+        state = read_json(GKE_DIR / "state.json", {})
+        for key, rec in state.get("clusters", {}).items():
+            self.clusters[key] = {"cluster": c.Cluster.from_json(rec["cluster"]), "slot": rec["slot"]}
+        for name, rec in state.get("operations", {}).items():
+            self.operations[name] = {**rec, "op": c.Operation.from_json(rec["op"])}
+
+    def save(self):
+        c = self.c
+        with self.lock:
+            state = {
+                "clusters": {k: {"cluster": c.Cluster.to_json(v["cluster"]), "slot": v["slot"]}
+                             for k, v in self.clusters.items()},
+                "operations": {k: {**{f: v for f, v in rec.items() if f != "op"},
+                                   "op": c.Operation.to_json(rec["op"])} for k, rec in self.operations.items()},
+            }
+            tmp = GKE_DIR / "state.json.tmp"
+            tmp.write_text(json.dumps(state, indent=1))
+            tmp.replace(GKE_DIR / "state.json")
+
+    def resume(self):
+        """After a restart: restart dead control planes of live clusters, continue unfinished operations."""
+        for key, rec in list(self.clusters.items()):
+            status = rec["cluster"].status
+            if status in (self.c.Cluster.Status.RUNNING, self.c.Cluster.Status.RECONCILING):
+                threading.Thread(target=self._revive, args=(key,), daemon=True).start()
+        for name, rec in list(self.operations.items()):
+            if rec["op"].status != self.c.Operation.Status.DONE:
+                self._run(name)
+
+    def _revive(self, key):
+        try:
+            cp = self.control_plane(key)
+            if not cp.alive():
+                log.info("control plane of %s is not running: restarting it", key)
+                cp.start(self.accounts.tokens)
+                cp.wait_ready(120)
+        except Exception:  # noqa: BLE001 - logged, the cluster stays as it is
+            log.exception("could not restart the control plane of %s", key)
+
+    # --- helpers ----------------------------------------------------------------------------------------
+    def control_plane(self, key):
+        from control_plane import ControlPlane
+
+        with self.lock:
+            if key not in self.control_planes:
+                project, location, name = key.split("/")
+                self.control_planes[key] = ControlPlane(f"{project}-{location}-{name}", self.clusters[key]["slot"])
+            return self.control_planes[key]
+
+    def free_slot(self):
+        used = {rec["slot"] for rec in self.clusters.values()}
+        for slot in range(MAX_SLOTS):
+            if slot not in used:
+                return slot
+        raise GkeError("RESOURCE_EXHAUSTED", f"The simulation has no free control-plane slot ({MAX_SLOTS} in use).")
+
+    def cluster(self, key) -> dict:
+        if key not in self.clusters:
+            project, location, name = key.split("/")
+            # GKE's NOT_FOUND wording, quoted in hashicorp/terraform-provider-google issue 5229:
+            # "Not found: projects/xxxx/locations/europe-west1/clusters/gke-cluster."
+            raise GkeError("NOT_FOUND", f"Not found: projects/{project}/locations/{location}/clusters/{name}.")
+        return self.clusters[key]
+
+    def pool(self, key, pool_name):
+        cluster = self.cluster(key)["cluster"]
+        for p in cluster.node_pools:
+            if p.name == pool_name:
+                return p
+        raise GkeError("NOT_FOUND", f"Not found: projects/{key.split('/')[0]}/locations/{key.split('/')[1]}/"
+                                    f"clusters/{cluster.name}/nodePools/{pool_name}.")
+
+    def running_ops(self, key):
+        return [{"name": n, "operation_type": self.c.Operation.Type(r["op"].operation_type).name}
+                for n, r in self.operations.items()
+                if r["key"] == key and r["op"].status != self.c.Operation.Status.DONE]
+
+    def new_op(self, key, kind, pool=None, **extra):
+        c = self.c
+        project, location, cname = key.split("/")
+        name = f"operation-{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}"
+        target = f"projects/{project}/locations/{location}/clusters/{cname}" + (f"/nodePools/{pool}" if pool else "")
+        op = c.Operation(
+            name=name, zone=location, location=location, operation_type=c.Operation.Type[kind],
+            status=c.Operation.Status.PENDING, start_time=now_iso(),
+            self_link=f"https://{HOST}/v1/projects/{project}/locations/{location}/operations/{name}",
+            target_link=f"https://{HOST}/v1/{target}",
+        )
+        self.operations[name] = {"op": op, "key": key, "pool": pool, "kind": kind, **extra}
+        self.save()
+        self._run(name)
+        return op
+
+    def _run(self, name):
+        threading.Thread(target=self._work, args=(name,), name=name, daemon=True).start()
+
+    def _set(self, op_name, status=None, **fields):
+        with self.lock:
+            op = self.operations[op_name]["op"]
+            if status:
+                op.status = self.c.Operation.Status[status]
+            for k, v in fields.items():
+                setattr(op, k, v)
+            self.save()
+
+    def _finish(self, op_name, error: tuple[int, str] | None = None):
+        with self.lock:
+            op = self.operations[op_name]["op"]
+            op.status = self.c.Operation.Status.DONE
+            op.end_time = now_iso()
+            if error:
+                from google.rpc import status_pb2
+
+                op.error = status_pb2.Status(code=error[0], message=error[1])
+                op.status_message = error[1]
+            self.save()
+
+    # --- operation workers ------------------------------------------------------------------------------
+    def _work(self, op_name):
+        rec = self.operations[op_name]
+        try:
+            if rec["op"].status == self.c.Operation.Status.PENDING:
+                time.sleep(PENDING_S)
+                self._set(op_name, "RUNNING")
+            {"CREATE_CLUSTER": self._create_cluster, "DELETE_CLUSTER": self._delete_cluster,
+             "CREATE_NODE_POOL": self._create_pool, "DELETE_NODE_POOL": self._delete_pool}[rec["kind"]](op_name, rec)
+        except Exception as e:  # noqa: BLE001 - the operation reports it, as GKE would an internal error
+            log.exception("operation %s failed", op_name)
+            self._finish(op_name, (13, f"Internal error in the GKE emulator: {e}"))
+
+    def _create_cluster(self, op_name, rec):
+        c, key = self.c, rec["key"]
+        cp = self.control_plane(key)
+        try:
+            cp.start(self.accounts.tokens)
+            cp.wait_ready(180)
+        except Exception as e:  # noqa: BLE001
+            with self.lock:
+                cluster = self.clusters[key]["cluster"]
+                cluster.status = c.Cluster.Status.ERROR
+                cluster.status_message = f"Control plane failed to start: {e}"
+            self._finish(op_name, (13, f"Control plane failed to start: {e}"))
+            return
+        with self.lock:
+            cluster = self.clusters[key]["cluster"]
+            cluster.endpoint = cp.endpoint
+            cluster.master_auth.cluster_ca_certificate = base64.b64encode(cp.ca_pem).decode()
+            self.save()
+        time.sleep(CLUSTER_CREATE_S)
+        with self.lock:
+            pools = [(p.name, c.NodePool.to_dict(p, preserving_proto_field_name=True, use_integers_for_enums=False))
+                     for p in self.clusters[key]["cluster"].node_pools]
+        for pool_name, pool in pools:
+            self._create_nodes(key, pool)
+        with self.lock:
+            cluster = self.clusters[key]["cluster"]
+            for p in cluster.node_pools:
+                p.status = c.NodePool.Status.RUNNING
+            cluster.status = c.Cluster.Status.RUNNING
+            cluster.current_node_count = sum(self._node_count(key, p) for _, p in pools)
+        self._finish(op_name)
+
+    def _delete_cluster(self, op_name, rec):
+        key = rec["key"]
+        time.sleep(DELETE_S)
+        self.control_plane(key).stop(purge=True)
+        with self.lock:
+            self.clusters.pop(key, None)
+            self.control_planes.pop(key, None)
+        self._finish(op_name)
+
+    def _create_pool(self, op_name, rec):
+        c, key = self.c, rec["key"]
+        time.sleep(POOL_CREATE_S)
+        fault = rec.get("fault")
+        with self.lock:
+            pool = self.pool(key, rec["pool"])
+            body = c.NodePool.to_dict(pool, preserving_proto_field_name=True, use_integers_for_enums=False)
+        if fault:
+            zone = self._zones(key, body)[0]
+            project = key.split("/")[0]
+            message = (
+                f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S:.1f}s. Expected "
+                f"{self._node_count(key, body)}, running 0, transitioning {self._node_count(key, body)}. "
+                f"Current errors: [GCE_STOCKOUT]: Instance '{self._node_names(key, body)[0]}' creation failed: "
+                f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "
+                "the request.  '(resource type:compute)'."
+            )
+            with self.lock:
+                pool = self.pool(key, rec["pool"])
+                pool.status = c.NodePool.Status.ERROR
+                pool.status_message = message
+            self._finish(op_name, (8, message))  # RESOURCE_EXHAUSTED
+            return
+        self._create_nodes(key, body)
+        with self.lock:
+            self.pool(key, rec["pool"]).status = c.NodePool.Status.RUNNING
+        self._finish(op_name)
+
+    def _delete_pool(self, op_name, rec):
+        key = rec["key"]
+        time.sleep(DELETE_S)
+        self._delete_nodes(key, rec["pool"])
+        with self.lock:
+            cluster = self.clusters[key]["cluster"]
+            cluster.node_pools = [p for p in cluster.node_pools if p.name != rec["pool"]]
+        self._finish(op_name)
+
+    # --- nodes ------------------------------------------------------------------------------------------
+    def _zones(self, key, pool: dict) -> list[str]:
+        cluster = self.clusters[key]["cluster"]
+        location = key.split("/")[1]
+        return list(pool.get("locations") or cluster.locations or gke_rules.zones_of(location)[:3])
+
+    def _node_count(self, key, pool: dict) -> int:
+        return int(pool.get("initial_node_count") or 0) * len(self._zones(key, pool))
+
+    def _node_names(self, key, pool: dict) -> list[str]:
+        cname = key.split("/")[2]
+        names = []
+        for zone in self._zones(key, pool):
+            group = hashlib.sha256(f"{key}/{pool['name']}/{zone}".encode()).hexdigest()[:8]
+            for i in range(int(pool.get("initial_node_count") or 0)):
+                suffix = hashlib.sha256(f"{group}/{i}".encode()).hexdigest()[:4]
+                names.append(f"gke-{cname[:20]}-{pool['name'][:16]}-{group}-{suffix}")
+        return names
+
+    def _node_bodies(self, key, pool: dict) -> list[dict]:
+        """Node objects as GKE's nodes register them (labels and taints of the pool), managed by kwok."""
+        project, location, cname = key.split("/")
+        config = pool.get("config") or {}
+        mt = gke_rules.machine(config.get("machine_type") or "e2-medium") \
+            if (config.get("machine_type") or "e2-medium") in gke_rules.MACHINE_TYPES else gke_rules.MACHINE_TYPES["e2-standard-8"]
+        capacity, allocatable = gke_rules.node_resources(mt)
+        region = location if location.count("-") == 1 else location.rsplit("-", 1)[0]
+        base_labels = {
+            "cloud.google.com/gke-nodepool": pool["name"],
+            "cloud.google.com/machine-family": mt.family,
+            "cloud.google.com/gke-os-distribution": "cos",
+            "cloud.google.com/gke-boot-disk": config.get("disk_type") or DEFAULT_BOOT_DISK,
+            "node.kubernetes.io/instance-type": mt.name,
+            "topology.kubernetes.io/region": region,
+            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+            "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
+            "type": "kwok",
+            **(config.get("labels") or {}),
+        }
+        if (config.get("workload_metadata_config") or {}).get("mode") == "GKE_METADATA":
+            base_labels["iam.gke.io/gke-metadata-server-enabled"] = "true"
+        if config.get("spot"):
+            base_labels["cloud.google.com/gke-spot"] = "true"
+        if config.get("preemptible"):
+            base_labels["cloud.google.com/gke-preemptible"] = "true"
+        taints = []
+        placement = pool.get("placement_policy") or {}
+        if mt.tpu_chips:
+            base_labels["cloud.google.com/gke-tpu-accelerator"] = mt.tpu_accelerator
+            base_labels["cloud.google.com/gke-accelerator-count"] = str(mt.tpu_chips)
+            if placement.get("tpu_topology"):
+                base_labels["cloud.google.com/gke-tpu-topology"] = placement["tpu_topology"]
+            taints.append({"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"})
+        if placement.get("type") == "COMPACT":
+            base_labels["cloud.google.com/gke-placement-group"] = placement.get("policy_name") or f"{pool['name']}-placement"
+        effects = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
+        for t in config.get("taints") or []:
+            taint = {"key": t["key"], "value": t.get("value", ""), "effect": effects.get(t.get("effect"), "NoSchedule")}
+            if taint not in taints:
+                taints.append(taint)
+        bodies, names = [], iter(self._node_names(key, pool))
+        for zone in self._zones(key, pool):
+            for _ in range(int(pool.get("initial_node_count") or 0)):
+                name = next(names)
+                bodies.append({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name,
+                                 "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0",
+                                                 "container.googleapis.com/instance_id": str(int(hashlib.sha256(name.encode()).hexdigest()[:15], 16))},
+                                 "labels": {**base_labels, "kubernetes.io/hostname": name,
+                                            "topology.kubernetes.io/zone": zone}},
+                    "spec": {"providerID": f"gce://{project}/{zone}/{name}", "taints": taints},
+                    "status": {"capacity": capacity, "allocatable": allocatable},
+                })
+        return bodies
+
+    def _create_nodes(self, key, pool: dict):
+        import urllib.error
+
+        cp = self.control_plane(key)
+        for body in self._node_bodies(key, pool):
+            try:
+                cp.api("POST", "/api/v1/nodes", body)
+            except urllib.error.HTTPError as e:
+                if e.code != 409:
+                    raise
+
+    def _delete_nodes(self, key, pool_name):
+        import urllib.error
+
+        cp = self.control_plane(key)
+        try:
+            nodes = cp.api("GET", f"/api/v1/nodes?labelSelector=cloud.google.com%2Fgke-nodepool%3D{pool_name}")
+        except (urllib.error.URLError, OSError):
+            log.warning("control plane of %s unreachable: nodes of %s not deleted", key, pool_name)
+            return
+        for node in nodes.get("items", []):
+            try:
+                cp.api("DELETE", f"/api/v1/nodes/{node['metadata']['name']}")
+            except urllib.error.HTTPError as e:
+                if e.code != 404:
+                    raise
+
+    # --- RPCs -------------------------------------------------------------------------------------------
+    def create_cluster(self, req):
+        c = self.c
+        project, location = parse_parent(req.parent, req.project_id, req.zone)
+        cluster = c.Cluster(req.cluster)
+        body = c.Cluster.to_dict(cluster, preserving_proto_field_name=True, use_integers_for_enums=False)
+        with self.lock:
+            key = f"{project}/{location}/{cluster.name}"
+            gke_rules.check_cluster_name(cluster.name)
+            gke_rules.check_cluster_absent(cluster.name, project, location,
+                                           {k.split("/")[2] for k in self.clusters if k.startswith(f"{project}/{location}/")})
+            if not body.get("node_pools") and not body.get("initial_node_count"):
+                # GKE answers this for a Standard cluster without nodes (wording ours).
+                raise GkeError("INVALID_ARGUMENT", "Cluster.initial_node_count or Cluster.node_pools must be set.")
+            gke_rules.check_cluster(body, location, project, reservations(), DEFAULT_BOOT_DISK)
+            if body.get("initial_node_count"):  # the legacy form: one pool named default-pool
+                cluster.node_pools.append(c.NodePool(name="default-pool", initial_node_count=cluster.initial_node_count,
+                                                     config=cluster.node_config or c.NodeConfig(machine_type="e2-medium")))
+                cluster.initial_node_count = 0
+            slot = self.free_slot()
+            cluster.status = c.Cluster.Status.PROVISIONING
+            cluster.location = location
+            cluster.zone = location
+            if not cluster.locations:
+                cluster.locations.extend(gke_rules.zones_of(location)[:3])
+            cluster.self_link = f"https://{HOST}/v1/projects/{project}/locations/{location}/clusters/{cluster.name}"
+            cluster.create_time = now_iso()
+            cluster.current_master_version = cluster.current_node_version = "1.34.4-gke.sim"
+            cluster.initial_cluster_version = cluster.initial_cluster_version or "1.34.4-gke.sim"
+            for p in cluster.node_pools:
+                p.status = c.NodePool.Status.PROVISIONING
+                p.version = "1.34.4-gke.sim"
+                p.self_link = f"{cluster.self_link}/nodePools/{p.name}"
+            self.clusters[key] = {"cluster": cluster, "slot": slot}
+            return self.new_op(key, "CREATE_CLUSTER")
+
+    def get_cluster(self, req):
+        project, location, name = parse_cluster(req.name, req.project_id, req.zone, req.cluster_id)
+        with self.lock:
+            return self.cluster(f"{project}/{location}/{name}")["cluster"]
+
+    def list_clusters(self, req):
+        project, location = parse_parent(req.parent, req.project_id, req.zone)
+        with self.lock:
+            items = [v["cluster"] for k, v in self.clusters.items()
+                     if k.startswith(f"{project}/") and (location == "-" or k.split("/")[1] == location)]
+        return self.c.ListClustersResponse(clusters=items)
+
+    def delete_cluster(self, req):
+        project, location, name = parse_cluster(req.name, req.project_id, req.zone, req.cluster_id)
+        key = f"{project}/{location}/{name}"
+        with self.lock:
+            rec = self.cluster(key)
+            gke_rules.check_no_running_operation(name, self.running_ops(key), "delete cluster")
+            rec["cluster"].status = self.c.Cluster.Status.STOPPING
+            return self.new_op(key, "DELETE_CLUSTER")
+
+    def create_node_pool(self, req):
+        c = self.c
+        project, location, name = parse_cluster(req.parent, req.project_id, req.zone, req.cluster_id)
+        key = f"{project}/{location}/{name}"
+        pool = c.NodePool(req.node_pool)
+        body = c.NodePool.to_dict(pool, preserving_proto_field_name=True, use_integers_for_enums=False)
+        with self.lock:
+            cluster = self.cluster(key)["cluster"]
+            cluster_body = c.Cluster.to_dict(cluster, preserving_proto_field_name=True, use_integers_for_enums=False)
+            gke_rules.check_node_pool(cluster_body, body, location, project, reservations(), DEFAULT_BOOT_DISK)
+            gke_rules.check_node_pool_absent(name, pool.name, {p.name for p in cluster.node_pools})
+            gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool")
+            machine_type = body.get("config", {}).get("machine_type", "")
+            if take_fault("reservation-missing", pool.name, machine_type):
+                affinity = body.get("config", {}).get("reservation_affinity") or {}
+                res = (affinity.get("values") or ["(any)"])[0].rsplit("/", 1)[-1]
+                zone = (body.get("locations") or list(cluster.locations) or ["?"])[0]
+                raise GkeError("NOT_FOUND", f'Google Compute Engine: reservation "{res}" not found for node pool '
+                                            f'"{pool.name}" at zone "{zone}".')
+            fault = take_fault("stockout", pool.name, machine_type)
+            pool.status = c.NodePool.Status.PROVISIONING
+            pool.version = "1.34.4-gke.sim"
+            pool.self_link = f"{cluster.self_link}/nodePools/{pool.name}"
+            if not pool.locations:
+                pool.locations.extend(cluster.locations)
+            cluster.node_pools.append(pool)
+            return self.new_op(key, "CREATE_NODE_POOL", pool=pool.name, fault=fault)
+
+    def get_node_pool(self, req):
+        project, location, name, pool = parse_pool(req.name, req.project_id, req.zone, req.cluster_id, req.node_pool_id)
+        with self.lock:
+            return self.pool(f"{project}/{location}/{name}", pool)
+
+    def list_node_pools(self, req):
+        project, location, name = parse_cluster(req.parent, req.project_id, req.zone, req.cluster_id)
+        with self.lock:
+            return self.c.ListNodePoolsResponse(node_pools=list(self.cluster(f"{project}/{location}/{name}")["cluster"].node_pools))
+
+    def delete_node_pool(self, req):
+        project, location, name, pool_name = parse_pool(req.name, req.project_id, req.zone, req.cluster_id,
+                                                        req.node_pool_id)
+        key = f"{project}/{location}/{name}"
+        with self.lock:
+            pool = self.pool(key, pool_name)
+            gke_rules.check_no_running_operation(name, self.running_ops(key), "delete node pool")
+            pool.status = self.c.NodePool.Status.STOPPING
+            return self.new_op(key, "DELETE_NODE_POOL", pool=pool_name)
+
+    def get_operation(self, req):
+        project, location, op_name = parse_operation(req.name, req.project_id, req.zone, req.operation_id)
+        with self.lock:
+            rec = self.operations.get(op_name)
+            if rec is None or not rec["key"].startswith(f"{project}/"):
+                raise GkeError("NOT_FOUND", f"Not found: projects/{project}/locations/{location}/operations/{op_name}.")
+            return rec["op"]
+
+    def list_operations(self, req):
+        project, location = parse_parent(req.parent, req.project_id, req.zone)
+        with self.lock:
+            ops = [r["op"] for r in self.operations.values()
+                   if r["key"].startswith(f"{project}/") and (location == "-" or r["key"].split("/")[1] == location)]
+        return self.c.ListOperationsResponse(operations=ops)
+
+
+# --- resource names --------------------------------------------------------------------------------------------
+
+
+def _split(name: str, shape: list[str]) -> list[str] | None:
+    parts = name.split("/")
+    if len(parts) != 2 * len(shape) or any(parts[2 * i] != s for i, s in enumerate(shape)):
+        return None
+    return parts[1::2]
+
+
+def parse_parent(parent, project_id="", zone=""):
+    got = _split(parent, ["projects", "locations"]) if parent else [project_id, zone]
+    if not got or not all(got):
+        raise GkeError("INVALID_ARGUMENT", f'Invalid parent "{parent}": expected projects/*/locations/*.')
+    return got[0], got[1]
+
+
+def parse_cluster(name, project_id="", zone="", cluster_id=""):
+    got = _split(name, ["projects", "locations", "clusters"]) if name else [project_id, zone, cluster_id]
+    if not got or not all(got):
+        raise GkeError("INVALID_ARGUMENT", f'Invalid name "{name}": expected projects/*/locations/*/clusters/*.')
+    return tuple(got)
+
+
+def parse_pool(name, project_id="", zone="", cluster_id="", pool_id=""):
+    got = _split(name, ["projects", "locations", "clusters", "nodePools"]) if name else [project_id, zone, cluster_id, pool_id]
+    if not got or not all(got):
+        raise GkeError("INVALID_ARGUMENT",
+                       f'Invalid name "{name}": expected projects/*/locations/*/clusters/*/nodePools/*.')
+    return tuple(got)
+
+
+def parse_operation(name, project_id="", zone="", operation_id=""):
+    got = _split(name, ["projects", "locations", "operations"]) if name else [project_id, zone, operation_id]
+    if not got or not all(got):
+        raise GkeError("INVALID_ARGUMENT", f'Invalid name "{name}": expected projects/*/locations/*/operations/*.')
+    return tuple(got)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# gRPC server
+# ------------------------------------------------------------------------------------------------------------
+
+UNAUTHENTICATED_TEXT = (
+    "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid "
+    "authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project."
+)
+
+
+def grpc_handler(emulator: Emulator):
+    import grpc
+    from google.cloud import container_v1 as c
+
+    methods = {
+        "CreateCluster": (c.CreateClusterRequest, c.Operation, emulator.create_cluster),
+        "GetCluster": (c.GetClusterRequest, c.Cluster, emulator.get_cluster),
+        "ListClusters": (c.ListClustersRequest, c.ListClustersResponse, emulator.list_clusters),
+        "DeleteCluster": (c.DeleteClusterRequest, c.Operation, emulator.delete_cluster),
+        "CreateNodePool": (c.CreateNodePoolRequest, c.Operation, emulator.create_node_pool),
+        "GetNodePool": (c.GetNodePoolRequest, c.NodePool, emulator.get_node_pool),
+        "ListNodePools": (c.ListNodePoolsRequest, c.ListNodePoolsResponse, emulator.list_node_pools),
+        "DeleteNodePool": (c.DeleteNodePoolRequest, c.Operation, emulator.delete_node_pool),
+        "GetOperation": (c.GetOperationRequest, c.Operation, emulator.get_operation),
+        "ListOperations": (c.ListOperationsRequest, c.ListOperationsResponse, emulator.list_operations),
+    }
+
+    def wrap(method, call):
+        def handle(request, context):
+            metadata = dict(context.invocation_metadata())
+            auth = metadata.get("authorization", "")
+            caller = emulator.accounts.caller(auth[7:]) if auth.startswith("Bearer ") else None
+            if caller is None:
+                log.info("%s: UNAUTHENTICATED", method)
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_TEXT)
+            try:
+                answer = call(request)
+                log.info("%s by %s: OK", method, caller)
+                return answer
+            except GkeError as e:
+                log.info("%s by %s: %s %s", method, caller, e.code, e.message)
+                context.abort(getattr(grpc.StatusCode, e.code), e.message)
+        return handle
+
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            wrap(name, call), request_deserializer=req.deserialize, response_serializer=resp.serialize)
+        for name, (req, resp, call) in methods.items()
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def serve_grpc(emulator):
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers((grpc_handler(emulator),))
+    creds = grpc.ssl_server_credentials([((PKI / "gke.key").read_bytes(), (PKI / "gke.crt").read_bytes())])
+    if server.add_secure_port(f"127.0.0.1:{GRPC_PORT}", creds) == 0:
+        raise SystemExit(f"cannot listen on 127.0.0.1:{GRPC_PORT}")
+    server.start()
+    return server
+
+
+# ------------------------------------------------------------------------------------------------------------
+# CONNECT proxy
+# ------------------------------------------------------------------------------------------------------------
+
+
+def serve_proxy():
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", PROXY_PORT))
+    listener.listen(64)
+
+    def pipe(a, b):
+        try:
+            while True:
+                readable, _, _ = select.select([a, b], [], [], 300)
+                if not readable:
+                    return
+                for s in readable:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    (b if s is a else a).sendall(data)
+        except OSError:
+            return
+        finally:
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def handle(conn):
+        try:
+            conn.settimeout(10)
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 8192:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    conn.close()
+                    return
+                head += chunk
+            line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            parts = line.split()
+            if len(parts) != 3 or parts[0] != "CONNECT" or parts[1] != f"{HOST}:443":
+                log.info("proxy refused %r", line)
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                conn.close()
+                return
+            upstream = socket.create_connection(("127.0.0.1", GRPC_PORT), timeout=10)
+            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            rest = head.split(b"\r\n\r\n", 1)[1]
+            if rest:
+                upstream.sendall(rest)
+            conn.settimeout(None)
+            upstream.settimeout(None)
+            pipe(conn, upstream)
+        except OSError:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def accept():
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, name="proxy", daemon=True).start()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Token endpoint
+# ------------------------------------------------------------------------------------------------------------
+
+
+def serve_tokens(emulator):
+    class Handler(BaseHTTPRequestHandler):
+        def _json(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802
+            if self.path == "/healthz":
+                self._json(200, {"status": "ok"})
+            else:
+                self._json(404, {"error": "not_found"})
+
+        def do_POST(self):  # noqa: N802
+            if self.path != "/token":
+                return self._json(404, {"error": "not_found"})
+            form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+            if form.get("grant_type", [""])[0] != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+                return self._json(400, {"error": "unsupported_grant_type", "error_description": "Invalid grant_type."})
+            try:
+                token, email = emulator.accounts.grant(form.get("assertion", [""])[0])
+            except ValueError as e:
+                log.info("token refused: %s", e)
+                return self._json(400, {"error": "invalid_grant", "error_description": str(e)})
+            log.info("token issued to %s", email)
+            self._json(200, {"access_token": token, "expires_in": TOKEN_SECONDS, "token_type": "Bearer"})
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", TOKEN_PORT), Handler)
+    threading.Thread(target=server.serve_forever, name="token", daemon=True).start()
+    return server
+
+
+def main():
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    if sys.argv[1:] == ["init"]:
+        print(f"service account key: {init_files()}")
+        return
+    init_files()
+    emulator = Emulator()
+    server = serve_grpc(emulator)
+    serve_proxy()
+    serve_tokens(emulator)
+    emulator.resume()
+    log.info("GKE emulator: proxy 127.0.0.1:%d, gRPC/TLS 127.0.0.1:%d, token http://127.0.0.1:%d/token",
+             PROXY_PORT, GRPC_PORT, TOKEN_PORT)
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    server.stop(2)
+    emulator.save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Capacity faults of the GKE emulator (sim/gke_emulator.py): rules in $SIM/gke/faults.json, read on each request.
+
+A rule is a JSON object under its name:
+  "kind"          "stockout": a matching node pool create is accepted, then its operation ends DONE with
+                  error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text, the pool in ERROR with no nodes;
+                  "reservation-missing": a matching node pool create is refused at once with NOT_FOUND
+                  'Google Compute Engine: reservation "R" not found for node pool "P" at zone "Z".'
+  "pool_prefix"   the node pool's name starts with it (absent: any pool)
+  "machine_type"  the pool's machine type equals it (absent: any)
+  "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
+
+CLI:
+  gke_faults.py set NAME --kind stockout|reservation-missing [--pool-prefix P] [--machine-type M] [--times N]
+  gke_faults.py list
+  gke_faults.py clear [NAME]
+"""
+
+import argparse
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
+KINDS = ("stockout", "reservation-missing")
+
+
+def path() -> Path:
+    return SIM / "gke" / "faults.json"
+
+
+@contextmanager
+def _rules():
+    """Read-modify-write of faults.json under an exclusive lock (the emulator and this CLI share it)."""
+    p = path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            rules = json.loads(p.read_text()) if p.exists() else {}
+        except ValueError:
+            rules = {}
+        yield rules
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rules, indent=1, sort_keys=True))
+        tmp.replace(p)
+
+
+def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None):
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}")
+    rule = {"kind": kind, "applied": 0}
+    for field, value in (("pool_prefix", pool_prefix), ("machine_type", machine_type), ("times", times)):
+        if value is not None:
+            rule[field] = value
+    with _rules() as rules:
+        rules[name] = rule
+    return rule
+
+
+def list_faults():
+    with _rules() as rules:
+        return dict(rules)
+
+
+def clear_faults(name=None):
+    with _rules() as rules:
+        if name is None:
+            rules.clear()
+        else:
+            rules.pop(name, None)
+
+
+def take(kind, pool_name, machine_type):
+    """The name of the first rule of `kind` matching the pool that has uses left; counts the use. None if none."""
+    if not path().exists():
+        return None
+    with _rules() as rules:
+        for name in sorted(rules):
+            rule = rules[name]
+            if rule.get("kind") != kind:
+                continue
+            if rule.get("pool_prefix") and not pool_name.startswith(rule["pool_prefix"]):
+                continue
+            if rule.get("machine_type") and rule["machine_type"] != machine_type:
+                continue
+            if rule.get("times") is not None and rule.get("applied", 0) >= rule["times"]:
+                continue
+            rule["applied"] = rule.get("applied", 0) + 1
+            return name
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("set")
+    s.add_argument("name")
+    s.add_argument("--kind", required=True, choices=KINDS)
+    s.add_argument("--pool-prefix")
+    s.add_argument("--machine-type")
+    s.add_argument("--times", type=int)
+    sub.add_parser("list")
+    c = sub.add_parser("clear")
+    c.add_argument("name", nargs="?")
+    args = parser.parse_args()
+    if args.cmd == "set":
+        print(json.dumps({args.name: set_fault(args.name, args.kind, args.pool_prefix, args.machine_type, args.times)}))
+    elif args.cmd == "list":
+        print(json.dumps(list_faults(), indent=1, sort_keys=True))
+    else:
+        clear_faults(args.name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,459 @@
+"""What GKE refuses, as pure functions over request bodies (container_v1 JSON with snake_case field names and
+enum names, i.e. ``type(msg).to_dict(msg, preserving_proto_field_name=True, use_integers_for_enums=False)``).
+
+Used by sim/gke_emulator.py before it accepts a request, and by tests/unit/test_gke_rules.py. No imports from
+plugins/ (the pipeline is what these rules check) and nothing but the standard library.
+
+Every rule raises ``GkeError(code, message)``; ``code`` is the gRPC status name the emulator answers with
+(google.api_core maps it to the same exception class as for real GKE: INVALID_ARGUMENT -> BadRequest /
+InvalidArgument, ALREADY_EXISTS -> AlreadyExists (409 Conflict), NOT_FOUND -> NotFound,
+FAILED_PRECONDITION -> FailedPrecondition). Messages are GKE's where a public source quotes them (cited at
+each rule); otherwise written in GKE's style and marked "(wording ours)".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+class GkeError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _bad(message: str) -> GkeError:
+    return GkeError("INVALID_ARGUMENT", message)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Machine types. Sources (vCPU, memory, chips):
+#   TPU v6e: Cloud TPU docs "TPU v6e" https://cloud.google.com/tpu/docs/v6e  (ct6e-standard-1t 44 vCPU 448 GB,
+#            -4t 180 vCPU 720 GB, -8t 180 vCPU 1440 GB)
+#   TPU v5e: "TPU v5e" https://cloud.google.com/tpu/docs/v5e  (ct5lp-hightpu-1t 24/48 GB, -4t 112/192 GB,
+#            -8t 224/384 GB)
+#   TPU v5p: "TPU v5p" https://cloud.google.com/tpu/docs/v5p  (ct5p-hightpu-4t 208 vCPU 448 GB, 4 chips)
+#   TPU v4:  "TPU v4" https://cloud.google.com/tpu/docs/v4  (ct4p-hightpu-4t 240 vCPU 407 GB, 4 chips)
+#   CPU:     Compute Engine "General-purpose machine family" https://cloud.google.com/compute/docs/general-purpose-machines
+#            (e2/n2-standard: 4 GB per vCPU; n4-standard: 4 GB per vCPU; c4d-standard: 3.875 GB per vCPU)
+# GB here is Compute Engine's GB (GiB in practice: GCE reports memoryMb = GB * 1024).
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MachineType:
+    name: str
+    vcpus: int
+    memory_gb: float
+    tpu_chips: int = 0
+    #: GKE node label cloud.google.com/gke-tpu-accelerator
+    tpu_accelerator: str = ""
+    #: "v6e", "v5e", "v5p", "v4"
+    tpu_generation: str = ""
+
+    @property
+    def family(self) -> str:
+        return self.name.split("-")[0]
+
+
+MACHINE_TYPES = {m.name: m for m in (
+    MachineType("ct6e-standard-1t", 44, 448, 1, "tpu-v6e-slice", "v6e"),
+    MachineType("ct6e-standard-4t", 180, 720, 4, "tpu-v6e-slice", "v6e"),
+    MachineType("ct6e-standard-8t", 180, 1440, 8, "tpu-v6e-slice", "v6e"),
+    MachineType("ct5lp-hightpu-1t", 24, 48, 1, "tpu-v5-lite-podslice", "v5e"),
+    MachineType("ct5lp-hightpu-4t", 112, 192, 4, "tpu-v5-lite-podslice", "v5e"),
+    MachineType("ct5lp-hightpu-8t", 224, 384, 8, "tpu-v5-lite-podslice", "v5e"),
+    MachineType("ct5p-hightpu-4t", 208, 448, 4, "tpu-v5p-slice", "v5p"),
+    MachineType("ct4p-hightpu-4t", 240, 407, 4, "tpu-v4-podslice", "v4"),
+    MachineType("e2-standard-8", 8, 32),
+    MachineType("e2-standard-16", 16, 64),
+    MachineType("n2-standard-8", 8, 32),
+    MachineType("n2-standard-16", 16, 64),
+    MachineType("n2-standard-32", 32, 128),
+    MachineType("n4-standard-8", 8, 32),
+    MachineType("n4-standard-32", 32, 128),
+    MachineType("n4-standard-64", 64, 256),
+    MachineType("c4-standard-8", 8, 30),
+    MachineType("c4-standard-96", 96, 360),
+    MachineType("c4d-standard-32", 32, 124),
+    MachineType("c4d-standard-96", 96, 372),
+)}
+
+# Machine series that take only Hyperdisk (no Persistent Disk) boot disks. Source: Compute Engine "Machine
+# series comparison" / "Supported disk types" tables https://cloud.google.com/compute/docs/machine-resource
+# (C4, C4D, N4: Hyperdisk only; TPU v6e VMs: Hyperdisk Balanced, see https://cloud.google.com/tpu/docs/v6e).
+HYPERDISK_ONLY_FAMILIES = {"c4", "c4d", "c4a", "n4", "n4d", "c3", "ct6e"}
+
+# Topologies per generation. Sources: the TPU docs pages above ("Supported configurations" tables).
+TPU_2D_TOPOLOGIES = {
+    "v6e": {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"},
+    "v5e": {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"},
+}
+
+# The default boot disk GKE uses when node_config.disk_type is empty. Source: GKE docs "Configuring a custom
+# boot disk" https://cloud.google.com/kubernetes-engine/docs/how-to/custom-boot-disks: "By default, GKE uses
+# balanced Persistent Disks in version 1.24 or later" (pd-balanced). Overridable by the emulator
+# (TPU_RL_SIM_GKE_DEFAULT_BOOT_DISK) because whether GKE now picks hyperdisk-balanced by itself for
+# Hyperdisk-only machine types is not documented there.
+DEFAULT_BOOT_DISK = "pd-balanced"
+
+REGION_ZONES_SUFFIXES = ("a", "b", "c", "d", "f")
+
+
+def machine(name: str) -> MachineType:
+    if name not in MACHINE_TYPES:
+        # Source: GKE's answer for an unknown machine type, quoted in kubernetes/kubernetes PR #12985:
+        # 'code=400, message=machine type "ns-standard-1" does not exist.'
+        raise _bad(f'Machine type "{name}" does not exist.')
+    return MACHINE_TYPES[name]
+
+
+def zones_of(region: str) -> list[str]:
+    """The zones the emulator knows for a region: <region>-a, -b, -c, -d, -f (us-east5 has a, b, c)."""
+    if region.count("-") != 1:  # a zone, not a region
+        return [region]
+    return [f"{region}-{s}" for s in REGION_ZONES_SUFFIXES]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Names
+# --------------------------------------------------------------------------------------------------------------
+
+NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?")
+
+
+def check_cluster_name(name: str) -> None:
+    """Cluster name: lowercase letters, digits and hyphens, starts with a letter, ends with a letter or digit,
+    at most 40 characters.
+    Source: GKE API reference, Cluster.name ("The name of this cluster. The name must be unique within this
+    project and location (e.g. zone or region), and can be up to 40 characters with the following
+    restrictions: Lowercase letters, numbers, and hyphens only. Must start with a letter. Must end with a
+    number or a letter.") https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters#Cluster
+    """
+    if not name:
+        raise _bad("Cluster.name must be specified.")  # (wording ours)
+    if not NAME_RE.fullmatch(name):
+        raise _bad(
+            f'Invalid value for field "cluster.name": "{name}". Must be up to 40 characters: lowercase letters, '
+            "numbers and hyphens, starting with a letter and ending with a letter or a number."
+        )  # (wording ours)
+
+
+def check_node_pool_name(name: str) -> None:
+    """Node pool name: same format as a cluster name, at most 40 characters.
+    Source: gcloud container node-pools create reference (NAME: "The name of the node pool to create") and
+    the console's rule "Name must start with a lowercase letter followed by up to 39 lowercase letters,
+    numbers, or hyphens, and cannot end with a hyphen" (the same rule as the cluster name, quoted in
+    gitlab-org/gitlab issue 22655). https://cloud.google.com/sdk/gcloud/reference/container/node-pools/create
+    """
+    if not name:
+        raise _bad("NodePool.name must be specified.")  # (wording ours)
+    if not NAME_RE.fullmatch(name):
+        raise _bad(
+            f'Invalid value for field "node_pool.name": "{name}". Must be up to 40 characters: lowercase '
+            "letters, numbers and hyphens, starting with a letter and ending with a letter or a number."
+        )  # (wording ours)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Node pool settings
+# --------------------------------------------------------------------------------------------------------------
+
+
+def check_management_with_release_channel(cluster: dict, pool: dict) -> None:
+    """On a cluster enrolled in a release channel, node auto-upgrade and auto-repair cannot be disabled.
+    Source: GKE docs "About release channels" https://cloud.google.com/kubernetes-engine/docs/concepts/release-channels
+    ("Node auto-upgrade and auto-repair are enabled and cannot be disabled when using release channels");
+    error text quoted in nkoson/gke-tutorial issue 8 and terraform-google-kubernetes-engine PR 682:
+    "Error 400: Auto_upgrade cannot be false when release_channel REGULAR is set., badRequest".
+    A pool without a ``management`` message gets GKE's defaults (both true) and passes.
+    """
+    channel = (cluster.get("release_channel") or {}).get("channel") or "UNSPECIFIED"
+    if channel == "UNSPECIFIED" or "management" not in pool or pool["management"] is None:
+        return
+    management = pool["management"]
+    if not management.get("auto_upgrade"):
+        raise _bad(f"Auto_upgrade cannot be false when release_channel {channel} is set.")
+    if not management.get("auto_repair"):
+        raise _bad(f"Auto_repair cannot be false when release_channel {channel} is set.")
+
+
+def check_pool_locations(region: str, pool: dict) -> None:
+    """A node pool's locations must be zones of the cluster's region.
+    Source: GKE API reference NodePool.locations ("The list of Google Compute Engine zones in which the
+    NodePool's nodes should be located ... must be in the same region as the cluster"); the symptom in
+    hashicorp/terraform-provider-google issue 5229 (a pool in a zone outside the cluster's location).
+    https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters.nodePools#NodePool
+    """
+    allowed = zones_of(region)
+    for zone in pool.get("locations") or []:
+        if zone not in allowed:
+            raise _bad(
+                f'Location "{zone}" is not a zone of the cluster\'s region "{region}"; node pool '
+                f'"{pool.get("name")}" can use {", ".join(allowed)}.'
+            )  # (wording ours)
+
+
+def check_tpu_slice(pool: dict) -> None:
+    """A TPU machine type and placement_policy.tpu_topology must describe a slice GKE can build:
+    - the topology is valid for the generation (2D lists for v5e/v6e, AxBxC powers of two for v4/v5p);
+    - chips of the topology == nodes per zone x chips per host of the machine type;
+    - a multi-host slice (more chips than one host has) needs placement_policy.type COMPACT, a topology, the
+      4-chip machine type and exactly one zone.
+    Source: GKE docs "Plan TPUs in GKE" / "Deploy TPU workloads in GKE Standard"
+    https://cloud.google.com/kubernetes-engine/docs/how-to/tpus (multi-host slice: node count = chips of the
+    topology / chips per VM; --tpu-topology with --placement-type=COMPACT); TPU docs for v6e/v5e/v5p/v4
+    (topologies and chips per VM); error wording after GKE's "Maximum node count 0 is not a valid size of
+    TPU pod slice with topology 2x2x2" quoted in vllm-project/ci-infra PR 545.
+    """
+    config = pool.get("config") or {}
+    mt = MACHINE_TYPES.get(config.get("machine_type") or "")
+    placement = pool.get("placement_policy") or {}
+    topology = placement.get("tpu_topology") or ""
+    if mt is None or not mt.tpu_chips:
+        if topology:
+            raise _bad(f"TPU topology {topology} requires a TPU machine type, got "
+                       f'"{config.get("machine_type")}".')  # (wording ours)
+        return
+    nodes = int(pool.get("initial_node_count") or 0)
+    if not topology:
+        return  # single-host slices, one per node
+    if not re.fullmatch(r"\d+x\d+(x\d+)?", topology):
+        raise _bad(f'Invalid TPU topology "{topology}".')  # (wording ours)
+    dims = [int(d) for d in topology.split("x")]
+    if mt.tpu_generation in TPU_2D_TOPOLOGIES:
+        valid = topology in TPU_2D_TOPOLOGIES[mt.tpu_generation]
+    else:
+        valid = len(dims) == 3 and all(d > 0 and d & (d - 1) == 0 for d in dims)
+    if not valid:
+        raise _bad(f'TPU topology "{topology}" is not supported for machine type "{mt.name}".')  # (wording ours)
+    chips = math.prod(dims)
+    if chips % mt.tpu_chips or chips < mt.tpu_chips:
+        raise _bad(f'TPU topology "{topology}" ({chips} chips) cannot be built from "{mt.name}" '
+                   f"({mt.tpu_chips} chips per VM).")  # (wording ours)
+    expected = chips // mt.tpu_chips
+    if nodes != expected:
+        raise _bad(f"Node count {nodes} is not a valid size of TPU pod slice with topology {topology}; "
+                   f"a {topology} slice of {mt.name} has {expected} nodes.")
+    if expected > 1:
+        if placement.get("type") != "COMPACT":
+            raise _bad(f"A multi-host TPU slice (topology {topology}) requires placement_policy.type COMPACT.")  # (wording ours)
+        if mt.tpu_chips != 4:
+            raise _bad(f'Machine type "{mt.name}" cannot form a multi-host TPU slice; use the 4-chip machine '
+                       "type.")  # (wording ours)
+        if len(pool.get("locations") or []) > 1:
+            raise _bad("A multi-host TPU slice node pool must be in exactly one zone.")  # (wording ours)
+
+
+def check_reservation_affinity(pool: dict, project: str, known_reservations: set[str]) -> None:
+    """SPECIFIC_RESERVATION needs key compute.googleapis.com/reservation-name and exactly one value, naming a
+    reservation that exists.
+    Source: GKE API reference ReservationAffinity ("key: Corresponds to the label key of a reservation resource.
+    To target a SPECIFIC_RESERVATION by name, specify "compute.googleapis.com/reservation-name" as the key and
+    specify the name of your reservation as its value.")
+    https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig#ReservationAffinity ;
+    GKE docs "Consuming reserved zonal resources" https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations ;
+    unknown reservation: GKE's 404 quoted in GoogleCloudPlatform/cluster-toolkit PR 5043: "Google Compute
+    Engine: reservation "NAME" not found for node pool "POOL" at zone "ZONE"." (code NOT_FOUND).
+    ``known_reservations`` holds reservation names (short) or projects/P/reservations/NAME paths.
+    """
+    config = pool.get("config") or {}
+    affinity = config.get("reservation_affinity") or {}
+    kind = affinity.get("consume_reservation_type") or "UNSPECIFIED"
+    if kind != "SPECIFIC_RESERVATION":
+        return
+    if affinity.get("key") != "compute.googleapis.com/reservation-name":
+        raise _bad('Reservation affinity key must be "compute.googleapis.com/reservation-name" for '
+                   "SPECIFIC_RESERVATION.")  # (wording ours)
+    values = affinity.get("values") or []
+    if len(values) != 1:
+        raise _bad(f"SPECIFIC_RESERVATION requires exactly one reservation name, got {len(values)}.")  # (wording ours)
+    value = values[0]
+    match = re.fullmatch(r"projects/([^/]+)/reservations/([^/]+)", value)
+    short = match.group(2) if match else value
+    full = value if match else f"projects/{project}/reservations/{value}"
+    if short not in known_reservations and full not in known_reservations:
+        zone = (pool.get("locations") or ["?"])[0]
+        raise GkeError("NOT_FOUND", f'Google Compute Engine: reservation "{short}" not found for node pool '
+                                    f'"{pool.get("name")}" at zone "{zone}".')
+
+
+def check_disk_type(pool: dict, default_disk: str = DEFAULT_BOOT_DISK) -> None:
+    """Hyperdisk-only machine series (C4, C4D, N4, C3, ct6e ...) refuse a Persistent Disk (pd-*) boot disk,
+    including GKE's default pd-balanced when disk_type is empty.
+    Source: Compute Engine "Machine series comparison" https://cloud.google.com/compute/docs/machine-resource
+    (supported disk types per series); GKE "Configuring a custom boot disk" (default pd-balanced);
+    error text of Compute Engine quoted in astronomer/astronomer issue 2463: "[pd-balanced, c4-standard-16]
+    features are not compatible for creating instance."
+    """
+    config = pool.get("config") or {}
+    name = config.get("machine_type") or ""
+    if name.split("-")[0] not in HYPERDISK_ONLY_FAMILIES:
+        return
+    disk = config.get("disk_type") or default_disk
+    if disk.startswith("pd-"):
+        raise _bad(f"Google Compute Engine: [{disk}, {name}] features are not compatible for creating instance. "
+                   f'Machine type "{name}" supports only Hyperdisk boot disks; set disk_type to '
+                   "hyperdisk-balanced.")
+
+
+def check_gvnic(pool: dict) -> None:
+    """C4D VMs support only the gVNIC network interface: a pool that turns gVNIC off explicitly is refused.
+    Source: Compute Engine "C4D machine series" https://cloud.google.com/compute/docs/general-purpose-machines#c4d_series
+    ("C4D ... supports only the gVNIC network interface") and GKE "Using Google Virtual NIC"
+    https://cloud.google.com/kubernetes-engine/docs/how-to/using-gvnic. A pool that does not set gvnic is
+    accepted (what GKE enables by itself for such machine types is not documented there).
+    """
+    config = pool.get("config") or {}
+    name = config.get("machine_type") or ""
+    if name.split("-")[0] == "c4d" and "gvnic" in config and config["gvnic"] is not None \
+            and not (config["gvnic"] or {}).get("enabled"):
+        raise _bad(f'Machine type "{name}" requires gVNIC; set gvnic.enabled to true.')  # (wording ours)
+
+
+def check_workload_metadata(cluster: dict, pool: dict) -> None:
+    """workload_metadata_config.mode GKE_METADATA needs Workload Identity on the cluster.
+    Source: GKE API reference WorkloadMetadataConfig.Mode GKE_METADATA ("Run the GKE Metadata Server on this
+    node ... This feature can only be enabled if Workload Identity is enabled at the cluster level.")
+    https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig#mode
+    """
+    config = pool.get("config") or {}
+    mode = (config.get("workload_metadata_config") or {}).get("mode") or "MODE_UNSPECIFIED"
+    pool_id = (cluster.get("workload_identity_config") or {}).get("workload_pool") or ""
+    if mode == "GKE_METADATA" and not pool_id:
+        raise _bad("Workload Identity must be enabled on the cluster to use GKE_METADATA workload metadata mode "
+                   f'(node pool "{pool.get("name")}").')  # (wording ours)
+
+
+def check_node_pool(cluster: dict, pool: dict, region: str, project: str, reservations: set[str],
+                    default_disk: str = DEFAULT_BOOT_DISK) -> None:
+    """Every per-pool rule, in the order GKE's validation is likely to meet them."""
+    check_node_pool_name(pool.get("name") or "")
+    machine_type = (pool.get("config") or {}).get("machine_type")
+    if machine_type:
+        machine(machine_type)
+    check_pool_locations(region, pool)
+    check_management_with_release_channel(cluster, pool)
+    check_workload_metadata(cluster, pool)
+    check_disk_type(pool, default_disk)
+    check_gvnic(pool)
+    check_tpu_slice(pool)
+    check_reservation_affinity(pool, project, reservations)
+
+
+def check_cluster(cluster: dict, region: str, project: str, reservations: set[str],
+                  default_disk: str = DEFAULT_BOOT_DISK) -> None:
+    check_cluster_name(cluster.get("name") or "")
+    names = [p.get("name") for p in cluster.get("node_pools") or []]
+    for name in names:
+        if names.count(name) > 1:
+            raise _bad(f'Node pool name "{name}" is used more than once.')  # (wording ours)
+    if cluster.get("initial_node_count") and names:
+        # Source: GKE API reference Cluster.initial_node_count ("... cannot be used together with node_pools").
+        raise _bad("Cannot specify both initial_node_count and node_pools.")  # (wording ours)
+    for pool in cluster.get("node_pools") or []:
+        check_node_pool(cluster, pool, region, project, reservations, default_disk)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Existence and concurrency
+# --------------------------------------------------------------------------------------------------------------
+
+
+def check_cluster_absent(name: str, project: str, location: str, existing: set[str]) -> None:
+    """Source: GKE answers a duplicate create with 409 ALREADY_EXISTS, e.g. "Already exists:
+    projects/P/locations/L/clusters/C." (google.api_core.exceptions.AlreadyExists, as the operators expect). Wording ours after GKE's."""
+    if name in existing:
+        raise GkeError("ALREADY_EXISTS", f"Already exists: projects/{project}/locations/{location}/clusters/{name}.")
+
+
+def check_no_running_operation(cluster_name: str, running: list[dict], action: str) -> None:
+    """A cluster delete, or a node pool create/delete, while another operation runs on the cluster.
+    Source: GKE docs "About node pools" / "Concurrent operations": node pool create/delete on the same cluster
+    are serialized, and GKE answers 400 FAILED_PRECONDITION; texts quoted in rancher/gke-operator PR 509
+    ("Cluster is running incompatible operation operation-1718024305921-fd4f65ea-....") and
+    hashicorp/terraform-provider-google issue 10366 ("Operation operation-... is currently deleting a node pool
+    for cluster default-cluster. Please wait and try again once it is done.").
+    https://cloud.google.com/kubernetes-engine/docs/concepts/node-pools#concurrent_operations
+    ``running``: the cluster's unfinished operations, dicts with name and operation_type.
+    """
+    if not running:
+        return
+    op = running[0]
+    verb = {
+        "CREATE_CLUSTER": "creating cluster",
+        "DELETE_CLUSTER": "deleting cluster",
+        "CREATE_NODE_POOL": "creating a node pool for cluster",
+        "DELETE_NODE_POOL": "deleting a node pool for cluster",
+    }.get(op.get("operation_type"), "upgrading cluster")
+    if op.get("operation_type") in ("CREATE_NODE_POOL", "DELETE_NODE_POOL"):
+        raise GkeError("FAILED_PRECONDITION", f"Operation {op['name']} is currently {verb} {cluster_name}. "
+                                              "Please wait and try again once it is done.")
+    raise GkeError("FAILED_PRECONDITION", f"Cluster is running incompatible operation {op['name']}.")
+
+
+def check_node_pool_absent(cluster_name: str, pool_name: str, existing: set[str]) -> None:
+    """Source: as check_cluster_absent: a second pool of the same name answers 409 ALREADY_EXISTS."""
+    if pool_name in existing:
+        raise GkeError("ALREADY_EXISTS", f"Already exists: node pool \"{pool_name}\" in cluster \"{cluster_name}\".")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Node allocatable (GKE's reservations)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def reserved_memory_bytes(capacity_bytes: int) -> int:
+    """Memory GKE reserves for the kubelet and system: 25% of the first 4 GiB, 20% of the next 4 GiB, 10% of the
+    next 8 GiB, 6% of the next 112 GiB, 2% above 128 GiB (machines under 1 GiB: 255 MiB).
+    Source: GKE docs "Plan GKE Standard node sizes" / "Node allocatable resources"
+    https://cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes#memory_and_cpu_reservations
+    """
+    if capacity_bytes < GIB:
+        return 255 * MIB
+    tiers = [(4 * GIB, 0.25), (4 * GIB, 0.20), (8 * GIB, 0.10), (112 * GIB, 0.06), (math.inf, 0.02)]
+    left, reserved = capacity_bytes, 0.0
+    for size, rate in tiers:
+        part = min(left, size)
+        reserved += part * rate
+        left -= part
+        if left <= 0:
+            break
+    return int(reserved)
+
+
+EVICTION_THRESHOLD_BYTES = 100 * MIB  # same page: "GKE reserves an additional 100 MiB ... for kernel eviction"
+
+
+def reserved_cpu_millicores(cores: int) -> float:
+    """CPU GKE reserves: 6% of the first core, 1% of the next, 0.5% of the next 2, 0.25% of cores above 4.
+    Source: as reserved_memory_bytes."""
+    tiers = [(1, 0.06), (1, 0.01), (2, 0.005), (math.inf, 0.0025)]
+    left, reserved = float(cores), 0.0
+    for size, rate in tiers:
+        part = min(left, size)
+        reserved += part * rate * 1000
+        left -= part
+        if left <= 0:
+            break
+    return reserved
+
+
+def node_resources(mt: MachineType) -> tuple[dict[str, str], dict[str, str]]:
+    """(capacity, allocatable) of a node of machine type ``mt``, as the kubelet reports them (Kubernetes quantities)."""
+    memory = int(mt.memory_gb * GIB)
+    capacity = {"cpu": str(mt.vcpus), "memory": f"{memory // 1024}Ki", "pods": "110",
+                "ephemeral-storage": "100Gi"}
+    cpu_alloc = mt.vcpus * 1000 - math.ceil(reserved_cpu_millicores(mt.vcpus))
+    mem_alloc = memory - reserved_memory_bytes(memory) - EVICTION_THRESHOLD_BYTES
+    allocatable = {"cpu": f"{cpu_alloc}m", "memory": f"{mem_alloc // 1024}Ki", "pods": "110",
+                   "ephemeral-storage": "90Gi"}
+    if mt.tpu_chips:
+        capacity["google.com/tpu"] = allocatable["google.com/tpu"] = str(mt.tpu_chips)
+    return capacity, allocatable
