@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from tpu_rl.jobset_release import shipped_versions
+from tpu_rl.machines import SHAPES, quantity_cpu, quantity_gib
 from tpu_rl.tpu import SliceError, SliceShape, slice_shape
 
 SECTIONS = ("Cloud", "Cluster", "TPU slice", "Model", "Training", "Advanced")
@@ -101,7 +103,10 @@ class RunConfig:
         "Submit workloads through this Kueue LocalQueue (Kueue must run on the cluster). Empty: no Kueue.",
     )
     jobset_version: str = _param(
-        "v0.10.1", "Cluster", "JobSet version", "Installed when the cluster has no JobSet controller."
+        "v0.10.1",
+        "Cluster",
+        "JobSet version",
+        "Release installed when the cluster has no working JobSet (shipped with the package; no download).",
     )
 
     # TPU slice
@@ -128,8 +133,9 @@ class RunConfig:
         "",
         "TPU slice",
         "Node service account",
-        "Service account of the TPU and CPU nodes; it needs object access on the bucket (hostNetwork pods "
-        "skip Workload Identity). Empty: the Compute Engine default.",
+        "Service account (email) of the nodes of the pools the run creates; every workload pod runs with "
+        "hostNetwork and reaches Cloud Storage as this account. Required when the run creates a cluster or "
+        "pools (see docs/composer.md for its roles and the actAs grant).",
     )
 
     # Model
@@ -168,7 +174,11 @@ class RunConfig:
     )
     conversion_cpu: str = _param("32", "Model", "Conversion CPU", "CPU request of a conversion pod.")
     conversion_memory: str = _param(
-        "256Gi", "Model", "Conversion memory", "Memory request of a conversion pod (a 30B model needs >= 128Gi)."
+        "200Gi",
+        "Model",
+        "Conversion memory",
+        "Memory request of a conversion pod (a 30B model needs >= 128Gi); it must fit what GKE leaves to pods "
+        "on one CPU pool node (about 226Gi on n4-standard-64, 332Gi on c4d-standard-96).",
     )
 
     # Training
@@ -296,6 +306,10 @@ class RunConfig:
     def creates_cluster(self) -> bool:
         return self.cluster_mode == "create"
 
+    @property
+    def creates_node_pools(self) -> bool:
+        return self.creates_cluster or self.tpu_pool_mode == "per_run"
+
     def pathways_image(self, name: str) -> str:
         return f"us-docker.pkg.dev/cloud-tpu-v2-images/pathways/{name}:{self.pathways_image_tag}"
 
@@ -360,6 +374,7 @@ _CLUSTER = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _QUANTITY = re.compile(r"\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?")
+_SERVICE_ACCOUNT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z0-9.-]+\.gserviceaccount\.com")
 #: train_rl keys that have their own param; extra_train_args must not set them twice.
 _OWN_TRAIN_KEYS = {
     "run_name", "base_output_directory", "model_name", "load_parameters_path", "hf_access_token",
@@ -423,6 +438,20 @@ def _validate(c: RunConfig):
     for name in ("conversion_cpu", "conversion_memory"):
         if not _QUANTITY.fullmatch(getattr(c, name)):
             yield Problem(name, f"'{getattr(c, name)}' is not a Kubernetes quantity", "use e.g. 32 or 256Gi")
+    if c.creates_node_pools and not c.kubernetes_conn_id and not _SERVICE_ACCOUNT.fullmatch(c.node_service_account):
+        yield Problem(
+            "node_service_account",
+            "is required when the run creates a cluster or node pools"
+            + (f" ('{c.node_service_account}' is not a service account email)" if c.node_service_account else ""),
+            "give the email of a service account with bucket access that the Airflow identity may act as "
+            "(roles/iam.serviceAccountUser); the Compute Engine default account is refused on purpose",
+        )
+    yield from _validate_conversion(c)
+    if c.jobset_version not in shipped_versions():
+        yield Problem(
+            "jobset_version", f"'{c.jobset_version}' is not shipped with this package",
+            f"use {' or '.join(shipped_versions())}, or install that JobSet on the cluster yourself",
+        )
     longest = f"{c.workload_prefix}-hf2mt-00000000"
     if len(longest) > PATHWAYS_JOBSET_NAME_MAX:
         yield Problem(
@@ -433,6 +462,32 @@ def _validate(c: RunConfig):
     if not 0 < c.hbm_utilization_vllm <= 1:
         yield Problem("hbm_utilization_vllm", f"{c.hbm_utilization_vllm} is outside (0, 1]", "use e.g. 0.65")
     yield from _validate_slice(c)
+
+
+def _validate_conversion(c: RunConfig):
+    if c.conversion_on_tpu and c.tpu_pool_mode == "per_run":
+        yield Problem(
+            "conversion_on_tpu",
+            "the conversions would wait for TPU pools that tpu_pool_mode 'per_run' creates only around training",
+            "set conversion_on_tpu to false (one pod on the CPU pool), or tpu_pool_mode to 'cluster' or 'existing'",
+        )
+    shape = SHAPES.get(c.pw_cpu_machine_type)
+    if c.conversion_on_tpu or not c.creates_cluster or shape is None:
+        return  # an existing pool is checked against its nodes before the conversion is submitted
+    if _QUANTITY.fullmatch(c.conversion_memory) and quantity_gib(c.conversion_memory) > shape.allocatable_memory_gib:
+        yield Problem(
+            "conversion_memory",
+            f"{c.conversion_memory} does not fit on one {c.pw_cpu_machine_type} node "
+            f"({shape.allocatable_memory_gib:.0f}Gi left to pods by GKE)",
+            f"request at most {int(shape.allocatable_memory_gib)}Gi, or a larger pw_cpu_machine_type",
+        )
+    if _QUANTITY.fullmatch(c.conversion_cpu) and quantity_cpu(c.conversion_cpu) > shape.allocatable_cpu:
+        yield Problem(
+            "conversion_cpu",
+            f"{c.conversion_cpu} CPUs do not fit on one {c.pw_cpu_machine_type} node "
+            f"({shape.allocatable_cpu:.2f} left to pods by GKE)",
+            f"request at most {int(shape.allocatable_cpu)}, or a larger pw_cpu_machine_type",
+        )
 
 
 def _validate_slice(c: RunConfig):

@@ -7,17 +7,26 @@ Each carries the run key as a resource label: teardown deletes only what its own
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from tpu_rl.config import RunConfig
+from tpu_rl.machines import needs_gvnic, needs_hyperdisk
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 SYSTEM_POOL = "system"
 SYSTEM_MACHINE_TYPE = "n2-standard-8"
+#: A node upgrade recreates the slice's hosts mid-run. GKE refuses to turn auto-upgrade off on a
+#: release-channel cluster ("Auto_upgrade cannot be false when release_channel REGULAR is set"), so, as
+#: the gke-tpu-v6e-advanced blueprint does, the cluster holds node and minor upgrades off with a
+#: maintenance exclusion of scope NO_MINOR_OR_NODE_UPGRADES (control-plane patches still apply).
+UPGRADE_EXCLUSION = "tpu-rl-no-node-upgrades"
+UPGRADE_EXCLUSION_DAYS = 30
 
 
-def cluster_body(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
+def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str, Any]:
+    """The cluster create request; ``now`` (UTC) starts the upgrade exclusion."""
     pools = [system_pool(config), cpu_pool(config)]
     if config.tpu_pool_mode == "cluster":
         pools += [tpu_node_pool(config, run, i) for i in range(config.cluster_nodepool_count)]
@@ -25,6 +34,7 @@ def cluster_body(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         "name": config.cluster_name,
         "resource_labels": {GKE_LABEL_RUN_KEY: run.key},
         "release_channel": {"channel": "REGULAR"},
+        "maintenance_policy": {"window": {"maintenance_exclusions": {UPGRADE_EXCLUSION: _upgrade_exclusion(now)}}},
         "workload_identity_config": {"workload_pool": f"{config.project}.svc.id.goog"},
         "addons_config": {"gcs_fuse_csi_driver_config": {"enabled": True}},
         "network_config": {"datapath_provider": "ADVANCED_DATAPATH"},
@@ -37,6 +47,15 @@ def cluster_body(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
     }
 
 
+def _upgrade_exclusion(now: datetime) -> dict[str, Any]:
+    start = now.replace(microsecond=0)
+    return {
+        "start_time": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "end_time": (start + timedelta(days=UPGRADE_EXCLUSION_DAYS)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
+    }
+
+
 def _node_config(config: RunConfig, machine_type: str, run: RunIdentity | None = None, **extra: Any) -> dict[str, Any]:
     node_config: dict[str, Any] = {
         "machine_type": machine_type,
@@ -44,6 +63,10 @@ def _node_config(config: RunConfig, machine_type: str, run: RunIdentity | None =
         "workload_metadata_config": {"mode": "GKE_METADATA"},
         **extra,
     }
+    if needs_hyperdisk(machine_type):  # C4, C4D, N4 and TPU v6e hosts boot only from Hyperdisk
+        node_config["disk_type"] = "hyperdisk-balanced"
+    if needs_gvnic(machine_type):
+        node_config["gvnic"] = {"enabled": True}
     if config.node_service_account:
         node_config["service_account"] = config.node_service_account
     if run is not None:
@@ -73,7 +96,6 @@ def cpu_pool(config: RunConfig) -> dict[str, Any]:
 
 def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict[str, Any]:
     extra: dict[str, Any] = {
-        "disk_type": "hyperdisk-balanced",
         "disk_size_gb": 100,
         "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}],
     }
@@ -89,7 +111,9 @@ def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict
         "locations": [config.zone],
         "config": _node_config(config, config.compute_type, run, **extra),
         "placement_policy": {"type": "COMPACT", "tpu_topology": config.topology},
-        "management": {"auto_repair": True, "auto_upgrade": False},
+        # Both stay on: GKE refuses either off on a release-channel cluster; the cluster's maintenance
+        # exclusion (UPGRADE_EXCLUSION) keeps upgrades from recreating the slice.
+        "management": {"auto_repair": True, "auto_upgrade": True},
     }
 
 

@@ -22,6 +22,8 @@ TPU_RESOURCE = "google.com/tpu"
 #: The ``--env`` / ``--pathways-*-env`` values the tutorial sets on every container.
 TUTORIAL_ENV = {"GRPC_DNS_RESOLVER": "native"}
 PATHWAYS_ABSL_FLAGS = "--pathways_pipe_unreachable_timeout=60s"
+#: Pod restarts a worker Job may spend per host before it fails (upstream: hosts x 4, 64 for 8x8).
+WORKER_RESTARTS_PER_HOST = 4
 #: Where a conversion pod keeps the downloaded Hugging Face files.
 HF_CACHE_DIR = "/hf-cache"
 
@@ -128,6 +130,8 @@ def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
             _label_env("PATHWAYS_HEAD", "coordinator"),
             _label_env("JOBSET_NAME", "jobset-name"),
             _label_env("REPLICATED_JOB_NAME", "replicatedjob-name"),
+            # Cluster Toolkit sets it on all four Pathways containers (commit 7c70d2606).
+            _env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS),
             *_tutorial_env(),
         ],
         "ports": [{"containerPort": p} for p in (29005, 29006, 8471, 8080)],
@@ -156,7 +160,7 @@ def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
                     "worker",
                     config.cluster_nodepool_count,
                     config.hosts_per_slice,
-                    64,
+                    config.hosts_per_slice * WORKER_RESTARTS_PER_HOST,
                     NODEPOOL_LABEL,
                     worker_pod,
                     pod_annotations={SLICE_TOPOLOGY: config.topology},
@@ -192,6 +196,11 @@ def _conversion_jobset(
         resources = {"cpu": config.conversion_cpu, "memory": config.conversion_memory}
         container["resources"] = {"requests": resources, "limits": dict(resources)}
         pod = {
+            # As the Pathways head on the same pool: with hostNetwork the pod reaches Cloud Storage as the
+            # node's service account; without it, on GKE_METADATA nodes, it would act as its Kubernetes
+            # service account's Workload Identity principal, which has no bucket access (403).
+            "hostNetwork": True,
+            "dnsPolicy": "ClusterFirstWithHostNet",
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 30,
             "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime, timezone
 from typing import Any
 
 import yaml
@@ -15,15 +16,19 @@ from tpu_rl.config import ConfigError, RunConfig
 from tpu_rl.run import DAG_ID, GcsLayout, RunIdentity
 
 
-def plan_documents(config: RunConfig, run: RunIdentity) -> list[tuple[str, dict[str, Any]]]:
-    """(comment, document) pairs in the order the DAG submits them."""
+def plan_documents(
+    config: RunConfig, run: RunIdentity, now: datetime | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """(comment, document) pairs in the order the DAG submits them; ``now`` (default: now) is when the
+    cluster's upgrade exclusion starts."""
+    now = now or datetime.now(timezone.utc)
     layout = GcsLayout(config, run)
     docs: list[tuple[str, dict[str, Any]]] = []
     if config.creates_cluster:
         docs.append(
             (
                 "GKE: create the cluster (deleted at the end of the run)",
-                {"gkeRequest": "CreateCluster", "parent": gke.cluster_parent(config), "cluster": gke.cluster_body(config, run)},
+                {"gkeRequest": "CreateCluster", "parent": gke.cluster_parent(config), "cluster": gke.cluster_body(config, run, now)},
             )
         )
     if config.tpu_pool_mode == "per_run":

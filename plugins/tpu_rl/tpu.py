@@ -70,7 +70,11 @@ class SliceShape:
 
 
 def _is_valid_3d(dims: list[int]) -> bool:
-    return len(dims) == 3 and all(d > 0 and d & (d - 1) == 0 for d in dims)
+    """v4 and v5p slices (Cloud TPU docs, "TPU v5p" / "TPU v4", topologies): AxBxC with every dimension at
+    most 4 (1, 2 or 4, as in 2x2x1 or 2x4x4), or every dimension a multiple of 4 (4x4x12, 8x8x16)."""
+    if len(dims) != 3 or min(dims) < 1:
+        return False
+    return all(d in (1, 2, 4) for d in dims) or all(d % 4 == 0 for d in dims)
 
 
 def slice_shape(tpu_type: str, topology: str, compute_type: str) -> SliceShape:
@@ -88,7 +92,8 @@ def slice_shape(tpu_type: str, topology: str, compute_type: str) -> SliceShape:
     dims = [int(d) for d in topology.split("x")]
     valid = topology in generation.topologies if generation.topologies else _is_valid_3d(dims)
     if not valid:
-        allowed = ", ".join(generation.topologies) if generation.topologies else "AxBxC with powers of two"
+        allowed = (", ".join(generation.topologies) if generation.topologies
+                   else "AxBxC with every dimension 1, 2 or 4, or every dimension a multiple of 4")
         raise SliceError("topology", f"'{topology}' is not a {generation.name} topology", f"use one of {allowed}")
     chips = math.prod(dims)
     expected = int(match.group(2)) // generation.cores_per_chip

@@ -140,3 +140,55 @@ def test_training_record_holds_typed_values(tutorial_config):
     record = training_record(tutorial_config)
     assert record["num_batches"] == 50 and record["batch_size"] == 4 and record["train_steps"] == 50
     assert record["load_parameters_path"] == GcsLayout(tutorial_config, RunIdentity("d", "r")).converted_items_prefix
+
+
+# Requests that real GKE or Kubernetes would refuse or never schedule are refused before anything exists.
+
+
+def test_a_run_that_creates_pools_needs_a_node_service_account(tutorial_conf):
+    problems = problems_for(tutorial_conf, node_service_account="")
+    assert "Compute Engine default account is refused" in problems["node_service_account"]
+    problems = problems_for(tutorial_conf, node_service_account="not-an-email")
+    assert "not a service account email" in problems["node_service_account"]
+    existing = {**tutorial_conf, "cluster_mode": "existing", "tpu_pool_mode": "existing", "node_service_account": ""}
+    assert RunConfig.from_params(existing).node_service_account == ""
+
+
+def test_conversion_on_tpu_with_per_run_pools_is_refused(tutorial_conf):
+    problems = problems_for(tutorial_conf, conversion_on_tpu=True)
+    assert "tpu_pool_mode 'per_run' creates only around training" in problems["conversion_on_tpu"]
+    assert RunConfig.from_params({**tutorial_conf, "conversion_on_tpu": True, "tpu_pool_mode": "cluster"})
+
+
+def test_conversion_must_fit_a_cpu_pool_node(tutorial_conf):
+    # The blueprint's cpu-np is n4-standard-64: 256 GB, of which GKE leaves about 226Gi to pods.
+    problems = problems_for(tutorial_conf, pw_cpu_machine_type="n4-standard-64", conversion_memory="256Gi")
+    assert problems["conversion_memory"].startswith("conversion_memory: 256Gi does not fit on one n4-standard-64 node (227Gi")
+    problems = problems_for(tutorial_conf, pw_cpu_machine_type="n4-standard-32", conversion_cpu="40")
+    assert "fix: request at most 31" in problems["conversion_cpu"]
+    assert RunConfig.from_params({**tutorial_conf, "pw_cpu_machine_type": "n4-standard-64"}).conversion_memory == "200Gi"
+
+
+def test_only_shipped_jobset_releases_are_installed(tutorial_conf):
+    problems = problems_for(tutorial_conf, jobset_version="v0.12.0")
+    assert problems["jobset_version"] == (
+        "jobset_version: 'v0.12.0' is not shipped with this package; fix: use v0.10.1, or install that JobSet on "
+        "the cluster yourself."
+    )
+
+
+@pytest.mark.parametrize("topology", ["4x4x12", "8x8x16", "2x2x1", "2x4x4"])
+def test_v5p_topologies_gke_offers(tutorial_conf, topology):
+    dims = [int(d) for d in topology.split("x")]
+    chips = dims[0] * dims[1] * dims[2]
+    config = RunConfig.from_params(
+        {**tutorial_conf, "tpu_type": f"v5p-{2 * chips}", "topology": topology, "compute_type": "ct5p-hightpu-4t",
+         "trainer_devices_fraction": 0.5, "sampler_devices_fraction": 0.5, "ici_tensor_parallelism": 1,
+         "ici_expert_parallelism": 1, "rollout_tensor_parallelism": 1}
+    )
+    assert config.chips == chips
+
+
+def test_v5p_topologies_gke_refuses(tutorial_conf):
+    problems = problems_for(tutorial_conf, tpu_type="v5p-96", topology="2x4x6", compute_type="ct5p-hightpu-4t")
+    assert "'2x4x6' is not a v5p topology" in problems["topology"]

@@ -6,6 +6,7 @@ import sys
 
 import yaml
 
+from tpu_rl.config import RunConfig
 from tpu_rl.plan import plan_documents, render
 from tpu_rl.run import RunIdentity
 
@@ -56,7 +57,7 @@ def test_tutorial_plan_has_the_tutorials_workloads(tutorial_config, run):
 def test_conversion_on_the_slice_is_the_tutorials_job(tutorial_conf, run):
     from tpu_rl.config import RunConfig
 
-    config = RunConfig.from_params({**tutorial_conf, "conversion_on_tpu": True})
+    config = RunConfig.from_params({**tutorial_conf, "conversion_on_tpu": True, "tpu_pool_mode": "cluster"})
     jobsets, _ = _by_kind(plan_documents(config, run))
     job, pod = _pod_spec(jobsets["hf2mt"], "main-job")
     assert job["template"]["spec"]["completions"] == 16
@@ -103,3 +104,47 @@ def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
     assert result.returncode != 0
     assert result.stdout == ""
     assert "topology: '7x9' is not a v6e topology" in result.stderr
+
+
+def test_requests_gke_accepts_on_a_release_channel_cluster(tutorial_conf, run):
+    """GKE refuses auto-upgrade or auto-repair off on a REGULAR channel cluster; upgrades are held off by a
+    maintenance exclusion instead, as the gke-tpu-v6e-advanced blueprint does."""
+    from datetime import datetime, timezone
+
+    config = RunConfig.from_params({**tutorial_conf, "tpu_pool_mode": "cluster"})
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    [(_, create)] = [(c, d) for c, d in plan_documents(config, run, now) if d.get("gkeRequest") == "CreateCluster"]
+    cluster = create["cluster"]
+    assert cluster["release_channel"] == {"channel": "REGULAR"}
+    [exclusion] = cluster["maintenance_policy"]["window"]["maintenance_exclusions"].values()
+    assert exclusion == {
+        "start_time": "2026-11-30T12:00:00Z",
+        "end_time": "2026-12-30T12:00:00Z",
+        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
+    }
+    tpu_pools = [p for p in cluster["node_pools"] if p["config"]["machine_type"] == "ct6e-standard-4t"]
+    assert tpu_pools and all(p["management"] == {"auto_repair": True, "auto_upgrade": True} for p in tpu_pools)
+    cpu = next(p for p in cluster["node_pools"] if p["name"] == "cpu-np")["config"]
+    # C4D boots only from Hyperdisk and needs gVNIC.
+    assert (cpu["disk_type"], cpu["gvnic"]) == ("hyperdisk-balanced", {"enabled": True})
+    assert all(p["config"]["service_account"] == config.node_service_account for p in cluster["node_pools"])
+
+
+def test_every_workload_pod_reaches_gcs_as_the_node_service_account(tutorial_config, run):
+    """Pods without hostNetwork on GKE_METADATA nodes act as their Kubernetes service account's Workload
+    Identity principal, which has no bucket access."""
+    jobsets, _ = _by_kind(plan_documents(tutorial_config, run))
+    for stage, replicated_job in (("hf2mt", "main-job"), ("mt2hf", "main-job"), ("train", "pathways-head"), ("train", "worker")):
+        _, pod = _pod_spec(jobsets[stage], replicated_job)
+        assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet"), (stage, replicated_job)
+
+
+def test_pathways_containers_match_cluster_toolkit(tutorial_config, run):
+    jobsets, _ = _by_kind(plan_documents(tutorial_config, run))
+    train = jobsets["train"]
+    worker_job, worker = _pod_spec(train, "worker")
+    _, head = _pod_spec(train, "pathways-head")
+    for container in [*head["initContainers"], *head["containers"], *worker["containers"]]:
+        assert {"name": "ABSL_FLAGS", "value": "--pathways_pipe_unreachable_timeout=60s"} in container["env"], container["name"]
+    assert worker_job["template"]["spec"]["backoffLimit"] == 16 * 4
+
