@@ -1,0 +1,204 @@
+"""GKE's validation rules of the simulation (sim/gke_rules.py): each refused request, and its accepted twin.
+
+Pure: no simulation, no network. Each test fails if its rule is removed.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
+
+import gke_rules as rules  # noqa: E402
+from gke_rules import GkeError  # noqa: E402
+
+REGION, PROJECT = "us-east5", "tpu-rl-sim"
+
+
+def tpu_pool(**overrides):
+    pool = {
+        "name": "tpu-slice-0",
+        "initial_node_count": 16,
+        "locations": ["us-east5-b"],
+        "config": {"machine_type": "ct6e-standard-4t", "disk_type": "hyperdisk-balanced",
+                   "workload_metadata_config": {"mode": "GKE_METADATA"}},
+        "placement_policy": {"type": "COMPACT", "tpu_topology": "8x8"},
+        "management": {"auto_repair": True, "auto_upgrade": True},
+    }
+    pool.update(overrides)
+    return pool
+
+
+def cluster(**overrides):
+    body = {"name": "tpu-rl", "release_channel": {"channel": "REGULAR"},
+            "workload_identity_config": {"workload_pool": f"{PROJECT}.svc.id.goog"},
+            "node_pools": [{"name": "system", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}}]}
+    body.update(overrides)
+    return body
+
+
+def refused(fn, *args, code="INVALID_ARGUMENT"):
+    with pytest.raises(GkeError) as info:
+        fn(*args)
+    assert info.value.code == code
+    return info.value.message
+
+
+def test_valid_tpu_pool_and_cluster_pass():
+    rules.check_cluster(cluster(), REGION, PROJECT, set())
+    rules.check_node_pool(cluster(), tpu_pool(), REGION, PROJECT, set())
+
+
+@pytest.mark.parametrize("field", ["auto_upgrade", "auto_repair"])
+def test_management_false_on_release_channel_refused(field):
+    pool = tpu_pool(management={"auto_repair": True, "auto_upgrade": True, field: False})
+    message = refused(rules.check_management_with_release_channel, cluster(), pool)
+    assert message == f"{field.capitalize()} cannot be false when release_channel REGULAR is set."
+    # Without a release channel GKE lets it be turned off; without `management` the defaults (true) apply.
+    rules.check_management_with_release_channel(cluster(release_channel={"channel": "UNSPECIFIED"}), pool)
+    rules.check_management_with_release_channel(cluster(), {k: v for k, v in pool.items() if k != "management"})
+
+
+@pytest.mark.parametrize("name", ["1abc", "Abc", "abc-", "a_b", "a" * 41, ""])
+def test_bad_cluster_and_pool_names_refused(name):
+    refused(rules.check_cluster_name, name)
+    refused(rules.check_node_pool_name, name)
+
+
+@pytest.mark.parametrize("name", ["a", "tpu-rl-1", "a" * 40])
+def test_good_names_pass(name):
+    rules.check_cluster_name(name)
+    rules.check_node_pool_name(name)
+
+
+def test_pool_zone_outside_region_refused():
+    message = refused(rules.check_pool_locations, REGION, tpu_pool(locations=["us-central1-a"]))
+    assert "us-central1-a" in message and REGION in message
+    rules.check_pool_locations(REGION, tpu_pool(locations=["us-east5-a", "us-east5-c"]))
+
+
+def test_tpu_node_count_must_match_topology():
+    message = refused(rules.check_tpu_slice, tpu_pool(initial_node_count=8))
+    assert message.startswith("Node count 8 is not a valid size of TPU pod slice with topology 8x8")
+    rules.check_tpu_slice(tpu_pool(initial_node_count=16))
+    rules.check_tpu_slice(tpu_pool(initial_node_count=2, placement_policy={"type": "COMPACT", "tpu_topology": "2x4"}))
+
+
+def test_tpu_topology_must_exist_for_generation():
+    assert "7x9" in refused(rules.check_tpu_slice, tpu_pool(placement_policy={"type": "COMPACT", "tpu_topology": "7x9"}))
+    # v5p/v4 are 3D: 2x2x2 is a v5p topology, 8x8 is not.
+    v5p = tpu_pool(config={"machine_type": "ct5p-hightpu-4t"}, initial_node_count=2,
+                   placement_policy={"type": "COMPACT", "tpu_topology": "2x2x2"})
+    rules.check_tpu_slice(v5p)
+    refused(rules.check_tpu_slice, {**v5p, "placement_policy": {"type": "COMPACT", "tpu_topology": "8x8"}})
+
+
+def test_multi_host_slice_needs_compact_placement_and_4_chip_hosts():
+    assert "COMPACT" in refused(rules.check_tpu_slice, tpu_pool(placement_policy={"tpu_topology": "8x8"}))
+    eight = tpu_pool(config={"machine_type": "ct6e-standard-8t"}, initial_node_count=8)
+    refused(rules.check_tpu_slice, eight)
+    # single host: an 8-chip VM holds a whole 2x4 slice, no placement needed
+    rules.check_tpu_slice(tpu_pool(config={"machine_type": "ct6e-standard-8t"}, initial_node_count=1,
+                                   placement_policy={"tpu_topology": "2x4"}))
+
+
+def test_topology_without_tpu_machine_refused():
+    refused(rules.check_tpu_slice, tpu_pool(config={"machine_type": "n2-standard-8"}))
+
+
+def with_reservation(affinity):
+    pool = tpu_pool()
+    pool["config"] = {**pool["config"], "reservation_affinity": affinity}
+    return pool
+
+
+def test_specific_reservation_form():
+    good = {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
+            "values": [f"projects/{PROJECT}/reservations/res-a"]}
+    rules.check_reservation_affinity(with_reservation(good), PROJECT, {"res-a"})
+    rules.check_reservation_affinity(with_reservation({**good, "values": ["res-a"]}), PROJECT,
+                                     {f"projects/{PROJECT}/reservations/res-a"})
+    refused(rules.check_reservation_affinity, with_reservation({**good, "key": "reservation"}), PROJECT, {"res-a"})
+    refused(rules.check_reservation_affinity, with_reservation({**good, "values": ["res-a", "res-b"]}), PROJECT,
+            {"res-a", "res-b"})
+    refused(rules.check_reservation_affinity, with_reservation({**good, "values": []}), PROJECT, {"res-a"})
+
+
+def test_unknown_reservation_not_found():
+    affinity = {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
+                "values": ["gone"]}
+    message = refused(rules.check_reservation_affinity, with_reservation(affinity), PROJECT, set(), code="NOT_FOUND")
+    assert message == ('Google Compute Engine: reservation "gone" not found for node pool "tpu-slice-0" at zone '
+                       '"us-east5-b".')
+    # ANY_RESERVATION names none
+    rules.check_reservation_affinity(with_reservation({"consume_reservation_type": "ANY_RESERVATION"}), PROJECT, set())
+
+
+@pytest.mark.parametrize("machine_type", ["c4d-standard-96", "n4-standard-32", "ct6e-standard-4t", "c4-standard-96"])
+def test_hyperdisk_only_machine_types_refuse_pd(machine_type):
+    pool = {"name": "p", "config": {"machine_type": machine_type, "disk_type": "pd-ssd"}}
+    assert "[pd-ssd, " in refused(rules.check_disk_type, pool)
+    # no disk type: GKE's default pd-balanced, also refused
+    assert "[pd-balanced, " in refused(rules.check_disk_type, {"name": "p", "config": {"machine_type": machine_type}})
+    rules.check_disk_type({"name": "p", "config": {"machine_type": machine_type, "disk_type": "hyperdisk-balanced"}})
+    rules.check_disk_type({"name": "p", "config": {"machine_type": "n2-standard-8"}})
+
+
+def test_c4d_refuses_gvnic_off():
+    refused(rules.check_gvnic, {"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": False}}})
+    rules.check_gvnic({"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": True}}})
+    rules.check_gvnic({"name": "p", "config": {"machine_type": "n2-standard-8", "gvnic": {"enabled": False}}})
+
+
+def test_gke_metadata_needs_workload_identity():
+    body = cluster()
+    del body["workload_identity_config"]
+    assert "Workload Identity" in refused(rules.check_workload_metadata, body, tpu_pool())
+    rules.check_workload_metadata(cluster(), tpu_pool())
+
+
+def test_duplicates_already_exist():
+    refused(rules.check_cluster_absent, "tpu-rl", PROJECT, REGION, {"tpu-rl"}, code="ALREADY_EXISTS")
+    rules.check_cluster_absent("tpu-rl", PROJECT, REGION, {"other"})
+    refused(rules.check_node_pool_absent, "tpu-rl", "p", {"p"}, code="ALREADY_EXISTS")
+    body = cluster(node_pools=[{"name": "a", "initial_node_count": 1}, {"name": "a", "initial_node_count": 1}])
+    refused(rules.check_cluster, body, REGION, PROJECT, set())
+
+
+def test_concurrent_operation_refused():
+    running = [{"name": "operation-1-abc", "operation_type": "CREATE_NODE_POOL"}]
+    message = refused(rules.check_no_running_operation, "tpu-rl", running, "delete", code="FAILED_PRECONDITION")
+    assert message == ("Operation operation-1-abc is currently creating a node pool for cluster tpu-rl. "
+                       "Please wait and try again once it is done.")
+    message = refused(rules.check_no_running_operation, "tpu-rl",
+                      [{"name": "operation-2-def", "operation_type": "CREATE_CLUSTER"}], "delete",
+                      code="FAILED_PRECONDITION")
+    assert message == "Cluster is running incompatible operation operation-2-def."
+    rules.check_no_running_operation("tpu-rl", [], "delete")
+
+
+def test_cluster_checks_its_pools():
+    body = cluster(node_pools=[tpu_pool(management={"auto_repair": True, "auto_upgrade": False})])
+    refused(rules.check_cluster, body, REGION, PROJECT, set())
+    body = copy.deepcopy(cluster())
+    body["node_pools"][0]["config"]["machine_type"] = "no-such-type"
+    assert 'Machine type "no-such-type" does not exist.' == refused(rules.check_cluster, body, REGION, PROJECT, set())
+
+
+def test_allocatable_follows_gke_reservations():
+    # GKE's worked example in "Plan GKE Standard node sizes": a 32 GiB / 8 vCPU node reserves 3.56 GiB memory
+    # (1 + 0.8 + 0.8 + 0.96) plus 100 MiB eviction, and 90 m CPU (60 + 10 + 10 + 4 x 2.5).
+    capacity, allocatable = rules.node_resources(rules.MACHINE_TYPES["e2-standard-8"])
+    assert capacity["memory"] == f"{32 * 1024 * 1024}Ki"
+    reserved_ki = 32 * 1024 * 1024 - int(allocatable["memory"].removesuffix("Ki"))
+    assert reserved_ki == pytest.approx(3.56 * 1024 * 1024 + 100 * 1024, abs=2)
+    assert allocatable["cpu"] == "7910m"
+    # above 128 GiB the 2 % tier applies: 720 GiB -> 0.25*4 + 0.2*4 + 0.1*8 + 0.06*112 + 0.02*592 GiB
+    reserved = rules.reserved_memory_bytes(720 * rules.GIB) / rules.GIB
+    assert reserved == pytest.approx(1 + 0.8 + 0.8 + 6.72 + 11.84)
+    capacity, allocatable = rules.node_resources(rules.MACHINE_TYPES["ct6e-standard-4t"])
+    assert capacity["google.com/tpu"] == allocatable["google.com/tpu"] == "4"
