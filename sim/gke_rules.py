@@ -202,7 +202,7 @@ def check_pool_locations(region: str, pool: dict) -> None:
 
 def check_tpu_slice(pool: dict) -> None:
     """A TPU machine type and placement_policy.tpu_topology must describe a slice GKE can build:
-    - the topology is valid for the generation (2D lists for v5e/v6e, AxBxC powers of two for v4/v5p);
+    - the topology is valid for the generation (2D lists for v5e/v6e, AxBxC for v4/v5p);
     - chips of the topology == nodes per zone x chips per host of the machine type;
     - a multi-host slice (more chips than one host has) needs placement_policy.type COMPACT, a topology, the
       4-chip machine type and exactly one zone.
@@ -230,7 +230,10 @@ def check_tpu_slice(pool: dict) -> None:
     if mt.tpu_generation in TPU_2D_TOPOLOGIES:
         valid = topology in TPU_2D_TOPOLOGIES[mt.tpu_generation]
     else:
-        valid = len(dims) == 3 and all(d > 0 and d & (d - 1) == 0 for d in dims)
+        # v4/v5p: AxBxC with every dimension 1, 2 or 4 (2x2x1 ... 4x4x4), or every dimension a multiple of 4
+        # (4x4x12, 8x8x16): TPU docs "TPU v5p" / "TPU v4", topologies.
+        valid = len(dims) == 3 and min(dims) >= 1 and (all(d in (1, 2, 4) for d in dims)
+                                                       or all(d % 4 == 0 for d in dims))
     if not valid:
         raise _bad(f'TPU topology "{topology}" is not supported for machine type "{mt.name}".')  # (wording ours)
     chips = math.prod(dims)

@@ -94,6 +94,8 @@ def test_tpu_topology_must_exist_for_generation():
     v5p = tpu_pool(config={"machine_type": "ct5p-hightpu-4t"}, initial_node_count=2,
                    placement_policy={"type": "COMPACT", "tpu_topology": "2x2x2"})
     rules.check_tpu_slice(v5p)
+    rules.check_tpu_slice({**v5p, "initial_node_count": 48, "placement_policy": {"type": "COMPACT", "tpu_topology": "4x4x12"}})
+    refused(rules.check_tpu_slice, {**v5p, "initial_node_count": 12, "placement_policy": {"type": "COMPACT", "tpu_topology": "2x4x6"}})
     refused(rules.check_tpu_slice, {**v5p, "placement_policy": {"type": "COMPACT", "tpu_topology": "8x8"}})
 
 
