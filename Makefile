@@ -26,7 +26,7 @@ demo: venv
 unit: venv
 	scripts/postgres.sh start
 	source scripts/airflow-env.sh && airflow db migrate >/dev/null && \
-	  python -m pytest -m "not jobset and not checkpoints and not sim and not e2e"
+	  python -m pytest -m "not jobset and not checkpoints and not sim and not gke and not e2e"
 
 # make plan CONF=my-run.json
 plan: venv

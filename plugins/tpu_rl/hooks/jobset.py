@@ -150,6 +150,78 @@ class JobSetHook(LoggingMixin):
                 return False
             raise
 
+    # -- installing JobSet ------------------------------------------------------------------------
+
+    @cached_property
+    def _dynamic(self):
+        from kubernetes.dynamic import DynamicClient
+
+        return DynamicClient(self.kube_hook.get_conn())
+
+    def apply(self, obj: dict, field_manager: str = "tpu-rl") -> None:
+        """Server-side apply of one object in its own namespace. Forced: a repair takes back the fields a
+        half-finished install left. (``kubernetes.utils.create_from_yaml(apply=True)`` would put every
+        object in one namespace, which the apiserver refuses for the release's ``jobset-system`` ones.)"""
+        resource = self._dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        resource.server_side_apply(
+            body=obj, namespace=obj["metadata"].get("namespace"), field_manager=field_manager, force_conflicts=True
+        )
+
+    def crd_served_versions(self, name: str) -> list[str] | None:
+        """The served versions of a CustomResourceDefinition, or None when it does not exist."""
+        from kubernetes.client import ApiextensionsV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            crd = ApiextensionsV1Api(self.kube_hook.get_conn()).read_custom_resource_definition(name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return [v.name for v in crd.spec.versions if v.served]
+
+    def deployment_problem(self, name: str, namespace: str) -> str | None:
+        """Why the Deployment is not Available (None when it is)."""
+        from kubernetes.client import AppsV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            status = AppsV1Api(self.kube_hook.get_conn()).read_namespaced_deployment_status(name, namespace).status
+        except ApiException as e:
+            if e.status == 404:
+                return f"Deployment {namespace}/{name} does not exist"
+            raise
+        for condition in status.conditions or []:
+            if condition.type == "Available" and condition.status == "True":
+                return None
+        return f"Deployment {namespace}/{name}: {status.available_replicas or 0} available replicas"
+
+    def list_nodes(self, label_selector: str) -> list:
+        from kubernetes.client import CoreV1Api
+
+        return CoreV1Api(self.kube_hook.get_conn()).list_node(label_selector=label_selector).items
+
+    def jobset_admission_problem(self, namespace: str) -> str | None:
+        """Whether JobSet's webhooks admit and default a JobSet: a server-side dry-run create (nothing is
+        stored). None when they do; else what the apiserver answered."""
+        from kubernetes.client.exceptions import ApiException
+
+        probe = {
+            "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet",
+            "metadata": {"name": "tpu-rl-install-probe", "namespace": namespace},
+            "spec": {"replicatedJobs": [{"name": "probe", "template": {"spec": {"template": {"spec": {
+                "restartPolicy": "Never", "containers": [{"name": "probe", "image": "busybox"}]}}}}}]},
+        }
+        try:
+            admitted = self._custom.create_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, probe, dry_run="All"
+            )
+        except ApiException as e:
+            return f"{e.status} {e.reason}: {(e.body or '')[:300]}"
+        if not admitted.get("spec", {}).get("successPolicy"):
+            return "the JobSet was admitted without defaults: its mutating webhook did not run"
+        return None
+
     def wait_until_gone(self, name: str, namespace: str, uid: str, timeout: float, interval: float = 2) -> None:
         """Foreground deletion finishes only when the pods are gone: wait for that before resubmitting."""
         deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ GKE operations are awaited by the Google provider's ``GKEOperationTrigger`` (def
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
@@ -27,7 +28,14 @@ def _cluster_hook(config: RunConfig):
 
 
 class _AwaitsGkeOperations(BaseOperator):
-    """Defers on GKE long-running operations one after another."""
+    """Defers on GKE long-running operations one after another.
+
+    :param poll_interval: seconds between the trigger's checks of an operation.
+    """
+
+    def __init__(self, *, poll_interval: float = OPERATION_POLL_SECONDS, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.poll_interval = poll_interval
 
     def _await(self, config: RunConfig, operation_names: list[str]) -> None:
         if not operation_names:
@@ -41,7 +49,7 @@ class _AwaitsGkeOperations(BaseOperator):
                 project_id=config.project,
                 location=config.region,
                 gcp_conn_id=config.gcp_conn_id,
-                poll_interval=OPERATION_POLL_SECONDS,
+                poll_interval=self.poll_interval,
             ),
             method_name="operation_done",
             kwargs={"remaining": rest},
@@ -52,8 +60,20 @@ class _AwaitsGkeOperations(BaseOperator):
 
         if event["status"] in ("failed", "error"):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
-        self.log.info(event["message"])
-        self._await(config_of(context), remaining)
+        # The provider's trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
+        # a missing reservation) DONE with an error: read it.
+        config = config_of(context)
+        operation = _cluster_hook(config).get_operation(event["operation_name"], project_id=config.project)
+        if operation.error.code or operation.status_message:
+            self.operation_failed(config, operation, operation.error.message or operation.status_message)
+        self.log.info("GKE operation %s (%s %s) is done", operation.name, operation.operation_type.name,
+                      operation.target_link.rsplit("/projects/", 1)[-1])
+        self._await(config, remaining)
+
+    def operation_failed(self, config: RunConfig, operation: Any, message: str) -> None:
+        from airflow.exceptions import AirflowException
+
+        raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) failed: {message}")
 
 
 class CreateClusterOperator(_AwaitsGkeOperations):
@@ -69,7 +89,9 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         hook = _cluster_hook(config)
         try:
             operation = hook.create_cluster(
-                cluster=gke.cluster_body(config, run), project_id=config.project, wait_to_complete=False
+                cluster=gke.cluster_body(config, run, datetime.now(timezone.utc)),
+                project_id=config.project,
+                wait_to_complete=False,
             )
         except AlreadyExists:
             cluster = hook.get_cluster(name=config.cluster_name, project_id=config.project)
@@ -81,6 +103,12 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             return
         self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation.name)
         self._await(config, [operation.name])
+
+
+def _is_capacity_error(message: str) -> bool:
+    words = ("stockout", "resource_exhausted", "resource pool exhausted", "resource_pool_exhausted",
+             "insufficient capacity", "does not have enough resources")
+    return any(word in message.lower() for word in words)
 
 
 class ClusterReadySensor(BaseSensorOperator):
@@ -125,19 +153,40 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if config.tpu_pool_mode != "per_run":
             self._check_slice_nodes(config)
             return
-        client = _cluster_hook(config).get_cluster_manager_client()
+        hook = _cluster_hook(config)
+        client = hook.get_cluster_manager_client()
         operations = []
         for index in range(config.cluster_nodepool_count):
             body = gke.tpu_node_pool(config, run, index)
+            pool = NodePool.from_json(json.dumps(body))
             try:
-                operation = client.create_node_pool(
-                    parent=gke.cluster_path(config), node_pool=NodePool.from_json(json.dumps(body))
-                )
-                self.log.info("Creating node pool %s (%d x %s)", body["name"], body["initial_node_count"], config.compute_type)
-                operations.append(operation.name)
+                operation = client.create_node_pool(parent=gke.cluster_path(config), node_pool=pool)
             except AlreadyExists:
-                self.log.info("Node pool %s already exists: adopting it", body["name"])
+                existing = client.get_node_pool(name=f"{gke.cluster_path(config)}/nodePools/{pool.name}")
+                if existing.status != NodePool.Status.ERROR:
+                    self.log.info("Node pool %s already exists (%s): adopting it", pool.name, existing.status.name)
+                    continue
+                # An earlier try's create failed (a stockout leaves the pool in ERROR): replace it.
+                self.log.warning("Node pool %s is in ERROR (%s): deleting it to create it again", pool.name,
+                                 existing.status_message)
+                deleting = client.delete_node_pool(name=f"{gke.cluster_path(config)}/nodePools/{pool.name}")
+                hook.wait_for_operation(deleting, project_id=config.project)
+                operation = client.create_node_pool(parent=gke.cluster_path(config), node_pool=pool)
+            self.log.info("Creating node pool %s (%d x %s)", pool.name, pool.initial_node_count, config.compute_type)
+            operations.append(operation.name)
         self._await(config, operations)
+
+    def operation_failed(self, config: RunConfig, operation: Any, message: str) -> None:
+        from airflow.exceptions import AirflowFailException
+
+        pool = operation.target_link.rsplit("/", 1)[-1]
+        hint = (
+            f"fix: there is no {config.tpu_type} capacity in {config.zone} now: trigger the run again later, "
+            "consume a reservation (reservation), or use another zone; delete_tpu_pools removes the failed pool"
+            if _is_capacity_error(message)
+            else "fix: see the message; delete_tpu_pools removes the failed pool"
+        )
+        raise AirflowFailException(f"GKE could not create TPU node pool {pool}: {message}; {hint}.")
 
     def _check_slice_nodes(self, config: RunConfig) -> None:
         from airflow.exceptions import AirflowFailException

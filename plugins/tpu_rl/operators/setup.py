@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from tpu_rl.config import ConfigError
+from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, JOBSET_CRD, describe, release_objects
+from tpu_rl.manifests import NODEPOOL_LABEL
 from tpu_rl.run_context import config_of, layout_of, run_of
 
-JOBSET_CRD = "jobsets.jobset.x-k8s.io"
-JOBSET_MANIFESTS_URL = "https://github.com/kubernetes-sigs/jobset/releases/download/{version}/manifests.yaml"
 LOCALQUEUE_GROUP, LOCALQUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 
 
@@ -60,56 +62,99 @@ class EnsureBucketOperator(BaseOperator):
 
 
 class EnsureJobSetOperator(BaseOperator):
-    """Makes sure the cluster runs JobSet (installs the configured release when absent) and, when a Kueue
-    queue is configured, that the LocalQueue exists."""
+    """Makes sure the cluster can run the workloads: JobSet installed and admitting JobSets (installs the
+    release shipped with the package when absent, repairs a half-finished install), a CPU pool node big
+    enough for a conversion pod, and, when a Kueue queue is configured, its LocalQueue.
+
+    :param install_timeout: how long a fresh install may take to admit its first JobSet.
+    """
+
+    def __init__(self, *, install_timeout: timedelta = timedelta(minutes=10), poll_interval: float = 5, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.install_timeout = install_timeout
+        self.poll_interval = poll_interval
 
     def execute(self, context: Any) -> None:
-        from airflow.exceptions import AirflowFailException
-        from kubernetes.client import AdmissionregistrationV1Api, ApiextensionsV1Api, CustomObjectsApi
-        from kubernetes.client.exceptions import ApiException
-
-        from tpu_rl.hooks.cluster import kubernetes_hook_for
+        from tpu_rl.hooks.cluster import cluster_target
+        from tpu_rl.hooks.jobset import JobSetHook
 
         config = config_of(context)
-        api_client = kubernetes_hook_for(config).api_client
+        hook = JobSetHook(cluster_target(config))
+        versions = hook.crd_served_versions(JOBSET_CRD)
+        problem = hook.jobset_admission_problem(config.namespace) if versions else None
+        if versions and problem is None:
+            self.log.info("JobSet is installed and admits JobSets (CRD versions %s): nothing to install", versions)
+        else:
+            if versions:
+                self.log.warning("JobSet is installed only in part (%s): repairing it", problem)
+            self._install(hook, config.jobset_version, config.namespace)
+        if not config.conversion_on_tpu:
+            self._check_cpu_pool(hook, config)
+        if config.kueue_queue_name:
+            self._check_local_queue(hook, config)
+
+    def _install(self, hook: Any, version: str, namespace: str) -> None:
+        from airflow.exceptions import AirflowException
+
+        objects = release_objects(version)
+        self.log.info("Applying the JobSet %s release shipped with the package (%d objects)", version, len(objects))
+        for obj in objects:
+            hook.apply(obj)
+            self.log.info("  applied %s", describe(obj))
+        deadline = time.monotonic() + self.install_timeout.total_seconds()
+        while problem := (hook.deployment_problem(CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE)
+                          or hook.jobset_admission_problem(namespace)):
+            if time.monotonic() > deadline:
+                raise AirflowException(
+                    f"JobSet {version} was applied but does not admit JobSets after "
+                    f"{self.install_timeout}: {problem}. A retry re-applies the release."
+                )
+            self.log.info("Waiting for JobSet: %s", problem)
+            time.sleep(self.poll_interval)
+        self.log.info("JobSet %s is installed: its controller is Available and its webhooks default a JobSet", version)
+
+    def _check_cpu_pool(self, hook: Any, config: Any) -> None:
+        """A conversion pod that fits no node of the CPU pool would stay Pending for ever: fail now."""
+        from airflow.exceptions import AirflowFailException
+        from kubernetes.utils.quantity import parse_quantity
+
+        nodes = hook.list_nodes(f"{NODEPOOL_LABEL}={config.cpu_pool_name}")
+        if not nodes:
+            self.log.info("The CPU pool %s has no node now (autoscaled to zero?): conversion size not checked",
+                          config.cpu_pool_name)
+            return
+        memory = max(parse_quantity(n.status.allocatable["memory"]) for n in nodes)
+        cpu = max(parse_quantity(n.status.allocatable["cpu"]) for n in nodes)
+        self.log.info("CPU pool %s: largest node leaves %.1fGi and %s CPUs to pods", config.cpu_pool_name,
+                      memory / 2**30, cpu)
+        for name, wanted, have, unit in (
+            ("conversion_memory", parse_quantity(config.conversion_memory), memory, 2**30),
+            ("conversion_cpu", parse_quantity(config.conversion_cpu), cpu, 1),
+        ):
+            if wanted > have:
+                raise AirflowFailException(
+                    f"{name}: {getattr(config, name)} does not fit on any node of the CPU pool "
+                    f"'{config.cpu_pool_name}' (at most {float(have) / unit:.1f}{'Gi' if unit > 1 else ''} "
+                    f"allocatable); fix: request at most that, or use a pool of larger machines."
+                )
+
+    def _check_local_queue(self, hook: Any, config: Any) -> None:
+        from airflow.exceptions import AirflowFailException
+        from kubernetes.client import CustomObjectsApi
+        from kubernetes.client.exceptions import ApiException
+
         try:
-            crd = ApiextensionsV1Api(api_client).read_custom_resource_definition(JOBSET_CRD)
-            webhooks = [
-                w.metadata.name
-                for w in AdmissionregistrationV1Api(api_client).list_mutating_webhook_configuration().items
-                if any("jobset" in (h.name or "") for h in w.webhooks or [])
-            ]
-            versions = [v.name for v in crd.spec.versions if v.served]
-            self.log.info("JobSet is installed (CRD versions %s, webhooks %s): skipping install", versions, webhooks)
+            CustomObjectsApi(hook.kube_hook.get_conn()).get_namespaced_custom_object(
+                LOCALQUEUE_GROUP, LOCALQUEUE_VERSION, config.namespace, "localqueues", config.kueue_queue_name
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
-            self._install_jobset(api_client, config.jobset_version)
-        if config.kueue_queue_name:
-            try:
-                CustomObjectsApi(api_client).get_namespaced_custom_object(
-                    LOCALQUEUE_GROUP, LOCALQUEUE_VERSION, config.namespace, "localqueues", config.kueue_queue_name
-                )
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-                raise AirflowFailException(
-                    f"kueue_queue_name: no Kueue LocalQueue '{config.kueue_queue_name}' in namespace "
-                    f"'{config.namespace}'; fix: install Kueue with a ClusterQueue covering google.com/tpu, cpu and "
-                    "memory and create the LocalQueue, or clear kueue_queue_name."
-                ) from None
-
-    def _install_jobset(self, api_client: Any, version: str) -> None:
-        import urllib.request
-
-        import yaml
-        from kubernetes import utils
-
-        url = JOBSET_MANIFESTS_URL.format(version=version)
-        self.log.info("JobSet is not installed: applying %s", url)
-        with urllib.request.urlopen(url, timeout=60) as response:
-            objects = [o for o in yaml.safe_load_all(response.read()) if o]
-        utils.create_from_yaml(api_client, yaml_objects=objects, apply=True)
+            raise AirflowFailException(
+                f"kueue_queue_name: no Kueue LocalQueue '{config.kueue_queue_name}' in namespace "
+                f"'{config.namespace}'; fix: install Kueue with a ClusterQueue covering google.com/tpu, cpu and "
+                "memory and create the LocalQueue, or clear kueue_queue_name."
+            ) from None
 
 
 class CreateHfTokenSecretOperator(BaseOperator):

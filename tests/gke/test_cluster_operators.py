@@ -1,0 +1,237 @@
+"""The cluster, node pool and JobSet install operators against the GKE emulator of the simulation.
+
+Each operator runs as Airflow runs it: ``execute`` defers on the provider's ``GKEOperationTrigger``, the
+trigger polls the emulator through the real async client (grpc aio), and the operator resumes with its
+event. The emulator refuses what GKE refuses, so these tests also prove the pipeline's requests pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+from google.api_core.exceptions import NotFound
+from google.cloud.container_v1 import Cluster
+
+from sim import gke_faults
+from tpu_rl.operators import cluster as cluster_ops
+from tpu_rl.operators.setup import EnsureJobSetOperator
+from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+
+try:  # Airflow >= 3.1 task SDK
+    from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+except ImportError:  # pragma: no cover
+    from airflow.exceptions import AirflowFailException, TaskDeferred
+
+pytestmark = pytest.mark.gke
+
+DAG_ID = "maxtext_rl_tpu"
+SMALL = {
+    "project": "tpu-rl-sim", "region": "us-east5", "zone": "us-east5-b", "gcs_bucket": "tpu-rl-sim",
+    "node_service_account": "tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com",
+    "tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2, "ici_expert_parallelism": 2,
+    "rollout_tensor_parallelism": 4,
+}
+POLL = 1
+
+
+class Run:
+    """One DAG run's params and identity, with a cluster name of its own."""
+
+    def __init__(self, **params):
+        self.run_id = f"gke_test__{uuid.uuid4().hex[:8]}"
+        self.params = {**SMALL, "cluster_name": f"gke-test-{uuid.uuid4().hex[:6]}", **params}
+        self.identity = RunIdentity(DAG_ID, self.run_id)
+
+    def context(self, **params):
+        return {"params": {**self.params, **params}, "dag": SimpleNamespace(dag_id=DAG_ID), "run_id": self.run_id}
+
+
+async def _first_event(trigger):
+    async for event in trigger.run():
+        return event
+
+
+def run_operator(operator, context) -> list[str]:
+    """execute(), then for each deferral the trigger to its event and the resume method; returns the GKE
+    operations it waited for."""
+    call, operations = (lambda: operator.execute(context)), []
+    while True:
+        try:
+            call()
+            return operations
+        except TaskDeferred as deferred:
+            trigger = deferred.trigger
+            assert isinstance(trigger, GKEOperationTrigger)
+            operations.append(trigger.operation_name)
+            event = asyncio.run(_first_event(trigger))
+            resume, kwargs = getattr(operator, deferred.method_name), deferred.kwargs or {}
+            call = lambda resume=resume, kwargs=kwargs, payload=event.payload: resume(context, payload, **kwargs)  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def gke(gke_sim):
+    return GKEHook(gcp_conn_id="google_cloud_default", location="us-east5")
+
+
+def get_cluster(gke, name):
+    try:
+        return gke.get_cluster(name=name, project_id="tpu-rl-sim")
+    except NotFound:
+        return None
+
+
+@pytest.fixture(scope="module")
+def created(gke):
+    """A cluster created by CreateClusterOperator (one per module: a control plane takes seconds to start)."""
+    run = Run()
+    operations = run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL), run.context())
+    yield run, operations
+    if get_cluster(gke, run.params["cluster_name"]):
+        gke.delete_cluster(name=run.params["cluster_name"], project_id="tpu-rl-sim", wait_to_complete=False)
+
+
+def test_create_cluster_labels_it_with_the_run_and_waits_deferred(gke, created):
+    run, operations = created
+    assert len(operations) == 1
+    cluster = get_cluster(gke, run.params["cluster_name"])
+    assert cluster.status == Cluster.Status.RUNNING
+    assert cluster.resource_labels[GKE_LABEL_RUN_KEY] == run.identity.key
+    assert {p.name for p in cluster.node_pools} == {"system", "cpu-np"}
+    [exclusion] = cluster.maintenance_policy.window.maintenance_exclusions.values()
+    assert exclusion.maintenance_exclusion_options.scope.name == "NO_MINOR_OR_NODE_UPGRADES"
+
+
+def test_a_retry_adopts_the_cluster_its_first_try_created(created):
+    run, _ = created
+    assert run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL), run.context()) == []
+
+
+def test_existing_cluster_mode_never_creates(gke):
+    run = Run(cluster_mode="existing", tpu_pool_mode="existing")
+    assert run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster"), run.context()) == []
+    assert get_cluster(gke, run.params["cluster_name"]) is None
+
+
+def test_a_new_cluster_gets_the_shipped_jobset_release_and_a_broken_install_is_repaired(created, caplog):
+    run, _ = created
+    ensure = EnsureJobSetOperator(task_id="ensure_jobset", poll_interval=1)
+    ensure.execute(run.context())
+    assert "Applying the JobSet v0.10.1 release shipped with the package (18 objects)" in caplog.text
+    assert "applied Deployment jobset-system/jobset-controller-manager" in caplog.text
+
+    # Installed and admitting: a second run skips the install.
+    caplog.clear()
+    ensure.execute(run.context())
+    assert "JobSet is installed and admits JobSets" in caplog.text and "Applying" not in caplog.text
+
+    # A half-finished install (the controller gone, the webhooks still registered with failurePolicy Fail)
+    # is repaired, not skipped.
+    from kubernetes.client import AppsV1Api
+
+    from tpu_rl.hooks.cluster import cluster_target
+    from tpu_rl.hooks.jobset import JobSetHook
+    from tpu_rl.config import RunConfig
+
+    hook = JobSetHook(cluster_target(RunConfig.from_params(run.params)))
+    AppsV1Api(hook.kube_hook.get_conn()).delete_namespaced_deployment("jobset-controller-manager", "jobset-system")
+    caplog.clear()
+    ensure.execute(run.context())
+    assert "JobSet is installed only in part" in caplog.text and "repairing it" in caplog.text
+    assert hook.jobset_admission_problem("default") is None
+
+
+def test_a_conversion_that_fits_no_cpu_pool_node_fails_before_it_is_submitted(created):
+    run, _ = created
+    # cpu-np is c4d-standard-96 here; pretend the run asks for more than any node has.
+    with pytest.raises(AirflowFailException, match=r"conversion_memory: 400Gi does not fit on any node of the CPU pool 'cpu-np'"):
+        EnsureJobSetOperator(task_id="ensure_jobset")._check_cpu_pool(
+            _hook_for(run), SimpleNamespace(cpu_pool_name="cpu-np", conversion_memory="400Gi", conversion_cpu="8")
+        )
+
+
+def _hook_for(run):
+    from tpu_rl.config import RunConfig
+    from tpu_rl.hooks.cluster import cluster_target
+    from tpu_rl.hooks.jobset import JobSetHook
+
+    return JobSetHook(cluster_target(RunConfig.from_params(run.params)))
+
+
+def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):
+    run, _ = created
+    pool_name = run.identity.tpu_pool_name(0)
+    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    assert len(run_operator(create, run.context())) == 1
+    pool = gke.get_cluster_manager_client().get_node_pool(
+        name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/{pool_name}"
+    )
+    assert (pool.initial_node_count, pool.config.machine_type, pool.placement_policy.tpu_topology) == (4, "ct6e-standard-4t", "4x4")
+    assert (pool.management.auto_upgrade, pool.management.auto_repair) == (True, True)
+    nodes = _hook_for(run).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")
+    assert len(nodes) == 4 and all(n.status.capacity["google.com/tpu"] == "4" for n in nodes)
+
+    # A retry after the pool exists adopts it: nothing new to wait for.
+    assert run_operator(create, run.context()) == []
+
+    delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+    assert len(run_operator(delete, run.context())) == 1
+    assert _hook_for(run).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}") == []
+    # Deleting again (a retried teardown) finds nothing and succeeds.
+    assert run_operator(delete, run.context()) == []
+
+
+def test_a_stockout_fails_the_pool_create_with_what_to_do_and_a_retry_replaces_the_failed_pool(gke, created):
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])  # another run's pools on the same cluster
+    pool_name = other.identity.tpu_pool_name(0)
+    gke_faults.set_fault("gke-test-stockout", "stockout", pool_prefix=pool_name, times=1)
+    try:
+        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        with pytest.raises(AirflowFailException) as failed:
+            run_operator(create, other.context())
+        assert f"GKE could not create TPU node pool {pool_name}: " in str(failed.value)
+        assert "GCE_STOCKOUT" in str(failed.value)
+        assert "fix: there is no v6e-16 capacity in us-east5-b now" in str(failed.value)
+        # The capacity is back: a new try deletes the pool left in ERROR and creates it again.
+        assert len(run_operator(create, other.context())) == 1
+        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
+    finally:
+        gke_faults.clear_faults("gke-test-stockout")
+        run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context())
+
+
+def test_pool_teardown_never_touches_pools_it_did_not_create(gke, created):
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"], tpu_pool_mode="cluster")
+    assert run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools"), other.context()) == []
+
+
+def test_teardown_leaves_a_cluster_another_run_created(gke, created):
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])
+    assert run_operator(cluster_ops.DeleteClusterOperator(task_id="delete_cluster"), other.context()) == []
+    assert get_cluster(gke, run.params["cluster_name"]) is not None
+
+
+def test_keep_cluster_skips_the_delete(gke, created):
+    run, _ = created
+    assert run_operator(cluster_ops.DeleteClusterOperator(task_id="delete_cluster"), run.context(keep_cluster=True)) == []
+    assert get_cluster(gke, run.params["cluster_name"]) is not None
+
+
+def test_teardown_deletes_the_cluster_this_run_created_and_its_control_plane(gke, created):
+    run, _ = created
+    hook = _hook_for(run)
+    delete = cluster_ops.DeleteClusterOperator(task_id="delete_cluster", poll_interval=POLL)
+    assert len(run_operator(delete, run.context())) == 1
+    assert get_cluster(gke, run.params["cluster_name"]) is None
+    with pytest.raises(Exception):  # its API server is gone with it
+        hook.list_nodes("")
+    # A retried teardown after the delete (or after a create that never happened) is a no-op.
+    assert run_operator(delete, run.context()) == []
