@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from local_airflow import LocalAirflow, stage_table  # noqa: E402
+from local_airflow import LocalAirflow, _time, stage_table  # noqa: E402
 
 DAG_ID = "maxtext_rl_tpu"
 
@@ -39,7 +39,10 @@ def main() -> int:
     state = airflow.wait_for_run(DAG_ID, run_id, args.timeout, on_poll=progress)
     instances = airflow.task_instances(DAG_ID, run_id)
     print(f"\nrun {run_id}: {state} in {time.monotonic() - started:.0f} s\n")
-    print(stage_table(instances))
+    print(stage_table(instances, airflow.upstream(DAG_ID)))
+    if conf.get("tpu_pool_mode", "per_run") == "per_run" and not conf.get("kubernetes_conn_id"):
+        print()
+        print(tpu_time(conf, run_id, instances))
     if state != "success":
         for task_id, ti in instances.items():
             if ti["state"] == "failed":
@@ -52,6 +55,40 @@ def main() -> int:
     print(f"  Hugging Face model:  {airflow.xcom(DAG_ID, run_id, 'publish_export')}")
     print(f"  base checkpoint:     {airflow.xcom(DAG_ID, run_id, 'verify_converted')}")
     return 0
+
+
+def tpu_time(conf: dict, run_id: str, instances: dict) -> str:
+    """When the run's TPU slice existed (its node pools' create and delete operations, from the GKE API)
+    against when it trained (train_rl in Airflow): what the slice cost beyond the training itself."""
+    import os
+
+    from google.cloud.container_v1 import ClusterManagerClient
+    from google.oauth2 import service_account
+
+    from tpu_rl.run import RunIdentity
+
+    key_path = json.loads(os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
+    credentials = service_account.Credentials.from_service_account_file(
+        key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    client = ClusterManagerClient(credentials=credentials)
+    operations = client.list_operations(parent=f"projects/{conf['project']}/locations/{conf['region']}").operations
+    run = RunIdentity(DAG_ID, run_id)
+    pools = {run.tpu_pool_name(i) for i in range(int(conf.get("cluster_nodepool_count", 1)))}
+    mine = [op for op in operations if op.target_link.rsplit("/", 1)[-1] in pools]
+    created = [_time(op.start_time) for op in mine if op.operation_type.name == "CREATE_NODE_POOL"]
+    deleted = [_time(op.end_time) for op in mine if op.operation_type.name == "DELETE_NODE_POOL" and op.end_time]
+    train = instances.get("train_rl", {})
+    if not created or not deleted or not train.get("end_date"):
+        return "TPU time: the slice or the training did not complete; nothing to compare"
+    slice_start, slice_end = min(created), max(deleted)
+    train_start, train_end = _time(train["start_date"]), _time(train["end_date"])
+    slice_s, train_s = (slice_end - slice_start).total_seconds(), (train_end - train_start).total_seconds()
+    return "\n".join([
+        "TPU time (slice: its node pools' GKE operations; training: train_rl)",
+        f"  slice nodes  {slice_start:%H:%M:%S} -> {slice_end:%H:%M:%S}  {slice_s:7.1f} s  (pool create requested -> pool deleted)",
+        f"  training     {train_start:%H:%M:%S} -> {train_end:%H:%M:%S}  {train_s:7.1f} s",
+        f"  ratio        {slice_s / train_s:.2f} (TPU-slice time / training time)",
+    ])
 
 
 if __name__ == "__main__":

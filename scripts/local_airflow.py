@@ -7,6 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from typing import Any
 
 TERMINAL = {"success", "failed"}
@@ -87,6 +88,15 @@ class LocalAirflow:
         path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}?deserialize=true"
         return self.request("GET", path)["value"]
 
+    def upstream(self, dag_id: str) -> dict[str, list[str]]:
+        """Each task's direct upstream tasks."""
+        upstream: dict[str, list[str]] = {}
+        for task in self.request("GET", f"/api/v2/dags/{dag_id}/tasks")["tasks"]:
+            upstream.setdefault(task["task_id"], [])
+            for child in task["downstream_task_ids"]:
+                upstream.setdefault(child, []).append(task["task_id"])
+        return upstream
+
     def clear(self, dag_id: str, run_id: str, task_ids: list[str]) -> list[str]:
         """Clears the tasks and their downstream, as the UI's Clear does; returns the task ids cleared."""
         body = {
@@ -111,11 +121,22 @@ def _log_line(line: Any) -> str:
     return text
 
 
-def stage_table(instances: dict[str, dict[str, Any]]) -> str:
-    """The run's stages in execution order: state and duration."""
+def stage_table(instances: dict[str, dict[str, Any]], upstream: dict[str, list[str]] | None = None) -> str:
+    """The run's stages in execution order: state, duration and hand-off (the time from the end of the
+    upstream stage it waited for, the last to end, to its own start: scheduling and worker latency)."""
     rows = sorted(instances.values(), key=lambda ti: (ti.get("start_date") or "9", ti["task_id"]))
-    lines = [f"{'stage':<24} {'state':<16} {'duration':>9}", "-" * 51]
+    lines = [f"{'stage':<24} {'state':<16} {'duration':>9} {'hand-off':>9}  after", "-" * 80]
     for ti in rows:
         duration = f"{ti['duration']:.1f} s" if ti.get("duration") is not None else "-"
-        lines.append(f"{ti['task_id']:<24} {str(ti['state']):<16} {duration:>9}")
+        handoff, after = "-", ""
+        ends = [(instances[u]["end_date"], u) for u in (upstream or {}).get(ti["task_id"], [])
+                if u in instances and instances[u].get("end_date")]
+        if ends and ti.get("start_date"):
+            end, after = max(ends)
+            handoff = f"{(_time(ti['start_date']) - _time(end)).total_seconds():.1f} s"
+        lines.append(f"{ti['task_id']:<24} {str(ti['state']):<16} {duration:>9} {handoff:>9}  {after}")
     return "\n".join(lines)
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -1,0 +1,191 @@
+"""The tutorial's own path through the scheduler: the GKE emulator (sim/gke_emulator.py, reached through the
+real google-cloud-container client) creates the cluster and the TPU pools, the pipeline installs JobSet on
+the new cluster, trains, deletes the pools right after training and the cluster at the end.
+
+The scenarios do not share a cluster, so they run as concurrent DAG runs: all are triggered at once by the
+``runs`` fixture and each test reads the outcome of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import datetime
+
+import pytest
+from google.api_core.exceptions import NotFound
+from google.cloud.container_v1 import ClusterManagerClient
+from google.oauth2 import service_account
+
+from sim import gke_faults
+from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+
+from tpu_rl_testing import REPO, SIM_CREATE_CONF
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "maxtext_rl_tpu"
+RUN_TIMEOUT = 1200
+#: A v6e-16 slice (4 hosts) keeps the simulated clusters small; the tutorial's 8x8 runs in make demo.
+SMALL_SLICE = {"tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2, "ici_expert_parallelism": 2,
+               "rollout_tensor_parallelism": 4, "num_batches": 4, "checkpoint_period": 2}
+PARENT = f"projects/{SIM_CREATE_CONF['project']}/locations/{SIM_CREATE_CONF['region']}"
+
+
+def _sim_env() -> dict[str, str]:
+    return {
+        key: value.strip("'")
+        for key, value in (
+            line.removeprefix("export ").split("=", 1)
+            for line in (REPO / ".sim/airflow.env").read_text().splitlines()
+            if line.startswith("export ")
+        )
+    }
+
+
+@pytest.fixture(scope="module")
+def gke():
+    """The GKE API as the pipeline reaches it: gRPC through the simulation's egress proxy, a service-account key."""
+    env = _sim_env()
+    saved = {k: os.environ.get(k) for k in ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")}
+    os.environ.update({k: env[k] for k in saved})
+    key_path = json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
+    credentials = service_account.Credentials.from_service_account_file(
+        key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+    )
+    yield ClusterManagerClient(credentials=credentials)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def cluster_or_none(gke, name: str):
+    try:
+        return gke.get_cluster(name=f"{PARENT}/clusters/{name}")
+    except NotFound:
+        return None
+
+
+@pytest.fixture(scope="module")
+def airflow(airflow_stack):
+    airflow_stack.wait_for_healthy_dag(DAG_ID)
+    airflow_stack.unpause(DAG_ID)
+    return airflow_stack
+
+
+@pytest.fixture(scope="module")
+def runs(airflow, gke):
+    """Triggers every scenario at once; yields {scenario: (run_id, conf, final state)}."""
+    suffix = uuid.uuid4().hex[:6]
+    scenarios = {
+        # From nothing: cluster, JobSet, two slices (two pools), training across both.
+        "two_slices": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-new-{suffix}", "cluster_nodepool_count": 2},
+        # No v6e capacity in the zone when the pool is created.
+        "stockout": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-stockout-{suffix}"},
+        # A cluster someone else created, with a pool of theirs: adopted, used, left as it was.
+        "foreign": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-foreign-{suffix}"},
+    }
+    run_ids = {name: f"e2e__gke_{name}__{suffix}" for name in scenarios}
+    stockout_pools = f"tpu-{RunIdentity(DAG_ID, run_ids['stockout']).key}-"
+    gke_faults.set_fault(f"e2e-stockout-{suffix}", "stockout", pool_prefix=stockout_pools)
+    foreign = _create_foreign_cluster(gke, scenarios["foreign"]["cluster_name"])
+    try:
+        for name, conf in scenarios.items():
+            airflow.trigger(DAG_ID, conf, run_id=run_ids[name])
+        states = {name: airflow.wait_for_run(DAG_ID, run_ids[name], RUN_TIMEOUT) for name in scenarios}
+        yield {name: (run_ids[name], scenarios[name], states[name]) for name in scenarios}
+    finally:
+        gke_faults.clear_faults(f"e2e-stockout-{suffix}")
+        if cluster_or_none(gke, foreign):
+            gke.delete_cluster(name=f"{PARENT}/clusters/{foreign}")
+
+
+def _create_foreign_cluster(gke, name: str) -> str:
+    """A cluster and a CPU pool made outside the pipeline (another team's), labelled with another run key."""
+    import time
+
+    from google.cloud.container_v1 import Cluster
+
+    body = {
+        "name": name,
+        "resource_labels": {GKE_LABEL_RUN_KEY: "0ther0ne"},
+        "release_channel": {"channel": "REGULAR"},
+        "workload_identity_config": {"workload_pool": f"{SIM_CREATE_CONF['project']}.svc.id.goog"},
+        "node_pools": [
+            {"name": "default-pool", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}},
+            {"name": "cpu-np", "initial_node_count": 1, "locations": [SIM_CREATE_CONF["zone"]],
+             "config": {"machine_type": "n4-standard-64", "disk_type": "hyperdisk-balanced",
+                        "workload_metadata_config": {"mode": "GKE_METADATA"}}},
+        ],
+    }
+    operation = gke.create_cluster(parent=PARENT, cluster=Cluster.from_json(json.dumps(body)))
+    deadline = time.monotonic() + 300
+    while gke.get_operation(name=f"{PARENT}/operations/{operation.name}").status.name != "DONE":
+        assert time.monotonic() < deadline, "the foreign cluster was not created in 300 s"
+        time.sleep(2)
+    return name
+
+
+def pool_operations(gke, run_id: str, slices: int) -> dict[str, list]:
+    """The GKE operations on the run's TPU pools, by type."""
+    run = RunIdentity(DAG_ID, run_id)
+    pools = {run.tpu_pool_name(i) for i in range(slices)}
+    by_type: dict[str, list] = {}
+    for op in gke.list_operations(parent=PARENT).operations:
+        if op.target_link.rsplit("/", 1)[-1] in pools:
+            by_type.setdefault(op.operation_type.name, []).append(op)
+    return by_type
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_a_new_cluster_gets_jobset_and_trains_on_two_slices(airflow, gke, runs):
+    run_id, conf, state = runs["two_slices"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
+    jobset_log = airflow.task_log(DAG_ID, run_id, "ensure_jobset", tasks["ensure_jobset"]["try_number"])
+    assert "Applying the JobSet v0.10.1 release shipped with the package (18 objects)" in jobset_log
+    assert "JobSet v0.10.1 is installed: its controller is Available and its webhooks default a JobSet" in jobset_log
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
+
+    ops = pool_operations(gke, run_id, 2)
+    assert len(ops["CREATE_NODE_POOL"]) == 2 and len(ops["DELETE_NODE_POOL"]) == 2
+    assert all(not op.error.code for op in ops["CREATE_NODE_POOL"] + ops["DELETE_NODE_POOL"])
+    # The slice goes right after training: before the export (which runs on the CPU pool) ends.
+    deleted = max(_time(op.end_time) for op in ops["DELETE_NODE_POOL"])
+    assert deleted < _time(tasks["maxtext_to_hf"]["end_date"])
+    # After the run the emulator holds nothing of it.
+    assert cluster_or_none(gke, conf["cluster_name"]) is None
+
+
+def test_a_stockout_fails_the_run_says_what_to_do_and_leaves_nothing(airflow, gke, runs):
+    run_id, conf, state = runs["stockout"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "failed"
+    create = tasks["create_tpu_pools"]
+    assert (create["state"], create["try_number"]) == ("failed", 1)  # not retried: capacity does not come back in a minute
+    assert tasks["train_rl"]["state"] == "upstream_failed"
+    assert tasks["delete_tpu_pools"]["state"] == "success" and tasks["delete_cluster"]["state"] == "success"
+    log = airflow.task_log(DAG_ID, run_id, "create_tpu_pools", 1)
+    pool = RunIdentity(DAG_ID, run_id).tpu_pool_name(0)
+    assert f"GKE could not create TPU node pool {pool}: " in log and "GCE_STOCKOUT" in log, log[-3000:]
+    assert "fix: there is no v6e-16 capacity in us-east5-b now" in log
+    assert cluster_or_none(gke, conf["cluster_name"]) is None
+
+
+def test_a_cluster_and_pool_the_run_did_not_create_are_never_deleted(airflow, gke, runs):
+    run_id, conf, state = runs["foreign"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
+    create_log = airflow.task_log(DAG_ID, run_id, "create_cluster", tasks["create_cluster"]["try_number"])
+    assert "already exists" in create_log and "adopting it" in create_log
+    delete_log = airflow.task_log(DAG_ID, run_id, "delete_cluster", tasks["delete_cluster"]["try_number"])
+    assert "was created by run key 0ther0ne, not by this run" in delete_log
+    cluster = cluster_or_none(gke, conf["cluster_name"])
+    assert cluster is not None and cluster.status.name == "RUNNING"
+    assert sorted(p.name for p in cluster.node_pools) == ["cpu-np", "default-pool"]  # the run's own pool is gone
