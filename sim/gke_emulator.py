@@ -82,6 +82,19 @@ DEFAULT_BOOT_DISK = os.environ.get("TPU_RL_SIM_GKE_DEFAULT_BOOT_DISK", gke_rules
 log = logging.getLogger("gke")
 
 
+def as_dict(msg) -> dict:
+    """A container_v1 message as gke_rules reads it: JSON field names of the proto (``type``, not proto-plus's
+    ``type_``), enum names."""
+    def strip(value):  # proto-plus names a field "type" as "type_" (a Python keyword-ish name)
+        if isinstance(value, dict):
+            return {k.rstrip("_"): strip(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(json.loads(type(msg).to_json(msg, preserving_proto_field_name=True, use_integers_for_enums=False)))
+
+
 def now_iso():
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -371,7 +384,7 @@ class Emulator:
             self.save()
         time.sleep(CLUSTER_CREATE_S)
         with self.lock:
-            pools = [(p.name, c.NodePool.to_dict(p, preserving_proto_field_name=True, use_integers_for_enums=False))
+            pools = [(p.name, as_dict(p))
                      for p in self.clusters[key]["cluster"].node_pools]
         for pool_name, pool in pools:
             self._create_nodes(key, pool)
@@ -398,7 +411,7 @@ class Emulator:
         fault = rec.get("fault")
         with self.lock:
             pool = self.pool(key, rec["pool"])
-            body = c.NodePool.to_dict(pool, preserving_proto_field_name=True, use_integers_for_enums=False)
+            body = as_dict(pool)
         if fault:
             zone = self._zones(key, body)[0]
             project = key.split("/")[0]
@@ -537,7 +550,7 @@ class Emulator:
         c = self.c
         project, location = parse_parent(req.parent, req.project_id, req.zone)
         cluster = c.Cluster(req.cluster)
-        body = c.Cluster.to_dict(cluster, preserving_proto_field_name=True, use_integers_for_enums=False)
+        body = as_dict(cluster)
         with self.lock:
             key = f"{project}/{location}/{cluster.name}"
             gke_rules.check_cluster_name(cluster.name)
@@ -594,10 +607,10 @@ class Emulator:
         project, location, name = parse_cluster(req.parent, req.project_id, req.zone, req.cluster_id)
         key = f"{project}/{location}/{name}"
         pool = c.NodePool(req.node_pool)
-        body = c.NodePool.to_dict(pool, preserving_proto_field_name=True, use_integers_for_enums=False)
+        body = as_dict(pool)
         with self.lock:
             cluster = self.cluster(key)["cluster"]
-            cluster_body = c.Cluster.to_dict(cluster, preserving_proto_field_name=True, use_integers_for_enums=False)
+            cluster_body = as_dict(cluster)
             gke_rules.check_node_pool(cluster_body, body, location, project, reservations(), DEFAULT_BOOT_DISK)
             gke_rules.check_node_pool_absent(name, pool.name, {p.name for p in cluster.node_pools})
             gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool")
@@ -884,9 +897,17 @@ def main():
              PROXY_PORT, GRPC_PORT, TOKEN_PORT)
     import signal
 
+    import faulthandler
+
+    faulthandler.enable()
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def on_signal(number, _frame):
+        log.info("signal %d: stopping", number)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     stop.wait()
     server.stop(2)
     emulator.save()
