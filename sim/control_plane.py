@@ -13,6 +13,7 @@ component of this cluster can be told to dial is on loopback.
 import base64
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -205,7 +206,7 @@ class ControlPlane:
             f.unlink(missing_ok=True)
         if purge:
             self.delete_etcd_keys()
-            subprocess.run(["rm", "-rf", str(self.dir)], check=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def etcd_keys(self) -> int:
         """Number of etcd keys under this cluster's prefix."""
