@@ -38,6 +38,9 @@ Stage contract (arguments read, `key=value` and `--flag=value`):
                   weight_dtype (float32), --hf_model_path, model_name
                   ->  tokenizer files, config.json, model-0000i-of-00004.safetensors, index last
 A missing input (load_parameters_path with no objects) or a missing bucket fails the pod (exit code 1).
+Bucket IAM: on the nodes of GKE-emulated clusters (annotated with their service account), a stage pod whose
+principal (the node's account with hostNetwork or without the GKE metadata server; else its Kubernetes
+service account's Workload Identity principal) is not in $TPU_RL_SIM_BUCKET_PRINCIPALS fails with a 403.
 HF_TOKEN: checked to come from a Secret that exists (pod fails otherwise); a literal value or
 hf_access_token= on the command line gives a warning. Values are never printed.
 
@@ -69,6 +72,11 @@ STAGES = {
 }
 HF_IDS = {"qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Thinking-2507"}  # MaxText's default tokenizer per model
 HEARTBEAT = SIM / "run" / "maxtext-emulator.heartbeat"
+#: Who may read and write the buckets (bucket IAM), as principals; the nodes of GKE-emulated clusters carry
+#: their service account in this annotation (sim/gke_emulator.py).
+NODE_SERVICE_ACCOUNT = "sim.tpu-rl.dev/service-account"
+BUCKET_PRINCIPALS = set(os.environ.get(
+    "TPU_RL_SIM_BUCKET_PRINCIPALS", "serviceAccount:tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com").split(","))
 HANDLED = SIM / "run" / "maxtext-emulator-handled.txt"
 
 
@@ -452,6 +460,8 @@ class Emulator:
             if warnings and warnings[0].startswith("missing-secret"):
                 # A real kubelet would not start the container (CreateContainerConfigError).
                 raise PodFailure(warnings[0])
+            if stage:
+                self.check_bucket_access(pod, args, flags)
             if not stage:
                 summary = "no MaxText stage in this pod"
             elif index != "0" or job_index != "0":
@@ -513,6 +523,26 @@ class Emulator:
         if annotations.get(PREFIX + "fail-attempts") is not None:
             return attempt < int(annotations[PREFIX + "fail-attempts"])
         return annotations.get(PREFIX + "exit-code", "0") != "0"
+
+    def check_bucket_access(self, pod, args, flags):
+        """Cloud Storage answers 403 to a principal without access to the bucket. The principal is decided as
+        on GKE: a pod with hostNetwork, or on a node without the GKE metadata server, is the node's service
+        account; otherwise the Workload Identity principal of its Kubernetes service account. Nodes that
+        carry no service account (the standing cluster's) are not checked."""
+        node = self.core.read_node(pod.spec.node_name)
+        account = (node.metadata.annotations or {}).get(NODE_SERVICE_ACCOUNT)
+        if account is None:
+            return
+        metadata_server = (node.metadata.labels or {}).get("iam.gke.io/gke-metadata-server-enabled") == "true"
+        if pod.spec.host_network or not metadata_server:
+            principal = f"serviceAccount:{account}"
+        else:
+            principal = (f"principal://iam.googleapis.com/projects/100000000001/locations/global/workloadIdentityPools/"
+                         f"tpu-rl-sim.svc.id.goog/subject/ns/{pod.metadata.namespace}/sa/"
+                         f"{pod.spec.service_account_name or 'default'}")
+        if principal not in BUCKET_PRINCIPALS:
+            url = args.get("base_output_directory") or flags.get("base_output_directory") or "the bucket"
+            raise PodFailure(f"403 Forbidden: {principal} does not have storage.objects.create access to {url}")
 
     def check_secrets(self, pod, container, args):
         """HF token hygiene. Never reads or prints a token's value beyond checking the key exists."""

@@ -8,7 +8,7 @@ event. The emulator refuses what GKE refuses, so these tests also prove the pipe
 from __future__ import annotations
 
 import asyncio
-import json
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -118,32 +118,79 @@ def test_existing_cluster_mode_never_creates(gke):
     assert get_cluster(gke, run.params["cluster_name"]) is None
 
 
-def test_a_new_cluster_gets_the_shipped_jobset_release_and_a_broken_install_is_repaired(created, caplog):
+def test_a_new_cluster_gets_the_shipped_jobset_release_and_a_broken_install_is_repaired(created, capsys):
+    """The task log (Airflow's structured logger writes it to stdout here) says what was done."""
+    from kubernetes.client import AppsV1Api
+
     run, _ = created
     ensure = EnsureJobSetOperator(task_id="ensure_jobset", poll_interval=1)
     ensure.execute(run.context())
-    assert "Applying the JobSet v0.10.1 release shipped with the package (18 objects)" in caplog.text
-    assert "applied Deployment jobset-system/jobset-controller-manager" in caplog.text
+    log = capsys.readouterr().out
+    assert "Applying the JobSet v0.10.1 release shipped with the package (18 objects)" in log
+    assert "applied Deployment jobset-system/jobset-controller-manager" in log
+    assert "JobSet v0.10.1 is installed: its controller is Available and its webhooks default a JobSet" in log
 
     # Installed and admitting: a second run skips the install.
-    caplog.clear()
     ensure.execute(run.context())
-    assert "JobSet is installed and admits JobSets" in caplog.text and "Applying" not in caplog.text
+    log = capsys.readouterr().out
+    assert "JobSet is installed and admits JobSets" in log and "Applying" not in log
 
-    # A half-finished install (the controller gone, the webhooks still registered with failurePolicy Fail)
-    # is repaired, not skipped.
-    from kubernetes.client import AppsV1Api
+    # A half-finished install (the CRD and the webhook configurations, failurePolicy Fail, are there; the
+    # namespaced objects are not: what create_from_yaml's namespace override left) is repaired, not skipped.
+    from kubernetes.client import CoreV1Api
 
-    from tpu_rl.hooks.cluster import cluster_target
-    from tpu_rl.hooks.jobset import JobSetHook
+    hook = _hook_for(run)
+    api = hook.kube_hook.get_conn()
+    AppsV1Api(api).delete_namespaced_deployment("jobset-controller-manager", "jobset-system")
+    CoreV1Api(api).delete_namespaced_service("jobset-webhook-service", "jobset-system")
+    deadline = time.monotonic() + 60
+    while not (problem := hook.jobset_admission_problem("default")):  # the apiserver's caches catch up
+        assert time.monotonic() < deadline, "JobSets are still admitted without the webhook's Service"
+        time.sleep(1)
+    assert "jobset-webhook-service" in problem
+    ensure.execute(run.context())
+    log = capsys.readouterr().out
+    assert "JobSet is installed only in part" in log and "repairing it" in log
+    assert hook.jobset_admission_problem("default") is None
+
+
+def test_conversion_pods_reach_the_bucket_as_the_node_service_account(created):
+    """On GKE_METADATA nodes a pod without hostNetwork is its Kubernetes service account's Workload Identity
+    principal, which the bucket does not grant: the conversion as built runs; without hostNetwork it gets 403."""
+
+    from kubernetes.client import CoreV1Api, CustomObjectsApi
+
+    from tpu_rl import manifests
     from tpu_rl.config import RunConfig
 
-    hook = JobSetHook(cluster_target(RunConfig.from_params(run.params)))
-    AppsV1Api(hook.kube_hook.get_conn()).delete_namespaced_deployment("jobset-controller-manager", "jobset-system")
-    caplog.clear()
-    ensure.execute(run.context())
-    assert "JobSet is installed only in part" in caplog.text and "repairing it" in caplog.text
-    assert hook.jobset_admission_problem("default") is None
+    run, _ = created
+    config = RunConfig.from_params({**run.params, "gcs_bucket": "tpu-rl-sim", "workload_prefix": "idt"})
+    api = _hook_for(run).kube_hook.get_conn()
+    CoreV1Api(api).create_namespaced_secret("default", manifests.hf_token_secret(config, run.identity, "hf_not_real"))
+
+    def outcome(jobset: dict) -> tuple[str, str]:
+        CustomObjectsApi(api).create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", jobset)
+        name, deadline = jobset["metadata"]["name"], time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pods = CoreV1Api(api).list_namespaced_pod("default", label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+            done = [p for p in pods if p.status.phase in ("Succeeded", "Failed")]
+            if done:
+                return done[0].status.phase, (done[0].metadata.annotations or {}).get("sim.tpu-rl.dev/emulated", "")
+            time.sleep(1)
+        raise AssertionError(f"{name} did not finish")
+
+    as_built = manifests.hf_to_maxtext_jobset(config, run.identity)
+    assert outcome(as_built)[0] == "Succeeded"
+
+    other = Run(cluster_name=run.params["cluster_name"])
+    without_host_network = manifests.hf_to_maxtext_jobset(config, other.identity)
+    pod = without_host_network["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    del pod["hostNetwork"], pod["dnsPolicy"]
+    token = next(e for e in pod["containers"][0]["env"] if e["name"] == "HF_TOKEN")
+    token["valueFrom"]["secretKeyRef"]["name"] = run.identity.secret_name()
+    phase, emulated = outcome(without_host_network)
+    assert phase == "Failed"
+    assert "403 Forbidden: principal://iam.googleapis.com/" in emulated and "/subject/ns/default/sa/default" in emulated
 
 
 def test_a_conversion_that_fits_no_cpu_pool_node_fails_before_it_is_submitted(created):
