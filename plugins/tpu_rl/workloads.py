@@ -9,14 +9,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-try:
-    from airflow.sdk.exceptions import AirflowException, AirflowSkipException, TaskDeferred
-except ImportError:  # Airflow 3.1 (Composer 3): these live only in airflow.exceptions; 3.3 moved them to the SDK
-    from airflow.exceptions import AirflowException, AirflowSkipException, TaskDeferred
-
+from tpu_rl import jobset_status as st
 from tpu_rl import manifests
+from tpu_rl.compat import AirflowException, AirflowSkipException, TaskDeferred
+from tpu_rl.hooks.cluster import cluster_target
 from tpu_rl.operators.jobset import ANNOTATION_SUBMITTED_TRY, JobSetOperator
-from tpu_rl.operators.outputs import TrainingRecordCheckOperator, check_training_record
+from tpu_rl.operators.outputs import GcsLock, TrainingRecordCheckOperator, check_training_record, orbax_step_verdict
 from tpu_rl.run import training_record
 from tpu_rl.run_context import config_of, layout_of, run_of
 
@@ -29,8 +27,6 @@ class RunJobSetOperator(JobSetOperator):
     """Targets the cluster named by the run's params (a Kubernetes connection, or GKE)."""
 
     def _aim(self, context: Any) -> None:
-        from tpu_rl.hooks.cluster import cluster_target
-
         config = config_of(context)
         target = cluster_target(config)
         self.namespace = config.namespace
@@ -92,8 +88,6 @@ class HfToMaxTextOperator(RunJobSetOperator):
     def _lock(self, context: Any):
         from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
-        from tpu_rl.operators.outputs import GcsLock
-
         config, ti = config_of(context), context["ti"]
         client = GCSHook(gcp_conn_id=config.gcp_conn_id).get_conn()
         owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
@@ -102,8 +96,6 @@ class HfToMaxTextOperator(RunJobSetOperator):
         )
 
     def _step(self, context: Any) -> tuple[str, Any]:
-        from tpu_rl.operators.outputs import orbax_step_verdict
-
         config = config_of(context)
         return orbax_step_verdict(
             config.gcs_bucket, layout_of(context).converted_step_prefix, self.items, config.gcp_conn_id
@@ -199,8 +191,6 @@ class HfToMaxTextOperator(RunJobSetOperator):
 
     def _release_unless_running(self, context: Any) -> None:
         """After a failed submit/adopt: release unless this run's JobSet may still be writing."""
-        from tpu_rl import jobset_status as st
-
         try:
             manifest = self.build_manifest(context)
             meta = manifest["metadata"]
@@ -245,8 +235,6 @@ class TrainRlOperator(RunJobSetOperator):
         return manifests.training_jobset(config_of(context), run_of(context))
 
     def execute(self, context: Any) -> dict | None:
-        from tpu_rl import jobset_status as st
-
         self._aim(context)
         meta = self.build_manifest(context)["metadata"]
         existing = self.hook.get_jobset(meta["name"], meta.get("namespace") or self.namespace)

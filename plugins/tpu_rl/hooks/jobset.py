@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Sequence
 from functools import cached_property
 from typing import Any
 
-from airflow.exceptions import AirflowException
 from airflow.utils.log.logging_mixin import LoggingMixin
 
+from tpu_rl.compat import AirflowException
 from tpu_rl.jobset_status import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 
 KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS = "kueue.x-k8s.io", "v1beta1", "workloads"

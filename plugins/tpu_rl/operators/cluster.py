@@ -14,7 +14,9 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseSensorOperator
 
 from tpu_rl import gke
+from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
+from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
 from tpu_rl.run_context import config_of, run_of
 
@@ -56,8 +58,6 @@ class _AwaitsGkeOperations(BaseOperator):
         )
 
     def operation_done(self, context: Any, event: dict[str, Any], remaining: list[str]) -> None:
-        from airflow.exceptions import AirflowException
-
         if event["status"] in ("failed", "error"):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
         # The provider's trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
@@ -71,8 +71,6 @@ class _AwaitsGkeOperations(BaseOperator):
         self._await(config, remaining)
 
     def operation_failed(self, config: RunConfig, operation: Any, message: str) -> None:
-        from airflow.exceptions import AirflowException
-
         raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) failed: {message}")
 
 
@@ -115,14 +113,11 @@ class ClusterReadySensor(BaseSensorOperator):
     """Waits until the cluster is RUNNING (even one that already existed) and its API answers."""
 
     def poke(self, context: Any) -> bool:
-        from airflow.exceptions import AirflowFailException
         from google.api_core.exceptions import NotFound
 
         config = config_of(context)
         if config.kubernetes_conn_id:
             from kubernetes.client import VersionApi
-
-            from tpu_rl.hooks.cluster import kubernetes_hook_for
 
             version = VersionApi(kubernetes_hook_for(config).api_client).get_code()
             self.log.info("Cluster behind connection '%s' answers: Kubernetes %s", config.kubernetes_conn_id, version.git_version)
@@ -177,8 +172,6 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         self._await(config, operations)
 
     def operation_failed(self, config: RunConfig, operation: Any, message: str) -> None:
-        from airflow.exceptions import AirflowFailException
-
         pool = operation.target_link.rsplit("/", 1)[-1]
         hint = (
             f"fix: there is no {config.tpu_type} capacity in {config.zone} now: trigger the run again later, "
@@ -189,10 +182,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         raise AirflowFailException(f"GKE could not create TPU node pool {pool}: {message}; {hint}.")
 
     def _check_slice_nodes(self, config: RunConfig) -> None:
-        from airflow.exceptions import AirflowFailException
         from kubernetes.client import CoreV1Api
-
-        from tpu_rl.hooks.cluster import kubernetes_hook_for
 
         selector = (
             f"cloud.google.com/gke-tpu-accelerator={config.slice.generation.accelerator},"
@@ -264,8 +254,6 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
         from kubernetes.client import CoreV1Api
         from kubernetes.client.exceptions import ApiException
-
-        from tpu_rl.hooks.cluster import kubernetes_hook_for
 
         try:
             CoreV1Api(kubernetes_hook_for(config).api_client).delete_namespaced_secret(run.secret_name(), config.namespace)

@@ -16,16 +16,16 @@ from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.exceptions import AirflowException
 from airflow.sdk import BaseOperator
 
+from tpu_rl import jobset_status as st
+from tpu_rl.compat import AirflowException, TaskDeferralTimeout
+from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
 from tpu_rl.links import JobSetLogsLink, JobSetWorkloadLink
 from tpu_rl.run import LABEL_DAG_ID, LABEL_TASK_ID, RunIdentity, slug
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from tpu_rl.hooks.jobset import JobSetHook
 
 #: Annotations with the full (unsanitized) identity of the submitter; label values are slugs.
 ANNOTATION_DAG_ID = LABEL_DAG_ID
@@ -124,8 +124,6 @@ class JobSetOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> JobSetHook:
-        from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
-
         return JobSetHook(
             ClusterTarget(
                 kubernetes_conn_id=self.kubernetes_conn_id,
@@ -142,8 +140,6 @@ class JobSetOperator(BaseOperator):
     # -- execution --------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict | None:
-        from tpu_rl import jobset_status as st
-
         manifest = self._identified(self.build_manifest(context), context)
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
         try_number = context["ti"].try_number
@@ -185,7 +181,6 @@ class JobSetOperator(BaseOperator):
         return None
 
     def _defer(self, context: Context, jobset: dict) -> None:
-        from tpu_rl import jobset_status as st
         from tpu_rl.triggers.jobset import JobSetTrigger
 
         replicated_job, container = st.log_source(jobset)
@@ -246,11 +241,6 @@ class JobSetOperator(BaseOperator):
         """The scheduler resumes a deferred task whose trigger timed out (``execution_timeout``) with
         ``__fail__``: the base class raises TaskDeferralTimeout. Delete the JobSet before failing."""
         try:
-            from airflow.sdk.exceptions import TaskDeferralTimeout
-        except ImportError:  # Airflow 3.1 (Composer 3) raises airflow.exceptions' class; 3.3's SDK has its own
-            from airflow.exceptions import TaskDeferralTimeout
-
-        try:
             return super().resume_execution(next_method, next_kwargs, context)
         except TaskDeferralTimeout:
             self.tracked = self.tracked or context["ti"].xcom_pull(task_ids=self.task_id, key=XCOM_JOBSET)
@@ -272,8 +262,6 @@ class JobSetOperator(BaseOperator):
     def _identified(self, manifest: dict, context: Context) -> dict:
         """The manifest with labels (sanitized, for selectors) and annotations (full values) naming the
         DAG run, task and try that submit it."""
-        from tpu_rl import jobset_status as st
-
         ti = context["ti"]
         meta = manifest.setdefault("metadata", {})
         name = meta.get("name")

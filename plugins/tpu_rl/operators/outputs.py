@@ -15,12 +15,9 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-try:
-    from airflow.sdk.exceptions import AirflowException, AirflowFailException
-except ImportError:  # Airflow 3.1 (Composer 3): these live only in airflow.exceptions; 3.3 moved them to the SDK
-    from airflow.exceptions import AirflowException, AirflowFailException
 
 from tpu_rl.checkpoints import Verdict, training_record_changes
+from tpu_rl.compat import AirflowException, AirflowFailException
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset, Context

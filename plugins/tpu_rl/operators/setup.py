@@ -8,9 +8,12 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError
+from tpu_rl.hooks.cluster import cluster_target, kubernetes_hook_for
+from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, JOBSET_CRD, describe, release_objects
-from tpu_rl.manifests import NODEPOOL_LABEL
+from tpu_rl.manifests import NODEPOOL_LABEL, hf_token_secret
 from tpu_rl.run_context import config_of, layout_of, run_of
 
 LOCALQUEUE_GROUP, LOCALQUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
@@ -22,8 +25,6 @@ class ValidateRunConfigOperator(BaseOperator):
     ui_color = "#e8f4fd"
 
     def execute(self, context: Any) -> None:
-        from airflow.exceptions import AirflowFailException
-
         try:
             config = config_of(context)
         except ConfigError as error:
@@ -75,9 +76,6 @@ class EnsureJobSetOperator(BaseOperator):
         self.poll_interval = poll_interval
 
     def execute(self, context: Any) -> None:
-        from tpu_rl.hooks.cluster import cluster_target
-        from tpu_rl.hooks.jobset import JobSetHook
-
         config = config_of(context)
         hook = JobSetHook(cluster_target(config))
         versions = hook.crd_served_versions(JOBSET_CRD)
@@ -94,8 +92,6 @@ class EnsureJobSetOperator(BaseOperator):
             self._check_local_queue(hook, config)
 
     def _install(self, hook: Any, version: str, namespace: str) -> None:
-        from airflow.exceptions import AirflowException
-
         objects = release_objects(version)
         self.log.info("Applying the JobSet %s release shipped with the package (%d objects)", version, len(objects))
         for obj in objects:
@@ -115,7 +111,6 @@ class EnsureJobSetOperator(BaseOperator):
 
     def _check_cpu_pool(self, hook: Any, config: Any) -> None:
         """A conversion pod that fits no node of the CPU pool would stay Pending for ever: fail now."""
-        from airflow.exceptions import AirflowFailException
         from kubernetes.utils.quantity import parse_quantity
 
         nodes = hook.list_nodes(f"{NODEPOOL_LABEL}={config.cpu_pool_name}")
@@ -139,7 +134,6 @@ class EnsureJobSetOperator(BaseOperator):
                 )
 
     def _check_local_queue(self, hook: Any, config: Any) -> None:
-        from airflow.exceptions import AirflowFailException
         from kubernetes.client import CustomObjectsApi
         from kubernetes.client.exceptions import ApiException
 
@@ -162,13 +156,9 @@ class CreateHfTokenSecretOperator(BaseOperator):
     The value never reaches a log, an XCom or a rendered template."""
 
     def execute(self, context: Any) -> None:
-        from airflow.exceptions import AirflowFailException
         from airflow.sdk import BaseHook
         from kubernetes.client import CoreV1Api
         from kubernetes.client.exceptions import ApiException
-
-        from tpu_rl.hooks.cluster import kubernetes_hook_for
-        from tpu_rl.manifests import hf_token_secret
 
         config, run = config_of(context), run_of(context)
         token = BaseHook.get_connection(config.hf_token_conn_id).password

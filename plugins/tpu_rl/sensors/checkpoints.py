@@ -15,12 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-try:
-    from airflow.sdk.exceptions import AirflowSensorTimeout
-except ImportError:  # Airflow 3.1 (Composer 3) has it only in airflow.exceptions; 3.3's SDK has it
-    from airflow.exceptions import AirflowSensorTimeout
-
 from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE
+from tpu_rl.compat import AirflowSensorTimeout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
