@@ -16,7 +16,9 @@ from typing import Any
 
 from tpu_rl.jobset_release import shipped_versions
 from tpu_rl.machines import SHAPES, quantity_cpu, quantity_gib
+from tpu_rl.run import RunIdentity
 from tpu_rl.tpu import SliceError, SliceShape, slice_shape
+from tpu_rl.vocabulary import PATHWAYS_JOBSET_NAME_MAX
 
 SECTIONS = ("Cloud", "Cluster", "TPU slice", "Model", "Training", "Advanced")
 
@@ -307,8 +309,23 @@ class RunConfig:
         return self.cluster_mode == "create"
 
     @property
+    def tpu_pools_per_run(self) -> bool:
+        """tpu_pool_mode=per_run: the run creates its TPU pools just before training and deletes them after."""
+        return self.tpu_pool_mode == "per_run"
+
+    @property
+    def tpu_pools_with_cluster(self) -> bool:
+        """tpu_pool_mode=cluster: the TPU pools are created with the cluster and kept for its life."""
+        return self.tpu_pool_mode == "cluster"
+
+    @property
+    def uses_existing_tpu_pools(self) -> bool:
+        """tpu_pool_mode=existing: the slice's pools are already in the cluster."""
+        return self.tpu_pool_mode == "existing"
+
+    @property
     def creates_node_pools(self) -> bool:
-        return self.creates_cluster or self.tpu_pool_mode == "per_run"
+        return self.creates_cluster or self.tpu_pools_per_run
 
     def pathways_image(self, name: str) -> str:
         return f"us-docker.pkg.dev/cloud-tpu-v2-images/pathways/{name}:{self.pathways_image_tag}"
@@ -384,9 +401,6 @@ _OWN_TRAIN_KEYS = {
     "allow_split_physical_axes", "ragged_gather_reduce_fallback", "data_template_path", "dataset_name",
     "checkpoint_period", "scan_layers",
 }
-#: Longest JobSet name: the Pathways coordinator address ``<js>-pathways-head-0-0.<js>`` must fit 63 characters.
-PATHWAYS_JOBSET_NAME_MAX = 22
-
 
 def _validate(c: RunConfig):
     for spec in dataclasses.fields(c):
@@ -417,13 +431,13 @@ def _validate(c: RunConfig):
             "reaches an existing cluster, but cluster_mode is 'create'",
             "set cluster_mode to 'existing', or clear kubernetes_conn_id",
         )
-    if c.kubernetes_conn_id and c.tpu_pool_mode != "existing":
+    if c.kubernetes_conn_id and not c.uses_existing_tpu_pools:
         yield Problem(
             "tpu_pool_mode",
             "must be 'existing' when the cluster is reached through kubernetes_conn_id (no GKE API to create pools)",
             "set tpu_pool_mode to 'existing'",
         )
-    if c.cluster_mode == "existing" and c.tpu_pool_mode == "cluster":
+    if c.cluster_mode == "existing" and c.tpu_pools_with_cluster:
         yield Problem(
             "tpu_pool_mode",
             "'cluster' creates the pool with the cluster, but cluster_mode is 'existing'",
@@ -452,12 +466,13 @@ def _validate(c: RunConfig):
             "jobset_version", f"'{c.jobset_version}' is not shipped with this package",
             f"use {' or '.join(shipped_versions())}, or install that JobSet on the cluster yourself",
         )
-    longest = f"{c.workload_prefix}-hf2mt-00000000"
+    longest = RunIdentity.longest_jobset_name(c.workload_prefix)
     if len(longest) > PATHWAYS_JOBSET_NAME_MAX:
+        suffix = len(longest) - len(c.workload_prefix)
         yield Problem(
             "workload_prefix",
             f"makes JobSet names of {len(longest)} characters; Pathways allows {PATHWAYS_JOBSET_NAME_MAX}",
-            f"shorten it to at most {PATHWAYS_JOBSET_NAME_MAX - len('-hf2mt-00000000')} characters",
+            f"shorten it to at most {PATHWAYS_JOBSET_NAME_MAX - suffix} characters",
         )
     if not 0 < c.hbm_utilization_vllm <= 1:
         yield Problem("hbm_utilization_vllm", f"{c.hbm_utilization_vllm} is outside (0, 1]", "use e.g. 0.65")
@@ -465,7 +480,7 @@ def _validate(c: RunConfig):
 
 
 def _validate_conversion(c: RunConfig):
-    if c.conversion_on_tpu and c.tpu_pool_mode == "per_run":
+    if c.conversion_on_tpu and c.tpu_pools_per_run:
         yield Problem(
             "conversion_on_tpu",
             "the conversions would wait for TPU pools that tpu_pool_mode 'per_run' creates only around training",

@@ -12,7 +12,8 @@ from typing import Any
 
 from tpu_rl.config import RunConfig
 from tpu_rl.machines import needs_gvnic, needs_hyperdisk
-from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+from tpu_rl.run import RunIdentity
+from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, TPU_TAINT_KEY
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 SYSTEM_POOL = "system"
@@ -28,7 +29,7 @@ UPGRADE_EXCLUSION_DAYS = 30
 def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str, Any]:
     """The cluster create request; ``now`` (UTC) starts the upgrade exclusion."""
     pools = [system_pool(config), cpu_pool(config)]
-    if config.tpu_pool_mode == "cluster":
+    if config.tpu_pools_with_cluster:
         pools += [tpu_node_pool(config, run, i) for i in range(config.cluster_nodepool_count)]
     return {
         "name": config.cluster_name,
@@ -97,7 +98,7 @@ def cpu_pool(config: RunConfig) -> dict[str, Any]:
 def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict[str, Any]:
     extra: dict[str, Any] = {
         "disk_size_gb": 100,
-        "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}],
+        "taints": [{"key": TPU_TAINT_KEY, "value": "present", "effect": "NO_SCHEDULE"}],
     }
     if config.reservation:
         extra["reservation_affinity"] = {
@@ -106,7 +107,7 @@ def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict
             "values": [f"projects/{config.project}/reservations/{config.reservation}"],
         }
     return {
-        "name": run.tpu_pool_name(slice_index) if config.tpu_pool_mode == "per_run" else f"tpu-slice-{slice_index}",
+        "name": run.tpu_pool_name(slice_index) if config.tpu_pools_per_run else f"tpu-slice-{slice_index}",
         "initial_node_count": config.hosts_per_slice,
         "locations": [config.zone],
         "config": _node_config(config, config.compute_type, run, **extra),

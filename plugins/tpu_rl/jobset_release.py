@@ -11,8 +11,6 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-#: The CRD whose presence says JobSet was installed (maybe only in part).
-JOBSET_CRD = "jobsets.jobset.x-k8s.io"
 #: Where the release runs its controller.
 CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "jobset-system", "jobset-controller-manager"
 #: Apply order: what others refer to first; the webhook configurations (failurePolicy Fail) last.

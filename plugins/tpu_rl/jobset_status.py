@@ -10,18 +10,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-JOBSET_GROUP = "jobset.x-k8s.io"
-JOBSET_VERSION = "v1alpha2"
-JOBSET_PLURAL = "jobsets"
-
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
-JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
-RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-
-PATHWAYS_HEAD = "pathways-head"
-WORKLOAD_CONTAINER = "workload-container"
+from tpu_rl.vocabulary import (
+    COMPLETION_INDEX_LABEL,
+    JOB_INDEX_LABEL,
+    PATHWAYS_HEAD,
+    REPLICATED_JOB_LABEL,
+    RESTART_ATTEMPT_LABEL,
+    WORKLOAD_CONTAINER,
+)
 
 COMPLETED = "Completed"
 FAILED = "Failed"

@@ -11,14 +11,39 @@ from typing import Any
 from tpu_rl import maxtext
 from tpu_rl.config import RunConfig
 from tpu_rl.run import GcsLayout, RunIdentity
+from tpu_rl.vocabulary import (
+    CONVERSION_JOB,
+    COORDINATOR_LABEL,
+    DEFAULT_POOL,
+    EXCLUSIVE_TOPOLOGY,
+    GCLUSTER_WORKLOAD_LABEL,
+    HOSTNAME_LABEL,
+    JOB_INDEX_LABEL,
+    JOBSET_API,
+    JOBSET_NAME_LABEL,
+    KUEUE_QUEUE_NAME_LABEL,
+    NODEPOOL_LABEL,
+    PATHWAYS_HEAD,
+    PATHWAYS_PROXY_CONTAINER,
+    PATHWAYS_PROXY_PORT,
+    PATHWAYS_RM_CONTAINER,
+    PATHWAYS_RM_EXTRA_PORTS,
+    PATHWAYS_RM_PORT,
+    PATHWAYS_WORKER_CONTAINER,
+    PATHWAYS_WORKER_EXTRA_PORTS,
+    PATHWAYS_WORKER_JOB,
+    PATHWAYS_WORKER_PORT,
+    REPLICATED_JOB_LABEL,
+    REPLICATED_JOB_REPLICAS_LABEL,
+    TPU_ACCELERATOR_LABEL,
+    TPU_RESOURCE,
+    TPU_SLICE_TOPOLOGY_ANNOTATION,
+    TPU_TAINT_KEY,
+    TPU_TOPOLOGY_LABEL,
+    WORKLOAD_CONTAINER,
+)
 
-JOBSET_API = "jobset.x-k8s.io/v1alpha2"
-WORKLOAD_CONTAINER = "workload-container"
 HF_TOKEN_KEY = "HF_TOKEN"
-EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
-SLICE_TOPOLOGY = "cloud.google.com/gke-tpu-slice-topology"
-NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
-TPU_RESOURCE = "google.com/tpu"
 #: The ``--env`` / ``--pathways-*-env`` values the tutorial sets on every container.
 TUTORIAL_ENV = {"GRPC_DNS_RESOLVER": "native"}
 PATHWAYS_ABSL_FLAGS = "--pathways_pipe_unreachable_timeout=60s"
@@ -57,24 +82,28 @@ def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
     name = run.jobset_name(config.workload_prefix, "train")
     scratch = layout.uri(layout.pathways_scratch_prefix)
     head_address = "$(PATHWAYS_HEAD)"
-    pathways_env = [_env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS), *_tutorial_env(), _label_env("PATHWAYS_HEAD", "coordinator")]
+    pathways_env = [_env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS), *_tutorial_env(), _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL)]
     proxy = {
-        "name": "pathways-proxy",
+        "name": PATHWAYS_PROXY_CONTAINER,
         "image": config.pathways_image("proxy_server"),
         "imagePullPolicy": "Always",
         "restartPolicy": "Always",
-        "args": ["--server_port=29000", f"--resource_manager_address={head_address}:29001", f"--gcs_scratch_location={scratch}"],
+        "args": [
+            f"--server_port={PATHWAYS_PROXY_PORT}",
+            f"--resource_manager_address={head_address}:{PATHWAYS_RM_PORT}",
+            f"--gcs_scratch_location={scratch}",
+        ],
         "env": pathways_env,
-        "ports": [{"containerPort": 29000}],
+        "ports": [{"containerPort": PATHWAYS_PROXY_PORT}],
         "resources": {"limits": {"cpu": "16", "memory": "100Gi"}},
     }
     resource_manager = {
-        "name": "pathways-rm",
+        "name": PATHWAYS_RM_CONTAINER,
         "image": config.pathways_image("server"),
         "imagePullPolicy": "Always",
         "restartPolicy": "Always",
         "args": [
-            "--server_port=29001",
+            f"--server_port={PATHWAYS_RM_PORT}",
             f"--gcs_scratch_location={scratch}",
             "--node_type=resource_manager",
             f"--instance_count={config.cluster_nodepool_count}",
@@ -83,11 +112,11 @@ def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         "env": [
             *pathways_env,
             _env("TPU_SKIP_MDS_QUERY", "true"),
-            _label_env("HOST_ADDRESS", "coordinator"),
-            _label_env("JOBSET_NAME", "jobset-name"),
-            _label_env("REPLICATED_JOB_NAME", "replicatedjob-name"),
+            _label_env("HOST_ADDRESS", COORDINATOR_LABEL),
+            _label_env("JOBSET_NAME", JOBSET_NAME_LABEL),
+            _label_env("REPLICATED_JOB_NAME", REPLICATED_JOB_LABEL),
         ],
-        "ports": [{"containerPort": 29001}, {"containerPort": 29002}],
+        "ports": [{"containerPort": p} for p in (PATHWAYS_RM_PORT, *PATHWAYS_RM_EXTRA_PORTS)],
         "resources": {"limits": {"cpu": "8", "memory": "32Gi"}},
     }
     train = maxtext.train_rl(config, layout)
@@ -98,10 +127,10 @@ def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         "securityContext": {"privileged": True},
         "command": ["/bin/bash", "-c", train.script()],
         "env": [
-            _label_env("PATHWAYS_HEAD", "coordinator"),
+            _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL),
             _env("JAX_PLATFORMS", "proxy"),
             _env("XCLOUD_ENVIRONMENT", "GCP"),
-            _env("JAX_BACKEND_TARGET", f"grpc://{head_address}:29000"),
+            _env("JAX_BACKEND_TARGET", f"grpc://{head_address}:{PATHWAYS_PROXY_PORT}"),
             _env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS),
             *_tutorial_env(),
             _secret_env(run),
@@ -117,24 +146,28 @@ def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         "containers": [workload],
     }
     worker_container = {
-        "name": "pathways-worker",
+        "name": PATHWAYS_WORKER_CONTAINER,
         "image": config.pathways_image("server"),
         "imagePullPolicy": "Always",
-        "args": ["--server_port=29005", f"--resource_manager_address={head_address}:29001", f"--gcs_scratch_location={scratch}"],
+        "args": [
+            f"--server_port={PATHWAYS_WORKER_PORT}",
+            f"--resource_manager_address={head_address}:{PATHWAYS_RM_PORT}",
+            f"--gcs_scratch_location={scratch}",
+        ],
         "env": [
             _env("XCLOUD_ENVIRONMENT", "GCP"),
             _env("MEGASCALE_GRPC_ENABLE_XOR_TRACER", "false"),
-            _label_env("MEGASCALE_NUM_SLICES", "replicatedjob-replicas"),
-            _label_env("MEGASCALE_SLICE_ID", "job-index"),
-            _label_env("MEGASCALE_COORDINATOR_ADDRESS", "coordinator"),
-            _label_env("PATHWAYS_HEAD", "coordinator"),
-            _label_env("JOBSET_NAME", "jobset-name"),
-            _label_env("REPLICATED_JOB_NAME", "replicatedjob-name"),
+            _label_env("MEGASCALE_NUM_SLICES", REPLICATED_JOB_REPLICAS_LABEL),
+            _label_env("MEGASCALE_SLICE_ID", JOB_INDEX_LABEL),
+            _label_env("MEGASCALE_COORDINATOR_ADDRESS", COORDINATOR_LABEL),
+            _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL),
+            _label_env("JOBSET_NAME", JOBSET_NAME_LABEL),
+            _label_env("REPLICATED_JOB_NAME", REPLICATED_JOB_LABEL),
             # Cluster Toolkit sets it on all four Pathways containers (commit 7c70d2606).
             _env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS),
             *_tutorial_env(),
         ],
-        "ports": [{"containerPort": p} for p in (29005, 29006, 8471, 8080)],
+        "ports": [{"containerPort": p} for p in (PATHWAYS_WORKER_PORT, *PATHWAYS_WORKER_EXTRA_PORTS)],
         "resources": {"limits": {TPU_RESOURCE: str(config.slice.chips_per_host)}},
     }
     worker_pod = {
@@ -150,20 +183,20 @@ def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         "spec": {
             "ttlSecondsAfterFinished": config.ttl_seconds_after_finished,
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
-            "coordinator": {"replicatedJob": "pathways-head"},
+            "coordinator": {"replicatedJob": PATHWAYS_HEAD},
             "startupPolicy": {"startupPolicyOrder": "InOrder"},
-            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["pathways-head"]},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": [PATHWAYS_HEAD]},
             "failurePolicy": _failure_policy(config.max_restarts, restart_strategy="Recreate"),
             "replicatedJobs": [
-                _replicated_job("pathways-head", 1, 1, 0, "kubernetes.io/hostname", head_pod),
+                _replicated_job(PATHWAYS_HEAD, 1, 1, 0, HOSTNAME_LABEL, head_pod),
                 _replicated_job(
-                    "worker",
+                    PATHWAYS_WORKER_JOB,
                     config.cluster_nodepool_count,
                     config.hosts_per_slice,
                     config.hosts_per_slice * WORKER_RESTARTS_PER_HOST,
                     NODEPOOL_LABEL,
                     worker_pod,
-                    pod_annotations={SLICE_TOPOLOGY: config.topology},
+                    pod_annotations={TPU_SLICE_TOPOLOGY_ANNOTATION: config.topology},
                 ),
             ],
         },
@@ -188,7 +221,7 @@ def _conversion_jobset(
         container["securityContext"] = {"privileged": True}
         container["resources"] = {"limits": {TPU_RESOURCE: str(config.slice.chips_per_host)}}
         pod = {**_tpu_placement(config, run), "restartPolicy": "Never", "terminationGracePeriodSeconds": 30}
-        hosts, pod_annotations = config.hosts_per_slice, {SLICE_TOPOLOGY: config.topology}
+        hosts, pod_annotations = config.hosts_per_slice, {TPU_SLICE_TOPOLOGY_ANNOTATION: config.topology}
         metadata["annotations"] = {EXCLUSIVE_TOPOLOGY: NODEPOOL_LABEL}
     else:
         container["env"].append(_env("HF_HOME", HF_CACHE_DIR))
@@ -216,16 +249,16 @@ def _conversion_jobset(
             "ttlSecondsAfterFinished": config.ttl_seconds_after_finished,
             "failurePolicy": _failure_policy(1),
             "replicatedJobs": [
-                _replicated_job("main-job", 1, hosts, 0, None, pod, pod_annotations=pod_annotations)
+                _replicated_job(CONVERSION_JOB, 1, hosts, 0, None, pod, pod_annotations=pod_annotations)
             ],
         },
     }
 
 
 def _metadata(config: RunConfig, run: RunIdentity, name: str) -> dict[str, Any]:
-    labels = {"gcluster.google.com/workload": name, **run.labels()}
+    labels = {GCLUSTER_WORKLOAD_LABEL: name, **run.labels()}
     if config.kueue_queue_name:
-        labels["kueue.x-k8s.io/queue-name"] = config.kueue_queue_name
+        labels[KUEUE_QUEUE_NAME_LABEL] = config.kueue_queue_name
     return {"name": name, "namespace": config.namespace, "labels": labels}
 
 
@@ -263,23 +296,23 @@ def _replicated_job(
 def _tpu_placement(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
     """Scheduling of a TPU pod: the slice's accelerator and topology, never the default pool, and, when the
     run made its own node pools, only those (another run's slice may have the same shape)."""
-    expressions = [{"key": NODEPOOL_LABEL, "operator": "NotIn", "values": ["default-pool"]}]
-    if config.tpu_pool_mode == "per_run":
+    expressions = [{"key": NODEPOOL_LABEL, "operator": "NotIn", "values": [DEFAULT_POOL]}]
+    if config.tpu_pools_per_run:
         pools = [run.tpu_pool_name(i) for i in range(config.cluster_nodepool_count)]
         expressions.append({"key": NODEPOOL_LABEL, "operator": "In", "values": pools})
     return {
         "hostNetwork": True,
         "dnsPolicy": "ClusterFirstWithHostNet",
         "nodeSelector": {
-            "cloud.google.com/gke-tpu-accelerator": config.slice.generation.accelerator,
-            "cloud.google.com/gke-tpu-topology": config.topology,
+            TPU_ACCELERATOR_LABEL: config.slice.generation.accelerator,
+            TPU_TOPOLOGY_LABEL: config.topology,
         },
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
             }
         },
-        "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [{"key": TPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
     }
 
 
@@ -291,9 +324,9 @@ def _tutorial_env() -> list[dict[str, Any]]:
     return [_env(k, v) for k, v in TUTORIAL_ENV.items()]
 
 
-def _label_env(name: str, jobset_label: str) -> dict[str, Any]:
-    path = f"metadata.labels['jobset.sigs.k8s.io/{jobset_label}']"
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+def _label_env(name: str, label: str) -> dict[str, Any]:
+    """An env var set from one of the pod's labels (the JobSet controller's)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
 
 
 def _secret_env(run: RunIdentity) -> dict[str, Any]:

@@ -31,7 +31,7 @@ def plan_documents(
                 {"gkeRequest": "CreateCluster", "parent": gke.cluster_parent(config), "cluster": gke.cluster_body(config, run, now)},
             )
         )
-    if config.tpu_pool_mode == "per_run":
+    if config.tpu_pools_per_run:
         for i in range(config.cluster_nodepool_count):
             docs.append(
                 (

@@ -11,21 +11,19 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+# The label keys that tie cloud and Kubernetes objects to the run that created them; imported from here too.
+from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, LABEL_DAG_ID, LABEL_RUN_KEY  # noqa: F401 (GKE_LABEL_RUN_KEY)
+
 if TYPE_CHECKING:
     from tpu_rl.config import RunConfig
 
 #: The DAG's id; the plan derives the same names as a run of it.
 DAG_ID = "maxtext_rl_tpu"
 
-#: Label keys that tie cloud and Kubernetes objects to the run that created them.
-LABEL_RUN_KEY = "tpu-rl.dev/run-key"
-LABEL_DAG_ID = "tpu-rl.dev/dag-id"
-LABEL_TASK_ID = "tpu-rl.dev/task-id"
-#: GKE resource labels allow only lowercase letters, digits, '-' and '_'.
-GKE_LABEL_RUN_KEY = "tpu-rl-run-key"
-
 #: Workload stages and the short word each contributes to its JobSet name.
 STAGE_WORDS = {"hf_to_maxtext": "hf2mt", "train": "train", "maxtext_to_hf": "mt2hf"}
+#: Hex digits of a run key.
+RUN_KEY_LENGTH = 8
 
 
 def slug(text: str) -> str:
@@ -41,7 +39,7 @@ class RunIdentity:
     @property
     def key(self) -> str:
         """Eight hex digits, stable for the run: short enough for every Kubernetes and GKE name."""
-        return hashlib.sha256(f"{self.dag_id}\n{self.run_id}".encode()).hexdigest()[:8]
+        return hashlib.sha256(f"{self.dag_id}\n{self.run_id}".encode()).hexdigest()[:RUN_KEY_LENGTH]
 
     @property
     def slug(self) -> str:
@@ -53,6 +51,11 @@ class RunIdentity:
 
     def jobset_name(self, prefix: str, stage: str) -> str:
         return f"{prefix}-{STAGE_WORDS[stage]}-{self.key}"
+
+    @staticmethod
+    def longest_jobset_name(prefix: str) -> str:
+        """The longest name :meth:`jobset_name` gives any run and stage with this prefix."""
+        return max((f"{prefix}-{word}-{'0' * RUN_KEY_LENGTH}" for word in STAGE_WORDS.values()), key=len)
 
     def secret_name(self) -> str:
         return f"tpu-rl-hf-token-{self.key}"

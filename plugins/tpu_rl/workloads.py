@@ -13,10 +13,11 @@ from tpu_rl import jobset_status as st
 from tpu_rl import manifests
 from tpu_rl.compat import AirflowException, AirflowSkipException, TaskDeferred
 from tpu_rl.hooks.cluster import cluster_target
-from tpu_rl.operators.jobset import ANNOTATION_SUBMITTED_TRY, JobSetOperator
+from tpu_rl.operators.jobset import JobSetOperator
 from tpu_rl.operators.outputs import GcsLock, TrainingRecordCheckOperator, check_training_record, orbax_step_verdict
 from tpu_rl.run import training_record
 from tpu_rl.run_context import config_of, layout_of, run_of
+from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
 XCOM_ATTEMPT_PREFIX = "attempt_prefix"

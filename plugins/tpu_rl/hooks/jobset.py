@@ -18,10 +18,16 @@ from typing import Any
 from airflow.utils.log.logging_mixin import LoggingMixin
 
 from tpu_rl.compat import AirflowException
-from tpu_rl.jobset_status import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
-
-KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS = "kueue.x-k8s.io", "v1beta1", "workloads"
-KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+from tpu_rl.vocabulary import (
+    JOBSET_API,
+    JOBSET_GROUP,
+    JOBSET_PLURAL,
+    JOBSET_VERSION,
+    KUEUE_GROUP,
+    KUEUE_JOB_UID_LABEL,
+    KUEUE_VERSION,
+    KUEUE_WORKLOADS,
+)
 
 #: A watch request lasts this long on the server before we reconnect from the last resourceVersion:
 #: bounded, so a half-open connection is noticed and GKE tokens are refreshed.
@@ -207,7 +213,7 @@ class JobSetHook(LoggingMixin):
         from kubernetes.client.exceptions import ApiException
 
         probe = {
-            "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet",
+            "apiVersion": JOBSET_API, "kind": "JobSet",
             "metadata": {"name": "tpu-rl-install-probe", "namespace": namespace},
             "spec": {"replicatedJobs": [{"name": "probe", "template": {"spec": {"template": {"spec": {
                 "restartPolicy": "Never", "containers": [{"name": "probe", "image": "busybox"}]}}}}}]},
@@ -311,11 +317,11 @@ class AsyncJobSetHook(LoggingMixin):
 
     async def get_jobset(self, name: str, namespace: str) -> dict:
         """The JobSet, or {} if it does not exist."""
-        return await self._request("GET", _jobsets_path(namespace) + f"/{name}")
+        return await self._request("GET", jobsets_path(namespace) + f"/{name}")
 
     async def delete_jobset(self, name: str, namespace: str, uid: str) -> None:
         await self._request(
-            "DELETE", _jobsets_path(namespace) + f"/{name}",
+            "DELETE", jobsets_path(namespace) + f"/{name}",
             body={"propagationPolicy": "Foreground", "preconditions": {"uid": uid}},
         )
 
@@ -419,11 +425,16 @@ class AsyncJobSetHook(LoggingMixin):
             query["sinceSeconds"] = str(max(1, since_seconds))
         timeout = aiohttp.ClientTimeout(total=LOG_STREAM_SECONDS, sock_connect=30)
         try:
-            async for line in self._stream_lines(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query, timeout):
+            async for line in self._stream_lines(f"{pods_path(namespace)}/{pod}/log", query, timeout):
                 yield line.decode("utf-8", "replace")
         except asyncio.TimeoutError:
             return
 
 
-def _jobsets_path(namespace: str) -> str:
+def jobsets_path(namespace: str) -> str:
+    """API path of the JobSets of a namespace (what the async hook reads and the trigger watches)."""
     return f"/apis/{JOBSET_GROUP}/{JOBSET_VERSION}/namespaces/{namespace}/{JOBSET_PLURAL}"
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"

@@ -17,8 +17,9 @@ from tpu_rl import gke
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
 from tpu_rl.hooks.cluster import kubernetes_hook_for
-from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+from tpu_rl.run import RunIdentity
 from tpu_rl.run_context import config_of, run_of
+from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
 OPERATION_POLL_SECONDS = 30
 
@@ -145,7 +146,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         from google.cloud.container_v1 import NodePool
 
         config, run = config_of(context), run_of(context)
-        if config.tpu_pool_mode != "per_run":
+        if not config.tpu_pools_per_run:
             self._check_slice_nodes(config)
             return
         hook = _cluster_hook(config)
@@ -184,10 +185,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     def _check_slice_nodes(self, config: RunConfig) -> None:
         from kubernetes.client import CoreV1Api
 
-        selector = (
-            f"cloud.google.com/gke-tpu-accelerator={config.slice.generation.accelerator},"
-            f"cloud.google.com/gke-tpu-topology={config.topology}"
-        )
+        selector = f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},{TPU_TOPOLOGY_LABEL}={config.topology}"
         nodes = CoreV1Api(kubernetes_hook_for(config).api_client).list_node(label_selector=selector).items
         needed = config.hosts_per_slice * config.cluster_nodepool_count
         self.log.info("Found %d nodes with %s (the training needs %d)", len(nodes), selector, needed)
@@ -205,7 +203,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         from google.api_core.exceptions import NotFound
 
         config, run = config_of(context), run_of(context)
-        if config.tpu_pool_mode != "per_run":
+        if not config.tpu_pools_per_run:
             self.log.info("tpu_pool_mode is '%s': no node pool of this run to delete", config.tpu_pool_mode)
             return
         client = _cluster_hook(config).get_cluster_manager_client()

@@ -22,20 +22,21 @@ from tpu_rl import jobset_status as st
 from tpu_rl.compat import AirflowException, TaskDeferralTimeout
 from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
 from tpu_rl.links import JobSetLogsLink, JobSetWorkloadLink
-from tpu_rl.run import LABEL_DAG_ID, LABEL_TASK_ID, RunIdentity, slug
+from tpu_rl.run import RunIdentity, slug
+from tpu_rl.vocabulary import (
+    ANNOTATION_DAG_ID,
+    ANNOTATION_RUN_ID,
+    ANNOTATION_SUBMITTED_TRY,
+    ANNOTATION_TASK_ID,
+    LABEL_TASK_ID,
+    PATHWAYS_JOBSET_NAME_MAX,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-#: Annotations with the full (unsanitized) identity of the submitter; label values are slugs.
-ANNOTATION_DAG_ID = LABEL_DAG_ID
-ANNOTATION_RUN_ID = "tpu-rl.dev/run-id"
-ANNOTATION_TASK_ID = LABEL_TASK_ID
-ANNOTATION_SUBMITTED_TRY = "tpu-rl.dev/submitted-try"
 #: XCom key of the JobSet the task tracks (name, namespace, uid): what a kill or timeout deletes.
 XCOM_JOBSET = "jobset"
-#: The coordinator address ``<js>-pathways-head-0-0.<js>`` must fit in 63 characters.
-PATHWAYS_MAX_NAME = 22
 
 
 class JobSetFailedError(AirflowException):
@@ -267,11 +268,11 @@ class JobSetOperator(BaseOperator):
         name = meta.get("name")
         if not name:
             raise ValueError(f"{self.task_id}: the JobSet manifest needs metadata.name (stable for the run)")
-        if st.is_pathways(manifest) and len(name) > PATHWAYS_MAX_NAME and not (
+        if st.is_pathways(manifest) and len(name) > PATHWAYS_JOBSET_NAME_MAX and not (
             manifest.get("spec", {}).get("network", {}).get("subdomain")
         ):
             raise ValueError(
-                f"Pathways JobSet name {name!r} is longer than {PATHWAYS_MAX_NAME} characters: the "
+                f"Pathways JobSet name {name!r} is longer than {PATHWAYS_JOBSET_NAME_MAX} characters: the "
                 "coordinator address would exceed 63 characters and its Jobs would fail silently"
             )
         meta["namespace"] = meta.get("namespace") or self.namespace

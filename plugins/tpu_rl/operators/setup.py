@@ -12,11 +12,10 @@ from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError
 from tpu_rl.hooks.cluster import cluster_target, kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
-from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, JOBSET_CRD, describe, release_objects
-from tpu_rl.manifests import NODEPOOL_LABEL, hf_token_secret
+from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
+from tpu_rl.manifests import hf_token_secret
 from tpu_rl.run_context import config_of, layout_of, run_of
-
-LOCALQUEUE_GROUP, LOCALQUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+from tpu_rl.vocabulary import JOBSET_CRD, KUEUE_GROUP, KUEUE_LOCALQUEUES, KUEUE_VERSION, NODEPOOL_LABEL, TPU_RESOURCE
 
 
 class ValidateRunConfigOperator(BaseOperator):
@@ -139,14 +138,14 @@ class EnsureJobSetOperator(BaseOperator):
 
         try:
             CustomObjectsApi(hook.kube_hook.get_conn()).get_namespaced_custom_object(
-                LOCALQUEUE_GROUP, LOCALQUEUE_VERSION, config.namespace, "localqueues", config.kueue_queue_name
+                KUEUE_GROUP, KUEUE_VERSION, config.namespace, KUEUE_LOCALQUEUES, config.kueue_queue_name
             )
         except ApiException as error:
             if error.status != 404:
                 raise
             raise AirflowFailException(
                 f"kueue_queue_name: no Kueue LocalQueue '{config.kueue_queue_name}' in namespace "
-                f"'{config.namespace}'; fix: install Kueue with a ClusterQueue covering google.com/tpu, cpu and "
+                f"'{config.namespace}'; fix: install Kueue with a ClusterQueue covering {TPU_RESOURCE}, cpu and "
                 "memory and create the LocalQueue, or clear kueue_queue_name."
             ) from None
 

@@ -18,7 +18,8 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import jobset_status as st
-from tpu_rl.hooks.jobset import AsyncJobSetHook
+from tpu_rl.hooks.jobset import AsyncJobSetHook, jobsets_path, pods_path
+from tpu_rl.vocabulary import JOBSET_NAME_LABEL, JOBSET_UID_LABEL
 
 #: Airflow 3.3 added BaseTrigger.on_kill, called when a user kills the deferred task.
 _TRIGGERER_CALLS_ON_KILL = "on_kill" in vars(BaseTrigger)
@@ -197,7 +198,7 @@ class JobSetTrigger(BaseTrigger):
 
     async def _watch_jobset(self, hook: AsyncJobSetHook, progress: _Progress) -> dict | None:
         """The JobSet once finished, or None once deleted (or replaced by another of the same name)."""
-        path = f"/apis/{st.JOBSET_GROUP}/{st.JOBSET_VERSION}/namespaces/{self.namespace}/{st.JOBSET_PLURAL}"
+        path = jobsets_path(self.namespace)
         first = await hook.get_jobset(self.name, self.namespace)
         if first.get("metadata", {}).get("uid") != self.uid:
             return None
@@ -217,8 +218,8 @@ class JobSetTrigger(BaseTrigger):
         return None
 
     async def _watch_pods(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/pods"
-        selector = f"{st.JOBSET_NAME_LABEL}={self.name},jobset.sigs.k8s.io/jobset-uid={self.uid}"
+        path = pods_path(self.namespace)
+        selector = f"{JOBSET_NAME_LABEL}={self.name},{JOBSET_UID_LABEL}={self.uid}"
         async for kind, pod in hook.watch(path, label_selector=selector):
             record = st.PodRecord.from_pod(pod)
             if kind == "DELETED":
