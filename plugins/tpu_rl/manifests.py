@@ -2,10 +2,17 @@
 
 They reproduce what the tutorial's ``gcluster job submit`` renders (see the README for the deliberate
 differences). Only fields JobSet v0.10.1 knows are emitted: that is what the GKE blueprint installs.
+
+The training JobSet is composed of named builders (head pod: proxy and resource-manager sidecars and the
+trainer; worker pod), each made of small typed pieces (``_container``, ``_host_network``,
+``_tpu_placement``, the env helpers), as the cncf provider's pod operator composes its pod. The names,
+labels and ports come from :mod:`tpu_rl.vocabulary`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tpu_rl import maxtext
@@ -78,83 +85,145 @@ def maxtext_to_hf_jobset(config: RunConfig, run: RunIdentity, step: int, attempt
 
 def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
     """The Pathways JobSet of ``gcluster job submit --pathways``: a head on the CPU pool, workers on the slice."""
-    layout = GcsLayout(config, run)
-    name = run.jobset_name(config.workload_prefix, "train")
-    scratch = layout.uri(layout.pathways_scratch_prefix)
-    head_address = "$(PATHWAYS_HEAD)"
-    pathways_env = [_env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS), *_tutorial_env(), _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL)]
-    proxy = {
-        "name": PATHWAYS_PROXY_CONTAINER,
-        "image": config.pathways_image("proxy_server"),
-        "imagePullPolicy": "Always",
-        "restartPolicy": "Always",
-        "args": [
-            f"--server_port={PATHWAYS_PROXY_PORT}",
-            f"--resource_manager_address={head_address}:{PATHWAYS_RM_PORT}",
-            f"--gcs_scratch_location={scratch}",
-        ],
-        "env": pathways_env,
-        "ports": [{"containerPort": PATHWAYS_PROXY_PORT}],
-        "resources": {"limits": {"cpu": "16", "memory": "100Gi"}},
+    wiring = PathwaysWiring.of(GcsLayout(config, run))
+    return {
+        "apiVersion": JOBSET_API,
+        "kind": "JobSet",
+        "metadata": _metadata(config, run, run.jobset_name(config.workload_prefix, "train")),
+        "spec": {
+            "ttlSecondsAfterFinished": config.ttl_seconds_after_finished,
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "coordinator": {"replicatedJob": PATHWAYS_HEAD},
+            "startupPolicy": {"startupPolicyOrder": "InOrder"},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": [PATHWAYS_HEAD]},
+            "failurePolicy": _failure_policy(config.max_restarts, restart_strategy="Recreate"),
+            "replicatedJobs": [
+                _replicated_job(PATHWAYS_HEAD, 1, 1, 0, HOSTNAME_LABEL, pathways_head_pod(config, run, wiring)),
+                _replicated_job(
+                    PATHWAYS_WORKER_JOB,
+                    config.cluster_nodepool_count,
+                    config.hosts_per_slice,
+                    config.hosts_per_slice * WORKER_RESTARTS_PER_HOST,
+                    NODEPOOL_LABEL,
+                    pathways_worker_pod(config, run, wiring),
+                    pod_annotations={TPU_SLICE_TOPOLOGY_ANNOTATION: config.topology},
+                ),
+            ],
+        },
     }
-    resource_manager = {
-        "name": PATHWAYS_RM_CONTAINER,
-        "image": config.pathways_image("server"),
-        "imagePullPolicy": "Always",
-        "restartPolicy": "Always",
-        "args": [
+
+
+@dataclass(frozen=True)
+class PathwaysWiring:
+    """What the Pathways containers of one JobSet share: the head's address (the coordinator's, which each
+    container reads from its pod's label into ``$(PATHWAYS_HEAD)``) and the run's Cloud Storage scratch."""
+
+    scratch: str
+    head_address: str = "$(PATHWAYS_HEAD)"
+
+    @classmethod
+    def of(cls, layout: GcsLayout) -> PathwaysWiring:
+        return cls(scratch=layout.uri(layout.pathways_scratch_prefix))
+
+    @property
+    def resource_manager_address(self) -> str:
+        return f"{self.head_address}:{PATHWAYS_RM_PORT}"
+
+    @property
+    def proxy_target(self) -> str:
+        """The trainer's ``JAX_BACKEND_TARGET``."""
+        return f"grpc://{self.head_address}:{PATHWAYS_PROXY_PORT}"
+
+    def server_args(self, port: int) -> list[str]:
+        """Arguments of a Pathways server that registers with the resource manager (proxy, worker)."""
+        return [
+            f"--server_port={port}",
+            f"--resource_manager_address={self.resource_manager_address}",
+            f"--gcs_scratch_location={self.scratch}",
+        ]
+
+    def sidecar_env(self) -> list[dict[str, Any]]:
+        """The env of the head's two sidecars."""
+        return [_env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS), *_tutorial_env(), _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL)]
+
+
+def pathways_proxy_container(config: RunConfig, wiring: PathwaysWiring) -> dict[str, Any]:
+    """The proxy the trainer's JAX talks to: a sidecar of the head."""
+    return _container(
+        PATHWAYS_PROXY_CONTAINER,
+        config.pathways_image("proxy_server"),
+        sidecar=True,
+        args=wiring.server_args(PATHWAYS_PROXY_PORT),
+        env=wiring.sidecar_env(),
+        ports=[PATHWAYS_PROXY_PORT],
+        limits={"cpu": "16", "memory": "100Gi"},
+    )
+
+
+def pathways_resource_manager_container(config: RunConfig, wiring: PathwaysWiring) -> dict[str, Any]:
+    """The resource manager the proxy and every worker register with: a sidecar of the head."""
+    return _container(
+        PATHWAYS_RM_CONTAINER,
+        config.pathways_image("server"),
+        sidecar=True,
+        args=[
             f"--server_port={PATHWAYS_RM_PORT}",
-            f"--gcs_scratch_location={scratch}",
+            f"--gcs_scratch_location={wiring.scratch}",
             "--node_type=resource_manager",
             f"--instance_count={config.cluster_nodepool_count}",
             f"--instance_type={config.slice.pathways_instance_type}",
         ],
-        "env": [
-            *pathways_env,
+        env=[
+            *wiring.sidecar_env(),
             _env("TPU_SKIP_MDS_QUERY", "true"),
             _label_env("HOST_ADDRESS", COORDINATOR_LABEL),
             _label_env("JOBSET_NAME", JOBSET_NAME_LABEL),
             _label_env("REPLICATED_JOB_NAME", REPLICATED_JOB_LABEL),
         ],
-        "ports": [{"containerPort": p} for p in (PATHWAYS_RM_PORT, *PATHWAYS_RM_EXTRA_PORTS)],
-        "resources": {"limits": {"cpu": "8", "memory": "32Gi"}},
-    }
-    train = maxtext.train_rl(config, layout)
-    workload = {
-        "name": WORKLOAD_CONTAINER,
-        "image": config.cloud_image_name,
-        "imagePullPolicy": "Always",
-        "securityContext": {"privileged": True},
-        "command": ["/bin/bash", "-c", train.script()],
-        "env": [
+        ports=[PATHWAYS_RM_PORT, *PATHWAYS_RM_EXTRA_PORTS],
+        limits={"cpu": "8", "memory": "32Gi"},
+    )
+
+
+def pathways_trainer_container(config: RunConfig, run: RunIdentity, wiring: PathwaysWiring) -> dict[str, Any]:
+    """The workload container of the head: ``train_rl``, whose JAX runs on the slice through the proxy."""
+    return _container(
+        WORKLOAD_CONTAINER,
+        config.cloud_image_name,
+        privileged=True,
+        command=["/bin/bash", "-c", maxtext.train_rl(config, GcsLayout(config, run)).script()],
+        env=[
             _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL),
             _env("JAX_PLATFORMS", "proxy"),
             _env("XCLOUD_ENVIRONMENT", "GCP"),
-            _env("JAX_BACKEND_TARGET", f"grpc://{head_address}:{PATHWAYS_PROXY_PORT}"),
+            _env("JAX_BACKEND_TARGET", wiring.proxy_target),
             _env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS),
             *_tutorial_env(),
             _secret_env(run),
         ],
-        "resources": {"limits": {"cpu": "24", "memory": "100Gi"}, "requests": {"cpu": "2", "memory": "8Gi"}},
-    }
-    head_pod = {
-        "hostNetwork": True,
-        "dnsPolicy": "ClusterFirstWithHostNet",
+        limits={"cpu": "24", "memory": "100Gi"},
+        requests={"cpu": "2", "memory": "8Gi"},
+    )
+
+
+def pathways_head_pod(config: RunConfig, run: RunIdentity, wiring: PathwaysWiring) -> dict[str, Any]:
+    """The head pod on the CPU pool: proxy and resource manager as sidecars, the trainer as its workload."""
+    return {
+        **_host_network(),
         "restartPolicy": "Never",
         "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
-        "initContainers": [proxy, resource_manager],
-        "containers": [workload],
+        "initContainers": [pathways_proxy_container(config, wiring), pathways_resource_manager_container(config, wiring)],
+        "containers": [pathways_trainer_container(config, run, wiring)],
     }
-    worker_container = {
-        "name": PATHWAYS_WORKER_CONTAINER,
-        "image": config.pathways_image("server"),
-        "imagePullPolicy": "Always",
-        "args": [
-            f"--server_port={PATHWAYS_WORKER_PORT}",
-            f"--resource_manager_address={head_address}:{PATHWAYS_RM_PORT}",
-            f"--gcs_scratch_location={scratch}",
-        ],
-        "env": [
+
+
+def pathways_worker_container(config: RunConfig, wiring: PathwaysWiring) -> dict[str, Any]:
+    """One TPU host's Pathways server, holding all the host's chips."""
+    return _container(
+        PATHWAYS_WORKER_CONTAINER,
+        config.pathways_image("server"),
+        args=wiring.server_args(PATHWAYS_WORKER_PORT),
+        env=[
             _env("XCLOUD_ENVIRONMENT", "GCP"),
             _env("MEGASCALE_GRPC_ENABLE_XOR_TRACER", "false"),
             _label_env("MEGASCALE_NUM_SLICES", REPLICATED_JOB_REPLICAS_LABEL),
@@ -167,40 +236,57 @@ def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
             _env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS),
             *_tutorial_env(),
         ],
-        "ports": [{"containerPort": p} for p in (PATHWAYS_WORKER_PORT, *PATHWAYS_WORKER_EXTRA_PORTS)],
-        "resources": {"limits": {TPU_RESOURCE: str(config.slice.chips_per_host)}},
-    }
-    worker_pod = {
+        ports=[PATHWAYS_WORKER_PORT, *PATHWAYS_WORKER_EXTRA_PORTS],
+        limits={TPU_RESOURCE: str(config.slice.chips_per_host)},
+    )
+
+
+def pathways_worker_pod(config: RunConfig, run: RunIdentity, wiring: PathwaysWiring) -> dict[str, Any]:
+    """A worker pod on one host of the slice; a failed worker restarts in place (the head waits for it)."""
+    return {
         **_tpu_placement(config, run),
         "restartPolicy": "OnFailure",
         "terminationGracePeriodSeconds": 30,
-        "containers": [worker_container],
+        "containers": [pathways_worker_container(config, wiring)],
     }
-    return {
-        "apiVersion": JOBSET_API,
-        "kind": "JobSet",
-        "metadata": _metadata(config, run, name),
-        "spec": {
-            "ttlSecondsAfterFinished": config.ttl_seconds_after_finished,
-            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
-            "coordinator": {"replicatedJob": PATHWAYS_HEAD},
-            "startupPolicy": {"startupPolicyOrder": "InOrder"},
-            "successPolicy": {"operator": "All", "targetReplicatedJobs": [PATHWAYS_HEAD]},
-            "failurePolicy": _failure_policy(config.max_restarts, restart_strategy="Recreate"),
-            "replicatedJobs": [
-                _replicated_job(PATHWAYS_HEAD, 1, 1, 0, HOSTNAME_LABEL, head_pod),
-                _replicated_job(
-                    PATHWAYS_WORKER_JOB,
-                    config.cluster_nodepool_count,
-                    config.hosts_per_slice,
-                    config.hosts_per_slice * WORKER_RESTARTS_PER_HOST,
-                    NODEPOOL_LABEL,
-                    worker_pod,
-                    pod_annotations={TPU_SLICE_TOPOLOGY_ANNOTATION: config.topology},
-                ),
-            ],
-        },
-    }
+
+
+def _container(
+    name: str,
+    image: str,
+    *,
+    env: list[dict[str, Any]],
+    limits: dict[str, str],
+    requests: dict[str, str] | None = None,
+    sidecar: bool = False,
+    privileged: bool = False,
+    command: list[str] | None = None,
+    args: list[str] | None = None,
+    ports: Sequence[int] = (),
+) -> dict[str, Any]:
+    """A container, its fields in the order ``gcluster`` renders them. ``sidecar``: an init container that
+    keeps running beside the main one (``restartPolicy: Always``)."""
+    container: dict[str, Any] = {"name": name, "image": image, "imagePullPolicy": "Always"}
+    if sidecar:
+        container["restartPolicy"] = "Always"
+    if privileged:
+        container["securityContext"] = {"privileged": True}
+    if command:
+        container["command"] = command
+    if args:
+        container["args"] = args
+    container["env"] = env
+    if ports:
+        container["ports"] = [{"containerPort": p} for p in ports]
+    container["resources"] = {"limits": limits, **({"requests": requests} if requests else {})}
+    return container
+
+
+def _host_network() -> dict[str, Any]:
+    """Every workload pod (conversions, Pathways head and workers) uses the node's network: it then reaches
+    Cloud Storage as the node's service account; without it, on GKE_METADATA nodes, it would act as its
+    Kubernetes service account's Workload Identity principal, which has no bucket access (403)."""
+    return {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
 
 
 def _conversion_jobset(
@@ -229,11 +315,7 @@ def _conversion_jobset(
         resources = {"cpu": config.conversion_cpu, "memory": config.conversion_memory}
         container["resources"] = {"requests": resources, "limits": dict(resources)}
         pod = {
-            # As the Pathways head on the same pool: with hostNetwork the pod reaches Cloud Storage as the
-            # node's service account; without it, on GKE_METADATA nodes, it would act as its Kubernetes
-            # service account's Workload Identity principal, which has no bucket access (403).
-            "hostNetwork": True,
-            "dnsPolicy": "ClusterFirstWithHostNet",
+            **_host_network(),  # as the Pathways head on the same pool
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 30,
             "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
@@ -301,8 +383,7 @@ def _tpu_placement(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         pools = [run.tpu_pool_name(i) for i in range(config.cluster_nodepool_count)]
         expressions.append({"key": NODEPOOL_LABEL, "operator": "In", "values": pools})
     return {
-        "hostNetwork": True,
-        "dnsPolicy": "ClusterFirstWithHostNet",
+        **_host_network(),
         "nodeSelector": {
             TPU_ACCELERATOR_LABEL: config.slice.generation.accelerator,
             TPU_TOPOLOGY_LABEL: config.topology,
