@@ -13,8 +13,9 @@ from tpu_rl import jobset_status as st
 from tpu_rl import manifests
 from tpu_rl.compat import AirflowException, AirflowSkipException, TaskDeferred
 from tpu_rl.hooks.cluster import cluster_target
+from tpu_rl.hooks.gcs import GcsLock
 from tpu_rl.operators.jobset import JobSetOperator
-from tpu_rl.operators.outputs import GcsLock, TrainingRecordCheckOperator, check_training_record, orbax_step_verdict
+from tpu_rl.operators.outputs import TrainingRecordCheckOperator, check_training_record, orbax_step_verdict
 from tpu_rl.run import training_record
 from tpu_rl.run_context import config_of, layout_of, run_of
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
@@ -48,7 +49,7 @@ class HfToMaxTextOperator(RunJobSetOperator):
     conversion settings share, unless it is already complete; at most one DAG run converts at a time.
 
     - The step folder ``.../0/`` is complete: skip (the reason is in the task log).
-    - Else take the lock ``<converted_prefix>_tpu_rl_conversion.lock`` (:class:`~tpu_rl.operators.outputs.GcsLock`;
+    - Else take the lock ``<converted_prefix>_tpu_rl_conversion.lock`` (:class:`~tpu_rl.hooks.gcs.GcsLock`;
       re-entrant for later tries of the same run and task), then submit or adopt this run's JobSet as
       any JobSetOperator does. The lock is released once that JobSet has ended: Completed, Failed or
       deleted (a kill or ``execution_timeout`` deletes it first). While the JobSet may still run, it stays.

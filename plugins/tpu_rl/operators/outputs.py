@@ -1,23 +1,21 @@
-"""Decisions about stage outputs in Cloud Storage: check finished work, lock shared work, refuse bad
-resumes, publish.
+"""Decisions about stage outputs in Cloud Storage: check finished work, refuse bad resumes, publish.
+(The lock on shared work and the reads of the output checks are in :mod:`tpu_rl.hooks.gcs`.)
 
 Google provider imports stay inside methods: the DAG file imports this module at parse time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from tpu_rl.checkpoints import Verdict, training_record_changes
 from tpu_rl.compat import AirflowException, AirflowFailException
+from tpu_rl.hooks import gcs
+from tpu_rl.hooks.gcs import GcsReadHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset, Context
@@ -31,156 +29,10 @@ def orbax_step_verdict(
     impersonation_chain: str | Sequence[str] | None = None,
 ) -> tuple[str, Verdict]:
     """One check, now, of an Orbax step folder (``prefix``, e.g. ``.../0/``): its URI and the verdict."""
-    from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
-
-    trigger = OrbaxStepCompleteTrigger(
-        bucket, prefix, items=list(items), deadline=time.time(),
-        gcp_conn_id=gcp_conn_id, impersonation_chain=impersonation_chain,
+    verdict, _ = GcsReadHook(gcp_conn_id, impersonation_chain).run_now(
+        bucket, lambda reader: gcs.orbax_step(reader, prefix, list(items))
     )
-    verdict, _ = asyncio.run(trigger.check())
-    return trigger.uri, verdict
-
-
-@dataclass(frozen=True)
-class LockState:
-    """One generation of a lock object: who wrote it (its JSON), when (the server's clock), which generation."""
-
-    holder: dict[str, Any]
-    generation: int
-    written: datetime
-
-    def age(self) -> float:
-        return (datetime.now(timezone.utc) - self.written).total_seconds()
-
-    def stale_after(self, default: float) -> float:
-        try:
-            return float(self.holder.get("stale_after_seconds") or default)
-        except (TypeError, ValueError):
-            return default
-
-    def describe(self) -> str:
-        h = self.holder
-        return (
-            f"run {h.get('run_id')!r} of DAG {h.get('dag_id')!r} (task {h.get('task_id')}, try {h.get('try_number')}, "
-            f"since {h.get('created') or self.written.isoformat()})"
-        )
-
-
-class GcsLock:
-    """A lock that is one object in Cloud Storage, the only thing every run and Composer component shares.
-
-    Acquiring creates the object only if it does not exist (``if_generation_match=0``: GCS lets exactly one
-    concurrent writer succeed); it holds JSON naming the holder (dag id, run id, task id, try, created
-    time, and after how many seconds it counts as stale). The same DAG run and task re-acquire their own
-    lock from an earlier try (re-entrant: the object is rewritten with the new try and time). A lock older
-    than its ``stale_after_seconds`` belongs to a try that cannot be running any more: it is taken over by
-    rewriting it with ``if_generation_match=<its generation>``, so of several takers one wins. Releasing
-    deletes it, only if it is still ours, with a generation precondition.
-
-    :param client: a ``google.cloud.storage.Client``.
-    :param owner: ``dag_id``, ``run_id``, ``task_id`` and ``try_number`` of the task taking it.
-    :param stale_after: seconds after which this holder's lock may be taken over (written into the lock).
-    """
-
-    IDENTITY = ("dag_id", "run_id", "task_id")
-
-    def __init__(self, client: Any, bucket: str, name: str, owner: Mapping[str, Any], stale_after: float, log: Any):
-        self.client = client
-        self.bucket = bucket
-        self.name = name
-        self.owner = dict(owner)
-        self.stale_after = stale_after
-        self.log = log
-
-    @property
-    def uri(self) -> str:
-        return f"gs://{self.bucket}/{self.name}"
-
-    def _blob(self) -> Any:
-        return self.client.bucket(self.bucket).blob(self.name)
-
-    def is_ours(self, state: LockState) -> bool:
-        return all(state.holder.get(k) == self.owner[k] for k in self.IDENTITY)
-
-    def read(self) -> LockState | None:
-        """The lock's current generation, or None when nobody holds it."""
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        for _ in range(5):
-            blob = self.client.bucket(self.bucket).get_blob(self.name)
-            if blob is None:
-                return None
-            try:
-                data = blob.download_as_bytes(if_generation_match=blob.generation)
-            except (NotFound, PreconditionFailed):  # released or replaced between the two reads
-                continue
-            try:
-                holder = json.loads(data)
-                holder = holder if isinstance(holder, dict) else {}
-            except ValueError:
-                holder = {}
-            written = blob.updated or blob.time_created or datetime.now(timezone.utc)
-            return LockState(holder, int(blob.generation), written)
-        raise AirflowException(f"{self.uri} keeps changing while read")
-
-    def _write(self, if_generation_match: int) -> bool:
-        from google.api_core.exceptions import PreconditionFailed
-
-        document = {
-            **self.owner,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "stale_after_seconds": int(self.stale_after),
-        }
-        try:
-            self._blob().upload_from_string(
-                json.dumps(document, indent=2), content_type="application/json",
-                if_generation_match=if_generation_match,
-            )
-            return True
-        except PreconditionFailed:
-            return False
-
-    def acquire(self) -> tuple[bool, LockState | None]:
-        """``(True, None)`` when this task holds the lock now; ``(False, state)`` when another holds it."""
-        for _ in range(10):
-            if self._write(if_generation_match=0):
-                self.log.info("Acquired %s", self.uri)
-                return True, None
-            state = self.read()
-            if state is None:
-                continue  # released in between: try to create it again
-            if self.is_ours(state):
-                if state.holder.get("try_number") == self.owner.get("try_number"):
-                    return True, None
-                if self._write(if_generation_match=state.generation):
-                    self.log.info("Re-acquired %s, held by an earlier try of this task: %s", self.uri, state.describe())
-                    return True, None
-                continue
-            stale_after = state.stale_after(self.stale_after)
-            if state.age() > stale_after:
-                if self._write(if_generation_match=state.generation):
-                    self.log.warning(
-                        "Took over %s: it was held by %s, %.0f s ago, longer than its %.0f s limit (that try "
-                        "cannot still be running)", self.uri, state.describe(), state.age(), stale_after,
-                    )
-                    return True, None
-                continue  # another waiter took it over first
-            return False, state
-        raise AirflowException(f"Could not acquire or read {self.uri}: it keeps changing")
-
-    def release(self) -> bool:
-        """Delete the lock if this task (any try) holds it; True if it was deleted."""
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        state = self.read()
-        if state is None or not self.is_ours(state):
-            return False
-        try:
-            self._blob().delete(if_generation_match=state.generation)
-        except (NotFound, PreconditionFailed):
-            return False
-        self.log.info("Released %s", self.uri)
-        return True
+    return f"gs://{bucket}/{prefix}", verdict
 
 
 def check_training_record(

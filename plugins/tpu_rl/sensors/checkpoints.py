@@ -1,22 +1,28 @@
 """Sensors that prove a stage's output in Cloud Storage is complete before the next stage uses it.
 
 Deferrable by default: the wait happens in the triggerer, not in a worker slot. With
-``deferrable=False`` they poke with the same check (use ``mode="reschedule"`` to free the slot).
+``deferrable=False`` they poke with the same check of :mod:`tpu_rl.hooks.gcs` that the trigger runs
+(use ``mode="reschedule"`` to free the slot).
 On timeout the task fails with the last list of what is missing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE
+from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE, Verdict
 from tpu_rl.compat import AirflowSensorTimeout
+from tpu_rl.hooks import gcs
+from tpu_rl.hooks.gcs import GcsReader, GcsReadHook
+
+#: A check of :mod:`tpu_rl.hooks.gcs` with its arguments bound: the verdict and what the event carries.
+OutputCheck = Callable[[GcsReader], Awaitable[tuple[Verdict, dict[str, Any]]]]
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -25,7 +31,8 @@ if TYPE_CHECKING:
 
 
 class GcsOutputSensor(BaseSensorOperator):
-    """Waits until a trigger's check finds ``gs://<bucket>/<prefix>`` complete.
+    """Waits until a check finds ``gs://<bucket>/<prefix>`` complete: deferred (the trigger runs the check)
+    or poking (the sensor runs it).
 
     :param bucket: bucket name, without ``gs://``.
     :param prefix: the folder to check, ending in ``/``.
@@ -55,7 +62,15 @@ class GcsOutputSensor(BaseSensorOperator):
         self.impersonation_chain = impersonation_chain
         self.deferrable = deferrable
 
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.prefix}"
+
     def build_trigger(self, deadline: float) -> GcsOutputTrigger:
+        raise NotImplementedError
+
+    def output_check(self) -> OutputCheck:
+        """The same check the trigger runs, its arguments resolved now (for :meth:`poke`)."""
         raise NotImplementedError
 
     def result(self, event: dict[str, Any]) -> Any:
@@ -84,12 +99,12 @@ class GcsOutputSensor(BaseSensorOperator):
         return self.result(event)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        trigger = self.build_trigger(time.time())
-        verdict, found = asyncio.run(trigger.check())
+        check = self.output_check()
+        verdict, found = GcsReadHook(self.gcp_conn_id, self.impersonation_chain).run_now(self.bucket, check)
         if not verdict.complete:
-            self.log.info("%s not complete yet: %s", trigger.uri, verdict.describe())
+            self.log.info("%s not complete yet: %s", self.uri, verdict.describe())
             return False
-        return PokeReturnValue(True, self.result({"uri": trigger.uri, **found}))
+        return PokeReturnValue(True, self.result({"uri": self.uri, **found}))
 
 
 class OrbaxCheckpointSensor(GcsOutputSensor):
@@ -110,6 +125,9 @@ class OrbaxCheckpointSensor(GcsOutputSensor):
         return OrbaxStepCompleteTrigger(
             self.bucket, self.prefix, items=self.items, **self._trigger_kwargs(deadline)
         )
+
+    def output_check(self) -> OutputCheck:
+        return partial(gcs.orbax_step, prefix=self.prefix, items=self.items)
 
 
 class FinalTrainingCheckpointSensor(GcsOutputSensor):
@@ -147,15 +165,19 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
     def build_trigger(self, deadline: float) -> GcsOutputTrigger:
         from tpu_rl.triggers.checkpoints import FinalTrainingCheckpointTrigger
 
-        return FinalTrainingCheckpointTrigger(
-            self.bucket,
-            self.prefix,
-            train_steps=int(self.train_steps),
-            checkpoint_period=int(self.checkpoint_period),
-            items=self.items,
-            trainer_completed=TRAINER_SUCCESS_LINE in (self.trainer_log or ""),
-            **self._trigger_kwargs(deadline),
-        )
+        return FinalTrainingCheckpointTrigger(self.bucket, self.prefix, **self._rule(), **self._trigger_kwargs(deadline))
+
+    def output_check(self) -> OutputCheck:
+        return partial(gcs.final_training_step, prefix=self.prefix, **self._rule())
+
+    def _rule(self) -> dict[str, Any]:
+        """The arguments of the final-step rule, typed (templated fields render as strings)."""
+        return {
+            "train_steps": int(self.train_steps),
+            "checkpoint_period": int(self.checkpoint_period),
+            "items": self.items,
+            "trainer_completed": TRAINER_SUCCESS_LINE in (self.trainer_log or ""),
+        }
 
     def result(self, event: dict[str, Any]) -> int:
         return int(event["step"])
@@ -176,12 +198,18 @@ class HfExportSensor(GcsOutputSensor):
         self.not_before = not_before
 
     def build_trigger(self, deadline: float) -> GcsOutputTrigger:
-        from tpu_rl.triggers.checkpoints import HfExportCompleteTrigger, parse_not_before
+        from tpu_rl.triggers.checkpoints import HfExportCompleteTrigger
 
+        return HfExportCompleteTrigger(
+            self.bucket, self.prefix, not_before=self._not_before(), **self._trigger_kwargs(deadline)
+        )
+
+    def output_check(self) -> OutputCheck:
+        return partial(gcs.hf_export, prefix=self.prefix, not_before=self._not_before())
+
+    def _not_before(self) -> str | None:
         try:
-            parse_not_before(self.not_before)
+            gcs.parse_not_before(self.not_before)
         except ValueError:
             raise ValueError(f"not_before {self.not_before!r} is not an ISO 8601 time") from None
-        return HfExportCompleteTrigger(
-            self.bucket, self.prefix, not_before=self.not_before or None, **self._trigger_kwargs(deadline)
-        )
+        return self.not_before or None

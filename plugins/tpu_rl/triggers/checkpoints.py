@@ -1,69 +1,25 @@
 """Triggers that poll Cloud Storage until a stage's output is complete, or report what is missing.
 
-They list objects and read only the small documents the rules in :mod:`tpu_rl.checkpoints` need
-(``_CHECKPOINT_METADATA``, ``_METADATA``, the export index, each shard's header through a ranged
-read), so a check costs a few listing pages, never a download of the checkpoint. Each trigger has a
-wall-clock deadline of its own and, when it passes, fires an ``incomplete`` event carrying the last
-list of problems: the task then fails with what is missing instead of a bare deferral timeout.
+Each poll is one check of :mod:`tpu_rl.hooks.gcs` (which lists objects and reads only the small documents
+the rules in :mod:`tpu_rl.checkpoints` need); a trigger serialises its arguments, calls the check and
+decides. Each trigger has a wall-clock deadline of its own and, when it passes, fires an ``incomplete``
+event carrying the last list of problems: the task then fails with what is missing instead of a bare
+deferral timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
-from aiohttp import ClientError, ClientResponseError, ClientSession
-from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
+from aiohttp import ClientError
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from tpu_rl import checkpoints as rules
-from tpu_rl.checkpoints import StoredObject, Verdict
-
-
-def _parse_time(text: str) -> datetime:
-    """GCS RFC 3339 timestamps; some servers give nanoseconds, which datetime cannot hold."""
-    head, _, fraction = text.rstrip("Z").partition(".")
-    return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00")
-
-
-def parse_not_before(text: str | None) -> datetime | None:
-    """An ISO 8601 time (UTC when it names no zone); raises ValueError for anything else."""
-    if not text:
-        return None
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
-class GcsReader:
-    """Lists and reads one bucket's objects with the gcloud-aio client that GCSAsyncHook provides."""
-
-    def __init__(self, storage: Any, bucket: str) -> None:
-        self.storage = storage
-        self.bucket = bucket
-
-    async def list(self, prefix: str, delimiter: str | None = None) -> tuple[dict[str, StoredObject], list[str]]:
-        """Objects under ``prefix`` keyed by name relative to it, and the sub-folders (with a delimiter)."""
-        params = {"prefix": prefix, **({"delimiter": delimiter} if delimiter else {})}
-        objects: dict[str, StoredObject] = {}
-        folders: list[str] = []
-        while True:
-            page = await self.storage.list_objects(self.bucket, params=params)
-            for item in page.get("items", []):
-                name = item["name"][len(prefix) :]
-                objects[name] = StoredObject(name, int(item["size"]), _parse_time(item["updated"]))
-            folders += [p[len(prefix) :] for p in page.get("prefixes", [])]
-            if not page.get("nextPageToken"):
-                return objects, folders
-            params["pageToken"] = page["nextPageToken"]
-
-    async def read(self, name: str, first: int | None = None, last: int | None = None) -> bytes:
-        """An object's bytes, or only bytes ``first..last`` (inclusive) with a ranged download."""
-        headers = {"Range": f"bytes={first}-{last}"} if first is not None else None
-        return await self.storage.download(self.bucket, name, headers=headers)
+from tpu_rl.checkpoints import Verdict
+from tpu_rl.hooks import gcs
+from tpu_rl.hooks.gcs import GcsReader, GcsReadHook
 
 
 class GcsOutputTrigger(BaseTrigger):
@@ -92,7 +48,7 @@ class GcsOutputTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.gcp_conn_id = gcp_conn_id
         self.impersonation_chain = impersonation_chain
-        self._hook: Any = None
+        self._hook = GcsReadHook(gcp_conn_id, impersonation_chain)
 
     @property
     def uri(self) -> str:
@@ -117,12 +73,8 @@ class GcsOutputTrigger(BaseTrigger):
         return None
 
     async def check(self) -> tuple[Verdict, dict[str, Any]]:
-        """One check in a fresh HTTP session (also used by sensors in poke mode and by operators)."""
-        if self._hook is None:
-            self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
-        async with ClientSession() as session:
-            storage = await self._hook.get_storage_client(session)
-            return await self.probe(GcsReader(storage, self.bucket))
+        """One check, in a fresh HTTP session."""
+        return await self._hook.run(self.bucket, self.probe)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
@@ -144,15 +96,6 @@ class GcsOutputTrigger(BaseTrigger):
             await asyncio.sleep(max(0.0, min(self.poll_interval, self.deadline - time.time())))
 
 
-async def _probe_orbax_step(reader: GcsReader, step_prefix: str, label: str, items: Sequence[str]) -> Verdict:
-    listing, _ = await reader.list(step_prefix)
-    documents = {
-        name: (await reader.read(step_prefix + name) if name in listing else None)
-        for name in rules.orbax_documents(items)
-    }
-    return rules.check_orbax_step(label, listing, documents, items)
-
-
 class OrbaxStepCompleteTrigger(GcsOutputTrigger):
     """Fires when an Orbax step folder (``prefix``, e.g. ``.../0/``) holds a committed, whole save.
 
@@ -167,12 +110,11 @@ class OrbaxStepCompleteTrigger(GcsOutputTrigger):
         return f"{__name__}.{type(self).__name__}", {**self._common_kwargs(), "items": self.items}
 
     async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
-        label = self.prefix.rstrip("/").rsplit("/", 1)[-1] + "/"
-        return await _probe_orbax_step(reader, self.prefix, label, self.items), {}
+        return await gcs.orbax_step(reader, self.prefix, self.items)
 
 
 class ConversionLockTrigger(OrbaxStepCompleteTrigger):
-    """Waits while another DAG run holds the lock on a shared conversion (see ``tpu_rl.operators.outputs.GcsLock``).
+    """Waits while another DAG run holds the lock on a shared conversion (see :class:`tpu_rl.hooks.gcs.GcsLock`).
 
     Each poll reads the lock object, then the step folder. Events: ``complete`` (the step is whole: the
     holder converted it; ``holder`` is the last lock seen), ``released`` (the lock is gone and the step
@@ -201,38 +143,18 @@ class ConversionLockTrigger(OrbaxStepCompleteTrigger):
             "stale_after": self.stale_after,
         }
 
-    async def _read_lock(self, reader: GcsReader) -> tuple[dict[str, Any], datetime] | None:
-        page = await reader.storage.list_objects(self.bucket, params={"prefix": self.lock_object})
-        item = next((i for i in page.get("items", []) if i["name"] == self.lock_object), None)
-        if item is None:
-            return None
-        try:
-            holder = json.loads(await reader.read(self.lock_object))
-        except ClientResponseError as error:
-            if error.status == 404:
-                return None
-            raise
-        except ValueError:
-            holder = {}
-        return (holder if isinstance(holder, dict) else {}), _parse_time(item.get("updated") or item["timeCreated"])
-
     async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
-        lock = await self._read_lock(reader)  # Before the step: a holder deletes its lock only after it converted.
-        if lock is not None and lock[0] != self.holder:
-            self.log.info("%s is now held by %s", self.lock_object, lock[0])
-            self.holder = lock[0]
+        # The lock before the step: a holder deletes its lock only after it converted.
+        lock = await gcs.read_lock(reader, self.lock_object)
+        if lock is not None and lock.holder != self.holder:
+            self.log.info("%s is now held by %s", self.lock_object, lock.holder)
+            self.holder = lock.holder
         verdict, _ = await super().probe(reader)
         found: dict[str, Any] = {"holder": self.holder, "lock": "held"}
         if lock is None:
             found["lock"] = "released"
-        else:
-            age = (datetime.now(timezone.utc) - lock[1]).total_seconds()
-            try:
-                limit = float(lock[0].get("stale_after_seconds") or self.stale_after)
-            except (TypeError, ValueError):
-                limit = self.stale_after
-            if age > limit:
-                found.update(lock="stale", age=age)
+        elif (age := lock.age()) > lock.stale_after(self.stale_after):
+            found.update(lock="stale", age=age)
         return verdict, found
 
     def other_event(self, found: dict[str, Any]) -> dict[str, Any] | None:
@@ -276,20 +198,14 @@ class FinalTrainingCheckpointTrigger(GcsOutputTrigger):
         }
 
     async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
-        _, folders = await reader.list(self.prefix, delimiter="/")
-        step, uncommitted = None, []
-        for candidate in rules.step_numbers(folders):  # Orbax ignores steps without commit_success.txt.
-            marker, _ = await reader.list(f"{self.prefix}{candidate}/{rules.COMMIT_SUCCESS}")
-            if "" in marker:  # The marker's own name, relative to itself.
-                step = candidate
-                break
-            uncommitted.append(candidate)
-        verdict = rules.check_final_step(
-            step, self.train_steps, self.checkpoint_period, uncommitted, self.trainer_completed
+        return await gcs.final_training_step(
+            reader,
+            self.prefix,
+            train_steps=self.train_steps,
+            checkpoint_period=self.checkpoint_period,
+            items=self.items,
+            trainer_completed=self.trainer_completed,
         )
-        if verdict.complete:
-            verdict = await _probe_orbax_step(reader, f"{self.prefix}{step}/", f"actor/{step}/", self.items)
-        return verdict, {"step": step}
 
 
 class HfExportCompleteTrigger(GcsOutputTrigger):
@@ -305,22 +221,5 @@ class HfExportCompleteTrigger(GcsOutputTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{__name__}.{type(self).__name__}", {**self._common_kwargs(), "not_before": self.not_before}
 
-    async def _shard_problem(self, reader: GcsReader, shard: StoredObject) -> str | None:
-        if shard.size < 8:
-            return f"{shard.name}: only {shard.size} bytes"
-        length = rules.safetensors_header_length(await reader.read(self.prefix + shard.name, 0, 7))
-        header = None
-        if 0 < length <= min(shard.size - 8, rules.MAX_SAFETENSORS_HEADER):
-            header = await reader.read(self.prefix + shard.name, 8, 8 + length - 1)
-        return rules.check_shard(shard.name, shard.size, length, header)
-
     async def probe(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
-        listing, _ = await reader.list(self.prefix)
-        index = await reader.read(self.prefix + rules.HF_INDEX) if rules.HF_INDEX in listing else None
-        shards, index_verdict = rules.expected_shards(listing, index)
-        problems = list(index_verdict.problems)
-        for name in shards:
-            if name in listing and (problem := await self._shard_problem(reader, listing[name])):
-                problems.append(problem)
-        verdict = rules.check_hf_export(listing, shards, problems, parse_not_before(self.not_before))
-        return verdict, {"shards": len(shards)}
+        return await gcs.hf_export(reader, self.prefix, not_before=self.not_before)

@@ -1,0 +1,337 @@
+"""Cloud Storage I/O of the pipeline, in one place.
+
+- :class:`GcsReadHook` runs read-only checks of a bucket's objects, each in a fresh HTTP session, from a
+  trigger's poll (``await hook.run``) or from synchronous code, a sensor's poke or an operator (``run_now``).
+- The checks (:func:`orbax_step`, :func:`final_training_step`, :func:`hf_export`, :func:`read_lock`) list
+  objects and read only the small documents the rules in :mod:`tpu_rl.checkpoints` need: a few listing
+  pages, never a download of a checkpoint. They return the rules' verdict; triggers and sensors decide.
+- :class:`GcsLock` is the cross-run lock on a shared conversion, and :func:`parse_lock_holder` and
+  :class:`LockState` the one reading of a lock object (its JSON, its age, when it counts as stale), for
+  the lock and for the trigger that waits on it.
+
+Only light imports at module level (the DAG file imports the operators that import this): the Google
+clients and aiohttp are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from tpu_rl import checkpoints as rules
+from tpu_rl.checkpoints import StoredObject, Verdict
+from tpu_rl.compat import AirflowException
+
+T = TypeVar("T")
+
+
+def parse_gcs_time(text: str) -> datetime:
+    """GCS RFC 3339 timestamps; some servers give nanoseconds, which datetime cannot hold."""
+    head, _, fraction = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00")
+
+
+def parse_not_before(text: str | None) -> datetime | None:
+    """An ISO 8601 time (UTC when it names no zone); raises ValueError for anything else."""
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+# -- reading a bucket ----------------------------------------------------------------------------------
+
+
+class GcsReader:
+    """Lists and reads one bucket's objects with the gcloud-aio client that GCSAsyncHook provides."""
+
+    def __init__(self, storage: Any, bucket: str) -> None:
+        self.storage = storage
+        self.bucket = bucket
+
+    async def list(self, prefix: str, delimiter: str | None = None) -> tuple[dict[str, StoredObject], list[str]]:
+        """Objects under ``prefix`` keyed by name relative to it, and the sub-folders (with a delimiter)."""
+        params = {"prefix": prefix, **({"delimiter": delimiter} if delimiter else {})}
+        objects: dict[str, StoredObject] = {}
+        folders: list[str] = []
+        while True:
+            page = await self.storage.list_objects(self.bucket, params=params)
+            for item in page.get("items", []):
+                name = item["name"][len(prefix) :]
+                objects[name] = StoredObject(name, int(item["size"]), parse_gcs_time(item["updated"]))
+            folders += [p[len(prefix) :] for p in page.get("prefixes", [])]
+            if not page.get("nextPageToken"):
+                return objects, folders
+            params["pageToken"] = page["nextPageToken"]
+
+    async def read(self, name: str, first: int | None = None, last: int | None = None) -> bytes:
+        """An object's bytes, or only bytes ``first..last`` (inclusive) with a ranged download."""
+        headers = {"Range": f"bytes={first}-{last}"} if first is not None else None
+        return await self.storage.download(self.bucket, name, headers=headers)
+
+
+class GcsReadHook:
+    """Runs a check (an async function of a :class:`GcsReader`) against one bucket, in a fresh HTTP session.
+
+    :param gcp_conn_id: the Google Cloud connection.
+    :param impersonation_chain: as the Google provider's hooks take it.
+    """
+
+    def __init__(
+        self, gcp_conn_id: str = "google_cloud_default", impersonation_chain: str | Sequence[str] | None = None
+    ) -> None:
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self._hook: Any = None
+
+    async def run(self, bucket: str, check: Callable[[GcsReader], Awaitable[T]]) -> T:
+        from aiohttp import ClientSession
+        from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
+
+        if self._hook is None:
+            self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+        async with ClientSession() as session:
+            storage = await self._hook.get_storage_client(session)
+            return await check(GcsReader(storage, bucket))
+
+    def run_now(self, bucket: str, check: Callable[[GcsReader], Awaitable[T]]) -> T:
+        """:meth:`run` from synchronous code (a sensor's poke, an operator)."""
+        return asyncio.run(self.run(bucket, check))
+
+
+# -- the checks of a stage's output --------------------------------------------------------------------
+
+
+async def probe_orbax_step(reader: GcsReader, step_prefix: str, label: str, items: Sequence[str]) -> Verdict:
+    """Whether the Orbax step folder ``step_prefix`` holds a committed, whole save (``label`` names it)."""
+    listing, _ = await reader.list(step_prefix)
+    documents = {
+        name: (await reader.read(step_prefix + name) if name in listing else None)
+        for name in rules.orbax_documents(items)
+    }
+    return rules.check_orbax_step(label, listing, documents, items)
+
+
+async def orbax_step(reader: GcsReader, prefix: str, items: Sequence[str]) -> tuple[Verdict, dict[str, Any]]:
+    """An Orbax step folder (``prefix``, e.g. ``.../0/``): its verdict; nothing else to report."""
+    label = prefix.rstrip("/").rsplit("/", 1)[-1] + "/"
+    return await probe_orbax_step(reader, prefix, label, items), {}
+
+
+async def final_training_step(
+    reader: GcsReader,
+    prefix: str,
+    *,
+    train_steps: int,
+    checkpoint_period: int,
+    items: Sequence[str],
+    trainer_completed: bool,
+) -> tuple[Verdict, dict[str, Any]]:
+    """The run's final step under ``checkpoints/actor/`` (``prefix``), and whether its save is whole."""
+    _, folders = await reader.list(prefix, delimiter="/")
+    step, uncommitted = None, []
+    for candidate in rules.step_numbers(folders):  # Orbax ignores steps without commit_success.txt.
+        marker, _ = await reader.list(f"{prefix}{candidate}/{rules.COMMIT_SUCCESS}")
+        if "" in marker:  # The marker's own name, relative to itself.
+            step = candidate
+            break
+        uncommitted.append(candidate)
+    verdict = rules.check_final_step(step, train_steps, checkpoint_period, uncommitted, trainer_completed)
+    if verdict.complete:
+        verdict = await probe_orbax_step(reader, f"{prefix}{step}/", f"actor/{step}/", items)
+    return verdict, {"step": step}
+
+
+async def _shard_problem(reader: GcsReader, prefix: str, shard: StoredObject) -> str | None:
+    if shard.size < 8:
+        return f"{shard.name}: only {shard.size} bytes"
+    length = rules.safetensors_header_length(await reader.read(prefix + shard.name, 0, 7))
+    header = None
+    if 0 < length <= min(shard.size - 8, rules.MAX_SAFETENSORS_HEADER):
+        header = await reader.read(prefix + shard.name, 8, 8 + length - 1)
+    return rules.check_shard(shard.name, shard.size, length, header)
+
+
+async def hf_export(reader: GcsReader, prefix: str, *, not_before: str | None) -> tuple[Verdict, dict[str, Any]]:
+    """Whether a Hugging Face export under ``prefix`` is whole and written since ``not_before``."""
+    listing, _ = await reader.list(prefix)
+    index = await reader.read(prefix + rules.HF_INDEX) if rules.HF_INDEX in listing else None
+    shards, index_verdict = rules.expected_shards(listing, index)
+    problems = list(index_verdict.problems)
+    for name in shards:
+        if name in listing and (problem := await _shard_problem(reader, prefix, listing[name])):
+            problems.append(problem)
+    verdict = rules.check_hf_export(listing, shards, problems, parse_not_before(not_before))
+    return verdict, {"shards": len(shards)}
+
+
+# -- the conversion lock ---------------------------------------------------------------------------------
+
+
+def parse_lock_holder(data: bytes) -> dict[str, Any]:
+    """A lock object's JSON (who holds it); {} when it is not a JSON object."""
+    try:
+        holder = json.loads(data)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+@dataclass(frozen=True)
+class LockState:
+    """One generation of a lock object: who wrote it (its JSON), when (the server's clock), which generation."""
+
+    holder: dict[str, Any]
+    generation: int
+    written: datetime
+
+    def age(self) -> float:
+        return (datetime.now(timezone.utc) - self.written).total_seconds()
+
+    def stale_after(self, default: float) -> float:
+        """The holder's own limit (``stale_after_seconds``), else ``default``."""
+        try:
+            return float(self.holder.get("stale_after_seconds") or default)
+        except (TypeError, ValueError):
+            return default
+
+    def describe(self) -> str:
+        h = self.holder
+        return (
+            f"run {h.get('run_id')!r} of DAG {h.get('dag_id')!r} (task {h.get('task_id')}, try {h.get('try_number')}, "
+            f"since {h.get('created') or self.written.isoformat()})"
+        )
+
+
+async def read_lock(reader: GcsReader, lock_object: str) -> LockState | None:
+    """The lock's current state, or None when nobody holds it."""
+    from aiohttp import ClientResponseError
+
+    page = await reader.storage.list_objects(reader.bucket, params={"prefix": lock_object})
+    item = next((i for i in page.get("items", []) if i["name"] == lock_object), None)
+    if item is None:
+        return None
+    try:
+        data = await reader.read(lock_object)
+    except ClientResponseError as error:
+        if error.status == 404:
+            return None
+        raise
+    written = parse_gcs_time(item.get("updated") or item["timeCreated"])
+    return LockState(parse_lock_holder(data), int(item.get("generation") or 0), written)
+
+
+class GcsLock:
+    """A lock that is one object in Cloud Storage, the only thing every run and Composer component shares.
+
+    Acquiring creates the object only if it does not exist (``if_generation_match=0``: GCS lets exactly one
+    concurrent writer succeed); it holds JSON naming the holder (dag id, run id, task id, try, created
+    time, and after how many seconds it counts as stale). The same DAG run and task re-acquire their own
+    lock from an earlier try (re-entrant: the object is rewritten with the new try and time). A lock older
+    than its ``stale_after_seconds`` belongs to a try that cannot be running any more: it is taken over by
+    rewriting it with ``if_generation_match=<its generation>``, so of several takers one wins. Releasing
+    deletes it, only if it is still ours, with a generation precondition.
+
+    :param client: a ``google.cloud.storage.Client``.
+    :param owner: ``dag_id``, ``run_id``, ``task_id`` and ``try_number`` of the task taking it.
+    :param stale_after: seconds after which this holder's lock may be taken over (written into the lock).
+    """
+
+    IDENTITY = ("dag_id", "run_id", "task_id")
+
+    def __init__(self, client: Any, bucket: str, name: str, owner: Mapping[str, Any], stale_after: float, log: Any):
+        self.client = client
+        self.bucket = bucket
+        self.name = name
+        self.owner = dict(owner)
+        self.stale_after = stale_after
+        self.log = log
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.name}"
+
+    def _blob(self) -> Any:
+        return self.client.bucket(self.bucket).blob(self.name)
+
+    def is_ours(self, state: LockState) -> bool:
+        return all(state.holder.get(k) == self.owner[k] for k in self.IDENTITY)
+
+    def read(self) -> LockState | None:
+        """The lock's current generation, or None when nobody holds it."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        for _ in range(5):
+            blob = self.client.bucket(self.bucket).get_blob(self.name)
+            if blob is None:
+                return None
+            try:
+                data = blob.download_as_bytes(if_generation_match=blob.generation)
+            except (NotFound, PreconditionFailed):  # released or replaced between the two reads
+                continue
+            written = blob.updated or blob.time_created or datetime.now(timezone.utc)
+            return LockState(parse_lock_holder(data), int(blob.generation), written)
+        raise AirflowException(f"{self.uri} keeps changing while read")
+
+    def _write(self, if_generation_match: int) -> bool:
+        from google.api_core.exceptions import PreconditionFailed
+
+        document = {
+            **self.owner,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "stale_after_seconds": int(self.stale_after),
+        }
+        try:
+            self._blob().upload_from_string(
+                json.dumps(document, indent=2), content_type="application/json",
+                if_generation_match=if_generation_match,
+            )
+            return True
+        except PreconditionFailed:
+            return False
+
+    def acquire(self) -> tuple[bool, LockState | None]:
+        """``(True, None)`` when this task holds the lock now; ``(False, state)`` when another holds it."""
+        for _ in range(10):
+            if self._write(if_generation_match=0):
+                self.log.info("Acquired %s", self.uri)
+                return True, None
+            state = self.read()
+            if state is None:
+                continue  # released in between: try to create it again
+            if self.is_ours(state):
+                if state.holder.get("try_number") == self.owner.get("try_number"):
+                    return True, None
+                if self._write(if_generation_match=state.generation):
+                    self.log.info("Re-acquired %s, held by an earlier try of this task: %s", self.uri, state.describe())
+                    return True, None
+                continue
+            stale_after = state.stale_after(self.stale_after)
+            if state.age() > stale_after:
+                if self._write(if_generation_match=state.generation):
+                    self.log.warning(
+                        "Took over %s: it was held by %s, %.0f s ago, longer than its %.0f s limit (that try "
+                        "cannot still be running)", self.uri, state.describe(), state.age(), stale_after,
+                    )
+                    return True, None
+                continue  # another waiter took it over first
+            return False, state
+        raise AirflowException(f"Could not acquire or read {self.uri}: it keeps changing")
+
+    def release(self) -> bool:
+        """Delete the lock if this task (any try) holds it; True if it was deleted."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        state = self.read()
+        if state is None or not self.is_ours(state):
+            return False
+        try:
+            self._blob().delete(if_generation_match=state.generation)
+        except (NotFound, PreconditionFailed):
+            return False
+        self.log.info("Released %s", self.uri)
+        return True
