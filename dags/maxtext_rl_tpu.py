@@ -41,7 +41,8 @@ from tpu_rl.operators.setup import (
     EnsureJobSetOperator,
     ValidateRunConfigOperator,
 )
-from tpu_rl.params import DAG_ID, trigger_params
+from tpu_rl.params import trigger_params
+from tpu_rl.run import DAG_ID
 from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
 from tpu_rl.workloads import (
     XCOM_ATTEMPT_PREFIX,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from airflow.sdk import Param
 
 from tpu_rl.config import field_specs
-from tpu_rl.run import DAG_ID
 
 _JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object"}
 
