@@ -13,7 +13,7 @@ from tpu_rl import jobset_status as st
 from tpu_rl import manifests
 from tpu_rl.compat import AirflowException, AirflowSkipException, TaskDeferred
 from tpu_rl.hooks.cluster import cluster_target
-from tpu_rl.hooks.gcs import GcsLock
+from tpu_rl.hooks.gcs import GcsLock, storage_client
 from tpu_rl.operators.jobset import JobSetOperator
 from tpu_rl.operators.outputs import TrainingRecordCheckOperator, check_training_record, orbax_step_verdict
 from tpu_rl.run import training_record
@@ -88,10 +88,8 @@ class HfToMaxTextOperator(RunJobSetOperator):
         return (limit + self.lock_stale_margin).total_seconds()
 
     def _lock(self, context: Any):
-        from airflow.providers.google.cloud.hooks.gcs import GCSHook
-
         config, ti = config_of(context), context["ti"]
-        client = GCSHook(gcp_conn_id=config.gcp_conn_id).get_conn()
+        client = storage_client(config.gcp_conn_id)
         owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
         return GcsLock(
             client, config.gcs_bucket, layout_of(context).conversion_lock_object, owner, self.stale_after, self.log

@@ -169,6 +169,35 @@ async def hf_export(reader: GcsReader, prefix: str, *, not_before: str | None) -
     return verdict, {"shards": len(shards)}
 
 
+# -- small documents, read and written with google-cloud-storage ----------------------------------------
+
+
+def storage_client(
+    gcp_conn_id: str = "google_cloud_default", impersonation_chain: str | Sequence[str] | None = None
+) -> Any:
+    """A ``google.cloud.storage.Client`` through the Google provider's GCSHook (the connection's credentials)."""
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+    return GCSHook(gcp_conn_id=gcp_conn_id, impersonation_chain=impersonation_chain).get_conn()
+
+
+def read_or_create_json(client: Any, bucket: str, name: str, document: Any) -> tuple[bool, Any]:
+    """``(False, its JSON)`` when ``gs://<bucket>/<name>`` exists; else ``(True, None)`` after writing
+    ``document`` there, only if it is still absent (``if_generation_match=0``)."""
+    from google.api_core.exceptions import NotFound
+
+    blob = client.bucket(bucket).blob(name)
+    try:
+        return False, json.loads(blob.download_as_bytes())
+    except NotFound:
+        blob.upload_from_string(
+            json.dumps(document, indent=2, sort_keys=True),
+            content_type="application/json",
+            if_generation_match=0,
+        )
+        return True, None
+
+
 # -- the conversion lock ---------------------------------------------------------------------------------
 
 

@@ -45,24 +45,14 @@ def check_training_record(
 ) -> str:
     """Records a run's training parameters next to its checkpoints on the first attempt, and refuses
     (AirflowFailException) any later attempt whose parameters differ. Returns the record's URI."""
-    from google.api_core.exceptions import NotFound
-
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
-
     uri = f"gs://{bucket}/{record_object}"
     current = json.loads(json.dumps(dict(parameters)))  # As it reads back from JSON.
-    hook = GCSHook(gcp_conn_id=gcp_conn_id, impersonation_chain=impersonation_chain)
-    blob = hook.get_conn().bucket(bucket).blob(record_object)
-    try:
-        recorded = json.loads(blob.download_as_bytes())["parameters"]
-    except NotFound:
-        blob.upload_from_string(
-            json.dumps({"parameters": current}, indent=2, sort_keys=True),
-            content_type="application/json",
-            if_generation_match=0,
-        )
+    client = gcs.storage_client(gcp_conn_id, impersonation_chain)
+    created, stored = gcs.read_or_create_json(client, bucket, record_object, {"parameters": current})
+    if created:
         log.info("Recorded the run's training parameters in %s", uri)
         return uri
+    recorded = stored["parameters"]
     if changes := training_record_changes(recorded, current):
         raise AirflowFailException(
             f"Refusing to resume the run recorded in {uri}: its checkpoints were trained with other "
