@@ -21,7 +21,7 @@ from google.oauth2 import service_account
 from sim import gke_faults
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
 
-from tpu_rl_testing import REPO, SIM_CREATE_CONF
+from tpu_rl_testing import REPO, SIM_CREATE_CONF, read_env
 
 pytestmark = pytest.mark.e2e
 
@@ -33,21 +33,10 @@ SMALL_SLICE = {"tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism"
 PARENT = f"projects/{SIM_CREATE_CONF['project']}/locations/{SIM_CREATE_CONF['region']}"
 
 
-def _sim_env() -> dict[str, str]:
-    return {
-        key: value.strip("'")
-        for key, value in (
-            line.removeprefix("export ").split("=", 1)
-            for line in (REPO / ".sim/airflow.env").read_text().splitlines()
-            if line.startswith("export ")
-        )
-    }
-
-
 @pytest.fixture(scope="module")
 def gke():
     """The GKE API as the pipeline reaches it: gRPC through the simulation's egress proxy, a service-account key."""
-    env = _sim_env()
+    env = read_env(REPO / ".sim/airflow.env")
     saved = {k: os.environ.get(k) for k in ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")}
     os.environ.update({k: env[k] for k in saved})
     key_path = json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
@@ -67,13 +56,6 @@ def cluster_or_none(gke, name: str):
         return gke.get_cluster(name=f"{PARENT}/clusters/{name}")
     except NotFound:
         return None
-
-
-@pytest.fixture(scope="module")
-def airflow(airflow_stack):
-    airflow_stack.wait_for_healthy_dag(DAG_ID)
-    airflow_stack.unpause(DAG_ID)
-    return airflow_stack
 
 
 @pytest.fixture(scope="module")
