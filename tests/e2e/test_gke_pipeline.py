@@ -139,9 +139,9 @@ def test_a_new_cluster_gets_jobset_and_trains_on_two_slices(airflow, gke, runs):
     ops = pool_operations(gke, run_id, 2)
     assert len(ops["CREATE_NODE_POOL"]) == 2 and len(ops["DELETE_NODE_POOL"]) == 2
     assert all(not op.error.code for op in ops["CREATE_NODE_POOL"] + ops["DELETE_NODE_POOL"])
-    # The slice goes right after training: before the export (which runs on the CPU pool) ends.
-    deleted = max(_time(op.end_time) for op in ops["DELETE_NODE_POOL"])
-    assert deleted < _time(tasks["maxtext_to_hf"]["end_date"])
+    # The slice goes right after training: its deletion is requested before the export (on the CPU pool) starts.
+    first_delete = min(_time(op.start_time) for op in ops["DELETE_NODE_POOL"])
+    assert _time(tasks["train_rl"]["end_date"]) < first_delete < _time(tasks["maxtext_to_hf"]["start_date"])
     # After the run the emulator holds nothing of it.
     assert cluster_or_none(gke, conf["cluster_name"]) is None
 
