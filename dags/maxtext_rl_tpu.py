@@ -96,6 +96,9 @@ with DAG(
 
     # Fails the run before TPU pools exist; train_rl repeats the same check before every submission.
     check_training_record = RunTrainingRecordCheckOperator(task_id="check_training_record")
+    # Like guard for the cluster: a setup that succeeds, so delete_tpu_pools runs even when the create fails
+    # half-way (a stockout leaves a pool in ERROR; with two slices, the first pool may exist).
+    pools_guard = EmptyOperator(task_id="tpu_pools_guard")
     create_tpu_pools = CreateTpuNodePoolsOperator(task_id="create_tpu_pools", execution_timeout=timedelta(hours=2))
     train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
     delete_tpu_pools = DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", **CLEANUP_RETRIES)
@@ -138,11 +141,11 @@ with DAG(
     (
         validate >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
         >> hf_to_maxtext >> verify_converted
-        >> check_training_record >> create_tpu_pools >> train >> verify_training
+        >> check_training_record >> pools_guard >> create_tpu_pools >> train >> verify_training
         >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]
     )
     train >> delete_tpu_pools >> delete_cluster
-    delete_tpu_pools.as_teardown(setups=create_tpu_pools)
+    delete_tpu_pools.as_teardown(setups=[pools_guard, create_tpu_pools])
     # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
     # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).
     # Everything the workloads need from the cluster is a setup, so clearing a stage re-runs it (each adopts

@@ -489,20 +489,17 @@ def _validate_conversion(c: RunConfig):
     shape = SHAPES.get(c.pw_cpu_machine_type)
     if c.conversion_on_tpu or not c.creates_cluster or shape is None:
         return  # an existing pool is checked against its nodes before the conversion is submitted
-    if _QUANTITY.fullmatch(c.conversion_memory) and quantity_gib(c.conversion_memory) > shape.allocatable_memory_gib:
-        yield Problem(
-            "conversion_memory",
-            f"{c.conversion_memory} does not fit on one {c.pw_cpu_machine_type} node "
-            f"({shape.allocatable_memory_gib:.0f}Gi left to pods by GKE)",
-            f"request at most {int(shape.allocatable_memory_gib)}Gi, or a larger pw_cpu_machine_type",
-        )
-    if _QUANTITY.fullmatch(c.conversion_cpu) and quantity_cpu(c.conversion_cpu) > shape.allocatable_cpu:
-        yield Problem(
-            "conversion_cpu",
-            f"{c.conversion_cpu} CPUs do not fit on one {c.pw_cpu_machine_type} node "
-            f"({shape.allocatable_cpu:.2f} left to pods by GKE)",
-            f"request at most {int(shape.allocatable_cpu)}, or a larger pw_cpu_machine_type",
-        )
+    for name, wanted, left, unit in (
+        ("conversion_memory", quantity_gib, shape.allocatable_memory_gib, "Gi"),
+        ("conversion_cpu", quantity_cpu, shape.allocatable_cpu, " CPUs"),
+    ):
+        value = getattr(c, name)
+        if _QUANTITY.fullmatch(value) and wanted(value) > left:
+            yield Problem(
+                name,
+                f"{value} does not fit on one {c.pw_cpu_machine_type} node ({left:.0f}{unit} left to pods by GKE)",
+                f"request at most {int(left)}{unit}, or a larger pw_cpu_machine_type",
+            )
 
 
 def _validate_slice(c: RunConfig):

@@ -25,11 +25,12 @@ FOREIGN = ["dags/airflow_monitoring.py", "data/run-output/metrics.json"]
 
 
 def _expected_objects(repo: Path) -> set[str]:
-    """Written from Composer's folder mapping, not from the script: every DAG file, every source file of
-    the tpu_rl package, every include asset."""
+    """Written from Composer's folder mapping, not from the script: every DAG file, every file of the tpu_rl
+    package (its sources and its data: the JobSet release it installs), every include asset."""
     expected = {"dags/maxtext_rl_tpu.py"}
-    expected |= {f"plugins/{p.relative_to(repo / 'plugins').as_posix()}" for p in (repo / "plugins/tpu_rl").rglob("*.py")
-                 if "__pycache__" not in p.parts}
+    expected |= {f"plugins/{p.relative_to(repo / 'plugins').as_posix()}" for p in (repo / "plugins/tpu_rl").rglob("*")
+                 if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+    assert "plugins/tpu_rl/releases/jobset-v0.10.1.yaml" in expected
     expected |= {f"data/include/{p.relative_to(repo / 'include').as_posix()}" for p in (repo / "include").rglob("*")
                  if p.is_file()}
     return expected

@@ -117,6 +117,14 @@ def airflow_stack():
             _run("scripts/postgres.sh stop", check=False)
 
 
+@pytest.fixture(scope="module")
+def airflow(airflow_stack):
+    """The stack with the pipeline's DAG parsed, healthy and unpaused."""
+    airflow_stack.wait_for_healthy_dag("maxtext_rl_tpu")
+    airflow_stack.unpause("maxtext_rl_tpu")
+    return airflow_stack
+
+
 # Module scope: while Playwright's sync API is open it keeps an event loop running in the main thread, and
 # any later test that calls asyncio.run() (the JobSet and checkpoint tests do) would fail.
 @pytest.fixture(scope="module")

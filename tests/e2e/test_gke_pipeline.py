@@ -21,7 +21,7 @@ from google.oauth2 import service_account
 from sim import gke_faults
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
 
-from tpu_rl_testing import REPO, SIM_CREATE_CONF
+from tpu_rl_testing import REPO, SIM_CREATE_CONF, read_env
 
 pytestmark = pytest.mark.e2e
 
@@ -33,21 +33,10 @@ SMALL_SLICE = {"tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism"
 PARENT = f"projects/{SIM_CREATE_CONF['project']}/locations/{SIM_CREATE_CONF['region']}"
 
 
-def _sim_env() -> dict[str, str]:
-    return {
-        key: value.strip("'")
-        for key, value in (
-            line.removeprefix("export ").split("=", 1)
-            for line in (REPO / ".sim/airflow.env").read_text().splitlines()
-            if line.startswith("export ")
-        )
-    }
-
-
 @pytest.fixture(scope="module")
 def gke():
     """The GKE API as the pipeline reaches it: gRPC through the simulation's egress proxy, a service-account key."""
-    env = _sim_env()
+    env = read_env(REPO / ".sim/airflow.env")
     saved = {k: os.environ.get(k) for k in ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")}
     os.environ.update({k: env[k] for k in saved})
     key_path = json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
@@ -67,13 +56,6 @@ def cluster_or_none(gke, name: str):
         return gke.get_cluster(name=f"{PARENT}/clusters/{name}")
     except NotFound:
         return None
-
-
-@pytest.fixture(scope="module")
-def airflow(airflow_stack):
-    airflow_stack.wait_for_healthy_dag(DAG_ID)
-    airflow_stack.unpause(DAG_ID)
-    return airflow_stack
 
 
 @pytest.fixture(scope="module")
@@ -157,9 +139,9 @@ def test_a_new_cluster_gets_jobset_and_trains_on_two_slices(airflow, gke, runs):
     ops = pool_operations(gke, run_id, 2)
     assert len(ops["CREATE_NODE_POOL"]) == 2 and len(ops["DELETE_NODE_POOL"]) == 2
     assert all(not op.error.code for op in ops["CREATE_NODE_POOL"] + ops["DELETE_NODE_POOL"])
-    # The slice goes right after training: before the export (which runs on the CPU pool) ends.
-    deleted = max(_time(op.end_time) for op in ops["DELETE_NODE_POOL"])
-    assert deleted < _time(tasks["maxtext_to_hf"]["end_date"])
+    # The slice goes right after training: its deletion is requested before the export (on the CPU pool) starts.
+    first_delete = min(_time(op.start_time) for op in ops["DELETE_NODE_POOL"])
+    assert _time(tasks["train_rl"]["end_date"]) < first_delete < _time(tasks["maxtext_to_hf"]["start_date"])
     # After the run the emulator holds nothing of it.
     assert cluster_or_none(gke, conf["cluster_name"]) is None
 

@@ -34,13 +34,6 @@ def trigger_and_wait(airflow, conf: dict, label: str) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def airflow(airflow_stack):
-    airflow_stack.wait_for_healthy_dag(DAG_ID)
-    airflow_stack.unpause(DAG_ID)
-    return airflow_stack
-
-
-@pytest.fixture(scope="module")
 def gcs():
     """The simulation's GCS emulator, as its env file names it."""
     env = dict(

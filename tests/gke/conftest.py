@@ -9,26 +9,18 @@ would reach GKE: the provider's GKEHook with the ``google_cloud_default`` connec
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tpu_rl_testing import read_env
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
 #: What the operators and the clients need from .sim/airflow.env.
 ENV_KEYS = ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "AIRFLOW_CONN_HUGGINGFACE_DEFAULT", "STORAGE_EMULATOR_HOST",
             "grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")
-
-
-def read_env(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export "):
-            name, _, value = line[len("export "):].partition("=")
-            env[name] = shlex.split(value)[0] if value else ""
-    return env
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,9 @@ import os
 import subprocess
 
 import pytest
-from jobset_helpers import REPO, SIM_DIR, Cluster, read_env
+from jobset_helpers import REPO, SIM_DIR, Cluster
+
+from tpu_rl_testing import read_env
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
 import time
 import uuid
 from datetime import datetime, timezone
@@ -16,15 +15,6 @@ REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
 CONN_ID = "tpu_rl_sim"
 SIM = "sim.tpu-rl.dev/"
-
-
-def read_env(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export "):
-            name, _, value = line[len("export "):].partition("=")
-            env[name] = shlex.split(value)[0] if value else ""
-    return env
 
 
 class Cluster:

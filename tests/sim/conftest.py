@@ -5,13 +5,14 @@ skips), and stops it at the end only if it started it.
 """
 
 import os
-import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tpu_rl_testing import read_env
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
@@ -84,16 +85,6 @@ class Sim:
     def read(self, gs_path):
         bucket, _, name = gs_path.removeprefix("gs://").partition("/")
         return self.gcs.bucket(bucket).blob(name).download_as_bytes()
-
-
-def read_env(path):
-    """Parses the `export NAME=value` lines of .sim/airflow.env."""
-    env = {}
-    for line in Path(path).read_text().splitlines():
-        if line.startswith("export "):
-            name, _, value = line[len("export "):].partition("=")
-            env[name] = shlex.split(value)[0] if value else ""
-    return env
 
 
 @pytest.fixture(scope="session")

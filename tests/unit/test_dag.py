@@ -30,7 +30,7 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     from airflow.utils.dag_cycle_tester import check_cycle
 
     check_cycle(dag)
-    assert len(dag.tasks) == 19
+    assert len(dag.tasks) == 20
 
 
 def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):
@@ -41,7 +41,8 @@ def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):
     assert [t.task_id for t in dag.get_task("hf_to_maxtext").upstream_list] == ["hf_token_secret"]
     assert dag.get_task("verify_converted").trigger_rule == "none_failed"
     assert isinstance(dag.get_task("check_training_record"), RunTrainingRecordCheckOperator)
-    assert [t.task_id for t in dag.get_task("create_tpu_pools").upstream_list] == ["check_training_record"]
+    assert [t.task_id for t in dag.get_task("tpu_pools_guard").upstream_list] == ["check_training_record"]
+    assert [t.task_id for t in dag.get_task("create_tpu_pools").upstream_list] == ["tpu_pools_guard"]
 
 
 def test_every_task_retries_and_has_a_time_limit(dag):
@@ -67,7 +68,7 @@ def test_clearing_training_reruns_its_setups_and_teardowns_not_the_conversion(da
     related = {t.task_id for t in train.get_upstreams_only_setups_and_teardowns()}
     assert related == {
         "guard", "create_cluster", "wait_for_cluster", "ensure_jobset", "hf_token_secret",
-        "create_tpu_pools", "delete_tpu_pools", "delete_cluster",
+        "tpu_pools_guard", "create_tpu_pools", "delete_tpu_pools", "delete_cluster",
     }
     assert "hf_to_maxtext" not in related
 
@@ -89,11 +90,13 @@ def run_with_failure(dag, failing: str | None):
     "failing, run_state, must_run, must_not_run",
     [
         ("create_cluster", "failed", ["delete_cluster"], ["train_rl", "delete_tpu_pools"]),
+        # A stockout at the pool create: the pool left in ERROR is deleted, then the cluster.
+        ("create_tpu_pools", "failed", ["delete_tpu_pools", "delete_cluster"], ["train_rl", "maxtext_to_hf"]),
         ("train_rl", "failed", ["delete_tpu_pools", "delete_cluster"], ["maxtext_to_hf"]),
         ("delete_cluster", "failed", ["publish_export", "pipeline_done"], []),
         (None, "success", ["delete_tpu_pools", "delete_cluster", "pipeline_done"], []),
     ],
-    ids=["create fails", "training fails", "teardown fails", "all succeed"],
+    ids=["create fails", "pool create fails", "training fails", "teardown fails", "all succeed"],
 )
 def test_teardown_wiring(dag, failing, run_state, must_run, must_not_run):
     state, tasks = run_with_failure(dag, failing)

@@ -204,3 +204,34 @@ def test_allocatable_follows_gke_reservations():
     assert reserved == pytest.approx(1 + 0.8 + 0.8 + 6.72 + 11.84)
     capacity, allocatable = rules.node_resources(rules.MACHINE_TYPES["ct6e-standard-4t"])
     assert capacity["google.com/tpu"] == allocatable["google.com/tpu"] == "4"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"tpu_pool_mode": "cluster"},
+        {"cluster_nodepool_count": 2, "reservation": "my-v6e-reservation"},
+        {"tpu_type": "v5p-256", "topology": "4x4x8", "compute_type": "ct5p-hightpu-4t", "pw_cpu_machine_type": "n4-standard-64"},
+    ],
+    ids=["tutorial", "pools-with-the-cluster", "two-slices-reserved", "v5p-on-n4"],
+)
+def test_every_request_the_pipeline_makes_passes_gkes_rules(overrides):
+    """The pipeline's cluster and node pool bodies (what the plan prints and the operators send) against
+    the rules: this fails for the auto_upgrade=false pools of a REGULAR-channel cluster, a pd-* boot disk
+    on C4D or ct6e, a pool outside the region, a non-compact multi-host slice."""
+    from datetime import datetime, timezone
+
+    from tpu_rl import gke
+    from tpu_rl.config import RunConfig
+    from tpu_rl.run import RunIdentity
+
+    from tpu_rl_testing import TUTORIAL_CONF
+
+    config = RunConfig.from_params({**TUTORIAL_CONF, "project": PROJECT, **overrides})
+    run = RunIdentity("maxtext_rl_tpu", "manual__rules")
+    cluster = gke.cluster_body(config, run, datetime(2026, 11, 30, tzinfo=timezone.utc))
+    reservations = {config.reservation} if config.reservation else set()
+    rules.check_cluster(cluster, REGION, PROJECT, reservations)
+    for index in range(config.cluster_nodepool_count):
+        rules.check_node_pool(cluster, gke.tpu_node_pool(config, run, index), REGION, PROJECT, reservations)

@@ -21,7 +21,7 @@ from tpu_rl.run import RunIdentity
 from tpu_rl.run_context import config_of, run_of
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
-OPERATION_POLL_SECONDS = 30
+OPERATION_POLL_SECONDS = 10
 
 
 def _cluster_hook(config: RunConfig):
@@ -31,7 +31,10 @@ def _cluster_hook(config: RunConfig):
 
 
 class _AwaitsGkeOperations(BaseOperator):
-    """Defers on GKE long-running operations one after another.
+    """Defers on GKE long-running operations, one at a time: GKE refuses a node pool create or delete while
+    another one runs on the cluster ("Operation ... is currently creating a node pool ... Please wait and try
+    again once it is done"), so an operator with several submits the next one (``submit(context, step)``)
+    only when the previous one is done.
 
     :param poll_interval: seconds between the trigger's checks of an operation.
     """
@@ -40,25 +43,26 @@ class _AwaitsGkeOperations(BaseOperator):
         super().__init__(**kwargs)
         self.poll_interval = poll_interval
 
-    def _await(self, config: RunConfig, operation_names: list[str]) -> None:
-        if not operation_names:
-            return
+    def submit(self, context: Any, step: int) -> None:
+        """Submits operation ``step`` onwards (skipping what exists); defers on the first one submitted."""
+        raise NotImplementedError
+
+    def _await(self, config: RunConfig, operation_name: str, next_step: int | None = None) -> None:
         from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
 
-        first, *rest = operation_names
         self.defer(
             trigger=GKEOperationTrigger(
-                operation_name=first,
+                operation_name=operation_name,
                 project_id=config.project,
                 location=config.region,
                 gcp_conn_id=config.gcp_conn_id,
                 poll_interval=self.poll_interval,
             ),
             method_name="operation_done",
-            kwargs={"remaining": rest},
+            kwargs={"next_step": next_step},
         )
 
-    def operation_done(self, context: Any, event: dict[str, Any], remaining: list[str]) -> None:
+    def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None) -> None:
         if event["status"] in ("failed", "error"):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
         # The provider's trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
@@ -69,7 +73,8 @@ class _AwaitsGkeOperations(BaseOperator):
             self.operation_failed(config, operation, operation.error.message or operation.status_message)
         self.log.info("GKE operation %s (%s %s) is done", operation.name, operation.operation_type.name,
                       operation.target_link.rsplit("/projects/", 1)[-1])
-        self._await(config, remaining)
+        if next_step is not None:
+            self.submit(context, next_step)
 
     def operation_failed(self, config: RunConfig, operation: Any, message: str) -> None:
         raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) failed: {message}")
@@ -101,7 +106,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             )
             return
         self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation.name)
-        self._await(config, [operation.name])
+        self._await(config, operation.name)
 
 
 def _is_capacity_error(message: str) -> bool:
@@ -142,35 +147,36 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     that the cluster has the slice's nodes, so a missing slice fails here and not as a pending JobSet."""
 
     def execute(self, context: Any) -> None:
+        config = config_of(context)
+        if not config.tpu_pools_per_run:
+            self._check_slice_nodes(config)
+            return
+        self.submit(context, 0)
+
+    def submit(self, context: Any, step: int) -> None:
         from google.api_core.exceptions import AlreadyExists
         from google.cloud.container_v1 import NodePool
 
         config, run = config_of(context), run_of(context)
-        if not config.tpu_pools_per_run:
-            self._check_slice_nodes(config)
-            return
         hook = _cluster_hook(config)
         client = hook.get_cluster_manager_client()
-        operations = []
-        for index in range(config.cluster_nodepool_count):
-            body = gke.tpu_node_pool(config, run, index)
-            pool = NodePool.from_json(json.dumps(body))
+        for index in range(step, config.cluster_nodepool_count):
+            pool = NodePool.from_json(json.dumps(gke.tpu_node_pool(config, run, index)))
+            name = f"{gke.cluster_path(config)}/nodePools/{pool.name}"
             try:
                 operation = client.create_node_pool(parent=gke.cluster_path(config), node_pool=pool)
             except AlreadyExists:
-                existing = client.get_node_pool(name=f"{gke.cluster_path(config)}/nodePools/{pool.name}")
+                existing = client.get_node_pool(name=name)
                 if existing.status != NodePool.Status.ERROR:
                     self.log.info("Node pool %s already exists (%s): adopting it", pool.name, existing.status.name)
                     continue
                 # An earlier try's create failed (a stockout leaves the pool in ERROR): replace it.
                 self.log.warning("Node pool %s is in ERROR (%s): deleting it to create it again", pool.name,
                                  existing.status_message)
-                deleting = client.delete_node_pool(name=f"{gke.cluster_path(config)}/nodePools/{pool.name}")
-                hook.wait_for_operation(deleting, project_id=config.project)
+                hook.wait_for_operation(client.delete_node_pool(name=name), project_id=config.project)
                 operation = client.create_node_pool(parent=gke.cluster_path(config), node_pool=pool)
             self.log.info("Creating node pool %s (%d x %s)", pool.name, pool.initial_node_count, config.compute_type)
-            operations.append(operation.name)
-        self._await(config, operations)
+            self._await(config, operation.name, next_step=index + 1)
 
     def operation_failed(self, config: RunConfig, operation: Any, message: str) -> None:
         pool = operation.target_link.rsplit("/", 1)[-1]
@@ -200,22 +206,26 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
     """Deletes the TPU node pools this run created, right after training (teardown of the create)."""
 
     def execute(self, context: Any) -> None:
-        from google.api_core.exceptions import NotFound
-
-        config, run = config_of(context), run_of(context)
+        config = config_of(context)
         if not config.tpu_pools_per_run:
             self.log.info("tpu_pool_mode is '%s': no node pool of this run to delete", config.tpu_pool_mode)
             return
+        self.submit(context, 0)
+
+    def submit(self, context: Any, step: int) -> None:
+        from google.api_core.exceptions import NotFound
+
+        config, run = config_of(context), run_of(context)
         client = _cluster_hook(config).get_cluster_manager_client()
-        operations = []
-        for index in range(config.cluster_nodepool_count):
+        for index in range(step, config.cluster_nodepool_count):
             name = f"{gke.cluster_path(config)}/nodePools/{run.tpu_pool_name(index)}"
             try:
-                operations.append(client.delete_node_pool(name=name).name)
-                self.log.info("Deleting node pool %s", name)
+                operation = client.delete_node_pool(name=name)
             except NotFound:
                 self.log.info("Node pool %s does not exist: nothing to delete", name)
-        self._await(config, operations)
+                continue
+            self.log.info("Deleting node pool %s", name)
+            self._await(config, operation.name, next_step=index + 1)
 
 
 class DeleteClusterOperator(_AwaitsGkeOperations):
@@ -247,7 +257,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         operation = hook.delete_cluster(name=config.cluster_name, project_id=config.project, wait_to_complete=False)
         if operation is not None:
             self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation.name)
-            self._await(config, [operation.name])
+            self._await(config, operation.name)
 
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
         from kubernetes.client import CoreV1Api
