@@ -136,13 +136,7 @@ def check_cluster_name(name: str) -> None:
     restrictions: Lowercase letters, numbers, and hyphens only. Must start with a letter. Must end with a
     number or a letter.") https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters#Cluster
     """
-    if not name:
-        raise _bad("Cluster.name must be specified.")  # (wording ours)
-    if not NAME_RE.fullmatch(name):
-        raise _bad(
-            f'Invalid value for field "cluster.name": "{name}". Must be up to 40 characters: lowercase letters, '
-            "numbers and hyphens, starting with a letter and ending with a letter or a number."
-        )  # (wording ours)
+    _check_name("cluster.name", "Cluster.name", name)
 
 
 def check_node_pool_name(name: str) -> None:
@@ -152,12 +146,16 @@ def check_node_pool_name(name: str) -> None:
     numbers, or hyphens, and cannot end with a hyphen" (the same rule as the cluster name, quoted in
     gitlab-org/gitlab issue 22655). https://cloud.google.com/sdk/gcloud/reference/container/node-pools/create
     """
+    _check_name("node_pool.name", "NodePool.name", name)
+
+
+def _check_name(field: str, message_name: str, name: str) -> None:
     if not name:
-        raise _bad("NodePool.name must be specified.")  # (wording ours)
+        raise _bad(f"{message_name} must be specified.")  # (wording ours)
     if not NAME_RE.fullmatch(name):
         raise _bad(
-            f'Invalid value for field "node_pool.name": "{name}". Must be up to 40 characters: lowercase '
-            "letters, numbers and hyphens, starting with a letter and ending with a letter or a number."
+            f'Invalid value for field "{field}": "{name}". Must be up to 40 characters: lowercase letters, '
+            "numbers and hyphens, starting with a letter and ending with a letter or a number."
         )  # (wording ours)
 
 
