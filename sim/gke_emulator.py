@@ -64,9 +64,6 @@ GRPC_PORT = int(os.environ.get("TPU_RL_SIM_GKE_GRPC_PORT", "14481"))
 TOKEN_PORT = int(os.environ.get("TPU_RL_SIM_GKE_TOKEN_PORT", "14482"))
 PROJECT = "tpu-rl-sim"
 SA_EMAIL = f"tpu-rl-sim@{PROJECT}.iam.gserviceaccount.com"
-PROJECT_NUMBER = "100000000001"
-#: Node annotation with the node's service account (read by sim/maxtext_emulator.py).
-NODE_SERVICE_ACCOUNT = "sim.tpu-rl.dev/service-account"
 SERVICE = "google.container.v1.ClusterManager"
 TOKEN_SECONDS = 3600
 MAX_SLOTS = 50
@@ -506,7 +503,7 @@ class Emulator:
             if taint not in taints:
                 taints.append(taint)
         # A pool without a service account runs as the Compute Engine default account.
-        node_account = config.get("service_account") or f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+        node_account = config.get("service_account") or f"{gke_rules.PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
         bodies, names = [], iter(self._node_names(key, pool))
         for zone in self._zones(key, pool):
             for _ in range(int(pool.get("initial_node_count") or 0)):
@@ -517,7 +514,7 @@ class Emulator:
                                  "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0",
                                                  # Who the node is to Google APIs (GKE: the metadata server);
                                                  # the MaxText emulator checks bucket access with it.
-                                                 NODE_SERVICE_ACCOUNT: node_account,
+                                                 gke_rules.NODE_SERVICE_ACCOUNT_ANNOTATION: node_account,
                                                  "container.googleapis.com/instance_id": str(int(hashlib.sha256(name.encode()).hexdigest()[:15], 16))},
                                  "labels": {**base_labels, "kubernetes.io/hostname": name,
                                             "topology.kubernetes.io/zone": zone}},

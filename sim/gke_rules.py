@@ -105,6 +105,11 @@ DEFAULT_BOOT_DISK = "pd-balanced"
 
 REGION_ZONES_SUFFIXES = ("a", "b", "c", "d", "f")
 
+# The simulated project's number (in its Compute Engine default account and Workload Identity principals),
+# and the node annotation that carries a node's service account to the MaxText emulator's bucket checks.
+PROJECT_NUMBER = "100000000001"
+NODE_SERVICE_ACCOUNT_ANNOTATION = "sim.tpu-rl.dev/service-account"
+
 
 def machine(name: str) -> MachineType:
     if name not in MACHINE_TYPES:

@@ -61,6 +61,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import faults  # noqa: E402  (sim/faults.py)
+import gke_rules  # noqa: E402  (sim/gke_rules.py: the emulated project's identities)
 
 SIM = Path(os.environ.get("SIM", Path(__file__).resolve().parent.parent / ".sim"))
 RUN_SECONDS = float(os.environ.get("TPU_RL_SIM_RUN_SECONDS", "3"))
@@ -72,9 +73,7 @@ STAGES = {
 }
 HF_IDS = {"qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Thinking-2507"}  # MaxText's default tokenizer per model
 HEARTBEAT = SIM / "run" / "maxtext-emulator.heartbeat"
-#: Who may read and write the buckets (bucket IAM), as principals; the nodes of GKE-emulated clusters carry
-#: their service account in this annotation (sim/gke_emulator.py).
-NODE_SERVICE_ACCOUNT = "sim.tpu-rl.dev/service-account"
+#: Who may read and write the buckets (bucket IAM), as principals.
 BUCKET_PRINCIPALS = set(os.environ.get(
     "TPU_RL_SIM_BUCKET_PRINCIPALS", "serviceAccount:tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com").split(","))
 HANDLED = SIM / "run" / "maxtext-emulator-handled.txt"
@@ -530,14 +529,14 @@ class Emulator:
         account; otherwise the Workload Identity principal of its Kubernetes service account. Nodes that
         carry no service account (the standing cluster's) are not checked."""
         node = self.core.read_node(pod.spec.node_name)
-        account = (node.metadata.annotations or {}).get(NODE_SERVICE_ACCOUNT)
+        account = (node.metadata.annotations or {}).get(gke_rules.NODE_SERVICE_ACCOUNT_ANNOTATION)
         if account is None:
             return
         metadata_server = (node.metadata.labels or {}).get("iam.gke.io/gke-metadata-server-enabled") == "true"
         if pod.spec.host_network or not metadata_server:
             principal = f"serviceAccount:{account}"
         else:
-            principal = (f"principal://iam.googleapis.com/projects/100000000001/locations/global/workloadIdentityPools/"
+            principal = (f"principal://iam.googleapis.com/projects/{gke_rules.PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
                          f"tpu-rl-sim.svc.id.goog/subject/ns/{pod.metadata.namespace}/sa/"
                          f"{pod.spec.service_account_name or 'default'}")
         if principal not in BUCKET_PRINCIPALS:

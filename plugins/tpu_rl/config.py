@@ -489,16 +489,25 @@ def _validate_conversion(c: RunConfig):
     shape = SHAPES.get(c.pw_cpu_machine_type)
     if c.conversion_on_tpu or not c.creates_cluster or shape is None:
         return  # an existing pool is checked against its nodes before the conversion is submitted
+    yield from conversion_fit_problems(
+        c, shape.allocatable_cpu, shape.allocatable_memory_gib,
+        where=f"one {c.pw_cpu_machine_type} node", larger="a larger pw_cpu_machine_type",
+    )
+
+
+def conversion_fit_problems(c: Any, cpu_left: float, memory_gib_left: float, where: str, larger: str):
+    """A conversion pod asking more CPU or memory than a node leaves to pods stays Pending for ever. Used
+    against GKE's allocatable of the machine type a created pool gets, and against an existing pool's nodes."""
     for name, wanted, left, unit in (
-        ("conversion_memory", quantity_gib, shape.allocatable_memory_gib, "Gi"),
-        ("conversion_cpu", quantity_cpu, shape.allocatable_cpu, " CPUs"),
+        ("conversion_memory", quantity_gib, memory_gib_left, "Gi"),
+        ("conversion_cpu", quantity_cpu, cpu_left, " CPUs"),
     ):
         value = getattr(c, name)
         if _QUANTITY.fullmatch(value) and wanted(value) > left:
             yield Problem(
                 name,
-                f"{value} does not fit on one {c.pw_cpu_machine_type} node ({left:.0f}{unit} left to pods by GKE)",
-                f"request at most {int(left)}{unit}, or a larger pw_cpu_machine_type",
+                f"{value} does not fit on {where} ({left:.0f}{unit} left to pods by GKE)",
+                f"request at most {int(left)}{unit}, or {larger}",
             )
 
 

@@ -65,8 +65,9 @@ def needs_gvnic(machine_type: str) -> bool:
 
 
 def quantity_gib(quantity: str) -> float:
-    """A Kubernetes memory quantity (e.g. 256Gi, 200G, 1Ti) in GiB."""
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3}
+    """A Kubernetes memory quantity (a param such as 256Gi, or a node's allocatable such as 247296420Ki) in GiB."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+             "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "m": 1e-3}
     for suffix in sorted(units, key=len, reverse=True):
         if quantity.endswith(suffix):
             return float(quantity[: -len(suffix)]) * units[suffix] / GIB
@@ -74,4 +75,5 @@ def quantity_gib(quantity: str) -> float:
 
 
 def quantity_cpu(quantity: str) -> float:
+    """A Kubernetes CPU quantity (32, 0.5 or 95690m) in CPUs."""
     return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)

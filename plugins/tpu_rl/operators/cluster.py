@@ -16,7 +16,8 @@ from airflow.sdk import BaseOperator, BaseSensorOperator
 from tpu_rl import gke
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
-from tpu_rl.hooks.cluster import kubernetes_hook_for
+from tpu_rl.hooks.cluster import cluster_target, kubernetes_hook_for
+from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.run import RunIdentity
 from tpu_rl.run_context import config_of, run_of
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
@@ -189,10 +190,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         raise AirflowFailException(f"GKE could not create TPU node pool {pool}: {message}; {hint}.")
 
     def _check_slice_nodes(self, config: RunConfig) -> None:
-        from kubernetes.client import CoreV1Api
-
         selector = f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},{TPU_TOPOLOGY_LABEL}={config.topology}"
-        nodes = CoreV1Api(kubernetes_hook_for(config).api_client).list_node(label_selector=selector).items
+        nodes = JobSetHook(cluster_target(config)).list_nodes(selector)
         needed = config.hosts_per_slice * config.cluster_nodepool_count
         self.log.info("Found %d nodes with %s (the training needs %d)", len(nodes), selector, needed)
         if len(nodes) < needed:

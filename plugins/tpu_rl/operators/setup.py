@@ -9,10 +9,11 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from tpu_rl.compat import AirflowException, AirflowFailException
-from tpu_rl.config import ConfigError
+from tpu_rl.config import ConfigError, conversion_fit_problems
 from tpu_rl.hooks.cluster import cluster_target, kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
+from tpu_rl.machines import quantity_cpu, quantity_gib
 from tpu_rl.manifests import hf_token_secret
 from tpu_rl.run_context import config_of, layout_of, run_of
 from tpu_rl.vocabulary import JOBSET_CRD, KUEUE_GROUP, KUEUE_LOCALQUEUES, KUEUE_VERSION, NODEPOOL_LABEL, TPU_RESOURCE
@@ -110,27 +111,19 @@ class EnsureJobSetOperator(BaseOperator):
 
     def _check_cpu_pool(self, hook: Any, config: Any) -> None:
         """A conversion pod that fits no node of the CPU pool would stay Pending for ever: fail now."""
-        from kubernetes.utils.quantity import parse_quantity
-
         nodes = hook.list_nodes(f"{NODEPOOL_LABEL}={config.cpu_pool_name}")
         if not nodes:
             self.log.info("The CPU pool %s has no node now (autoscaled to zero?): conversion size not checked",
                           config.cpu_pool_name)
             return
-        memory = max(parse_quantity(n.status.allocatable["memory"]) for n in nodes)
-        cpu = max(parse_quantity(n.status.allocatable["cpu"]) for n in nodes)
-        self.log.info("CPU pool %s: largest node leaves %.1fGi and %s CPUs to pods", config.cpu_pool_name,
-                      memory / 2**30, cpu)
-        for name, wanted, have, unit in (
-            ("conversion_memory", parse_quantity(config.conversion_memory), memory, 2**30),
-            ("conversion_cpu", parse_quantity(config.conversion_cpu), cpu, 1),
+        memory = max(quantity_gib(n.status.allocatable["memory"]) for n in nodes)
+        cpu = max(quantity_cpu(n.status.allocatable["cpu"]) for n in nodes)
+        self.log.info("CPU pool %s: largest node leaves %.1fGi and %.2f CPUs to pods", config.cpu_pool_name, memory, cpu)
+        for problem in conversion_fit_problems(
+            config, cpu, memory,
+            where=f"any node of the CPU pool '{config.cpu_pool_name}'", larger="use a pool of larger machines",
         ):
-            if wanted > have:
-                raise AirflowFailException(
-                    f"{name}: {getattr(config, name)} does not fit on any node of the CPU pool "
-                    f"'{config.cpu_pool_name}' (at most {float(have) / unit:.1f}{'Gi' if unit > 1 else ''} "
-                    f"allocatable); fix: request at most that, or use a pool of larger machines."
-                )
+            raise AirflowFailException(str(problem))
 
     def _check_local_queue(self, hook: Any, config: Any) -> None:
         from kubernetes.client import CustomObjectsApi
