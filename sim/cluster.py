@@ -209,6 +209,13 @@ def finish():
              "extra": {"key_path": str(SIM / "gke" / "service-account.json"), "project": PROJECT}}),
         "grpc_proxy": f"http://127.0.0.1:{os.environ['GKE_PROXY_PORT']}",
         "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(PKI / "ca.crt"),
+        # A cluster's DNS-based endpoint (<id>.<location>.gke.goog) through the same proxy, as through an
+        # egress proxy: the kubernetes client reads HTTPS_PROXY/NO_PROXY, kubernetes_asyncio's aiohttp
+        # session trusts the environment. Its certificate is signed by the stand-in public CA, which the
+        # default trust store gets through SSL_CERT_FILE (the system roots plus that CA; sim/gke_dns.py).
+        "HTTPS_PROXY": f"http://127.0.0.1:{os.environ['GKE_PROXY_PORT']}",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "SSL_CERT_FILE": str(PKI / "public-trust.pem"),
         # A fake token: the simulation checks that pods get HF_TOKEN from a Secret, never its value.
         "AIRFLOW_CONN_HUGGINGFACE_DEFAULT": json.dumps(
             {"conn_type": "generic", "password": "hf_simulated_token_not_real"}),

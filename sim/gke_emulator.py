@@ -3,14 +3,18 @@
     gke_emulator.py init    writes $SIM/gke/service-account.json (a fresh RSA key) if missing
     gke_emulator.py         runs the emulator (sim/up.sh starts it as component `gke`)
 
-One process, three listeners, all on 127.0.0.1:
+One process, four listeners, all on 127.0.0.1:
   proxy  (TPU_RL_SIM_GKE_PROXY_PORT, 14480)  an HTTP CONNECT proxy: the clients run with
          grpc_proxy=http://127.0.0.1:<proxy>, so gRPC sends `CONNECT container.googleapis.com:443`; the
-         proxy pipes that tunnel to the gRPC server below and answers 403 to any other host. It never
-         dials anything but its own gRPC port on 127.0.0.1.
+         proxy pipes that tunnel to the gRPC server below. The Kubernetes clients run with
+         HTTPS_PROXY=<proxy> (NO_PROXY=127.0.0.1,localhost), so a cluster's DNS endpoint
+         `CONNECT gke-<id>.<location>.gke.goog:443` goes to the DNS front end below. It answers 403 to any
+         other host and never dials anything but its own ports on 127.0.0.1.
   grpc   (TPU_RL_SIM_GKE_GRPC_PORT, 14481)   the ClusterManager service, TLS with $SIM/pki/gke.crt
          (SAN DNS:container.googleapis.com, signed by the sim CA; clients trust it through
          GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=$SIM/pki/ca.crt).
+  dns    (TPU_RL_SIM_GKE_DNS_PORT, 14483)    the clusters' DNS-based control-plane endpoints (sim/gke_dns.py):
+         TLS with a certificate of the stand-in public CA, IAM-checked, joined to the cluster's apiserver.
   token  (TPU_RL_SIM_GKE_TOKEN_PORT, 14482)  the OAuth token endpoint named by the key file's token_uri
          (JWT-bearer grant, RS256 assertion verified against the key's public key); GET /healthz.
 
@@ -51,6 +55,7 @@ from urllib.parse import parse_qs
 SRC = Path(__file__).resolve().parent
 sys.path.insert(0, str(SRC))
 
+import gke_dns  # noqa: E402
 import gke_rules  # noqa: E402
 from gke_rules import GkeError  # noqa: E402
 
@@ -62,6 +67,7 @@ HOST = "container.googleapis.com"
 PROXY_PORT = int(os.environ.get("TPU_RL_SIM_GKE_PROXY_PORT", "14480"))
 GRPC_PORT = int(os.environ.get("TPU_RL_SIM_GKE_GRPC_PORT", "14481"))
 TOKEN_PORT = int(os.environ.get("TPU_RL_SIM_GKE_TOKEN_PORT", "14482"))
+DNS_PORT = int(os.environ.get("TPU_RL_SIM_GKE_DNS_PORT", "14483"))
 PROJECT = "tpu-rl-sim"
 SA_EMAIL = f"tpu-rl-sim@{PROJECT}.iam.gserviceaccount.com"
 SERVICE = "google.container.v1.ClusterManager"
@@ -128,6 +134,7 @@ def init_files():
         }
         key_file.write_text(json.dumps(info, indent=2))
         key_file.chmod(0o600)
+    gke_dns.ensure_public_ca(PKI)
     secret = GKE_DIR / "token-secret"
     if not secret.exists():
         secret.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
@@ -576,6 +583,9 @@ class Emulator:
             if not cluster.locations:
                 cluster.locations.extend(gke_rules.zones_of(location)[:3])
             cluster.self_link = f"https://{HOST}/v1/projects/{project}/locations/{location}/clusters/{cluster.name}"
+            cluster.id = uuid.uuid4().hex
+            cluster.control_plane_endpoints_config.dns_endpoint_config.endpoint = gke_dns.endpoint_name(
+                cluster.id, location)
             cluster.create_time = now_iso()
             cluster.current_master_version = cluster.current_node_version = "1.34.4-gke.sim"
             cluster.initial_cluster_version = cluster.initial_cluster_version or "1.34.4-gke.sim"
@@ -585,6 +595,26 @@ class Emulator:
                 p.self_link = f"{cluster.self_link}/nodePools/{p.name}"
             self.clusters[key] = {"cluster": cluster, "slot": slot}
             return self.new_op(key, "CREATE_CLUSTER")
+
+    def dns_route(self, host: str):
+        """Where the cluster's DNS endpoint leads (sim/gke_dns.py)."""
+        with self.lock:
+            for key, rec in self.clusters.items():
+                cluster = rec["cluster"]
+                dns = cluster.control_plane_endpoints_config.dns_endpoint_config
+                if dns.endpoint != host:
+                    continue
+                if not dns.allow_external_traffic:
+                    # Wording ours; the behaviour is the API reference's: allow_external_traffic "controls
+                    # whether user traffic is allowed over this endpoint".
+                    return gke_dns.Route(refusal=(403, (
+                        f"The DNS-based endpoint of cluster {cluster.name} does not allow user traffic "
+                        "(controlPlaneEndpointsConfig.dnsEndpointConfig.allowExternalTraffic is false): enable "
+                        f"it with `gcloud container clusters update {cluster.name} --enable-dns-access`.")))
+                if not cluster.endpoint:
+                    return gke_dns.Route(refusal=(503, f"The control plane of cluster {cluster.name} is not ready."))
+                return gke_dns.Route(apiserver=cluster.endpoint)
+        return None
 
     def get_cluster(self, req):
         project, location, name = parse_cluster(req.name, req.project_id, req.zone, req.cluster_id)
@@ -817,12 +847,17 @@ def serve_proxy():
                 head += chunk
             line = head.split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split()
-            if len(parts) != 3 or parts[0] != "CONNECT" or parts[1] != f"{HOST}:443":
+            target = parts[1].rsplit(":", 1) if len(parts) == 3 and parts[0] == "CONNECT" else ["", ""]
+            if target == [HOST, "443"]:
+                port = GRPC_PORT
+            elif gke_dns.is_endpoint_host(target[0]) and target[1] == "443":
+                port = DNS_PORT
+            else:
                 log.info("proxy refused %r", line)
                 conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 conn.close()
                 return
-            upstream = socket.create_connection(("127.0.0.1", GRPC_PORT), timeout=10)
+            upstream = socket.create_connection(("127.0.0.1", port), timeout=10)
             conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             rest = head.split(b"\r\n\r\n", 1)[1]
             if rest:
@@ -897,9 +932,10 @@ def main():
     server = serve_grpc(emulator)
     serve_proxy()
     serve_tokens(emulator)
+    gke_dns.serve(DNS_PORT, PKI, emulator.dns_route, emulator.accounts.caller)
     emulator.resume()
-    log.info("GKE emulator: proxy 127.0.0.1:%d, gRPC/TLS 127.0.0.1:%d, token http://127.0.0.1:%d/token",
-             PROXY_PORT, GRPC_PORT, TOKEN_PORT)
+    log.info("GKE emulator: proxy 127.0.0.1:%d, gRPC/TLS 127.0.0.1:%d, DNS endpoints 127.0.0.1:%d, "
+             "token http://127.0.0.1:%d/token", PROXY_PORT, GRPC_PORT, DNS_PORT, TOKEN_PORT)
     import signal
 
     import faulthandler

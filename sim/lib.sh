@@ -19,10 +19,12 @@ KWOK_PORT=${TPU_RL_SIM_KWOK_PORT:-20250}
 JOBSET_WEBHOOK_PORT=${TPU_RL_SIM_JOBSET_WEBHOOK_PORT:-19443}
 JOBSET_HEALTH_PORT=${TPU_RL_SIM_JOBSET_HEALTH_PORT:-18081}
 GCS_PORT=${TPU_RL_SIM_GCS_PORT:-14443}
-# GKE emulator: CONNECT proxy (the clients' grpc_proxy), its gRPC/TLS server, the OAuth token endpoint.
+# GKE emulator: CONNECT proxy (the clients' grpc_proxy and HTTPS_PROXY), its gRPC/TLS server, the OAuth token
+# endpoint, the clusters' DNS-based control-plane endpoints.
 GKE_PROXY_PORT=${TPU_RL_SIM_GKE_PROXY_PORT:-14480}
 GKE_GRPC_PORT=${TPU_RL_SIM_GKE_GRPC_PORT:-14481}
 GKE_TOKEN_PORT=${TPU_RL_SIM_GKE_TOKEN_PORT:-14482}
+GKE_DNS_PORT=${TPU_RL_SIM_GKE_DNS_PORT:-14483}
 
 KUBECONFIG_PATH=$SIM/kubeconfig
 PKI=$SIM/pki

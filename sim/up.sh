@@ -20,7 +20,7 @@ done
 mkdir -p "$SIM"/{logs,pids,run,data}
 bash "$SIM_SRC/pki.sh" "$PKI"
 export SIM CACHE JOBSET_VERSION KWOK_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT \
-  GKE_PROXY_PORT GKE_GRPC_PORT GKE_TOKEN_PORT
+  GKE_PROXY_PORT GKE_GRPC_PORT GKE_TOKEN_PORT GKE_DNS_PORT
 "$PY" "$SIM_SRC/cluster.py" files
 
 # launch NAME CMD...: reuse NAME if its recorded process is alive, else start CMD.
@@ -93,11 +93,12 @@ launch maxtext-emulator env KUBECONFIG="$KUBECONFIG_PATH" STORAGE_EMULATOR_HOST=
   SIM="$SIM" "$PY" -u "$SIM_SRC/maxtext_emulator.py"
 
 # The GKE API emulator (sim/gke_emulator.py): the service-account key first (cluster.py finish names it).
-TPU_RL_SIM_GKE_TOKEN_PORT=$GKE_TOKEN_PORT "$PY" "$SIM_SRC/gke_emulator.py" init
+SIM="$SIM" TPU_RL_SIM_GKE_TOKEN_PORT=$GKE_TOKEN_PORT "$PY" "$SIM_SRC/gke_emulator.py" init
 launch gke env SIM="$SIM" TPU_RL_SIM_DIR="$SIM" TPU_RL_SIM_CACHE="$CACHE" TPU_RL_SIM_PYTHON="$PY" \
   TPU_RL_SIM_ETCD_PORT="$ETCD_PORT" TPU_RL_SIM_GCS_PORT="$GCS_PORT" \
   TPU_RL_SIM_GKE_PROXY_PORT="$GKE_PROXY_PORT" TPU_RL_SIM_GKE_GRPC_PORT="$GKE_GRPC_PORT" \
-  TPU_RL_SIM_GKE_TOKEN_PORT="$GKE_TOKEN_PORT" "$PY" -u "$SIM_SRC/gke_emulator.py"
+  TPU_RL_SIM_GKE_TOKEN_PORT="$GKE_TOKEN_PORT" TPU_RL_SIM_GKE_DNS_PORT="$GKE_DNS_PORT" \
+  "$PY" -u "$SIM_SRC/gke_emulator.py"
 
 # The JobSet manager and kwok need their CRDs before they start.
 "$PY" "$SIM_SRC/cluster.py" crds

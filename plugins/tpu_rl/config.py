@@ -80,6 +80,16 @@ class RunConfig:
         "Reach an existing cluster through this Airflow Kubernetes connection instead of GKE credentials "
         "(e.g. a local simulated cluster). Empty: use GKE.",
     )
+    control_plane_endpoint: str = _param(
+        "dns",
+        "Cluster",
+        "Control-plane endpoint",
+        "How Airflow reaches the GKE cluster's Kubernetes API. dns: GKE's DNS-based endpoint, IAM-checked "
+        "with no IP allow-list (what Cloud Composer needs: its egress addresses are not fixed); a created "
+        "cluster enables it, an existing one needs `--enable-dns-access`. ip: the public IP endpoint, open "
+        "only to authorized_cidr.",
+        enum=["dns", "ip"],
+    )
     namespace: str = _param("default", "Cluster", "Namespace", "Kubernetes namespace of the workloads.")
     pw_cpu_machine_type: str = _param(
         "c4d-standard-96",
@@ -95,8 +105,9 @@ class RunConfig:
         "0.0.0.0/0",
         "Cluster",
         "Authorized network",
-        "CIDR allowed to reach the control plane of a created cluster. The tutorial's 0.0.0.0/0 is open to "
-        "the world: narrow it to your network.",
+        "CIDR allowed to reach the IP endpoint of a created cluster's control plane (the DNS endpoint is "
+        "gated by IAM instead). The tutorial's 0.0.0.0/0 is open to the world: narrow it to your network; "
+        "with control_plane_endpoint 'ip' it must admit Airflow's egress address.",
     )
     kueue_queue_name: str = _param(
         "",
@@ -309,6 +320,11 @@ class RunConfig:
         return self.cluster_mode == "create"
 
     @property
+    def uses_dns_endpoint(self) -> bool:
+        """Airflow reaches the GKE cluster through its DNS-based control-plane endpoint."""
+        return self.control_plane_endpoint == "dns"
+
+    @property
     def tpu_pools_per_run(self) -> bool:
         """tpu_pool_mode=per_run: the run creates its TPU pools just before training and deletes them after."""
         return self.tpu_pool_mode == "per_run"
@@ -406,6 +422,10 @@ def _validate(c: RunConfig):
     for spec in dataclasses.fields(c):
         if spec.default is None and not getattr(c, spec.name):
             yield Problem(spec.name, "is required", f"set {spec.name} ({spec.metadata['description']})")
+        choices = spec.metadata["schema"].get("enum")
+        if choices and getattr(c, spec.name) not in choices:
+            yield Problem(spec.name, f"'{getattr(c, spec.name)}' is not one of its choices",
+                          f"use {' or '.join(repr(x) for x in choices)}")
     if c.project and not _PROJECT.fullmatch(c.project):
         yield Problem("project", f"'{c.project}' is not a project ID", "use 6-30 lowercase letters, digits, dashes")
     if c.region and not _REGION.fullmatch(c.region):

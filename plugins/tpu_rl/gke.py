@@ -31,7 +31,7 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
     pools = [system_pool(config), cpu_pool(config)]
     if config.tpu_pools_with_cluster:
         pools += [tpu_node_pool(config, run, i) for i in range(config.cluster_nodepool_count)]
-    return {
+    body = {
         "name": config.cluster_name,
         "resource_labels": {GKE_LABEL_RUN_KEY: run.key},
         "release_channel": {"channel": "REGULAR"},
@@ -46,6 +46,12 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
         },
         "node_pools": pools,
     }
+    if config.uses_dns_endpoint:
+        # GKE's DNS-based endpoint (gcloud --enable-dns-access): reached from anywhere Google's APIs are,
+        # with IAM (container.clusters.connect) instead of an IP allow-list; the authorized networks above
+        # gate only the IP endpoint. Cloud Composer 3 has no fixed egress address to allow-list.
+        body["control_plane_endpoints_config"] = {"dns_endpoint_config": {"allow_external_traffic": True}}
+    return body
 
 
 def _upgrade_exclusion(now: datetime) -> dict[str, Any]:

@@ -34,6 +34,7 @@ class RunJobSetOperator(JobSetOperator):
         self.namespace = config.namespace
         self.kubernetes_conn_id, self.gcp_conn_id = target.kubernetes_conn_id, target.gcp_conn_id
         self.project_id, self.location, self.cluster_name = target.project_id, target.location, target.cluster_name
+        self.use_dns_endpoint = target.use_dns_endpoint
 
     def execute(self, context: Any) -> dict | None:
         self._aim(context)

@@ -3,7 +3,8 @@
 The session fixture starts the simulation with sim/up.sh when sim/status.sh says it is not up (never
 skips) and stops it at the end only if it was down before. The operators reach the emulator as they
 would reach GKE: the provider's GKEHook with the ``google_cloud_default`` connection of .sim/airflow.env
-(a service-account key), gRPC through the simulation's egress proxy (``grpc_proxy``).
+(a service-account key), gRPC and a cluster's DNS endpoint through the simulation's egress proxy
+(``grpc_proxy``, ``HTTPS_PROXY``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
 #: What the operators and the clients need from .sim/airflow.env.
 ENV_KEYS = ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "AIRFLOW_CONN_HUGGINGFACE_DEFAULT", "STORAGE_EMULATOR_HOST",
-            "grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")
+            "grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "HTTPS_PROXY", "NO_PROXY", "SSL_CERT_FILE")
 
 
 @pytest.fixture(scope="session")

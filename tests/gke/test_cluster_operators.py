@@ -8,6 +8,7 @@ event. The emulator refuses what GKE refuses, so these tests also prove the pipe
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 import uuid
 from types import SimpleNamespace
@@ -105,6 +106,30 @@ def test_create_cluster_labels_it_with_the_run_and_waits_deferred(gke, created):
     assert {p.name for p in cluster.node_pools} == {"system", "cpu-np"}
     [exclusion] = cluster.maintenance_policy.window.maintenance_exclusions.values()
     assert exclusion.maintenance_exclusion_options.scope.name == "NO_MINOR_OR_NODE_UPGRADES"
+
+
+def test_the_pipeline_reaches_a_created_cluster_through_its_dns_endpoint(gke, created):
+    """control_plane_endpoint 'dns' (the default): the created cluster allows its DNS-based endpoint and every
+    Kubernetes call goes there, trusting the public CA, not the cluster's; 'ip' reaches the IP endpoint."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    run, _ = created
+    dns = get_cluster(gke, run.params["cluster_name"]).control_plane_endpoints_config.dns_endpoint_config
+    assert dns.allow_external_traffic and dns.endpoint.endswith(".us-east5.gke.goog")
+    hook = _hook_for(run)
+    assert hook.gke_endpoint[0] == f"https://{dns.endpoint}"
+    assert {n.metadata.labels["cloud.google.com/gke-nodepool"] for n in hook.list_nodes("")} == {"system", "cpu-np"}
+
+    # The cluster CA signs only the IP endpoint: a client that pins it for the DNS name is refused.
+    pinned = ssl.create_default_context(cadata=base64.b64decode(hook.gke_endpoint[1]).decode())
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(f"https://{dns.endpoint}/version", context=pinned, timeout=10)
+
+    ip_hook = _hook_for(Run(**{**run.params, "control_plane_endpoint": "ip"}))
+    assert ip_hook.gke_endpoint[0].startswith("https://127.0.0.1:")
+    assert len(ip_hook.list_nodes("")) == len(hook.list_nodes(""))
 
 
 def test_a_retry_adopts_the_cluster_its_first_try_created(created):

@@ -33,7 +33,8 @@ CLUSTER_PATH = f"{PARENT}/clusters/{CLUSTER}"
 @pytest.fixture(scope="module")
 def gke_env(sim):
     """The variables .sim/airflow.env gives Airflow: the proxy, the CA, the service-account connection."""
-    names = ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT")
+    names = ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "HTTPS_PROXY",
+             "NO_PROXY", "SSL_CERT_FILE")
     saved = {n: os.environ.get(n) for n in names}
     for n in names:
         os.environ[n] = sim.env[n]
@@ -219,6 +220,36 @@ def test_operations_are_listed(client, cluster):
     mine = [o for o in ops if o.target_link.endswith(f"/clusters/{CLUSTER}") or f"/clusters/{CLUSTER}/" in o.target_link]
     assert {o.operation_type.name for o in mine} >= {"CREATE_CLUSTER", "CREATE_NODE_POOL", "DELETE_NODE_POOL"}
     assert all(o.status.name == "DONE" for o in mine)
+
+
+def test_dns_endpoint_refuses_user_traffic_unless_the_cluster_allows_it(hook, cluster):
+    """The module's cluster was created without control_plane_endpoints_config: its DNS name exists (GKE
+    always sets one) but refuses user traffic, and the pipeline says which setting to change, before any
+    Kubernetes call."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    from tpu_rl.compat import AirflowFailException
+    from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
+
+    got = hook.get_cluster(name=cluster, project_id=PROJECT)
+    dns = got.control_plane_endpoints_config.dns_endpoint_config
+    assert dns.endpoint == f"gke-{got.id}.{REGION}.gke.goog" and not dns.allow_external_traffic
+
+    target = dict(project_id=PROJECT, location=REGION, cluster_name=cluster, gcp_conn_id="google_cloud_default")
+    with pytest.raises(AirflowFailException, match="control_plane_endpoint: .*--enable-dns-access"):
+        JobSetHook(ClusterTarget(**target, use_dns_endpoint=True)).gke_endpoint
+    # Through the IP endpoint the same cluster answers.
+    assert JobSetHook(ClusterTarget(**target)).list_nodes("cloud.google.com/gke-nodepool=system")
+
+    # The front end itself refuses, whatever the client: 403 with the reason.
+    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook
+
+    kube = GKEKubernetesHook(cluster_url=f"https://{dns.endpoint}", ssl_ca_cert=got.master_auth.cluster_ca_certificate,
+                             use_dns_endpoint=True, gcp_conn_id="google_cloud_default")
+    with pytest.raises(ApiException) as refused:
+        k8s.CoreV1Api(kube.get_conn()).list_node()
+    assert refused.value.status == 403 and "allowExternalTraffic is false" in refused.value.body
 
 
 def test_cluster_delete_stops_its_control_plane(hook, client, cluster):

@@ -192,3 +192,28 @@ def test_v5p_topologies_gke_offers(tutorial_conf, topology):
 def test_v5p_topologies_gke_refuses(tutorial_conf):
     problems = problems_for(tutorial_conf, tpu_type="v5p-96", topology="2x4x6", compute_type="ct5p-hightpu-4t")
     assert "'2x4x6' is not a v5p topology" in problems["topology"]
+
+
+def test_choices_are_checked_outside_the_form(tutorial_conf):
+    """The plan command and the REST API bypass the form's enum: the config refuses a value it cannot act on."""
+    problems = problems_for(tutorial_conf, control_plane_endpoint="public", cluster_mode="reuse")
+    assert problems["control_plane_endpoint"] == "control_plane_endpoint: 'public' is not one of its choices; fix: use 'dns' or 'ip'."
+    assert "cluster_mode" in problems
+
+
+def test_a_created_cluster_is_reached_through_its_dns_endpoint_unless_ip_is_asked(tutorial_conf):
+    """Composer 3 has no fixed egress address for authorized networks: the DNS endpoint is the default."""
+    from datetime import datetime, timezone
+
+    from tpu_rl.gke import cluster_body
+    from tpu_rl.hooks.cluster import cluster_target
+    from tpu_rl.run import RunIdentity
+
+    run, now = RunIdentity("maxtext_rl_tpu", "manual__1"), datetime(2026, 12, 1, tzinfo=timezone.utc)
+    config = RunConfig.from_params(tutorial_conf)
+    assert cluster_body(config, run, now)["control_plane_endpoints_config"] == {
+        "dns_endpoint_config": {"allow_external_traffic": True}}
+    assert cluster_target(config).use_dns_endpoint
+    ip = RunConfig.from_params({**tutorial_conf, "control_plane_endpoint": "ip"})
+    assert "control_plane_endpoints_config" not in cluster_body(ip, run, now)
+    assert not cluster_target(ip).use_dns_endpoint

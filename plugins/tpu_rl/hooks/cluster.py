@@ -21,6 +21,7 @@ def cluster_target(config: RunConfig) -> ClusterTarget:
         location=config.region,
         cluster_name=config.cluster_name,
         gcp_conn_id=config.gcp_conn_id,
+        use_dns_endpoint=config.uses_dns_endpoint,
     )
 
 

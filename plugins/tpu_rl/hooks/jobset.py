@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.utils.log.logging_mixin import LoggingMixin
 
-from tpu_rl.compat import AirflowException
+from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.vocabulary import (
     JOBSET_API,
     JOBSET_GROUP,
@@ -78,21 +78,30 @@ class JobSetHook(LoggingMixin):
 
     @cached_property
     def gke_endpoint(self) -> tuple[str, str]:
-        """(API server URL, CA certificate) of the GKE cluster, as the GKE API reports them."""
+        """(API server URL, CA certificate) of the GKE cluster, as the GKE API reports them; the DNS-based
+        endpoint when the target asks for it (refused with the fix when the cluster does not serve it)."""
         from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
-        from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
 
         t = self.target
-        cluster_hook = GKEHook(
+        cluster = GKEHook(
             gcp_conn_id=t.gcp_conn_id, location=t.location, impersonation_chain=t.impersonation_chain
-        )
-        return GKEClusterAuthDetails(
-            cluster_name=t.cluster_name,
-            project_id=t.project_id,
-            use_internal_ip=t.use_internal_ip,
-            use_dns_endpoint=t.use_dns_endpoint,
-            cluster_hook=cluster_hook,
-        ).fetch_cluster_info()
+        ).get_cluster(name=t.cluster_name, project_id=t.project_id)
+        if t.use_dns_endpoint:
+            dns = cluster.control_plane_endpoints_config.dns_endpoint_config
+            if not (dns.endpoint and dns.allow_external_traffic):
+                raise AirflowFailException(
+                    f"control_plane_endpoint: cluster {t.cluster_name} does not allow access through its DNS-based "
+                    "endpoint (controlPlaneEndpointsConfig.dnsEndpointConfig.allowExternalTraffic is off). Enable "
+                    f"it: `gcloud container clusters update {t.cluster_name} --location {t.location} "
+                    "--enable-dns-access`, or set control_plane_endpoint to 'ip' (its authorized networks must "
+                    "then admit Airflow's egress address)."
+                )
+            url = f"https://{dns.endpoint}"
+        elif t.use_internal_ip:
+            url = f"https://{cluster.private_cluster_config.private_endpoint}"
+        else:
+            url = f"https://{cluster.endpoint}"
+        return url, cluster.master_auth.cluster_ca_certificate
 
     @cached_property
     def kube_hook(self):
