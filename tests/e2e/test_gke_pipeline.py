@@ -68,7 +68,9 @@ def runs(airflow, gke):
         # No v6e capacity in the zone when the pool is created.
         "stockout": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-stockout-{suffix}"},
         # A cluster someone else created, with a pool of theirs: adopted, used, left as it was.
-        "foreign": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-foreign-{suffix}"},
+        # A cluster made without the DNS endpoint's user access: the run reaches it through its IP endpoint.
+        "foreign": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-foreign-{suffix}",
+                    "control_plane_endpoint": "ip"},
     }
     run_ids = {name: f"e2e__gke_{name}__{suffix}" for name in scenarios}
     stockout_pools = f"tpu-{RunIdentity(DAG_ID, run_ids['stockout']).key}-"

@@ -33,6 +33,20 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     assert len(dag.tasks) == 20
 
 
+def test_the_plugin_manager_does_not_import_the_package_a_second_time():
+    """Airflow imports every .py file of the plugins folder as a top-level module (so ``config``, ``run``,
+    three ``jobset`` modules, ...) while looking for plugins: plugins/.airflowignore keeps it out of tpu_rl/,
+    which the DAG and the triggerer import as the package."""
+    import subprocess
+    import sys
+
+    probe = ("from airflow import plugins_manager as pm; pm.ensure_plugins_loaded(); import sys; "
+             "print(sorted(m for m in ('config', 'run', 'gke', 'jobset', 'manifests', 'jobset_status') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert "tpu_rl/" in (REPO / "plugins/.airflowignore").read_text().splitlines()
+
+
 def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):
     """hf_to_maxtext skips a complete checkpoint itself (no separate check task); the record's values are typed."""
     from tpu_rl.workloads import RunTrainingRecordCheckOperator
