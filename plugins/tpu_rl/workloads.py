@@ -12,12 +12,10 @@ from typing import Any
 from tpu_rl import jobset_status as st
 from tpu_rl import manifests
 from tpu_rl.compat import AirflowException, AirflowSkipException, TaskDeferred
-from tpu_rl.hooks.cluster import cluster_target
 from tpu_rl.hooks.gcs import GcsLock, storage_client
 from tpu_rl.operators.jobset import JobSetOperator
 from tpu_rl.operators.outputs import TrainingRecordCheckOperator, check_training_record, orbax_step_verdict
-from tpu_rl.run import training_record
-from tpu_rl.run_context import config_of, layout_of, run_of
+from tpu_rl.run_scope import RunScope, RunScoped
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
@@ -25,23 +23,20 @@ XCOM_ATTEMPT_PREFIX = "attempt_prefix"
 XCOM_SUBMITTED_AT = "submitted_at"
 
 
-class RunJobSetOperator(JobSetOperator):
-    """Targets the cluster named by the run's params (a Kubernetes connection, or GKE)."""
+class RunJobSetOperator(RunScoped, JobSetOperator):
+    """A JobSet stage of the run: aimed at the cluster its params name (a Kubernetes connection, or GKE), in
+    their namespace, with the manifest :meth:`stage_manifest` builds from its scope, once per task
+    execution (the Rendered Template view shows both)."""
 
-    def _aim(self, context: Any) -> None:
-        config = config_of(context)
-        target = cluster_target(config)
-        self.namespace = config.namespace
+    def stage_manifest(self, scope: RunScope, context: Any) -> dict:
+        raise NotImplementedError
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        target = scope.cluster_target
+        self.namespace = scope.config.namespace
         self.kubernetes_conn_id, self.gcp_conn_id = target.kubernetes_conn_id, target.gcp_conn_id
         self.project_id, self.location, self.cluster_name = target.project_id, target.location, target.cluster_name
-
-    def execute(self, context: Any) -> dict | None:
-        self._aim(context)
-        return super().execute(context)
-
-    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any):
-        self._aim(context)
-        return super().resume_execution(next_method, next_kwargs, context)
+        self.manifest = self.stage_manifest(scope, context)
 
 
 class HfToMaxTextOperator(RunJobSetOperator):
@@ -77,8 +72,8 @@ class HfToMaxTextOperator(RunJobSetOperator):
         self.items = list(items)
         self._context: Any = None
 
-    def build_manifest(self, context: Any) -> dict:
-        return manifests.hf_to_maxtext_jobset(config_of(context), run_of(context))
+    def stage_manifest(self, scope: RunScope, context: Any) -> dict:
+        return manifests.hf_to_maxtext_jobset(scope.config, scope.run)
 
     # -- the lock ---------------------------------------------------------------------------------
 
@@ -88,17 +83,17 @@ class HfToMaxTextOperator(RunJobSetOperator):
         return (limit + self.lock_stale_margin).total_seconds()
 
     def _lock(self, context: Any):
-        config, ti = config_of(context), context["ti"]
-        client = storage_client(config.gcp_conn_id)
+        scope, ti = self.bind_scope(context), context["ti"]
+        client = storage_client(scope.config.gcp_conn_id)
         owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
         return GcsLock(
-            client, config.gcs_bucket, layout_of(context).conversion_lock_object, owner, self.stale_after, self.log
+            client, scope.config.gcs_bucket, scope.layout.conversion_lock_object, owner, self.stale_after, self.log
         )
 
     def _step(self, context: Any) -> tuple[str, Any]:
-        config = config_of(context)
+        scope = self.bind_scope(context)
         return orbax_step_verdict(
-            config.gcs_bucket, layout_of(context).converted_step_prefix, self.items, config.gcp_conn_id
+            scope.config.gcs_bucket, scope.layout.converted_step_prefix, self.items, scope.config.gcp_conn_id
         )
 
     def _skip(self, context: Any, reason: str) -> None:
@@ -144,20 +139,20 @@ class HfToMaxTextOperator(RunJobSetOperator):
     def _wait_for_holder(self, context: Any, lock: Any, holder: dict) -> None:
         from tpu_rl.triggers.checkpoints import ConversionLockTrigger
 
-        config, remaining = config_of(context), self._remaining_time(context)
+        scope, remaining = self.bind_scope(context), self._remaining_time(context)
         # The trigger gives up a minute before the task's own limit, with a message naming the holder.
         deadline = time.time() + (remaining.total_seconds() - 60 if remaining else 10 * 365 * 86400)
         self.defer(
             trigger=ConversionLockTrigger(
-                config.gcs_bucket,
-                layout_of(context).converted_step_prefix,
+                scope.config.gcs_bucket,
+                scope.layout.converted_step_prefix,
                 items=self.items,
                 lock_object=lock.name,
                 holder=holder,
                 stale_after=self.stale_after,
                 deadline=deadline,
                 poll_interval=self.lock_poll_interval,
-                gcp_conn_id=config.gcp_conn_id,
+                gcp_conn_id=scope.config.gcp_conn_id,
             ),
             method_name="lock_wait_complete",
             timeout=remaining,
@@ -231,39 +226,37 @@ class TrainRlOperator(RunJobSetOperator):
     """Trains; before it submits a new JobSet (not when it adopts a running or Completed one) it checks the
     run's training record, so a retry or a clear of ``train_rl`` never resumes with changed parameters."""
 
-    def build_manifest(self, context: Any) -> dict:
-        return manifests.training_jobset(config_of(context), run_of(context))
+    def stage_manifest(self, scope: RunScope, context: Any) -> dict:
+        return manifests.training_jobset(scope.config, scope.run)
 
     def execute(self, context: Any) -> dict | None:
-        self._aim(context)
-        meta = self.build_manifest(context)["metadata"]
+        scope = self.bind_scope(context)
+        meta = self.manifest["metadata"]
         existing = self.hook.get_jobset(meta["name"], meta.get("namespace") or self.namespace)
         condition = st.terminal_condition(existing) if existing else None
         adopting = existing is not None and not existing["metadata"].get("deletionTimestamp") and (
             condition is None or condition["type"] == st.COMPLETED
         )
         if not adopting:
-            config = config_of(context)
+            config = scope.config
             check_training_record(
-                config.gcs_bucket, layout_of(context).training_record_object, training_record(config), self.log,
+                config.gcs_bucket, scope.layout.training_record_object, scope.training_record, self.log,
                 config.gcp_conn_id,
             )
         return super().execute(context)
 
 
-class RunTrainingRecordCheckOperator(TrainingRecordCheckOperator):
+class RunTrainingRecordCheckOperator(RunScoped, TrainingRecordCheckOperator):
     """``check_training_record`` of the DAG: the run's bucket, record object and :func:`~tpu_rl.run.training_record`
     (typed values), filled in when the task renders, so the Rendered Template view shows them."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(bucket="", record_object="", parameters={}, **kwargs)
 
-    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
-        super().render_template_fields(context, jinja_env)
-        config = config_of(context)
-        self.bucket, self.gcp_conn_id = config.gcs_bucket, config.gcp_conn_id
-        self.record_object = layout_of(context).training_record_object
-        self.parameters = training_record(config)
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        self.bucket, self.gcp_conn_id = scope.config.gcs_bucket, scope.config.gcp_conn_id
+        self.record_object = scope.layout.training_record_object
+        self.parameters = scope.training_record
 
 
 class MaxTextToHfOperator(RunJobSetOperator):
@@ -273,17 +266,17 @@ class MaxTextToHfOperator(RunJobSetOperator):
         super().__init__(**kwargs)
         self.step_task_id = step_task_id
 
-    def build_manifest(self, context: Any) -> dict:
+    def stage_manifest(self, scope: RunScope, context: Any) -> dict:
         step = context["ti"].xcom_pull(task_ids=self.step_task_id)
         if step is None:
             raise ValueError(f"No final training step from task {self.step_task_id}")
-        prefix = layout_of(context).export_attempt_prefix(context["ti"].try_number)
-        return manifests.maxtext_to_hf_jobset(config_of(context), run_of(context), int(step), prefix)
+        prefix = scope.layout.export_attempt_prefix(scope.try_number)
+        return manifests.maxtext_to_hf_jobset(scope.config, scope.run, int(step), prefix)
 
     def _track(self, context: Any, jobset: dict) -> None:
         """An adopted JobSet writes where the try that submitted it told it to: publish that prefix."""
         super()._track(context, jobset)
         meta = jobset["metadata"]
         submitted_try = int((meta.get("annotations") or {}).get(ANNOTATION_SUBMITTED_TRY) or context["ti"].try_number)
-        context["ti"].xcom_push(key=XCOM_ATTEMPT_PREFIX, value=layout_of(context).export_attempt_prefix(submitted_try))
+        context["ti"].xcom_push(key=XCOM_ATTEMPT_PREFIX, value=self.scope.layout.export_attempt_prefix(submitted_try))
         context["ti"].xcom_push(key=XCOM_SUBMITTED_AT, value=meta.get("creationTimestamp"))

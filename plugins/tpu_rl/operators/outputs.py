@@ -16,6 +16,7 @@ from tpu_rl.checkpoints import Verdict, training_record_changes
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.hooks import gcs
 from tpu_rl.hooks.gcs import GcsReadHook
+from tpu_rl.run_scope import RunScope, RunScoped
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset, Context
@@ -182,3 +183,16 @@ class PublishHfExportOperator(BaseOperator):
         }
         self.log.info("Published %d objects to %s", len(published), uri)
         return uri
+
+
+class RunPublishHfExportOperator(RunScoped, PublishHfExportOperator):
+    """The DAG's ``publish_export``: into the run's bucket and export prefix, naming the run's training folder
+    as the source (the verified attempt and the final step come from XCom)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(bucket="", destination_prefix="", source_run="", **kwargs)
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        layout = scope.layout
+        self.bucket, self.gcp_conn_id = scope.config.gcs_bucket, scope.config.gcp_conn_id
+        self.destination_prefix, self.source_run = layout.export_prefix, layout.uri(layout.training_prefix)
