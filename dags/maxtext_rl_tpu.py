@@ -33,12 +33,20 @@ from tpu_rl.operators.cluster import (
     DeleteClusterOperator,
     DeleteTpuNodePoolsOperator,
 )
-from tpu_rl.operators.outputs import RunPublishHfExportOperator
+from tpu_rl.operators.publish import RunPublishHfExportOperator
 from tpu_rl.operators.setup import (
     CreateHfTokenSecretOperator,
     EnsureBucketOperator,
     EnsureJobSetOperator,
     ValidateRunConfigOperator,
+)
+from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
+from tpu_rl.operators.workloads import (
+    XCOM_ATTEMPT_PREFIX,
+    XCOM_SUBMITTED_AT,
+    HfToMaxTextOperator,
+    MaxTextToHfOperator,
+    TrainRlOperator,
 )
 from tpu_rl.params import trigger_params
 from tpu_rl.run import DAG_ID
@@ -46,14 +54,6 @@ from tpu_rl.sensors.checkpoints import (
     RunConvertedCheckpointSensor,
     RunFinalTrainingCheckpointSensor,
     RunHfExportSensor,
-)
-from tpu_rl.workloads import (
-    XCOM_ATTEMPT_PREFIX,
-    XCOM_SUBMITTED_AT,
-    HfToMaxTextOperator,
-    MaxTextToHfOperator,
-    RunTrainingRecordCheckOperator,
-    TrainRlOperator,
 )
 
 #: Downstream DAGs (serving, evaluation) schedule on this; each event's extra has uri, final_step, source_run.

@@ -35,7 +35,7 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
 
 def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):
     """hf_to_maxtext skips a complete checkpoint itself (no separate check task); the record's values are typed."""
-    from tpu_rl.workloads import RunTrainingRecordCheckOperator
+    from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
 
     assert "check_converted" not in dag.task_ids
     assert [t.task_id for t in dag.get_task("hf_to_maxtext").upstream_list] == ["hf_token_secret"]

@@ -13,9 +13,9 @@ from typing import Any
 from tpu_rl import jobset_status as st
 from tpu_rl import manifests
 from tpu_rl.compat import AirflowException, AirflowSkipException
-from tpu_rl.hooks.gcs import GcsLock, storage_client
+from tpu_rl.hooks.gcs import GcsLock, orbax_step_verdict, storage_client
 from tpu_rl.operators.jobset import JobSetOperator
-from tpu_rl.operators.outputs import TrainingRecordCheckOperator, check_training_record, orbax_step_verdict
+from tpu_rl.operators.training_record import check_training_record
 from tpu_rl.run_scope import RunScope, RunScoped
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
@@ -228,19 +228,6 @@ class TrainRlOperator(RunJobSetOperator):
             config.gcs_bucket, self.scope.layout.training_record_object, self.scope.training_record, self.log,
             config.gcp_conn_id,
         )
-
-
-class RunTrainingRecordCheckOperator(RunScoped, TrainingRecordCheckOperator):
-    """``check_training_record`` of the DAG: the run's bucket, record object and :func:`~tpu_rl.run.training_record`
-    (typed values), filled in when the task renders, so the Rendered Template view shows them."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(bucket="", record_object="", parameters={}, **kwargs)
-
-    def resolve_scope(self, scope: RunScope, context: Any) -> None:
-        self.bucket, self.gcp_conn_id = scope.config.gcs_bucket, scope.config.gcp_conn_id
-        self.record_object = scope.layout.training_record_object
-        self.parameters = scope.training_record
 
 
 class MaxTextToHfOperator(RunJobSetOperator):
