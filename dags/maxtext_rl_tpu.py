@@ -26,7 +26,6 @@ from datetime import timedelta
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Asset
 
-from tpu_rl.macros import MACROS
 from tpu_rl.operators.cluster import (
     ClusterReadySensor,
     CreateClusterOperator,
@@ -34,31 +33,32 @@ from tpu_rl.operators.cluster import (
     DeleteClusterOperator,
     DeleteTpuNodePoolsOperator,
 )
-from tpu_rl.operators.outputs import PublishHfExportOperator
+from tpu_rl.operators.publish import RunPublishHfExportOperator
 from tpu_rl.operators.setup import (
     CreateHfTokenSecretOperator,
     EnsureBucketOperator,
     EnsureJobSetOperator,
     ValidateRunConfigOperator,
 )
-from tpu_rl.params import trigger_params
-from tpu_rl.run import DAG_ID
-from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
-from tpu_rl.workloads import (
+from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
+from tpu_rl.operators.workloads import (
     XCOM_ATTEMPT_PREFIX,
     XCOM_SUBMITTED_AT,
     HfToMaxTextOperator,
     MaxTextToHfOperator,
-    RunTrainingRecordCheckOperator,
     TrainRlOperator,
+)
+from tpu_rl.params import trigger_params
+from tpu_rl.run import DAG_ID
+from tpu_rl.sensors.checkpoints import (
+    RunConvertedCheckpointSensor,
+    RunFinalTrainingCheckpointSensor,
+    RunHfExportSensor,
 )
 
 #: Downstream DAGs (serving, evaluation) schedule on this; each event's extra has uri, final_step, source_run.
 EXPORTED_MODEL = Asset(name="maxtext_rl_tpu_hf_model")
 
-LAYOUT = "run_layout(params, dag.dag_id, run_id)"
-BUCKET = "{{ params.gcs_bucket }}"
-GCP_CONN = "{{ params.gcp_conn_id }}"
 CLEANUP_RETRIES = {"retries": 10, "retry_delay": timedelta(minutes=2)}
 
 with DAG(
@@ -68,7 +68,6 @@ with DAG(
     schedule=None,
     catchup=False,
     params=trigger_params(),
-    user_defined_macros=MACROS,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "execution_timeout": timedelta(hours=1)},
     tags=["maxtext", "tpu", "gke", "rl"],
 ) as dag:
@@ -85,13 +84,8 @@ with DAG(
     # Skips when the shared base checkpoint is complete; else converts under a lock in the bucket, or waits
     # (deferred) while another run converts it.
     hf_to_maxtext = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4))
-    verify_converted = OrbaxCheckpointSensor(
-        task_id="verify_converted",
-        trigger_rule="none_failed",
-        bucket=BUCKET,
-        prefix=f"{{{{ {LAYOUT}.converted_step_prefix }}}}",
-        gcp_conn_id=GCP_CONN,
-        timeout=timedelta(minutes=30),
+    verify_converted = RunConvertedCheckpointSensor(
+        task_id="verify_converted", trigger_rule="none_failed", timeout=timedelta(minutes=30)
     )
 
     # Fails the run before TPU pools exist; train_rl repeats the same check before every submission.
@@ -102,14 +96,9 @@ with DAG(
     create_tpu_pools = CreateTpuNodePoolsOperator(task_id="create_tpu_pools", execution_timeout=timedelta(hours=2))
     train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
     delete_tpu_pools = DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", **CLEANUP_RETRIES)
-    verify_training = FinalTrainingCheckpointSensor(
+    verify_training = RunFinalTrainingCheckpointSensor(
         task_id="verify_training",
-        bucket=BUCKET,
-        prefix=f"{{{{ {LAYOUT}.actor_checkpoints_prefix }}}}",
-        train_steps="{{ run_config(params).train_steps }}",
-        checkpoint_period="{{ params.checkpoint_period }}",
         trainer_log=f"{{{{ (ti.xcom_pull(task_ids='{train.task_id}') or {{}}).get('log_tail', []) | join('\\n') }}}}",
-        gcp_conn_id=GCP_CONN,
         timeout=timedelta(minutes=30),
     )
 
@@ -117,23 +106,17 @@ with DAG(
         task_id="maxtext_to_hf", step_task_id=verify_training.task_id, execution_timeout=timedelta(hours=4)
     )
     export_attempt = f"ti.xcom_pull(task_ids='{maxtext_to_hf.task_id}', key='{{key}}')"
-    verify_export = HfExportSensor(
+    verify_export = RunHfExportSensor(
         task_id="verify_export",
-        bucket=BUCKET,
         prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
         not_before="{{ " + export_attempt.format(key=XCOM_SUBMITTED_AT) + " }}",
-        gcp_conn_id=GCP_CONN,
         timeout=timedelta(minutes=30),
     )
-    publish_export = PublishHfExportOperator(
+    publish_export = RunPublishHfExportOperator(
         task_id="publish_export",
-        bucket=BUCKET,
         source_prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
-        destination_prefix=f"{{{{ {LAYOUT}.export_prefix }}}}",
         asset=EXPORTED_MODEL,
         final_step=f"{{{{ ti.xcom_pull(task_ids='{verify_training.task_id}') }}}}",
-        source_run=f"{{{{ {LAYOUT}.uri({LAYOUT}.training_prefix) }}}}",
-        gcp_conn_id=GCP_CONN,
     )
     delete_cluster = DeleteClusterOperator(task_id="delete_cluster", **CLEANUP_RETRIES)
     done = EmptyOperator(task_id="pipeline_done")

@@ -418,7 +418,17 @@ _OWN_TRAIN_KEYS = {
     "checkpoint_period", "scan_layers",
 }
 
+
 def _validate(c: RunConfig):
+    """Every problem of the config, rule group by rule group (always in the same order)."""
+    for rules in (_validate_required, _validate_cloud_names, _validate_cluster_access, _validate_model,
+                  _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice):
+        yield from rules(c)
+
+
+def _validate_required(c: RunConfig):
+    """Fields without a default, and fields with a fixed set of choices (the form checks them; the plan
+    command and the REST API do not)."""
     for spec in dataclasses.fields(c):
         if spec.default is None and not getattr(c, spec.name):
             yield Problem(spec.name, "is required", f"set {spec.name} ({spec.metadata['description']})")
@@ -426,6 +436,10 @@ def _validate(c: RunConfig):
         if choices and getattr(c, spec.name) not in choices:
             yield Problem(spec.name, f"'{getattr(c, spec.name)}' is not one of its choices",
                           f"use {' or '.join(repr(x) for x in choices)}")
+
+
+def _validate_cloud_names(c: RunConfig):
+    """Project, region, zone, cluster and bucket: names GCP accepts."""
     if c.project and not _PROJECT.fullmatch(c.project):
         yield Problem("project", f"'{c.project}' is not a project ID", "use 6-30 lowercase letters, digits, dashes")
     if c.region and not _REGION.fullmatch(c.region):
@@ -445,6 +459,10 @@ def _validate(c: RunConfig):
             "use 3-63 lowercase letters, digits, dashes, underscores or dots, starting and ending with a letter "
             "or digit, not starting with 'goog'",
         )
+
+
+def _validate_cluster_access(c: RunConfig):
+    """How the cluster is reached and which TPU pools a run may create in it; the namespace."""
     if c.kubernetes_conn_id and c.creates_cluster:
         yield Problem(
             "kubernetes_conn_id",
@@ -465,6 +483,10 @@ def _validate(c: RunConfig):
         )
     if not _K8S_NAME.fullmatch(c.namespace):
         yield Problem("namespace", f"'{c.namespace}' is not a Kubernetes namespace name", "use lowercase letters, digits, dashes")
+
+
+def _validate_model(c: RunConfig):
+    """The model MaxText knows, its Hugging Face repo, the conversion pod's resources."""
     if c.model_name not in SUPPORTED_MODELS:
         yield Problem("model_name", f"'{c.model_name}' is not a supported MaxText model", f"use one of {', '.join(SUPPORTED_MODELS)}")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", c.hf_model_path):
@@ -472,6 +494,10 @@ def _validate(c: RunConfig):
     for name in ("conversion_cpu", "conversion_memory"):
         if not _QUANTITY.fullmatch(getattr(c, name)):
             yield Problem(name, f"'{getattr(c, name)}' is not a Kubernetes quantity", "use e.g. 32 or 256Gi")
+
+
+def _validate_node_identity(c: RunConfig):
+    """The service account of the nodes this run creates."""
     if c.creates_node_pools and not c.kubernetes_conn_id and not _SERVICE_ACCOUNT.fullmatch(c.node_service_account):
         yield Problem(
             "node_service_account",
@@ -480,7 +506,10 @@ def _validate(c: RunConfig):
             "give the email of a service account with bucket access that the Airflow identity may act as "
             "(roles/iam.serviceAccountUser); the Compute Engine default account is refused on purpose",
         )
-    yield from _validate_conversion(c)
+
+
+def _validate_workloads(c: RunConfig):
+    """The JobSet release installed, the JobSet names Pathways accepts, vLLM's HBM share."""
     if c.jobset_version not in shipped_versions():
         yield Problem(
             "jobset_version", f"'{c.jobset_version}' is not shipped with this package",
@@ -496,7 +525,6 @@ def _validate(c: RunConfig):
         )
     if not 0 < c.hbm_utilization_vllm <= 1:
         yield Problem("hbm_utilization_vllm", f"{c.hbm_utilization_vllm} is outside (0, 1]", "use e.g. 0.65")
-    yield from _validate_slice(c)
 
 
 def _validate_conversion(c: RunConfig):

@@ -18,7 +18,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, T
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from checkpoint_writers import put, write_hf_export, write_orbax_step
-from tpu_rl.operators.outputs import PublishHfExportOperator, TrainingRecordCheckOperator
+from tpu_rl.operators.publish import PublishHfExportOperator
+from tpu_rl.operators.training_record import TrainingRecordCheckOperator
 from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
 from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
 

@@ -15,10 +15,10 @@ from airflow.sdk import DAG, Asset, task
 from checkpoint_writers import write_hf_export, write_orbax_step
 from conversion_fakes import InMemoryJobSets, jobset_event, layout, run_conf
 from tpu_rl.operators.jobset import XCOM_JOBSET
-from tpu_rl.operators.outputs import PublishHfExportOperator
+from tpu_rl.operators.publish import PublishHfExportOperator
 from tpu_rl.sensors.checkpoints import HfExportSensor, OrbaxCheckpointSensor
 from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
-from tpu_rl.workloads import HfToMaxTextOperator
+from tpu_rl.operators.workloads import HfToMaxTextOperator
 
 pytestmark = [pytest.mark.checkpoints, pytest.mark.usefixtures("metadata_db")]
 

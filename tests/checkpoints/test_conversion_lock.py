@@ -28,7 +28,7 @@ from conversion_fakes import InMemoryJobSets, context, jobset_event, layout
 from tpu_rl.operators.jobset import JobSetFailedError
 from tpu_rl.triggers.checkpoints import ConversionLockTrigger
 from tpu_rl.triggers.jobset import JobSetTrigger
-from tpu_rl.workloads import HfToMaxTextOperator, TrainRlOperator
+from tpu_rl.operators.workloads import HfToMaxTextOperator, TrainRlOperator
 
 pytestmark = pytest.mark.checkpoints
 
@@ -210,7 +210,7 @@ def test_train_rl_adopting_a_running_jobset_does_not_check(bucket):
 
 def test_the_dag_task_and_train_rl_record_the_same_typed_parameters(bucket):
     from tpu_rl.run import training_record
-    from tpu_rl.workloads import RunTrainingRecordCheckOperator
+    from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
 
     ctx = context(bucket.name, RUN_A, "check_training_record")
     check = RunTrainingRecordCheckOperator(task_id="check_training_record")

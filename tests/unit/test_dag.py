@@ -49,7 +49,7 @@ def test_the_plugin_manager_does_not_import_the_package_a_second_time():
 
 def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):
     """hf_to_maxtext skips a complete checkpoint itself (no separate check task); the record's values are typed."""
-    from tpu_rl.workloads import RunTrainingRecordCheckOperator
+    from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
 
     assert "check_converted" not in dag.task_ids
     assert [t.task_id for t in dag.get_task("hf_to_maxtext").upstream_list] == ["hf_token_secret"]

@@ -16,10 +16,10 @@ from airflow.sdk import BaseOperator, BaseSensorOperator
 from tpu_rl import gke
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
-from tpu_rl.hooks.cluster import cluster_target, kubernetes_hook_for
+from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.run import RunIdentity
-from tpu_rl.run_context import config_of, run_of
+from tpu_rl.run_scope import RunScoped
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
 OPERATION_POLL_SECONDS = 10
@@ -31,7 +31,7 @@ def _cluster_hook(config: RunConfig):
     return GKEHook(gcp_conn_id=config.gcp_conn_id, location=config.region)
 
 
-class _AwaitsGkeOperations(BaseOperator):
+class _AwaitsGkeOperations(RunScoped, BaseOperator):
     """Defers on GKE long-running operations, one at a time: GKE refuses a node pool create or delete while
     another one runs on the cluster ("Operation ... is currently creating a node pool ... Please wait and try
     again once it is done"), so an operator with several submits the next one (``submit(context, step)``)
@@ -68,7 +68,7 @@ class _AwaitsGkeOperations(BaseOperator):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
         # The provider's trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
         # a missing reservation) DONE with an error: read it.
-        config = config_of(context)
+        config = self.bind_scope(context).config
         operation = _cluster_hook(config).get_operation(event["operation_name"], project_id=config.project)
         if operation.error.code or operation.status_message:
             self.operation_failed(config, operation, operation.error.message or operation.status_message)
@@ -87,7 +87,8 @@ class CreateClusterOperator(_AwaitsGkeOperations):
     def execute(self, context: Any) -> None:
         from google.api_core.exceptions import AlreadyExists
 
-        config, run = config_of(context), run_of(context)
+        scope = self.bind_scope(context)
+        config, run = scope.config, scope.run
         if not config.creates_cluster:
             self.log.info("cluster_mode is 'existing': using cluster %s, which this run will not delete", config.cluster_name)
             return
@@ -116,13 +117,13 @@ def _is_capacity_error(message: str) -> bool:
     return any(word in message.lower() for word in words)
 
 
-class ClusterReadySensor(BaseSensorOperator):
+class ClusterReadySensor(RunScoped, BaseSensorOperator):
     """Waits until the cluster is RUNNING (even one that already existed) and its API answers."""
 
     def poke(self, context: Any) -> bool:
         from google.api_core.exceptions import NotFound
 
-        config = config_of(context)
+        config = self.bind_scope(context).config
         if config.kubernetes_conn_id:
             from kubernetes.client import VersionApi
 
@@ -148,7 +149,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     that the cluster has the slice's nodes, so a missing slice fails here and not as a pending JobSet."""
 
     def execute(self, context: Any) -> None:
-        config = config_of(context)
+        config = self.bind_scope(context).config
         if not config.tpu_pools_per_run:
             self._check_slice_nodes(config)
             return
@@ -158,7 +159,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         from google.api_core.exceptions import AlreadyExists
         from google.cloud.container_v1 import NodePool
 
-        config, run = config_of(context), run_of(context)
+        scope = self.bind_scope(context)
+        config, run = scope.config, scope.run
         hook = _cluster_hook(config)
         client = hook.get_cluster_manager_client()
         for index in range(step, config.cluster_nodepool_count):
@@ -191,7 +193,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
 
     def _check_slice_nodes(self, config: RunConfig) -> None:
         selector = f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},{TPU_TOPOLOGY_LABEL}={config.topology}"
-        nodes = JobSetHook(cluster_target(config)).list_nodes(selector)
+        nodes = JobSetHook(self.scope.cluster_target).list_nodes(selector)
         needed = config.hosts_per_slice * config.cluster_nodepool_count
         self.log.info("Found %d nodes with %s (the training needs %d)", len(nodes), selector, needed)
         if len(nodes) < needed:
@@ -205,7 +207,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
     """Deletes the TPU node pools this run created, right after training (teardown of the create)."""
 
     def execute(self, context: Any) -> None:
-        config = config_of(context)
+        config = self.bind_scope(context).config
         if not config.tpu_pools_per_run:
             self.log.info("tpu_pool_mode is '%s': no node pool of this run to delete", config.tpu_pool_mode)
             return
@@ -214,7 +216,8 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
     def submit(self, context: Any, step: int) -> None:
         from google.api_core.exceptions import NotFound
 
-        config, run = config_of(context), run_of(context)
+        scope = self.bind_scope(context)
+        config, run = scope.config, scope.run
         client = _cluster_hook(config).get_cluster_manager_client()
         for index in range(step, config.cluster_nodepool_count):
             name = f"{gke.cluster_path(config)}/nodePools/{run.tpu_pool_name(index)}"
@@ -234,7 +237,8 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
     def execute(self, context: Any) -> None:
         from google.api_core.exceptions import NotFound
 
-        config, run = config_of(context), run_of(context)
+        scope = self.bind_scope(context)
+        config, run = scope.config, scope.run
         if not config.creates_cluster:
             self._delete_secret(config, run)
             return

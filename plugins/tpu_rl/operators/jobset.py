@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from tpu_rl import jobset_status as st
-from tpu_rl.compat import AirflowException, TaskDeferralTimeout
+from tpu_rl.compat import AirflowException, TaskDeferralTimeout, TaskDeferred
 from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
 from tpu_rl.links import JobSetLogsLink, JobSetWorkloadLink
 from tpu_rl.run import RunIdentity, slug
@@ -116,10 +116,27 @@ class JobSetOperator(BaseOperator):
     # -- what subclasses may change ---------------------------------------------------------------
 
     def build_manifest(self, context: Context) -> dict:
-        """The JobSet to run. The DAG's operators override this to build it from the run's config."""
+        """The JobSet to run: a copy of ``manifest``."""
         if not self.manifest:
             raise ValueError(f"{self.task_id}: no JobSet manifest given")
         return copy.deepcopy(self.manifest)
+
+    def before_jobset(self, context: Context) -> None:
+        """Runs first in ``execute``, before the JobSet is submitted or adopted. It may skip or fail the task,
+        or defer it: the method it resumes in continues with :meth:`run_jobset` once the way is clear."""
+
+    def before_submit(self, context: Context) -> None:
+        """Runs before a new JobSet is submitted (not when a running or Completed one is adopted, and before
+        a Failed one is replaced); it may fail the task."""
+
+    def after_jobset_ended(self, context: Context) -> None:
+        """Runs once the task knows its JobSet writes no more: Completed (adopted or awaited), Failed, or
+        deleted while the task waited."""
+
+    def on_abandon(self, deleted: bool) -> None:
+        """Runs when the task stops without seeing its JobSet end: a failure while submitting or adopting it
+        (``deleted`` False: the JobSet may still run), or a kill or ``execution_timeout`` after which
+        ``delete_on_kill`` deleted it (``deleted`` True; its pods may still be terminating)."""
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -141,45 +158,72 @@ class JobSetOperator(BaseOperator):
     # -- execution --------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict | None:
+        self.before_jobset(context)
+        return self.run_jobset(context)
+
+    def run_jobset(self, context: Context) -> dict | None:
+        """Adopt this task's JobSet if it runs or Completed, else submit it (replacing a Failed one only on a
+        new try); then wait deferred until it ends."""
+        try:
+            return self._adopt_or_submit(context)
+        except TaskDeferred:
+            raise
+        except BaseException:
+            self.on_abandon(deleted=False)
+            raise
+
+    def _adopt_or_submit(self, context: Context) -> dict | None:
         manifest = self._identified(self.build_manifest(context), context)
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-        try_number = context["ti"].try_number
         existing = self.hook.get_jobset(name, namespace)
-        if existing and existing["metadata"].get("deletionTimestamp"):
-            self.log.info("JobSet %s/%s is being deleted; waiting until it is gone", namespace, name)
-            self.hook.wait_until_gone(name, namespace, existing["metadata"]["uid"], self.deletion_timeout)
-            existing = None
-
+        if existing and _adoptable(existing):
+            return self._adopt(context, existing, manifest)
+        self.before_submit(context)
         if existing:
-            self._check_ours(existing, manifest)
-            self._track(context, existing)
-            condition = st.terminal_condition(existing)
-            if condition is None:
-                self.log.info(
-                    "Adopting running JobSet %s/%s (uid %s, submitted by try %s): not resubmitting",
-                    namespace, name, existing["metadata"]["uid"], _submitted_try(existing),
-                )
-            elif condition["type"] == st.COMPLETED:
-                self.log.info("JobSet %s/%s already Completed: %s", namespace, name, condition.get("message"))
-                return self._finish_success(existing, log_tail=[])
-            else:
-                failure = st.explain_failure(existing, [])
-                if try_number <= _submitted_try(existing):
-                    raise JobSetFailedError(failure)
-                self.log.warning(
-                    "JobSet submitted by try %s failed; try %s replaces it.\n%s",
-                    _submitted_try(existing), try_number, failure,
-                )
-                self.hook.delete_jobset(name, namespace, uid=existing["metadata"]["uid"])
-                self.hook.wait_until_gone(name, namespace, existing["metadata"]["uid"], self.deletion_timeout)
-                existing = None
-
-        if not existing:
-            existing = self.hook.create_jobset(manifest, namespace)
-            self.log.info("Submitted JobSet %s/%s (uid %s)", namespace, name, existing["metadata"]["uid"])
-            self._track(context, existing)
-        self._defer(context, existing)
+            self._clear_for_submission(context, existing, manifest)
+        created = self.hook.create_jobset(manifest, namespace)
+        self.log.info("Submitted JobSet %s/%s (uid %s)", namespace, name, created["metadata"]["uid"])
+        self._track(context, created)
+        self._defer(context, created)
         return None
+
+    def _adopt(self, context: Context, existing: dict, manifest: dict) -> dict | None:
+        """Wait for a running JobSet of an earlier try, or finish with a Completed one."""
+        self._check_ours(existing, manifest)
+        self._track(context, existing)
+        meta = existing["metadata"]
+        condition = st.terminal_condition(existing)
+        if condition is None:
+            self.log.info(
+                "Adopting running JobSet %s/%s (uid %s, submitted by try %s): not resubmitting",
+                meta["namespace"], meta["name"], meta["uid"], _submitted_try(existing),
+            )
+            self._defer(context, existing)
+            return None
+        self.log.info("JobSet %s/%s already Completed: %s", meta["namespace"], meta["name"], condition.get("message"))
+        result = self._finish_success(existing, log_tail=[])
+        self.after_jobset_ended(context)
+        return result
+
+    def _clear_for_submission(self, context: Context, existing: dict, manifest: dict) -> None:
+        """Wait until a JobSet being deleted is gone; delete a Failed one, unless this try submitted it."""
+        meta = existing["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+        if meta.get("deletionTimestamp"):
+            self.log.info("JobSet %s/%s is being deleted; waiting until it is gone", namespace, name)
+            self.hook.wait_until_gone(name, namespace, uid, self.deletion_timeout)
+            return
+        self._check_ours(existing, manifest)
+        self._track(context, existing)
+        failure = st.explain_failure(existing, [])
+        try_number = context["ti"].try_number
+        if try_number <= _submitted_try(existing):
+            raise JobSetFailedError(failure)
+        self.log.warning(
+            "JobSet submitted by try %s failed; try %s replaces it.\n%s", _submitted_try(existing), try_number, failure
+        )
+        self.hook.delete_jobset(name, namespace, uid=uid)
+        self.hook.wait_until_gone(name, namespace, uid, self.deletion_timeout)
 
     def _defer(self, context: Context, jobset: dict) -> None:
         from tpu_rl.triggers.jobset import JobSetTrigger
@@ -217,13 +261,17 @@ class JobSetOperator(BaseOperator):
         return max(self.execution_timeout - (timezone.utcnow() - started), timedelta(seconds=1))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
+        """The trigger's event: the JobSet Completed, Failed or was deleted; in every case it writes no more."""
         self.tracked = {k: event[k] for k in ("name", "namespace", "uid")}
-        if event["status"] != "success":
-            raise JobSetFailedError(event["message"])
-        self.log.info("%s", event["message"])
-        return self._finish_success(
-            {"metadata": self.tracked, "status": {"restarts": event.get("restarts", 0)}}, event["log_tail"]
-        )
+        try:
+            if event["status"] != "success":
+                raise JobSetFailedError(event["message"])
+            self.log.info("%s", event["message"])
+            return self._finish_success(
+                {"metadata": self.tracked, "status": {"restarts": event.get("restarts", 0)}}, event["log_tail"]
+            )
+        finally:
+            self.after_jobset_ended(context)
 
     def _finish_success(self, jobset: dict, log_tail: list[str]) -> dict:
         meta = jobset["metadata"]
@@ -257,6 +305,7 @@ class JobSetOperator(BaseOperator):
         t = self.tracked
         if self.hook.delete_jobset(t["name"], t["namespace"], uid=t["uid"]):
             self.log.info("Deleted JobSet %s/%s (uid %s)", t["namespace"], t["name"], t["uid"])
+        self.on_abandon(deleted=True)
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -324,6 +373,12 @@ class JobSetOperator(BaseOperator):
             "name": self.tracked["name"],
             "since": self.tracked.get("created", ""),
         }
+
+
+def _adoptable(jobset: dict) -> bool:
+    """Running or Completed, and not being deleted: a later try waits for it instead of submitting again."""
+    condition = st.terminal_condition(jobset)
+    return not jobset["metadata"].get("deletionTimestamp") and (condition is None or condition["type"] == st.COMPLETED)
 
 
 def _submitted_try(jobset: dict) -> int:

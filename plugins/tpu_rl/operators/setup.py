@@ -10,26 +10,27 @@ from airflow.sdk import BaseOperator
 
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError, conversion_fit_problems
-from tpu_rl.hooks.cluster import cluster_target, kubernetes_hook_for
+from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
 from tpu_rl.machines import quantity_cpu, quantity_gib
 from tpu_rl.manifests import hf_token_secret
-from tpu_rl.run_context import config_of, layout_of, run_of
+from tpu_rl.run_scope import RunScoped
 from tpu_rl.vocabulary import JOBSET_CRD, KUEUE_GROUP, KUEUE_LOCALQUEUES, KUEUE_VERSION, NODEPOOL_LABEL, TPU_RESOURCE
 
 
-class ValidateRunConfigOperator(BaseOperator):
+class ValidateRunConfigOperator(RunScoped, BaseOperator):
     """Fails the run, without retries, on params that cannot work; before anything is created."""
 
     ui_color = "#e8f4fd"
 
     def execute(self, context: Any) -> None:
+        scope = self.bind_scope(context)
         try:
-            config = config_of(context)
+            config = scope.config
         except ConfigError as error:
             raise AirflowFailException(str(error)) from None
-        layout = layout_of(context)
+        layout = scope.layout
         self.log.info(
             "%s on %s x %d slice(s): %d chips on %d hosts per slice (%s); trainer %g / sampler %g devices",
             config.model_name,
@@ -46,13 +47,13 @@ class ValidateRunConfigOperator(BaseOperator):
         self.log.info("Hugging Face export: %s", layout.uri(layout.export_prefix))
 
 
-class EnsureBucketOperator(BaseOperator):
+class EnsureBucketOperator(RunScoped, BaseOperator):
     """Creates the bucket in the run's region unless it exists (a 409 is success)."""
 
     def execute(self, context: Any) -> None:
         from airflow.providers.google.cloud.operators.gcs import GCSCreateBucketOperator
 
-        config = config_of(context)
+        config = self.bind_scope(context).config
         GCSCreateBucketOperator(
             task_id=self.task_id,
             bucket_name=config.gcs_bucket,
@@ -62,7 +63,7 @@ class EnsureBucketOperator(BaseOperator):
         ).execute(context)
 
 
-class EnsureJobSetOperator(BaseOperator):
+class EnsureJobSetOperator(RunScoped, BaseOperator):
     """Makes sure the cluster can run the workloads: JobSet installed and admitting JobSets (installs the
     release shipped with the package when absent, repairs a half-finished install), a CPU pool node big
     enough for a conversion pod, and, when a Kueue queue is configured, its LocalQueue.
@@ -76,8 +77,9 @@ class EnsureJobSetOperator(BaseOperator):
         self.poll_interval = poll_interval
 
     def execute(self, context: Any) -> None:
-        config = config_of(context)
-        hook = JobSetHook(cluster_target(config))
+        scope = self.bind_scope(context)
+        config = scope.config
+        hook = JobSetHook(scope.cluster_target)
         versions = hook.crd_served_versions(JOBSET_CRD)
         problem = hook.jobset_admission_problem(config.namespace) if versions else None
         if versions and problem is None:
@@ -143,7 +145,7 @@ class EnsureJobSetOperator(BaseOperator):
             ) from None
 
 
-class CreateHfTokenSecretOperator(BaseOperator):
+class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
     """Copies the Hugging Face token from its Airflow connection into the run's Kubernetes Secret.
     The value never reaches a log, an XCom or a rendered template."""
 
@@ -152,7 +154,8 @@ class CreateHfTokenSecretOperator(BaseOperator):
         from kubernetes.client import CoreV1Api
         from kubernetes.client.exceptions import ApiException
 
-        config, run = config_of(context), run_of(context)
+        scope = self.bind_scope(context)
+        config, run = scope.config, scope.run
         token = BaseHook.get_connection(config.hf_token_conn_id).password
         if not token:
             raise AirflowFailException(

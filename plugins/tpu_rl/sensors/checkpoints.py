@@ -4,6 +4,9 @@ Deferrable by default: the wait happens in the triggerer, not in a worker slot. 
 ``deferrable=False`` they poke with the same check of :mod:`tpu_rl.hooks.gcs` that the trigger runs
 (use ``mode="reschedule"`` to free the slot).
 On timeout the task fails with the last list of what is missing.
+
+The ``Run...`` sensors are the DAG's: the bucket, the prefix and the rule's values come from the run's
+scope (:mod:`tpu_rl.run_scope`), resolved when the task renders, so the Rendered Template view shows them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE, Verdict
 from tpu_rl.compat import AirflowSensorTimeout
 from tpu_rl.hooks import gcs
 from tpu_rl.hooks.gcs import GcsReader, GcsReadHook
+from tpu_rl.run_scope import RunScope, RunScoped
 
 #: A check of :mod:`tpu_rl.hooks.gcs` with its arguments bound: the verdict and what the event carries.
 OutputCheck = Callable[[GcsReader], Awaitable[tuple[Verdict, dict[str, Any]]]]
@@ -213,3 +217,40 @@ class HfExportSensor(GcsOutputSensor):
         except ValueError:
             raise ValueError(f"not_before {self.not_before!r} is not an ISO 8601 time") from None
         return self.not_before or None
+
+
+class _RunOutputSensor(RunScoped):
+    """The run's bucket and Google Cloud connection, for a :class:`GcsOutputSensor`."""
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        self.bucket, self.gcp_conn_id = scope.config.gcs_bucket, scope.config.gcp_conn_id
+
+
+class RunConvertedCheckpointSensor(_RunOutputSensor, OrbaxCheckpointSensor):
+    """The DAG's ``verify_converted``: the shared base checkpoint's step folder of the run's model."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(bucket="", prefix="", **kwargs)
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        super().resolve_scope(scope, context)
+        self.prefix = scope.layout.converted_step_prefix
+
+
+class RunFinalTrainingCheckpointSensor(_RunOutputSensor, FinalTrainingCheckpointSensor):
+    """The DAG's ``verify_training``: the run's actor checkpoints, its planned steps and checkpoint period."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(bucket="", prefix="", train_steps=0, checkpoint_period=0, **kwargs)
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        super().resolve_scope(scope, context)
+        self.prefix = scope.layout.actor_checkpoints_prefix
+        self.train_steps, self.checkpoint_period = scope.config.train_steps, scope.config.checkpoint_period
+
+
+class RunHfExportSensor(_RunOutputSensor, HfExportSensor):
+    """The DAG's ``verify_export``: in the run's bucket (the attempt's prefix comes from the export's XCom)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(bucket="", **kwargs)

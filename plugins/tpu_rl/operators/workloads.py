@@ -1,23 +1,22 @@
 """The pipeline's three workloads: the JobSet operator, aimed at the run's cluster, with its manifest built
-from the run's validated config at execute time; and the guards around them (the cross-run lock on the
-shared conversion, the training record checked before every training submission)."""
+once per task execution from the run's scope; and the guards plugged into its extension points (the
+cross-run lock on the shared conversion, the training record checked before every training submission)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 from tpu_rl import jobset_status as st
 from tpu_rl import manifests
-from tpu_rl.compat import AirflowException, AirflowSkipException, TaskDeferred
-from tpu_rl.hooks.cluster import cluster_target
-from tpu_rl.hooks.gcs import GcsLock, storage_client
+from tpu_rl.compat import AirflowException, AirflowSkipException
+from tpu_rl.hooks.gcs import GcsLock, orbax_step_verdict, storage_client
 from tpu_rl.operators.jobset import JobSetOperator
-from tpu_rl.operators.outputs import TrainingRecordCheckOperator, check_training_record, orbax_step_verdict
-from tpu_rl.run import training_record
-from tpu_rl.run_context import config_of, layout_of, run_of
+from tpu_rl.operators.training_record import check_training_record
+from tpu_rl.run_scope import RunScope, RunScoped
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
@@ -25,24 +24,21 @@ XCOM_ATTEMPT_PREFIX = "attempt_prefix"
 XCOM_SUBMITTED_AT = "submitted_at"
 
 
-class RunJobSetOperator(JobSetOperator):
-    """Targets the cluster named by the run's params (a Kubernetes connection, or GKE)."""
+class RunJobSetOperator(RunScoped, JobSetOperator):
+    """A JobSet stage of the run: aimed at the cluster its params name (a Kubernetes connection, or GKE), in
+    their namespace, with the manifest :meth:`stage_manifest` builds from its scope, once per task
+    execution (the Rendered Template view shows both)."""
 
-    def _aim(self, context: Any) -> None:
-        config = config_of(context)
-        target = cluster_target(config)
-        self.namespace = config.namespace
+    def stage_manifest(self, scope: RunScope, context: Any) -> dict:
+        raise NotImplementedError
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        target = scope.cluster_target
+        self.namespace = scope.config.namespace
         self.kubernetes_conn_id, self.gcp_conn_id = target.kubernetes_conn_id, target.gcp_conn_id
         self.project_id, self.location, self.cluster_name = target.project_id, target.location, target.cluster_name
         self.use_dns_endpoint = target.use_dns_endpoint
-
-    def execute(self, context: Any) -> dict | None:
-        self._aim(context)
-        return super().execute(context)
-
-    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any):
-        self._aim(context)
-        return super().resume_execution(next_method, next_kwargs, context)
+        self.manifest = self.stage_manifest(scope, context)
 
 
 class HfToMaxTextOperator(RunJobSetOperator):
@@ -76,10 +72,13 @@ class HfToMaxTextOperator(RunJobSetOperator):
         self.lock_poll_interval = lock_poll_interval
         self.lock_stale_margin = lock_stale_margin
         self.items = list(items)
-        self._context: Any = None
 
-    def build_manifest(self, context: Any) -> dict:
-        return manifests.hf_to_maxtext_jobset(config_of(context), run_of(context))
+    def stage_manifest(self, scope: RunScope, context: Any) -> dict:
+        return manifests.hf_to_maxtext_jobset(scope.config, scope.run)
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        super().resolve_scope(scope, context)
+        self.__dict__.pop("lock", None)  # Held by the task instance of the previous scope.
 
     # -- the lock ---------------------------------------------------------------------------------
 
@@ -88,50 +87,66 @@ class HfToMaxTextOperator(RunJobSetOperator):
         limit = self.execution_timeout or timedelta(days=1)
         return (limit + self.lock_stale_margin).total_seconds()
 
-    def _lock(self, context: Any):
-        config, ti = config_of(context), context["ti"]
-        client = storage_client(config.gcp_conn_id)
-        owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
+    @cached_property
+    def lock(self) -> GcsLock:
+        """The conversion lock, held by this task instance (one GCS client per task execution)."""
+        scope = self.scope
+        owner = {"dag_id": scope.run.dag_id, "run_id": scope.run.run_id, "task_id": scope.task_id,
+                 "try_number": scope.try_number}
         return GcsLock(
-            client, config.gcs_bucket, layout_of(context).conversion_lock_object, owner, self.stale_after, self.log
+            storage_client(scope.config.gcp_conn_id), scope.config.gcs_bucket, scope.layout.conversion_lock_object,
+            owner, self.stale_after, self.log,
         )
 
-    def _step(self, context: Any) -> tuple[str, Any]:
-        config = config_of(context)
+    def _step(self) -> tuple[str, Any]:
+        config = self.scope.config
         return orbax_step_verdict(
-            config.gcs_bucket, layout_of(context).converted_step_prefix, self.items, config.gcp_conn_id
+            config.gcs_bucket, self.scope.layout.converted_step_prefix, self.items, config.gcp_conn_id
         )
 
-    def _skip(self, context: Any, reason: str) -> None:
-        self._lock(context).release()  # An earlier try of ours converted it, then died before releasing.
+    def _skip(self, reason: str) -> None:
+        self.lock.release()  # An earlier try of ours converted it, then died before releasing.
         raise AirflowSkipException(reason)
+
+    # -- the JobSetOperator's extension points ------------------------------------------------------
+
+    def before_jobset(self, context: Any) -> None:
+        """Skip a complete checkpoint; else hold the lock (or wait deferred for the run holding it)."""
+        self._convert_or_wait(context, previous_holder=None)
+
+    def after_jobset_ended(self, context: Any) -> None:
+        self.lock.release()
+
+    def on_abandon(self, deleted: bool) -> None:
+        """Release the lock once this try's JobSet writes no more; while it may still run, keep it (a retry
+        re-enters it, or it goes stale)."""
+        if deleted:
+            self._release_once_gone()
+        else:
+            self._release_unless_running()
 
     # -- execution --------------------------------------------------------------------------------
 
-    def execute(self, context: Any) -> dict | None:
-        return self._convert_or_wait(context, previous_holder=None)
-
-    def _convert_or_wait(self, context: Any, previous_holder: dict | None) -> dict | None:
-        uri, verdict = self._step(context)
+    def _convert_or_wait(self, context: Any, previous_holder: dict | None) -> None:
+        """Returns holding the lock, with the step still to build; else skips or defers."""
+        uri, verdict = self._step()
         if verdict.complete:
-            self._skip(context, self._skip_reason(uri, previous_holder))
+            self._skip(self._skip_reason(uri, previous_holder))
         self.log.info("%s must be (re)built: %s", uri, verdict.describe())
-        lock = self._lock(context)
-        acquired, state = lock.acquire()
+        acquired, state = self.lock.acquire()
         if not acquired:
             self.log.info(
                 "%s is held by %s: waiting (deferred) until that conversion ends; this lock counts as stale "
-                "%.0f s after it was written", lock.uri, state.describe(), state.stale_after(self.stale_after),
+                "%.0f s after it was written", self.lock.uri, state.describe(), state.stale_after(self.stale_after),
             )
-            self._wait_for_holder(context, lock, state.holder)
+            self._wait_for_holder(context, state.holder)
         try:
-            uri, verdict = self._step(context)  # Completed by another run between the first check and the lock?
+            uri, verdict = self._step()  # Completed by another run between the first check and the lock?
         except Exception:
-            lock.release()
+            self.lock.release()
             raise
         if verdict.complete:
-            self._skip(context, self._skip_reason(uri, previous_holder))
-        return self._run_conversion(context)
+            self._skip(self._skip_reason(uri, previous_holder))
 
     def _skip_reason(self, uri: str, holder: dict | None) -> str:
         if holder:
@@ -142,23 +157,23 @@ class HfToMaxTextOperator(RunJobSetOperator):
             )
         return f"{uri} is already a complete checkpoint: skipping the conversion"
 
-    def _wait_for_holder(self, context: Any, lock: Any, holder: dict) -> None:
+    def _wait_for_holder(self, context: Any, holder: dict) -> None:
         from tpu_rl.triggers.checkpoints import ConversionLockTrigger
 
-        config, remaining = config_of(context), self._remaining_time(context)
+        scope, remaining = self.scope, self._remaining_time(context)
         # The trigger gives up a minute before the task's own limit, with a message naming the holder.
         deadline = time.time() + (remaining.total_seconds() - 60 if remaining else 10 * 365 * 86400)
         self.defer(
             trigger=ConversionLockTrigger(
-                config.gcs_bucket,
-                layout_of(context).converted_step_prefix,
+                scope.config.gcs_bucket,
+                scope.layout.converted_step_prefix,
                 items=self.items,
-                lock_object=lock.name,
+                lock_object=self.lock.name,
                 holder=holder,
                 stale_after=self.stale_after,
                 deadline=deadline,
                 poll_interval=self.lock_poll_interval,
-                gcp_conn_id=config.gcp_conn_id,
+                gcp_conn_id=scope.config.gcp_conn_id,
             ),
             method_name="lock_wait_complete",
             timeout=remaining,
@@ -167,7 +182,7 @@ class HfToMaxTextOperator(RunJobSetOperator):
     def lock_wait_complete(self, context: Any, event: dict[str, Any]) -> dict | None:
         holder = event.get("holder") or {}
         if event["status"] == "complete":
-            self._skip(context, self._skip_reason(event["uri"], holder))
+            self._skip(self._skip_reason(event["uri"], holder))
         if event["status"] == "incomplete":
             raise AirflowException(
                 f"Gave up waiting for the conversion of run {holder.get('run_id')} (task {holder.get('task_id')}, "
@@ -175,55 +190,28 @@ class HfToMaxTextOperator(RunJobSetOperator):
                 f"takes the lock over once it is stale. Last check: {event.get('message')}"
             )
         self.log.info("The lock of run %s is %s: trying again", holder.get("run_id"), event["status"])
-        return self._convert_or_wait(context, previous_holder=holder)
+        self._convert_or_wait(context, previous_holder=holder)
+        return self.run_jobset(context)
 
-    def _run_conversion(self, context: Any) -> dict | None:
-        """Submit or adopt this run's JobSet (the JobSetOperator's execute), holding the lock."""
-        self._context = context
-        try:
-            result = super().execute(context)
-        except TaskDeferred:
-            raise
-        except BaseException:
-            self._release_unless_running(context)
-            raise
-        self._lock(context).release()  # Already Completed (adopted from an earlier try).
-        return result
-
-    def _release_unless_running(self, context: Any) -> None:
+    def _release_unless_running(self) -> None:
         """After a failed submit/adopt: release unless this run's JobSet may still be writing."""
         try:
-            manifest = self.build_manifest(context)
-            meta = manifest["metadata"]
+            meta = self.manifest["metadata"]
             jobset = self.hook.get_jobset(meta["name"], meta.get("namespace") or self.namespace)
         except Exception as error:  # Cannot tell: keep the lock (a retry re-enters it; else it goes stale).
             self.log.warning("Keeping the conversion lock: could not read this run's JobSet (%s)", error)
             return
         if jobset is None or st.terminal_condition(jobset) is not None:
-            self._lock(context).release()
+            self.lock.release()
         else:
             self.log.warning("Keeping the conversion lock: JobSet %s still runs", jobset["metadata"]["name"])
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict:
-        """The JobSet ended (completed, failed or deleted): in every case it writes no more; release."""
-        try:
-            return super().execute_complete(context, event)
-        finally:
-            self._lock(context).release()
-
-    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any):
-        self._context = context
-        return super().resume_execution(next_method, next_kwargs, context)
-
-    def on_kill(self) -> None:
-        """Killed or timed out: the JobSetOperator deletes the JobSet; once it is gone, release the lock."""
-        super().on_kill()
-        t, context = self.tracked, self._context
-        if not (self.delete_on_kill and t and context):
-            return  # No JobSet of ours known to be gone: the lock stays (a retry re-enters it, or it goes stale).
+    def _release_once_gone(self) -> None:
+        """Killed or timed out: the JobSetOperator deleted the JobSet; once it is gone, release the lock."""
+        t = self.tracked
         try:
             self.hook.wait_until_gone(t["name"], t["namespace"], t["uid"], timeout=min(self.deletion_timeout, 30))
-            self._lock(context).release()
+            self.lock.release()
         except Exception as error:
             self.log.warning("Keeping the conversion lock: JobSet %s is not gone yet (%s)", t["name"], error)
 
@@ -232,39 +220,15 @@ class TrainRlOperator(RunJobSetOperator):
     """Trains; before it submits a new JobSet (not when it adopts a running or Completed one) it checks the
     run's training record, so a retry or a clear of ``train_rl`` never resumes with changed parameters."""
 
-    def build_manifest(self, context: Any) -> dict:
-        return manifests.training_jobset(config_of(context), run_of(context))
+    def stage_manifest(self, scope: RunScope, context: Any) -> dict:
+        return manifests.training_jobset(scope.config, scope.run)
 
-    def execute(self, context: Any) -> dict | None:
-        self._aim(context)
-        meta = self.build_manifest(context)["metadata"]
-        existing = self.hook.get_jobset(meta["name"], meta.get("namespace") or self.namespace)
-        condition = st.terminal_condition(existing) if existing else None
-        adopting = existing is not None and not existing["metadata"].get("deletionTimestamp") and (
-            condition is None or condition["type"] == st.COMPLETED
+    def before_submit(self, context: Any) -> None:
+        config = self.scope.config
+        check_training_record(
+            config.gcs_bucket, self.scope.layout.training_record_object, self.scope.training_record, self.log,
+            config.gcp_conn_id,
         )
-        if not adopting:
-            config = config_of(context)
-            check_training_record(
-                config.gcs_bucket, layout_of(context).training_record_object, training_record(config), self.log,
-                config.gcp_conn_id,
-            )
-        return super().execute(context)
-
-
-class RunTrainingRecordCheckOperator(TrainingRecordCheckOperator):
-    """``check_training_record`` of the DAG: the run's bucket, record object and :func:`~tpu_rl.run.training_record`
-    (typed values), filled in when the task renders, so the Rendered Template view shows them."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(bucket="", record_object="", parameters={}, **kwargs)
-
-    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
-        super().render_template_fields(context, jinja_env)
-        config = config_of(context)
-        self.bucket, self.gcp_conn_id = config.gcs_bucket, config.gcp_conn_id
-        self.record_object = layout_of(context).training_record_object
-        self.parameters = training_record(config)
 
 
 class MaxTextToHfOperator(RunJobSetOperator):
@@ -274,17 +238,17 @@ class MaxTextToHfOperator(RunJobSetOperator):
         super().__init__(**kwargs)
         self.step_task_id = step_task_id
 
-    def build_manifest(self, context: Any) -> dict:
+    def stage_manifest(self, scope: RunScope, context: Any) -> dict:
         step = context["ti"].xcom_pull(task_ids=self.step_task_id)
         if step is None:
             raise ValueError(f"No final training step from task {self.step_task_id}")
-        prefix = layout_of(context).export_attempt_prefix(context["ti"].try_number)
-        return manifests.maxtext_to_hf_jobset(config_of(context), run_of(context), int(step), prefix)
+        prefix = scope.layout.export_attempt_prefix(scope.try_number)
+        return manifests.maxtext_to_hf_jobset(scope.config, scope.run, int(step), prefix)
 
     def _track(self, context: Any, jobset: dict) -> None:
         """An adopted JobSet writes where the try that submitted it told it to: publish that prefix."""
         super()._track(context, jobset)
         meta = jobset["metadata"]
         submitted_try = int((meta.get("annotations") or {}).get(ANNOTATION_SUBMITTED_TRY) or context["ti"].try_number)
-        context["ti"].xcom_push(key=XCOM_ATTEMPT_PREFIX, value=layout_of(context).export_attempt_prefix(submitted_try))
+        context["ti"].xcom_push(key=XCOM_ATTEMPT_PREFIX, value=self.scope.layout.export_attempt_prefix(submitted_try))
         context["ti"].xcom_push(key=XCOM_SUBMITTED_AT, value=meta.get("creationTimestamp"))

@@ -1,105 +1,21 @@
-"""Decisions about stage outputs in Cloud Storage: check finished work, refuse bad resumes, publish.
-(The lock on shared work and the reads of the output checks are in :mod:`tpu_rl.hooks.gcs`.)
+"""Publishing the verified Hugging Face export: copied to the model's final location, checked, and announced
+with an Asset event. :class:`RunPublishHfExportOperator` is the DAG's task, on the run's bucket and prefixes.
 
 Google provider imports stay inside methods: the DAG file imports this module at parse time.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from tpu_rl.checkpoints import Verdict, training_record_changes
-from tpu_rl.compat import AirflowException, AirflowFailException
-from tpu_rl.hooks import gcs
-from tpu_rl.hooks.gcs import GcsReadHook
+from tpu_rl.compat import AirflowException
+from tpu_rl.run_scope import RunScope, RunScoped
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset, Context
-
-
-def orbax_step_verdict(
-    bucket: str,
-    prefix: str,
-    items: Sequence[str] = ("items",),
-    gcp_conn_id: str = "google_cloud_default",
-    impersonation_chain: str | Sequence[str] | None = None,
-) -> tuple[str, Verdict]:
-    """One check, now, of an Orbax step folder (``prefix``, e.g. ``.../0/``): its URI and the verdict."""
-    verdict, _ = GcsReadHook(gcp_conn_id, impersonation_chain).run_now(
-        bucket, lambda reader: gcs.orbax_step(reader, prefix, list(items))
-    )
-    return f"gs://{bucket}/{prefix}", verdict
-
-
-def check_training_record(
-    bucket: str,
-    record_object: str,
-    parameters: Mapping[str, Any],
-    log: Any,
-    gcp_conn_id: str = "google_cloud_default",
-    impersonation_chain: str | Sequence[str] | None = None,
-) -> str:
-    """Records a run's training parameters next to its checkpoints on the first attempt, and refuses
-    (AirflowFailException) any later attempt whose parameters differ. Returns the record's URI."""
-    uri = f"gs://{bucket}/{record_object}"
-    current = json.loads(json.dumps(dict(parameters)))  # As it reads back from JSON.
-    client = gcs.storage_client(gcp_conn_id, impersonation_chain)
-    created, stored = gcs.read_or_create_json(client, bucket, record_object, {"parameters": current})
-    if created:
-        log.info("Recorded the run's training parameters in %s", uri)
-        return uri
-    recorded = stored["parameters"]
-    if changes := training_record_changes(recorded, current):
-        raise AirflowFailException(
-            f"Refusing to resume the run recorded in {uri}: its checkpoints were trained with other "
-            f"parameters ({'; '.join(changes)}). Start a new DAG run, or restore the recorded values."
-        )
-    log.info("Training parameters match %s: resuming the same run", uri)
-    return uri
-
-
-class TrainingRecordCheckOperator(BaseOperator):
-    """Records a run's training parameters next to its checkpoints, and refuses a resume that changes them.
-
-    ``train_rl`` resumes from the latest checkpoint of the same run and fast-forwards the data;
-    changing ``num_batches``, ``batch_size``, the dataset or the model under it corrupts the run
-    silently. Run this before launching a training attempt (the DAG's ``train_rl`` also runs
-    :func:`check_training_record` before each submission).
-
-    :param bucket: bucket name, without ``gs://``.
-    :param record_object: ``GcsLayout.training_record_object``.
-    :param parameters: the parameters that must not change within a run (plain JSON values).
-
-    XCom return value: the record's ``gs://`` URI.
-    """
-
-    template_fields: Sequence[str] = ("bucket", "record_object", "parameters", "gcp_conn_id")
-
-    def __init__(
-        self,
-        *,
-        bucket: str,
-        record_object: str,
-        parameters: Mapping[str, Any],
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.bucket = bucket
-        self.record_object = record_object
-        self.parameters = parameters
-        self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
-
-    def execute(self, context: Context) -> str:
-        return check_training_record(
-            self.bucket, self.record_object, self.parameters, self.log, self.gcp_conn_id, self.impersonation_chain
-        )
 
 
 class PublishHfExportOperator(BaseOperator):
@@ -182,3 +98,16 @@ class PublishHfExportOperator(BaseOperator):
         }
         self.log.info("Published %d objects to %s", len(published), uri)
         return uri
+
+
+class RunPublishHfExportOperator(RunScoped, PublishHfExportOperator):
+    """The DAG's ``publish_export``: into the run's bucket and export prefix, naming the run's training folder
+    as the source (the verified attempt and the final step come from XCom)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(bucket="", destination_prefix="", source_run="", **kwargs)
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        layout = scope.layout
+        self.bucket, self.gcp_conn_id = scope.config.gcs_bucket, scope.config.gcp_conn_id
+        self.destination_prefix, self.source_run = layout.export_prefix, layout.uri(layout.training_prefix)

@@ -1,0 +1,103 @@
+"""The training record: a run's training parameters stored next to its checkpoints on the first attempt,
+and every later attempt refused when they differ (``train_rl`` resumes from the run's latest checkpoint).
+
+:func:`check_training_record` is the check; :class:`TrainingRecordCheckOperator` runs it as a task, and
+:class:`RunTrainingRecordCheckOperator` is the DAG's task, on the run's record. ``TrainRlOperator`` runs
+the same check before each submission.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from tpu_rl.checkpoints import training_record_changes
+from tpu_rl.compat import AirflowFailException
+from tpu_rl.hooks import gcs
+from tpu_rl.run_scope import RunScope, RunScoped
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def check_training_record(
+    bucket: str,
+    record_object: str,
+    parameters: Mapping[str, Any],
+    log: Any,
+    gcp_conn_id: str = "google_cloud_default",
+    impersonation_chain: str | Sequence[str] | None = None,
+) -> str:
+    """Records a run's training parameters next to its checkpoints on the first attempt, and refuses
+    (AirflowFailException) any later attempt whose parameters differ. Returns the record's URI."""
+    uri = f"gs://{bucket}/{record_object}"
+    current = json.loads(json.dumps(dict(parameters)))  # As it reads back from JSON.
+    client = gcs.storage_client(gcp_conn_id, impersonation_chain)
+    created, stored = gcs.read_or_create_json(client, bucket, record_object, {"parameters": current})
+    if created:
+        log.info("Recorded the run's training parameters in %s", uri)
+        return uri
+    recorded = stored["parameters"]
+    if changes := training_record_changes(recorded, current):
+        raise AirflowFailException(
+            f"Refusing to resume the run recorded in {uri}: its checkpoints were trained with other "
+            f"parameters ({'; '.join(changes)}). Start a new DAG run, or restore the recorded values."
+        )
+    log.info("Training parameters match %s: resuming the same run", uri)
+    return uri
+
+
+class TrainingRecordCheckOperator(BaseOperator):
+    """Records a run's training parameters next to its checkpoints, and refuses a resume that changes them.
+
+    ``train_rl`` resumes from the latest checkpoint of the same run and fast-forwards the data;
+    changing ``num_batches``, ``batch_size``, the dataset or the model under it corrupts the run
+    silently. Run this before launching a training attempt (the DAG's ``train_rl`` also runs
+    :func:`check_training_record` before each submission).
+
+    :param bucket: bucket name, without ``gs://``.
+    :param record_object: ``GcsLayout.training_record_object``.
+    :param parameters: the parameters that must not change within a run (plain JSON values).
+
+    XCom return value: the record's ``gs://`` URI.
+    """
+
+    template_fields: Sequence[str] = ("bucket", "record_object", "parameters", "gcp_conn_id")
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        record_object: str,
+        parameters: Mapping[str, Any],
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.bucket = bucket
+        self.record_object = record_object
+        self.parameters = parameters
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+
+    def execute(self, context: Context) -> str:
+        return check_training_record(
+            self.bucket, self.record_object, self.parameters, self.log, self.gcp_conn_id, self.impersonation_chain
+        )
+
+
+class RunTrainingRecordCheckOperator(RunScoped, TrainingRecordCheckOperator):
+    """``check_training_record`` of the DAG: the run's bucket, record object and :func:`~tpu_rl.run.training_record`
+    (typed values), filled in when the task renders, so the Rendered Template view shows them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(bucket="", record_object="", parameters={}, **kwargs)
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        self.bucket, self.gcp_conn_id = scope.config.gcs_bucket, scope.config.gcp_conn_id
+        self.record_object = scope.layout.training_record_object
+        self.parameters = scope.training_record

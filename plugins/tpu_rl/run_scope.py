@@ -1,0 +1,116 @@
+"""The run's scope: what one task execution of a DAG run works with, resolved once from the task's context.
+
+:class:`RunScope` holds the run's params and identity, and derives from them, once, the validated
+:class:`~tpu_rl.config.RunConfig`, the :class:`~tpu_rl.run.GcsLayout` and the cluster to reach. The config
+is rebuilt in every task from the run's params (deterministic, and nothing passes through XCom).
+
+:class:`RunScoped` gives it to the pipeline's operators and sensors (in the manner of the Google
+provider's ``GKEOperatorMixin``): ``bind_scope(context)`` at each entry (template rendering, ``execute``,
+a resume after a deferral) builds it the first time and returns the same object after; ``self.scope``
+reads it anywhere else, ``on_kill`` included. After rendering, :meth:`RunScoped.resolve_scope` fills the
+operator's templated fields with the concrete values of the run, so the Rendered Template view shows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from tpu_rl.config import RunConfig
+from tpu_rl.run import GcsLayout, RunIdentity, training_record
+
+if TYPE_CHECKING:
+    from tpu_rl.hooks.jobset import ClusterTarget
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """The run's params and identity, and the task instance's try; the rest derived once, on first use.
+
+    :param params: the run's params (the trigger form's values).
+    :param run: the DAG run's identity.
+    :param task_id: the task, and
+    :param try_number: its try (None outside a task instance, e.g. in the GKE operator tests).
+    """
+
+    params: Mapping[str, Any] = field(repr=False)
+    run: RunIdentity
+    task_id: str | None = None
+    try_number: int | None = None
+
+    @classmethod
+    def of(cls, context: Any) -> RunScope:
+        ti = context.get("ti")
+        return cls(
+            dict(context["params"]),
+            RunIdentity(context["dag"].dag_id, context["run_id"]),
+            getattr(ti, "task_id", None),
+            getattr(ti, "try_number", None),
+        )
+
+    @cached_property
+    def config(self) -> RunConfig:
+        """The validated config (raises :class:`~tpu_rl.config.ConfigError` for params that cannot work)."""
+        return RunConfig.from_params(dict(self.params))
+
+    @cached_property
+    def layout(self) -> GcsLayout:
+        return GcsLayout(self.config, self.run)
+
+    @cached_property
+    def cluster_target(self) -> ClusterTarget:
+        from tpu_rl.hooks.cluster import cluster_target
+
+        return cluster_target(self.config)
+
+    @cached_property
+    def training_record(self) -> dict[str, Any]:
+        return training_record(self.config)
+
+    def uri(self, prefix: str) -> str:
+        return self.layout.uri(prefix)
+
+
+class RunScoped:
+    """Mixin for the pipeline's operators and sensors: the run's :class:`RunScope`, resolved once per task
+    execution.
+
+    Entry points bind it: rendering, ``execute`` and ``resume_execution`` here; a subclass that defines
+    its own ``execute`` (or ``poke``) starts it with ``scope = self.bind_scope(context)``.
+    """
+
+    _run_scope: RunScope | None = None
+
+    def bind_scope(self, context: Any) -> RunScope:
+        """The scope of this task execution: built from ``context`` the first time, the same object after
+        (an operator object reused for another run or try, as tests do, gets a new one)."""
+        scope = RunScope.of(context)
+        if self._run_scope != scope:
+            self._run_scope = scope
+            self.resolve_scope(scope, context)
+        return self._run_scope
+
+    @property
+    def scope(self) -> RunScope:
+        if self._run_scope is None:
+            raise RuntimeError(f"{type(self).__name__}: the run's scope is read before bind_scope(context)")
+        return self._run_scope
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        """Called once per bound scope: set the fields that come from the run's config (the Rendered
+        Template view shows them), and forget anything derived from a previous scope."""
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        super().render_template_fields(context, jinja_env)  # type: ignore[misc]
+        self._run_scope = None  # Rendering may have replaced fields resolved before: resolve them again.
+        self.bind_scope(context)
+
+    def execute(self, context: Any, **kwargs: Any) -> Any:
+        self.bind_scope(context)
+        return super().execute(context, **kwargs)  # type: ignore[misc]
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
+        self.bind_scope(context)
+        return super().resume_execution(next_method, next_kwargs, context)  # type: ignore[misc]
