@@ -38,9 +38,12 @@ Stage contract (arguments read, `key=value` and `--flag=value`):
                   weight_dtype (float32), --hf_model_path, model_name
                   ->  tokenizer files, config.json, model-0000i-of-00004.safetensors, index last
 A missing input (load_parameters_path with no objects) or a missing bucket fails the pod (exit code 1).
-Bucket IAM: on the nodes of GKE-emulated clusters (annotated with their service account), a stage pod whose
+Bucket IAM: on the nodes of GKE-emulated clusters (annotated with their service account), a stage pod's
 principal (the node's account with hostNetwork or without the GKE metadata server; else its Kubernetes
-service account's Workload Identity principal) is not in $TPU_RL_SIM_BUCKET_PRINCIPALS fails with a 403.
+service account's Workload Identity principal) needs the permissions of its stage in the bucket policy
+($TPU_RL_SIM_DIR/bucket-policy.json, principal -> roles, read on each check; default: the nodes' account
+with roles/storage.objectAdmin and roles/storage.legacyBucketReader); else the pod fails with the error
+the real client prints.
 HF_TOKEN: checked to come from a Secret that exists (pod fails otherwise); a literal value or
 hf_access_token= on the command line gives a warning. Values are never printed.
 
@@ -73,9 +76,32 @@ STAGES = {
 }
 HF_IDS = {"qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Thinking-2507"}  # MaxText's default tokenizer per model
 HEARTBEAT = SIM / "run" / "maxtext-emulator.heartbeat"
-#: Who may read and write the buckets (bucket IAM), as principals.
-BUCKET_PRINCIPALS = set(os.environ.get(
-    "TPU_RL_SIM_BUCKET_PRINCIPALS", "serviceAccount:tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com").split(","))
+#: The buckets' IAM policy (principal -> roles), a file read on each check so a test can change it.
+BUCKET_POLICY_FILE = Path(os.environ.get("TPU_RL_SIM_DIR") or SIM) / "bucket-policy.json"
+DEFAULT_BUCKET_POLICY = {"serviceAccount:tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com":
+                         ["roles/storage.objectAdmin", "roles/storage.legacyBucketReader"]}
+#: The Cloud Storage permissions of the predefined roles the stages' identities get (the storage.* part that
+#: matters here). Source: IAM docs, "Cloud Storage roles" (https://cloud.google.com/storage/docs/access-control/iam-roles):
+#: objectAdmin and objectUser hold storage.objects.* but no storage.buckets.get; legacyBucketReader holds
+#: storage.buckets.get and storage.objects.list; storage.admin holds both.
+ROLE_PERMISSIONS = {
+    "roles/storage.admin": {"storage.buckets.get", "storage.objects.create", "storage.objects.delete",
+                            "storage.objects.get", "storage.objects.list"},
+    "roles/storage.objectAdmin": {"storage.objects.create", "storage.objects.delete", "storage.objects.get",
+                                  "storage.objects.list"},
+    "roles/storage.objectUser": {"storage.objects.create", "storage.objects.delete", "storage.objects.get",
+                                 "storage.objects.list"},
+    "roles/storage.objectViewer": {"storage.objects.get", "storage.objects.list"},
+    "roles/storage.legacyBucketReader": {"storage.buckets.get", "storage.objects.list"},
+    "roles/storage.bucketViewer": {"storage.buckets.get"},
+}
+#: What each stage does in the bucket. MaxText 0.2.4's HF->MaxText conversion calls get_bucket() before it
+#: writes (maxtext/utils/gcs_utils.py, reached from checkpoint_conversion/utils/utils.py).
+STAGE_PERMISSIONS = {
+    "to_maxtext": ["storage.buckets.get", "storage.objects.create", "storage.objects.list"],
+    "train_rl": ["storage.objects.get", "storage.objects.list", "storage.objects.create", "storage.objects.delete"],
+    "to_huggingface": ["storage.objects.get", "storage.objects.list", "storage.objects.create"],
+}
 HANDLED = SIM / "run" / "maxtext-emulator-handled.txt"
 
 
@@ -460,7 +486,7 @@ class Emulator:
                 # A real kubelet would not start the container (CreateContainerConfigError).
                 raise PodFailure(warnings[0])
             if stage:
-                self.check_bucket_access(pod, args, flags)
+                self.check_bucket_access(pod, stage, args, flags)
             if not stage:
                 summary = "no MaxText stage in this pod"
             elif index != "0" or job_index != "0":
@@ -523,7 +549,7 @@ class Emulator:
             return attempt < int(annotations[PREFIX + "fail-attempts"])
         return annotations.get(PREFIX + "exit-code", "0") != "0"
 
-    def check_bucket_access(self, pod, args, flags):
+    def check_bucket_access(self, pod, stage, args, flags):
         """Cloud Storage answers 403 to a principal without access to the bucket. The principal is decided as
         on GKE: a pod with hostNetwork, or on a node without the GKE metadata server, is the node's service
         account; otherwise the Workload Identity principal of its Kubernetes service account. Nodes that
@@ -539,9 +565,21 @@ class Emulator:
             principal = (f"principal://iam.googleapis.com/projects/{gke_rules.PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
                          f"tpu-rl-sim.svc.id.goog/subject/ns/{pod.metadata.namespace}/sa/"
                          f"{pod.spec.service_account_name or 'default'}")
-        if principal not in BUCKET_PRINCIPALS:
-            url = args.get("base_output_directory") or flags.get("base_output_directory") or "the bucket"
-            raise PodFailure(f"403 Forbidden: {principal} does not have storage.objects.create access to {url}")
+        try:
+            policy = json.loads(BUCKET_POLICY_FILE.read_text())
+        except (OSError, ValueError):
+            policy = DEFAULT_BUCKET_POLICY
+        granted = set().union(*(ROLE_PERMISSIONS.get(role, set()) for role in policy.get(principal, [])))
+        url = args.get("base_output_directory") or flags.get("base_output_directory") or "the bucket"
+        for permission in STAGE_PERMISSIONS.get(stage, []):
+            if permission in granted:
+                continue
+            if permission == "storage.buckets.get":  # what maxtext/utils/gcs_utils.py raises after get_bucket()
+                bucket = url.removeprefix("gs://").split("/", 1)[0]
+                raise PodFailure(f"ValueError: GCS bucket {bucket} not found or accessible "
+                                 f"(403 Forbidden: {principal} does not have storage.buckets.get access to the "
+                                 "Google Cloud Storage bucket)")
+            raise PodFailure(f"403 Forbidden: {principal} does not have {permission} access to {url}")
 
     def check_secrets(self, pod, container, args):
         """HF token hygiene. Never reads or prints a token's value beyond checking the key exists."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import time
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -30,6 +32,8 @@ except ImportError:  # pragma: no cover
     from airflow.exceptions import AirflowFailException, TaskDeferred
 
 pytestmark = pytest.mark.gke
+
+REPO = Path(__file__).resolve().parents[2]
 
 DAG_ID = "maxtext_rl_tpu"
 SMALL = {
@@ -179,11 +183,26 @@ def test_a_new_cluster_gets_the_shipped_jobset_release_and_a_broken_install_is_r
     assert hook.jobset_admission_problem("default") is None
 
 
+def _stage_outcome(api, jobset: dict) -> tuple[str, str]:
+    """Submits a stage's JobSet; its first finished pod's phase and what the MaxText emulator says it did."""
+    from kubernetes.client import CoreV1Api, CustomObjectsApi
+
+    CustomObjectsApi(api).create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", jobset)
+    name, deadline = jobset["metadata"]["name"], time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pods = CoreV1Api(api).list_namespaced_pod("default", label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+        done = [p for p in pods if p.status.phase in ("Succeeded", "Failed")]
+        if done:
+            return done[0].status.phase, (done[0].metadata.annotations or {}).get("sim.tpu-rl.dev/emulated", "")
+        time.sleep(1)
+    raise AssertionError(f"{name} did not finish")
+
+
 def test_conversion_pods_reach_the_bucket_as_the_node_service_account(created):
     """On GKE_METADATA nodes a pod without hostNetwork is its Kubernetes service account's Workload Identity
     principal, which the bucket does not grant: the conversion as built runs; without hostNetwork it gets 403."""
 
-    from kubernetes.client import CoreV1Api, CustomObjectsApi
+    from kubernetes.client import CoreV1Api
 
     from tpu_rl import manifests
     from tpu_rl.config import RunConfig
@@ -193,19 +212,8 @@ def test_conversion_pods_reach_the_bucket_as_the_node_service_account(created):
     api = _hook_for(run).kube_hook.get_conn()
     CoreV1Api(api).create_namespaced_secret("default", manifests.hf_token_secret(config, run.identity, "hf_not_real"))
 
-    def outcome(jobset: dict) -> tuple[str, str]:
-        CustomObjectsApi(api).create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", jobset)
-        name, deadline = jobset["metadata"]["name"], time.monotonic() + 120
-        while time.monotonic() < deadline:
-            pods = CoreV1Api(api).list_namespaced_pod("default", label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
-            done = [p for p in pods if p.status.phase in ("Succeeded", "Failed")]
-            if done:
-                return done[0].status.phase, (done[0].metadata.annotations or {}).get("sim.tpu-rl.dev/emulated", "")
-            time.sleep(1)
-        raise AssertionError(f"{name} did not finish")
-
     as_built = manifests.hf_to_maxtext_jobset(config, run.identity)
-    assert outcome(as_built)[0] == "Succeeded"
+    assert _stage_outcome(api, as_built)[0] == "Succeeded"
 
     other = Run(cluster_name=run.params["cluster_name"])
     without_host_network = manifests.hf_to_maxtext_jobset(config, other.identity)
@@ -213,9 +221,40 @@ def test_conversion_pods_reach_the_bucket_as_the_node_service_account(created):
     del pod["hostNetwork"], pod["dnsPolicy"]
     token = next(e for e in pod["containers"][0]["env"] if e["name"] == "HF_TOKEN")
     token["valueFrom"]["secretKeyRef"]["name"] = run.identity.secret_name()
-    phase, emulated = outcome(without_host_network)
+    phase, emulated = _stage_outcome(api, without_host_network)
     assert phase == "Failed"
     assert "403 Forbidden: principal://iam.googleapis.com/" in emulated and "/subject/ns/default/sa/default" in emulated
+
+
+def test_the_conversion_needs_bucket_get_besides_object_access(created, tmp_path):
+    """MaxText's HF->MaxText conversion calls get_bucket() before it writes: a node account with
+    roles/storage.objectAdmin alone (no storage.buckets.get) fails it with the client's message; the roles
+    docs/composer.md grants (objectAdmin and legacyBucketReader) let it run."""
+    import json
+
+    from kubernetes.client import CoreV1Api
+
+    from tpu_rl import manifests
+    from tpu_rl.config import RunConfig
+
+    run, _ = created
+    node_account = f"serviceAccount:{run.params['node_service_account']}"
+    policy = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim")) / "bucket-policy.json"
+    api = _hook_for(run).kube_hook.get_conn()
+
+    def conversion(roles: list[str]) -> tuple[str, str]:
+        policy.write_text(json.dumps({node_account: roles}))
+        attempt = Run(cluster_name=run.params["cluster_name"])
+        config = RunConfig.from_params({**attempt.params, "gcs_bucket": "tpu-rl-sim", "workload_prefix": "iam"})
+        CoreV1Api(api).create_namespaced_secret("default", manifests.hf_token_secret(config, attempt.identity, "hf_x"))
+        return _stage_outcome(api, manifests.hf_to_maxtext_jobset(config, attempt.identity))
+
+    try:
+        phase, emulated = conversion(["roles/storage.objectAdmin"])
+        assert phase == "Failed" and "GCS bucket tpu-rl-sim not found or accessible" in emulated, emulated
+        assert conversion(["roles/storage.objectAdmin", "roles/storage.legacyBucketReader"])[0] == "Succeeded"
+    finally:
+        policy.unlink(missing_ok=True)
 
 
 def test_a_conversion_that_fits_no_cpu_pool_node_fails_before_it_is_submitted(created):
