@@ -337,6 +337,35 @@ def check_workload_metadata(cluster: dict, pool: dict) -> None:
                    f'(node pool "{pool.get("name")}").')  # (wording ours)
 
 
+#: Source: GKE API reference NodeConfig.metadata (https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig):
+#: "Keys must conform to the regexp [a-zA-Z0-9-_]+ and be less than 128 bytes in length ... keys must not
+#: conflict with any other metadata keys for the project or be one of the reserved keys" (the list below);
+#: "each value's size must be less than or equal to 32 KB. The total size of all keys and values must be
+#: less than 512 KB."
+RESERVED_METADATA_KEYS = {
+    "cluster-location", "cluster-name", "cluster-uid", "configure-sh", "containerd-configure-sh",
+    "enable-os-login", "gci-ensure-gke-docker", "gci-metrics-enabled", "gci-update-strategy",
+    "instance-template", "kube-env", "startup-script", "user-data", "disable-address-manager",
+    "windows-startup-script-ps1", "common-psm1", "k8s-node-setup-psm1", "install-ssh-psm1",
+    "user-profile-psm1",
+}
+_METADATA_KEY = re.compile(r"[a-zA-Z0-9_-]+")
+
+
+def check_node_metadata(pool: dict) -> None:
+    metadata = (pool.get("config") or {}).get("metadata") or {}
+    for key, value in metadata.items():
+        if key in RESERVED_METADATA_KEYS:
+            raise _bad(f'Node pool "{pool.get("name")}": metadata key "{key}" is reserved.')  # (wording ours)
+        if not _METADATA_KEY.fullmatch(key) or len(key.encode()) >= 128:
+            raise _bad(f'Node pool "{pool.get("name")}": metadata key "{key}" must match [a-zA-Z0-9-_]+ and be '
+                       "less than 128 bytes.")  # (wording ours)
+        if len(str(value).encode()) > 32 * 1024:
+            raise _bad(f'Node pool "{pool.get("name")}": the value of metadata key "{key}" exceeds 32 KB.')
+    if sum(len(k.encode()) + len(str(v).encode()) for k, v in metadata.items()) >= 512 * 1024:
+        raise _bad(f'Node pool "{pool.get("name")}": metadata exceeds 512 KB in total.')
+
+
 def check_node_pool(cluster: dict, pool: dict, region: str, project: str, reservations: set[str],
                     default_disk: str = DEFAULT_BOOT_DISK) -> None:
     """Every per-pool rule, in the order GKE's validation is likely to meet them."""
@@ -347,6 +376,7 @@ def check_node_pool(cluster: dict, pool: dict, region: str, project: str, reserv
     check_pool_locations(region, pool)
     check_management_with_release_channel(cluster, pool)
     check_workload_metadata(cluster, pool)
+    check_node_metadata(pool)
     check_disk_type(pool, default_disk)
     check_gvnic(pool)
     check_tpu_slice(pool)

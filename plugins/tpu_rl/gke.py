@@ -7,13 +7,20 @@ Each carries the run key as a resource label: teardown deletes only what its own
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
 from tpu_rl.config import RunConfig
 from tpu_rl.machines import needs_gvnic, needs_hyperdisk
 from tpu_rl.run import RunIdentity
-from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, TPU_TAINT_KEY
+from tpu_rl.vocabulary import (
+    GKE_LABEL_KEEP,
+    GKE_LABEL_RUN_KEY,
+    GKE_METADATA_DAG_ID,
+    GKE_METADATA_RUN_ID,
+    TPU_TAINT_KEY,
+)
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 SYSTEM_POOL = "system"
@@ -31,9 +38,11 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
     pools = [system_pool(config), cpu_pool(config)]
     if config.tpu_pools_with_cluster:
         pools += [tpu_node_pool(config, run, i) for i in range(config.cluster_nodepool_count)]
+    labels = {GKE_LABEL_RUN_KEY: run.key, **({GKE_LABEL_KEEP: "true"} if config.keep_cluster else {})}
     body = {
         "name": config.cluster_name,
-        "resource_labels": {GKE_LABEL_RUN_KEY: run.key},
+        "description": owner_description(run),
+        "resource_labels": labels,
         "release_channel": {"channel": "REGULAR"},
         "maintenance_policy": {"window": {"maintenance_exclusions": {UPGRADE_EXCLUSION: _upgrade_exclusion(now)}}},
         "workload_identity_config": {"workload_pool": f"{config.project}.svc.id.goog"},
@@ -52,6 +61,27 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
         # gate only the IP endpoint. Cloud Composer 3 has no fixed egress address to allow-list.
         body["control_plane_endpoints_config"] = {"dns_endpoint_config": {"allow_external_traffic": True}}
     return body
+
+
+_OWNER = re.compile(r"Created by tpu-rl for the Airflow DAG run (?P<dag_id>\S+) / (?P<run_id>\S+)\.")
+
+
+def owner_description(run: RunIdentity) -> str:
+    """The cluster's description: who created it, in full (resource labels hold only the run key)."""
+    return f"Created by tpu-rl for the Airflow DAG run {run.dag_id} / {run.run_id}."
+
+
+def cluster_owner(description: str) -> RunIdentity | None:
+    """The run that created a cluster, from its description; None for a cluster this package did not create."""
+    match = _OWNER.fullmatch(description or "")
+    return RunIdentity(match["dag_id"], match["run_id"]) if match else None
+
+
+def pool_owner(node_metadata: dict[str, str]) -> RunIdentity | None:
+    """The run that created a node pool, from its nodes' metadata (``config.metadata``)."""
+    if GKE_METADATA_DAG_ID in node_metadata and GKE_METADATA_RUN_ID in node_metadata:
+        return RunIdentity(node_metadata[GKE_METADATA_DAG_ID], node_metadata[GKE_METADATA_RUN_ID])
+    return None
 
 
 def _upgrade_exclusion(now: datetime) -> dict[str, Any]:
@@ -78,6 +108,7 @@ def _node_config(config: RunConfig, machine_type: str, run: RunIdentity | None =
         node_config["service_account"] = config.node_service_account
     if run is not None:
         node_config["resource_labels"] = {GKE_LABEL_RUN_KEY: run.key}
+        node_config["metadata"] = {GKE_METADATA_DAG_ID: run.dag_id, GKE_METADATA_RUN_ID: run.run_id}
     return node_config
 
 

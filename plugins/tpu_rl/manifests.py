@@ -65,7 +65,8 @@ def hf_token_secret(config: RunConfig, run: RunIdentity, token: str | None = Non
     secret: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": run.secret_name(), "namespace": config.namespace, "labels": run.labels()},
+        "metadata": {"name": run.secret_name(), "namespace": config.namespace, "labels": run.labels(),
+                     "annotations": run.annotations()},
         "type": "Opaque",
     }
     if token is not None:

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 # The label keys that tie cloud and Kubernetes objects to the run that created them; imported from here too.
-from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, LABEL_DAG_ID, LABEL_RUN_KEY  # noqa: F401 (GKE_LABEL_RUN_KEY)
+from tpu_rl.vocabulary import (  # noqa: F401 (GKE_LABEL_RUN_KEY)
+    ANNOTATION_DAG_ID,
+    ANNOTATION_RUN_ID,
+    GKE_LABEL_RUN_KEY,
+    LABEL_DAG_ID,
+    LABEL_RUN_KEY,
+)
 
 if TYPE_CHECKING:
     from tpu_rl.config import RunConfig
@@ -48,6 +54,10 @@ class RunIdentity:
 
     def labels(self) -> dict[str, str]:
         return {LABEL_RUN_KEY: self.key, LABEL_DAG_ID: slug(self.dag_id)[:63]}
+
+    def annotations(self) -> dict[str, str]:
+        """The run's full identity, which labels (slugs) cannot hold: the reaper asks Airflow about it."""
+        return {ANNOTATION_DAG_ID: self.dag_id, ANNOTATION_RUN_ID: self.run_id}
 
     def jobset_name(self, prefix: str, stage: str) -> str:
         return f"{prefix}-{STAGE_WORDS[stage]}-{self.key}"

@@ -62,7 +62,14 @@ LABEL_DAG_ID = "tpu-rl.dev/dag-id"
 LABEL_TASK_ID = "tpu-rl.dev/task-id"
 #: GKE resource labels allow only lowercase letters, digits, '-' and '_'.
 GKE_LABEL_RUN_KEY = "tpu-rl-run-key"
-#: Annotations with the full (unsanitized) identity of a JobSet's submitter; label values are slugs.
+#: On a cluster created with keep_cluster: the reaper never deletes it.
+GKE_LABEL_KEEP = "tpu-rl-keep"
+#: Node-pool metadata keys (GCE instance metadata: free-form values) with the creating run's identity, which
+#: resource labels cannot hold; a created cluster carries it in its description (gke.owner_description).
+GKE_METADATA_DAG_ID = "tpu-rl-dag-id"
+GKE_METADATA_RUN_ID = "tpu-rl-run-id"
+#: Annotations with the full (unsanitized) identity of the run that made a JobSet or Secret; label values
+#: are slugs.
 ANNOTATION_DAG_ID = LABEL_DAG_ID
 ANNOTATION_RUN_ID = "tpu-rl.dev/run-id"
 ANNOTATION_TASK_ID = LABEL_TASK_ID

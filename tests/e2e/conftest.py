@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from scripts.local_airflow import AirflowApiError, LocalAirflow
+from tpu_rl_testing import read_env
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -115,6 +116,29 @@ def airflow_stack():
             _run("scripts/airflow-stack.sh stop", check=False)
         if started_postgres:
             _run("scripts/postgres.sh stop", check=False)
+
+
+@pytest.fixture(scope="module")
+def gke():
+    """The GKE API as the pipeline reaches it: gRPC through the simulation's egress proxy, a service-account key."""
+    import json
+
+    from google.cloud.container_v1 import ClusterManagerClient
+    from google.oauth2 import service_account
+
+    env = read_env(REPO / ".sim/airflow.env")
+    saved = {k: os.environ.get(k) for k in ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")}
+    os.environ.update({k: env[k] for k in saved})
+    key_path = json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
+    credentials = service_account.Credentials.from_service_account_file(
+        key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+    )
+    yield ClusterManagerClient(credentials=credentials)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

@@ -9,53 +9,21 @@ The scenarios do not share a cluster, so they run as concurrent DAG runs: all ar
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from datetime import datetime
 
 import pytest
-from google.api_core.exceptions import NotFound
-from google.cloud.container_v1 import ClusterManagerClient
-from google.oauth2 import service_account
 
 from sim import gke_faults
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
 
-from tpu_rl_testing import REPO, SIM_CREATE_CONF, read_env
+from tpu_rl_testing import GKE_PARENT as PARENT
+from tpu_rl_testing import SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
 
 pytestmark = pytest.mark.e2e
 
 DAG_ID = "maxtext_rl_tpu"
 RUN_TIMEOUT = 1200
-#: A v6e-16 slice (4 hosts) keeps the simulated clusters small; the tutorial's 8x8 runs in make demo.
-SMALL_SLICE = {"tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2, "ici_expert_parallelism": 2,
-               "rollout_tensor_parallelism": 4, "num_batches": 4, "checkpoint_period": 2}
-PARENT = f"projects/{SIM_CREATE_CONF['project']}/locations/{SIM_CREATE_CONF['region']}"
-
-
-@pytest.fixture(scope="module")
-def gke():
-    """The GKE API as the pipeline reaches it: gRPC through the simulation's egress proxy, a service-account key."""
-    env = read_env(REPO / ".sim/airflow.env")
-    saved = {k: os.environ.get(k) for k in ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")}
-    os.environ.update({k: env[k] for k in saved})
-    key_path = json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
-    credentials = service_account.Credentials.from_service_account_file(
-        key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"]
-    )
-    yield ClusterManagerClient(credentials=credentials)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-def cluster_or_none(gke, name: str):
-    try:
-        return gke.get_cluster(name=f"{PARENT}/clusters/{name}")
-    except NotFound:
-        return None
 
 
 @pytest.fixture(scope="module")

@@ -191,6 +191,18 @@ def test_cluster_checks_its_pools():
     assert 'Machine type "no-such-type" does not exist.' == refused(rules.check_cluster, body, REGION, PROJECT, set())
 
 
+def test_node_metadata_keys_gke_reserves_or_cannot_hold_are_refused():
+    for key in ("kube-env", "startup-script"):
+        assert "is reserved" in refused(rules.check_node_pool, cluster(), tpu_pool(config={
+            **tpu_pool()["config"], "metadata": {key: "x"}}), REGION, PROJECT, set())
+    assert "must match" in refused(rules.check_node_pool, cluster(), tpu_pool(config={
+        **tpu_pool()["config"], "metadata": {"tpu.rl/run": "x"}}), REGION, PROJECT, set())
+    assert "exceeds 32 KB" in refused(rules.check_node_pool, cluster(), tpu_pool(config={
+        **tpu_pool()["config"], "metadata": {"big": "x" * 40000}}), REGION, PROJECT, set())
+    rules.check_node_pool(cluster(), tpu_pool(config={**tpu_pool()["config"], "metadata": {
+        "tpu-rl-run-id": "manual__2026-12-01T00:00:00+00:00"}}), REGION, PROJECT, set())
+
+
 def test_allocatable_follows_gke_reservations():
     # GKE's worked example in "Plan GKE Standard node sizes": a 32 GiB / 8 vCPU node reserves 3.56 GiB memory
     # (1 + 0.8 + 0.8 + 0.96) plus 100 MiB eviction, and 90 m CPU (60 + 10 + 10 + 4 x 2.5).

@@ -216,6 +216,37 @@ class JobSetHook(LoggingMixin):
 
         return CoreV1Api(self.kube_hook.get_conn()).list_node(label_selector=label_selector).items
 
+    def list_labelled(self, label_selector: str) -> tuple[list[dict], list[dict]]:
+        """(JobSets, Secrets) of every namespace with the label; each as {"metadata": ...} (the Secrets
+        without their data). A cluster without the JobSet CRD has no JobSets."""
+        from kubernetes.client import CoreV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        api = self.kube_hook.get_conn()
+        try:
+            jobsets = self._custom.list_cluster_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, label_selector=label_selector)["items"]
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            jobsets = []
+        secrets = CoreV1Api(api).list_secret_for_all_namespaces(label_selector=label_selector).items
+        return ([{"metadata": j["metadata"]} for j in jobsets],
+                [{"metadata": api.sanitize_for_serialization(s.metadata)} for s in secrets])
+
+    def delete_secret(self, name: str, namespace: str) -> bool:
+        """False if it was already gone."""
+        from kubernetes.client import CoreV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            CoreV1Api(self.kube_hook.get_conn()).delete_namespaced_secret(name, namespace)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
     def jobset_admission_problem(self, namespace: str) -> str | None:
         """Whether JobSet's webhooks admit and default a JobSet: a server-side dry-run create (nothing is
         stored). None when they do; else what the apiserver answered."""

@@ -1,0 +1,203 @@
+"""The reaper: finds what runs of this package left behind in GKE when Airflow could not tear it down
+(the run was deleted, its environment lost or restored, its teardown never ran), and removes it.
+
+It lists, in each watched project and location, the clusters and node pools this package created (their
+description and node metadata name the run) and, in every reachable cluster, the JobSets and Secrets with
+the run labels; asks Airflow for each owner run's state; decides with :func:`tpu_rl.reaper.decide`; prints
+the report and pushes it as the XCom ``report``. Dry run unless ``delete`` is set. Reapable TPU capacity that
+is still there fails the task, so the usual alerting fires.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from tpu_rl import gke
+from tpu_rl import reaper as rp
+from tpu_rl.compat import AirflowFailException
+from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
+from tpu_rl.run import RunIdentity
+from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP, LABEL_RUN_KEY
+
+#: TPU chips per host from the machine type's suffix: ct6e-standard-4t, ct5p-hightpu-4t, ct5lp-hightpu-8t.
+_CHIPS = re.compile(r"^ct\w+-\w+-(\d+)t$")
+_LOCATION = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]/[a-z]+-[a-z]+\d+(-[a-z])?")
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _pool_chips(pool) -> int:
+    match = _CHIPS.match(pool.config.machine_type or "")
+    return int(match[1]) * pool.initial_node_count * max(len(pool.locations), 1) if match else 0
+
+
+class ReapOrphanedResourcesOperator(BaseOperator):
+    """Keeps or reaps each resource this package created whose run is gone (see the module docstring).
+
+    Reads the run's params: ``watch`` (``project/location`` entries), ``grace_minutes``, ``delete``,
+    ``gcp_conn_id``.
+    """
+
+    ui_color = "#f4cccc"
+
+    def execute(self, context: Any) -> list[dict]:
+        params = context["params"]
+        watch, grace, delete = self._settings(params)
+        now = datetime.now(timezone.utc)
+        resources, clusters = [], {}
+        for where in watch:
+            project, location = where.split("/")
+            found, reachable = self._gke_resources(project, location, params["gcp_conn_id"])
+            resources += found
+            clusters.update(reachable)
+        for (project, location, name), target in clusters.items():
+            resources += self._kubernetes_resources(project, location, name, target)
+        states = {owner: self._run_state(context["ti"], owner) for owner in {r.owner for r in resources}}
+        users = self._live_users(resources, states)
+        decisions = [rp.decide(r, states[r.owner], now, grace,
+                               users.get((r.project, r.location, r.name), ()) if r.kind == rp.CLUSTER else ())
+                     for r in resources]
+        if delete:
+            decisions = self._delete(decisions, clusters, params["gcp_conn_id"])
+        self.log.info("Reaper report (%s, grace %s):\n%s", "deleting" if delete else "dry run", grace,
+                      rp.report(decisions))
+        rows = [d.row() for d in decisions]
+        context["ti"].xcom_push(key="report", value=rows)
+        left = rp.left_behind_capacity(decisions)
+        if left:
+            raise AirflowFailException(
+                f"{len(left)} resource(s) holding TPU capacity outlived their runs: "
+                + "; ".join(f"{d.resource.path} ({d.reason}, {d.resource.chips} chips)" for d in left)
+                + ". Fix: trigger this DAG with delete=true to remove them, or delete them yourself."
+            )
+        return rows
+
+    # --- inputs ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _settings(params: Any) -> tuple[list[str], timedelta, bool]:
+        watch = list(params.get("watch") or [])
+        bad = [w for w in watch if not _LOCATION.fullmatch(str(w))]
+        if not watch or bad:
+            raise AirflowFailException(
+                "watch: " + (f"{bad} are not project/location entries" if bad else "nothing to watch")
+                + "; fix: list the projects and locations runs create clusters in, e.g. [\"my-project/us-east5\"]"
+            )
+        grace = params.get("grace_minutes")
+        if not isinstance(grace, (int, float)) or grace < 0:
+            raise AirflowFailException(f"grace_minutes: {grace!r} is not a number of minutes >= 0; fix: e.g. 60")
+        return watch, timedelta(minutes=grace), bool(params.get("delete"))
+
+    def _gke_resources(self, project: str, location: str, gcp_conn_id: str):
+        """This package's clusters and node pools in one location; the clusters whose Kubernetes API to read."""
+        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+
+        client = GKEHook(gcp_conn_id=gcp_conn_id, location=location).get_cluster_manager_client()
+        parent = f"projects/{project}/locations/{location}"
+        # A node pool has no creation time of its own: its create operation's start (keyed by the last
+        # segments of the target link, which may name the project by number).
+        pool_created = {tuple(op.target_link.split("/")[-3::2]): op.start_time
+                        for op in client.list_operations(parent=parent).operations
+                        if op.operation_type.name == "CREATE_NODE_POOL"}
+        found, reachable = [], {}
+        for cluster in client.list_clusters(parent=parent).clusters:
+            base = {"project": project, "location": location}
+            owner = gke.cluster_owner(cluster.description)
+            tpu_pools = []
+            for pool in cluster.node_pools:
+                pool_owner = gke.pool_owner(dict(pool.config.metadata))
+                if pool_owner is None:
+                    continue
+                created = _time(pool_created.get((cluster.name, pool.name)) or cluster.create_time)
+                resource = rp.Resource(rp.NODE_POOL, pool.name, pool_owner, created, cluster=cluster.name,
+                                       chips=_pool_chips(pool), **base)
+                found.append(resource)
+                tpu_pools.append(resource)
+            if owner is not None:
+                keep = "created with keep_cluster" if cluster.resource_labels.get(GKE_LABEL_KEEP) == "true" else ""
+                found.append(rp.Resource(rp.CLUSTER, cluster.name, owner, _time(cluster.create_time),
+                                         chips=sum(p.chips for p in tpu_pools), kept_by_design=keep, **base))
+            if cluster.status.name == "RUNNING":  # it may hold JobSets of runs that used it as an existing cluster
+                dns = cluster.control_plane_endpoints_config.dns_endpoint_config
+                reachable[(project, location, cluster.name)] = ClusterTarget(
+                    project_id=project, location=location, cluster_name=cluster.name, gcp_conn_id=gcp_conn_id,
+                    use_dns_endpoint=bool(dns.endpoint and dns.allow_external_traffic))
+        return found, reachable
+
+    def _kubernetes_resources(self, project: str, location: str, cluster: str, target: ClusterTarget):
+        try:
+            jobsets, secrets = JobSetHook(target).list_labelled(LABEL_RUN_KEY)
+        except Exception as e:  # noqa: BLE001 - one unreachable cluster must not hide the others' report
+            self.log.warning("Cluster %s/%s/%s is unreachable (%s): its JobSets and Secrets are not checked",
+                             project, location, cluster, str(e)[:300])
+            return []
+        found = []
+        for kind, objects in ((rp.JOBSET, jobsets), (rp.SECRET, secrets)):
+            for obj in objects:
+                meta = obj["metadata"]
+                notes = meta.get("annotations") or {}
+                if ANNOTATION_DAG_ID not in notes or ANNOTATION_RUN_ID not in notes:
+                    continue
+                found.append(rp.Resource(
+                    kind, meta["name"], RunIdentity(notes[ANNOTATION_DAG_ID], notes[ANNOTATION_RUN_ID]),
+                    _time(str(meta["creationTimestamp"])), project, location, cluster=cluster,
+                    namespace=meta["namespace"], uid=meta.get("uid", "")))
+        return found
+
+    def _run_state(self, ti: Any, owner: RunIdentity) -> str:
+        if not ti.get_dr_count(dag_id=owner.dag_id, run_ids=[owner.run_id]):
+            return rp.MISSING
+        return str(ti.get_dagrun_state(dag_id=owner.dag_id, run_id=owner.run_id))
+
+    @staticmethod
+    def _live_users(resources: list[rp.Resource], states: dict[RunIdentity, str]) -> dict[tuple, tuple]:
+        """Per cluster, the live runs with node pools, JobSets or Secrets in it: a cluster is kept while another
+        run uses it."""
+        users: dict[tuple, list[RunIdentity]] = {}
+        for r in resources:
+            if r.kind != rp.CLUSTER and states[r.owner] in rp.LIVE_STATES:
+                users.setdefault((r.project, r.location, r.cluster), []).append(r.owner)
+        return {k: tuple(dict.fromkeys(v)) for k, v in users.items()}
+
+    # --- deletion -------------------------------------------------------------------------------------
+    def _delete(self, decisions: list[rp.Decision], targets: dict, gcp_conn_id: str) -> list[rp.Decision]:
+        """Kubernetes objects first, then pools of clusters that stay, then clusters (their pools go with them)."""
+        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+
+        reaped_clusters = {(d.resource.project, d.resource.location, d.resource.name)
+                           for d in decisions if d.reap and d.resource.kind == rp.CLUSTER}
+        order = {rp.JOBSET: 0, rp.SECRET: 1, rp.NODE_POOL: 2, rp.CLUSTER: 3}
+        result = []
+        for d in sorted(decisions, key=lambda d: order[d.resource.kind]):
+            r = d.resource
+            if not d.reap:
+                result.append(d)
+                continue
+            if r.kind == rp.NODE_POOL and (r.project, r.location, r.cluster) in reaped_clusters:
+                result.append(dataclasses.replace(d, deleted=True, reason=d.reason + "; goes with its cluster"))
+                continue
+            try:
+                if r.kind == rp.JOBSET:
+                    JobSetHook(targets[(r.project, r.location, r.cluster)]).delete_jobset(r.name, r.namespace, uid=r.uid)
+                elif r.kind == rp.SECRET:
+                    JobSetHook(targets[(r.project, r.location, r.cluster)]).delete_secret(r.name, r.namespace)
+                elif r.kind == rp.NODE_POOL:
+                    GKEHook(gcp_conn_id=gcp_conn_id, location=r.location).get_cluster_manager_client() \
+                        .delete_node_pool(name=r.path)
+                else:
+                    GKEHook(gcp_conn_id=gcp_conn_id, location=r.location).delete_cluster(
+                        name=r.name, project_id=r.project, wait_to_complete=False)
+            except Exception as e:  # noqa: BLE001 - the next reaper run tries again; the report says why
+                self.log.warning("Could not delete %s %s: %s", r.kind, r.path, str(e)[:300])
+                result.append(dataclasses.replace(d, reason=f"{d.reason}; delete failed: {str(e)[:120]}"))
+                continue
+            self.log.warning("Deleted %s %s: owner %s / %s, run %s, age %s, %s chips", r.kind, r.path,
+                             r.owner.dag_id, r.owner.run_id, d.run_state, d.age, r.chips)
+            result.append(dataclasses.replace(d, deleted=True))
+        return result

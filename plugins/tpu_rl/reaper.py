@@ -1,0 +1,123 @@
+"""What the reaper decides about each resource a run of this package left, and the report a person reads.
+
+Pure: the operator (operators/reaper.py) lists the resources and asks Airflow about their runs; this
+module decides keep or reap and formats the table. A resource is only ever considered when it carries
+this package's ownership marks (gke.cluster_owner / gke.pool_owner, the run annotations of JobSets and
+Secrets); everything else is never listed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from tpu_rl.run import RunIdentity
+
+#: Airflow DAG-run states in which a run may still use what it created.
+LIVE_STATES = ("queued", "running")
+#: The run is not in Airflow's metadata database (deleted, or the database was lost or restored).
+MISSING = "missing"
+
+CLUSTER, NODE_POOL, JOBSET, SECRET = "cluster", "node pool", "JobSet", "Secret"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource with this package's ownership marks.
+
+    ``where``: (project, location) for GKE resources; with the cluster (and namespace) for the others.
+    ``chips``: TPU chips it holds (a TPU pool's; a cluster's own TPU pools'); ``kept_by_design``: why it
+    must never be deleted whatever its run's state (keep_cluster).
+    """
+
+    kind: str
+    name: str
+    owner: RunIdentity
+    created: datetime
+    project: str
+    location: str
+    cluster: str = ""
+    namespace: str = ""
+    chips: int = 0
+    kept_by_design: str = ""
+    uid: str = ""
+
+    @property
+    def path(self) -> str:
+        if self.kind == CLUSTER:
+            return f"projects/{self.project}/locations/{self.location}/clusters/{self.name}"
+        if self.kind == NODE_POOL:
+            return f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}/nodePools/{self.name}"
+        return f"{self.cluster}: {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    resource: Resource
+    run_state: str
+    reap: bool
+    reason: str
+    age: timedelta
+    #: Chip-hours the resource has billed since it was created (Airflow's task API gives a run's state,
+    #: not when it ended).
+    chip_hours: float = 0.0
+    deleted: bool = field(default=False, compare=False)
+
+    def row(self) -> dict[str, object]:
+        r = self.resource
+        return {
+            "kind": r.kind, "resource": r.path, "owner_dag_id": r.owner.dag_id, "owner_run_id": r.owner.run_id,
+            "run_state": self.run_state, "age_minutes": round(self.age.total_seconds() / 60, 1),
+            "decision": "reap" if self.reap else "keep", "reason": self.reason, "tpu_chips": r.chips,
+            "chip_hours": round(self.chip_hours, 2), "deleted": self.deleted,
+        }
+
+
+def decide(resource: Resource, run_state: str, now: datetime, grace: timedelta,
+           users: tuple[RunIdentity, ...] = ()) -> Decision:
+    """Keep or reap one resource.
+
+    ``run_state``: its run's DAG-run state, or MISSING. ``users``: the live runs that have objects inside
+    it (a cluster another run adopted keeps running for that run)."""
+    age = now - resource.created
+    chip_hours = resource.chips * max(age.total_seconds(), 0) / 3600
+
+    def keep(reason: str) -> Decision:
+        return Decision(resource, run_state, False, reason, age, chip_hours)
+
+    if resource.kept_by_design:
+        return keep(resource.kept_by_design)
+    if run_state in LIVE_STATES:
+        return keep(f"its run is {run_state}")
+    if users:
+        return keep(f"in use by the live run {users[0].dag_id} / {users[0].run_id}")
+    if age < grace:
+        return keep(f"younger than the grace period ({_minutes(grace)})")
+    ended = "no longer exists in Airflow" if run_state == MISSING else f"ended ({run_state})"
+    return Decision(resource, run_state, True, f"its run {ended}", age, chip_hours)
+
+
+def _minutes(delta: timedelta) -> str:
+    return f"{delta.total_seconds() / 60:.1f} min"
+
+
+def left_behind_capacity(decisions: list[Decision]) -> list[Decision]:
+    """Reapable TPU capacity that is still there (not deleted by this reaper run)."""
+    return [d for d in decisions if d.reap and d.resource.chips and not d.deleted]
+
+
+def report(decisions: list[Decision]) -> str:
+    """The table a person reads in the task log."""
+    if not decisions:
+        return "No resource with this package's ownership marks was found."
+    header = ("decision", "kind", "resource", "owner run", "run state", "age", "TPU chips", "chip-hours", "reason")
+    rows = [header] + [
+        ("reap" + (" (deleted)" if d.deleted else "") if d.reap else "keep", d.resource.kind, d.resource.path,
+         f"{d.resource.owner.dag_id} / {d.resource.owner.run_id}", d.run_state, _minutes(d.age),
+         str(d.resource.chips), f"{d.chip_hours:.2f}", d.reason)
+        for d in decisions
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""The reaper's decisions (tpu_rl.reaper) and the ownership marks it reads from what the pipeline creates."""
+
+from datetime import datetime, timedelta, timezone
+
+from tpu_rl import gke, manifests
+from tpu_rl import reaper as rp
+from tpu_rl.config import RunConfig
+from tpu_rl.run import RunIdentity
+from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP
+
+NOW = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
+RUN = RunIdentity("maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00")
+OTHER = RunIdentity("maxtext_rl_tpu", "scheduled__2026-12-01T11:00:00+00:00")
+
+
+def resource(kind=rp.NODE_POOL, age_minutes=120, chips=64, **extra) -> rp.Resource:
+    return rp.Resource(kind, "tpu-1234abcd-0", RUN, NOW - timedelta(minutes=age_minutes), "p", "us-east5",
+                       cluster="c", chips=chips, **extra)
+
+
+def test_the_pipelines_cluster_pools_and_secret_name_their_run(tutorial_conf):
+    config = RunConfig.from_params({**tutorial_conf, "keep_cluster": True})
+    body = gke.cluster_body(config, RUN, NOW)
+    assert gke.cluster_owner(body["description"]) == RUN
+    assert body["resource_labels"][GKE_LABEL_KEEP] == "true"
+    assert GKE_LABEL_KEEP not in gke.cluster_body(RunConfig.from_params(tutorial_conf), RUN, NOW)["resource_labels"]
+    assert gke.pool_owner(gke.tpu_node_pool(config, RUN, 0)["config"]["metadata"]) == RUN
+    secret = manifests.hf_token_secret(config, RUN)
+    assert secret["metadata"]["annotations"] == {ANNOTATION_DAG_ID: RUN.dag_id, ANNOTATION_RUN_ID: RUN.run_id}
+    assert gke.cluster_owner("A cluster of another team") is None and gke.pool_owner({}) is None
+
+
+def test_live_runs_keep_what_they_made_and_ended_or_lost_runs_lose_it():
+    grace = timedelta(minutes=60)
+    for state in ("queued", "running"):
+        kept = rp.decide(resource(), state, NOW, grace)
+        assert (kept.reap, kept.reason) == (False, f"its run is {state}")
+    assert rp.decide(resource(), "failed", NOW, grace).reason == "its run ended (failed)"
+    lost = rp.decide(resource(), rp.MISSING, NOW, grace)
+    assert lost.reap and lost.reason == "its run no longer exists in Airflow"
+    assert lost.chip_hours == 64 * 2  # 64 chips for two hours
+
+
+def test_grace_keep_cluster_and_other_users_hold_a_resource():
+    young = rp.decide(resource(age_minutes=30), rp.MISSING, NOW, timedelta(minutes=60))
+    assert not young.reap and young.reason == "younger than the grace period (60.0 min)"
+    kept = rp.decide(resource(rp.CLUSTER, kept_by_design="created with keep_cluster"), rp.MISSING, NOW, timedelta())
+    assert not kept.reap and kept.reason == "created with keep_cluster"
+    used = rp.decide(resource(rp.CLUSTER), "success", NOW, timedelta(), users=(OTHER,))
+    assert not used.reap and used.reason == f"in use by the live run {OTHER.dag_id} / {OTHER.run_id}"
+
+
+def test_the_report_and_what_fails_the_reaper():
+    decisions = [rp.decide(resource(), rp.MISSING, NOW, timedelta()),
+                 rp.decide(resource(rp.SECRET, chips=0, namespace="default"), rp.MISSING, NOW, timedelta()),
+                 rp.decide(resource(age_minutes=5), "running", NOW, timedelta())]
+    table = rp.report(decisions).splitlines()
+    assert table[0].split() == ["decision", "kind", "resource", "owner", "run", "run", "state", "age", "TPU",
+                                "chips", "chip-hours", "reason"]
+    assert table[2].startswith("reap") and "128.00" in table[2] and "no longer exists" in table[2]
+    assert table[4].startswith("keep") and "its run is running" in table[4]
+    # Only TPU capacity that is still there fails the task: the Secret holds no chips, a deleted pool no longer bills.
+    assert rp.left_behind_capacity(decisions) == [decisions[0]]
+    import dataclasses
+
+    assert rp.left_behind_capacity([dataclasses.replace(decisions[0], deleted=True)]) == []
