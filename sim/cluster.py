@@ -216,6 +216,8 @@ def finish():
         "HTTPS_PROXY": f"http://127.0.0.1:{os.environ['GKE_PROXY_PORT']}",
         "NO_PROXY": "127.0.0.1,localhost",
         "SSL_CERT_FILE": str(PKI / "public-trust.pem"),
+        # The reaper DAG (paused at creation) watches where the simulation's runs create clusters.
+        "TPU_RL_REAPER_WATCH": f"{PROJECT}/us-east5",
         # A fake token: the simulation checks that pods get HF_TOKEN from a Secret, never its value.
         "AIRFLOW_CONN_HUGGINGFACE_DEFAULT": json.dumps(
             {"conn_type": "generic", "password": "hf_simulated_token_not_real"}),
