@@ -15,6 +15,8 @@ from tpu_rl.run import RunIdentity
 
 #: Airflow DAG-run states in which a run may still use what it created.
 LIVE_STATES = ("queued", "running")
+#: The states after which a run uses nothing any more; any other state keeps what it made.
+ENDED_STATES = ("success", "failed")
 #: The run is not in Airflow's metadata database (deleted, or the database was lost or restored).
 MISSING = "missing"
 
@@ -87,7 +89,7 @@ def decide(resource: Resource, run_state: str, now: datetime, grace: timedelta,
 
     if resource.kept_by_design:
         return keep(resource.kept_by_design)
-    if run_state in LIVE_STATES:
+    if run_state not in ENDED_STATES and run_state != MISSING:
         return keep(f"its run is {run_state}")
     if users:
         return keep(f"in use by the live run {users[0].dag_id} / {users[0].run_id}")

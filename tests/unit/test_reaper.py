@@ -36,6 +36,8 @@ def test_live_runs_keep_what_they_made_and_ended_or_lost_runs_lose_it():
         kept = rp.decide(resource(), state, NOW, grace)
         assert (kept.reap, kept.reason) == (False, f"its run is {state}")
     assert rp.decide(resource(), "failed", NOW, grace).reason == "its run ended (failed)"
+    # A state the rule does not know (e.g. an enum's repr) keeps: only an ended or lost run's resources go.
+    assert not rp.decide(resource(), "DagRunState.RUNNING", NOW, grace).reap
     lost = rp.decide(resource(), rp.MISSING, NOW, grace)
     assert lost.reap and lost.reason == "its run no longer exists in Airflow"
     assert lost.chip_hours == 64 * 2  # 64 chips for two hours

@@ -153,7 +153,8 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     def _run_state(self, ti: Any, owner: RunIdentity) -> str:
         if not ti.get_dr_count(dag_id=owner.dag_id, run_ids=[owner.run_id]):
             return rp.MISSING
-        return str(ti.get_dagrun_state(dag_id=owner.dag_id, run_id=owner.run_id))
+        state = ti.get_dagrun_state(dag_id=owner.dag_id, run_id=owner.run_id)
+        return str(getattr(state, "value", state))  # a DagRunState enum
 
     @staticmethod
     def _live_users(resources: list[rp.Resource], states: dict[RunIdentity, str]) -> dict[tuple, tuple]:
