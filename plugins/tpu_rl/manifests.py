@@ -48,6 +48,7 @@ from tpu_rl.vocabulary import (
     TPU_TAINT_KEY,
     TPU_TOPOLOGY_LABEL,
     WORKLOAD_CONTAINER,
+    WORKLOAD_SERVICE_ACCOUNT,
 )
 
 HF_TOKEN_KEY = "HF_TOKEN"
@@ -210,7 +211,7 @@ def pathways_trainer_container(config: RunConfig, run: RunIdentity, wiring: Path
 def pathways_head_pod(config: RunConfig, run: RunIdentity, wiring: PathwaysWiring) -> dict[str, Any]:
     """The head pod on the CPU pool: proxy and resource manager as sidecars, the trainer as its workload."""
     return {
-        **_host_network(),
+        **_pod_identity(),
         "restartPolicy": "Never",
         "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
         "initContainers": [pathways_proxy_container(config, wiring), pathways_resource_manager_container(config, wiring)],
@@ -283,11 +284,24 @@ def _container(
     return container
 
 
-def _host_network() -> dict[str, Any]:
-    """Every workload pod (conversions, Pathways head and workers) uses the node's network: it then reaches
-    Cloud Storage as the node's service account; without it, on GKE_METADATA nodes, it would act as its
-    Kubernetes service account's Workload Identity principal, which has no bucket access (403)."""
-    return {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+def _pod_identity() -> dict[str, Any]:
+    """Who every workload pod (conversions, Pathways head and workers) is. It uses the node's network, so it
+    reaches Cloud Storage as the node's service account; without it, on GKE_METADATA nodes, it would act as
+    its Kubernetes service account's Workload Identity principal, which has no bucket access (403). That
+    service account is the package's own, without an API token: the workloads never call Kubernetes."""
+    return {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
+            "serviceAccountName": WORKLOAD_SERVICE_ACCOUNT, "automountServiceAccountToken": False}
+
+
+def workload_service_account(config: RunConfig) -> dict[str, Any]:
+    """The service account of the workload pods, in the run's namespace (shared by runs; never deleted)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": WORKLOAD_SERVICE_ACCOUNT, "namespace": config.namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "tpu-rl"}},
+        "automountServiceAccountToken": False,
+    }
 
 
 def _conversion_jobset(
@@ -316,7 +330,7 @@ def _conversion_jobset(
         resources = {"cpu": config.conversion_cpu, "memory": config.conversion_memory}
         container["resources"] = {"requests": resources, "limits": dict(resources)}
         pod = {
-            **_host_network(),  # as the Pathways head on the same pool
+            **_pod_identity(),  # as the Pathways head on the same pool
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 30,
             "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
@@ -384,7 +398,7 @@ def _tpu_placement(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         pools = [run.tpu_pool_name(i) for i in range(config.cluster_nodepool_count)]
         expressions.append({"key": NODEPOOL_LABEL, "operator": "In", "values": pools})
     return {
-        **_host_network(),
+        **_pod_identity(),
         "nodeSelector": {
             TPU_ACCELERATOR_LABEL: config.slice.generation.accelerator,
             TPU_TOPOLOGY_LABEL: config.topology,

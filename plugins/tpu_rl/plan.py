@@ -39,6 +39,7 @@ def plan_documents(
                     {"gkeRequest": "CreateNodePool", "parent": gke.cluster_path(config), "nodePool": gke.tpu_node_pool(config, run, i)},
                 )
             )
+    docs.append(("ServiceAccount of the workload pods (created when absent)", manifests.workload_service_account(config)))
     docs.append(
         (
             f"Secret: {manifests.HF_TOKEN_KEY} from Airflow connection '{config.hf_token_conn_id}' at run time (value never shown)",

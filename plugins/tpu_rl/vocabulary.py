@@ -77,6 +77,9 @@ ANNOTATION_SUBMITTED_TRY = "tpu-rl.dev/submitted-try"
 
 # -- Workload pods -----------------------------------------------------------------------------------
 
+#: The Kubernetes service account every workload pod runs as (created per namespace when absent, never deleted):
+#: not the namespace's default one, and without an API token (the workloads never call the Kubernetes API).
+WORKLOAD_SERVICE_ACCOUNT = "tpu-rl-workload"
 #: The container that runs a MaxText command (gcluster's name): its log is the workload's log.
 WORKLOAD_CONTAINER = "workload-container"
 #: The replicated job of a conversion JobSet.

@@ -183,6 +183,21 @@ def test_a_new_cluster_gets_the_shipped_jobset_release_and_a_broken_install_is_r
     assert hook.jobset_admission_problem("default") is None
 
 
+def _workload_credentials(api, config, identity) -> None:
+    """What the hf_token_secret task creates: the run's token Secret and the workloads' service account."""
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    from tpu_rl import manifests
+
+    CoreV1Api(api).create_namespaced_secret("default", manifests.hf_token_secret(config, identity, "hf_not_real"))
+    try:
+        CoreV1Api(api).create_namespaced_service_account("default", manifests.workload_service_account(config))
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
 def _stage_outcome(api, jobset: dict) -> tuple[str, str]:
     """Submits a stage's JobSet; its first finished pod's phase and what the MaxText emulator says it did."""
     from kubernetes.client import CoreV1Api, CustomObjectsApi
@@ -202,15 +217,13 @@ def test_conversion_pods_reach_the_bucket_as_the_node_service_account(created):
     """On GKE_METADATA nodes a pod without hostNetwork is its Kubernetes service account's Workload Identity
     principal, which the bucket does not grant: the conversion as built runs; without hostNetwork it gets 403."""
 
-    from kubernetes.client import CoreV1Api
-
     from tpu_rl import manifests
     from tpu_rl.config import RunConfig
 
     run, _ = created
     config = RunConfig.from_params({**run.params, "gcs_bucket": "tpu-rl-sim", "workload_prefix": "idt"})
     api = _hook_for(run).kube_hook.get_conn()
-    CoreV1Api(api).create_namespaced_secret("default", manifests.hf_token_secret(config, run.identity, "hf_not_real"))
+    _workload_credentials(api, config, run.identity)
 
     as_built = manifests.hf_to_maxtext_jobset(config, run.identity)
     assert _stage_outcome(api, as_built)[0] == "Succeeded"
@@ -223,7 +236,7 @@ def test_conversion_pods_reach_the_bucket_as_the_node_service_account(created):
     token["valueFrom"]["secretKeyRef"]["name"] = run.identity.secret_name()
     phase, emulated = _stage_outcome(api, without_host_network)
     assert phase == "Failed"
-    assert "403 Forbidden: principal://iam.googleapis.com/" in emulated and "/subject/ns/default/sa/default" in emulated
+    assert "403 Forbidden: principal://iam.googleapis.com/" in emulated and "/subject/ns/default/sa/tpu-rl-workload" in emulated
 
 
 def test_the_conversion_needs_bucket_get_besides_object_access(created, tmp_path):
@@ -231,8 +244,6 @@ def test_the_conversion_needs_bucket_get_besides_object_access(created, tmp_path
     roles/storage.objectAdmin alone (no storage.buckets.get) fails it with the client's message; the roles
     docs/composer.md grants (objectAdmin and legacyBucketReader) let it run."""
     import json
-
-    from kubernetes.client import CoreV1Api
 
     from tpu_rl import manifests
     from tpu_rl.config import RunConfig
@@ -246,7 +257,7 @@ def test_the_conversion_needs_bucket_get_besides_object_access(created, tmp_path
         policy.write_text(json.dumps({node_account: roles}))
         attempt = Run(cluster_name=run.params["cluster_name"])
         config = RunConfig.from_params({**attempt.params, "gcs_bucket": "tpu-rl-sim", "workload_prefix": "iam"})
-        CoreV1Api(api).create_namespaced_secret("default", manifests.hf_token_secret(config, attempt.identity, "hf_x"))
+        _workload_credentials(api, config, attempt.identity)
         return _stage_outcome(api, manifests.hf_to_maxtext_jobset(config, attempt.identity))
 
     try:

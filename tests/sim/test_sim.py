@@ -39,7 +39,19 @@ def new_run(sim, config, what):
     run = RunIdentity(dag_id="sim_tests", run_id=f"{what}-{uuid.uuid4().hex[:8]}")
     secret = manifests.hf_token_secret(config, run, token="hf_simulated_token_not_real")
     sim.core.create_namespaced_secret(config.namespace, secret)
+    ensure_workload_account(sim.core, config)
     return run, GcsLayout(config, run)
+
+
+def ensure_workload_account(core, config) -> None:
+    """The workload pods' service account, as the hf_token_secret task creates it."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        core.create_namespaced_service_account(config.namespace, manifests.workload_service_account(config))
+    except ApiException as e:
+        if e.status != 409:
+            raise
 
 
 def webhook_defaults(body):

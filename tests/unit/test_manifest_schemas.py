@@ -94,8 +94,9 @@ def test_jobsets_match_the_jobset_crd(plan):
         assert unknown_fields(jobset, schema) == [], jobset["metadata"]["name"]
 
 
-def test_pod_templates_and_secret_match_the_kubernetes_schema(plan):
-    objects = [d for d in plan if d.get("kind") == "Secret"]
+def test_pod_templates_secret_and_service_account_match_the_kubernetes_schema(plan):
+    objects = [d for d in plan if d.get("kind") in ("Secret", "ServiceAccount")]
+    assert len(objects) == 2
     for jobset in (d for d in plan if d.get("kind") == "JobSet"):
         for job in jobset["spec"]["replicatedJobs"]:
             objects.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job["name"]}, "spec": job["template"]["spec"]})

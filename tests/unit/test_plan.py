@@ -84,6 +84,20 @@ def test_no_token_anywhere_in_the_plan(tutorial_config, run):
                         assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "HF_TOKEN"}
 
 
+def test_every_workload_pod_runs_as_the_packages_service_account_without_a_token(tutorial_config, run):
+    """Not the namespace's default account: the pods use the node's identity (hostNetwork) for Cloud Storage
+    and never call Kubernetes, so they get no API token."""
+    docs = list(yaml.safe_load_all(render(tutorial_config, run)))
+    [account] = [d for d in docs if d.get("kind") == "ServiceAccount"]
+    assert account["automountServiceAccountToken"] is False
+    pods = [job["template"]["spec"]["template"]["spec"] for d in docs if d.get("kind") == "JobSet"
+            for job in d["spec"]["replicatedJobs"]]
+    assert len(pods) == 4  # the two conversions, the Pathways head and workers
+    for pod in pods:
+        assert (pod["serviceAccountName"], pod["automountServiceAccountToken"], pod["hostNetwork"]) == (
+            account["metadata"]["name"], False, True)
+
+
 def test_names_are_stable_for_a_run_and_distinct_between_runs(tutorial_config):
     first = render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__a"))
     assert first == render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__a"))
@@ -96,7 +110,7 @@ def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(good)], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     kinds = [d.get("kind") or d.get("gkeRequest") for d in yaml.safe_load_all(result.stdout)]
-    assert kinds == ["CreateCluster", "CreateNodePool", "Secret", "JobSet", "JobSet", "JobSet"]
+    assert kinds == ["CreateCluster", "CreateNodePool", "ServiceAccount", "Secret", "JobSet", "JobSet", "JobSet"]
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**json.loads(good.read_text()), "topology": "7x9"}))

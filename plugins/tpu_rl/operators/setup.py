@@ -14,7 +14,7 @@ from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
 from tpu_rl.machines import quantity_cpu, quantity_gib
-from tpu_rl.manifests import hf_token_secret
+from tpu_rl.manifests import hf_token_secret, workload_service_account
 from tpu_rl.run_scope import RunScoped
 from tpu_rl.vocabulary import JOBSET_CRD, KUEUE_GROUP, KUEUE_LOCALQUEUES, KUEUE_VERSION, NODEPOOL_LABEL, TPU_RESOURCE
 
@@ -146,8 +146,9 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
 
 
 class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
-    """Copies the Hugging Face token from its Airflow connection into the run's Kubernetes Secret.
-    The value never reaches a log, an XCom or a rendered template."""
+    """Copies the Hugging Face token from its Airflow connection into the run's Kubernetes Secret, and makes
+    sure the workloads' service account exists in the namespace. The token never reaches a log, an XCom
+    or a rendered template."""
 
     def execute(self, context: Any) -> None:
         from airflow.sdk import BaseHook
@@ -164,6 +165,13 @@ class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
             )
         secret = hf_token_secret(config, run, token)
         core = CoreV1Api(kubernetes_hook_for(config).api_client)
+        account = workload_service_account(config)
+        try:
+            core.create_namespaced_service_account(config.namespace, account)
+            self.log.info("Created ServiceAccount %s/%s for the workloads", config.namespace, account["metadata"]["name"])
+        except ApiException as error:
+            if error.status != 409:  # it exists: shared by the runs of the namespace
+                raise
         name = secret["metadata"]["name"]
         try:
             core.create_namespaced_secret(config.namespace, secret)
