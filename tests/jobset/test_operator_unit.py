@@ -76,5 +76,40 @@ def test_gke_cluster_reached_through_google_provider_hooks(monkeypatch):
     get_cluster.assert_called_once_with(name="c", project_id="p")
     assert type(kube_hook).__name__ == "GKEKubernetesHook"
     assert kube_hook._cluster_url == "https://34.1.2.3" and kube_hook._ssl_ca_cert == "Q0E="
-    async_hook = AsyncJobSetHook(cluster_url="https://34.1.2.3", ssl_ca_cert="Q0E=", gcp_conn_id="g")
+    async_hook = AsyncJobSetHook(op.cluster.with_endpoint(*op.hook.gke_endpoint))
     assert type(async_hook.kube_hook).__name__ == "GKEKubernetesAsyncHook"
+    assert async_hook.kube_hook._ssl_ca_cert == "Q0E="
+
+
+def test_the_trigger_reaches_a_gke_cluster_by_the_endpoint_the_operator_resolved(monkeypatch):
+    """MOCKED: the GKE cluster API, as above. A DNS-based endpoint: the trigger's client trusts its public
+    certificate (no cluster CA), and a cluster that refuses external traffic there is refused with the fix."""
+    monkeypatch.setenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+                       '{"conn_type": "google_cloud_platform", "extra": {"is_anonymous": true, "project": "p"}}')
+    from google.cloud.container_v1 import Cluster
+
+    from tpu_rl.compat import AirflowFailException
+    from tpu_rl.triggers.jobset import JobSetTrigger
+
+    dns = {"dns_endpoint_config": {"endpoint": "gke-1.us-east5.gke.goog", "allow_external_traffic": True}}
+    cluster = Cluster(endpoint="34.1.2.3", master_auth={"cluster_ca_certificate": "Q0E="},
+                      control_plane_endpoints_config=dns)
+    op = JobSetOperator(task_id="t", manifest=tpu_jobset("x"), project_id="p", location="us-east5",
+                        cluster_name="c", use_dns_endpoint=True)
+    jobset = {"metadata": {"name": "x", "namespace": "default", "uid": "u"}, "spec": tpu_jobset("x")["spec"]}
+    with mock.patch("airflow.providers.google.cloud.hooks.kubernetes_engine.GKEHook.get_cluster",
+                    return_value=cluster):
+        trigger = op._trigger(jobset)
+    classpath, kwargs = trigger.serialize()
+    assert kwargs["cluster"]["cluster_url"] == "https://gke-1.us-east5.gke.goog"
+    restored = JobSetTrigger(**kwargs)
+    assert restored.cluster == trigger.cluster
+    assert restored.hook().kube_hook._ssl_ca_cert is None
+
+    dns["dns_endpoint_config"]["allow_external_traffic"] = False
+    closed = JobSetOperator(task_id="t", manifest=tpu_jobset("x"), project_id="p", location="us-east5",
+                            cluster_name="c", use_dns_endpoint=True)
+    with mock.patch("airflow.providers.google.cloud.hooks.kubernetes_engine.GKEHook.get_cluster",
+                    return_value=Cluster(endpoint="34.1.2.3", control_plane_endpoints_config=dns)):
+        with pytest.raises(AirflowFailException, match="--enable-dns-access"):
+            closed._trigger(jobset)

@@ -6,6 +6,8 @@
 - The checks (:func:`orbax_step`, :func:`final_training_step`, :func:`hf_export`, :func:`read_lock`) list
   objects and read only the small documents the rules in :mod:`tpu_rl.checkpoints` need: a few listing
   pages, never a download of a checkpoint. They return the rules' verdict; triggers and sensors decide.
+- :func:`object_sizes`, :func:`delete_objects` and :func:`rewrite_object` are what publishing the export
+  does (with a ``google.cloud.storage.Client`` from :func:`storage_client`).
 - :class:`GcsLock` is the cross-run lock on a shared conversion, and :func:`parse_lock_holder` and
   :class:`LockState` the one reading of a lock object (its JSON, its age, when it counts as stale), for
   the lock and for the trigger that waits on it.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -211,6 +213,30 @@ def read_or_create_json(client: Any, bucket: str, name: str, document: Any) -> t
             if_generation_match=0,
         )
         return True, None
+
+
+# -- publishing: a folder's objects copied server-side -----------------------------------------------------
+
+
+def object_sizes(client: Any, bucket: str, prefix: str) -> dict[str, int]:
+    """The sizes of the objects under ``prefix``, keyed by name relative to it."""
+    return {blob.name[len(prefix) :]: blob.size for blob in client.list_blobs(bucket, prefix=prefix)}
+
+
+def delete_objects(client: Any, bucket: str, names: Iterable[str]) -> None:
+    handle = client.bucket(bucket)
+    for name in names:
+        handle.blob(name).delete()
+
+
+def rewrite_object(client: Any, bucket: str, source: str, destination: str) -> None:
+    """A server-side copy within the bucket (a rewrite, continued until GCS says it is done)."""
+    handle = client.bucket(bucket)
+    token = None
+    while True:
+        token, _, _ = handle.blob(destination).rewrite(handle.blob(source), token=token)
+        if token is None:
+            return
 
 
 # -- the conversion lock ---------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow.utils.log.logging_mixin import LoggingMixin
 
@@ -21,7 +22,9 @@ from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.vocabulary import (
     JOBSET_API,
     JOBSET_GROUP,
+    JOBSET_NAME_LABEL,
     JOBSET_PLURAL,
+    JOBSET_UID_LABEL,
     JOBSET_VERSION,
     KUEUE_GROUP,
     KUEUE_JOB_UID_LABEL,
@@ -36,37 +39,52 @@ WATCH_SECONDS = 300
 LOG_STREAM_SECONDS = 600
 
 
+@dataclass
 class ClusterTarget:
-    """Which cluster to reach: a Kubernetes connection, or a GKE cluster by project, location and name."""
+    """Which cluster to reach, and how: a Kubernetes connection, or a GKE cluster by project, location and
+    name through ``gcp_conn_id`` (by its DNS-based endpoint with ``use_dns_endpoint``).
 
-    def __init__(
-        self,
-        *,
-        kubernetes_conn_id: str | None = None,
-        project_id: str | None = None,
-        location: str | None = None,
-        cluster_name: str | None = None,
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        use_internal_ip: bool = False,
-        use_dns_endpoint: bool = False,
-    ) -> None:
-        if bool(kubernetes_conn_id) == bool(cluster_name):
+    The one description of the connection: the operator holds it (its names are templated), its hooks use
+    it, and the trigger carries it serialised (:meth:`to_dict`, :meth:`from_dict`). For the trigger it
+    also carries the GKE cluster's endpoint as the operator resolved it (:meth:`with_endpoint` and
+    ``JobSetHook.gke_endpoint``): ``cluster_url`` and ``ssl_ca_cert``, so the triggerer asks nothing of GKE.
+    """
+
+    template_fields: ClassVar[Sequence[str]] = (
+        "kubernetes_conn_id", "project_id", "location", "cluster_name", "gcp_conn_id",
+    )
+    #: What the JobSet operator takes as keywords instead of a ClusterTarget.
+    KEYWORDS: ClassVar[Sequence[str]] = (*template_fields, "use_dns_endpoint")
+
+    kubernetes_conn_id: str | None = None
+    project_id: str | None = None
+    location: str | None = None
+    cluster_name: str | None = None
+    gcp_conn_id: str = "google_cloud_default"
+    use_dns_endpoint: bool = False
+    cluster_url: str | None = field(default=None, repr=False)
+    ssl_ca_cert: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if bool(self.kubernetes_conn_id) == bool(self.cluster_name or self.cluster_url):
             raise ValueError("Give either kubernetes_conn_id or (project_id, location, cluster_name).")
-        if cluster_name and not (project_id and location):
+        if self.cluster_name and not (self.project_id and self.location):
             raise ValueError("A GKE cluster needs project_id and location as well as cluster_name.")
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.project_id = project_id
-        self.location = location
-        self.cluster_name = cluster_name
-        self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
-        self.use_internal_ip = use_internal_ip
-        self.use_dns_endpoint = use_dns_endpoint
 
     @property
     def is_gke(self) -> bool:
-        return self.cluster_name is not None
+        return bool(self.cluster_name or self.cluster_url)
+
+    def with_endpoint(self, cluster_url: str, ssl_ca_cert: str) -> ClusterTarget:
+        """This GKE cluster, with its endpoint resolved."""
+        return replace(self, cluster_url=cluster_url, ssl_ca_cert=ssl_ca_cert)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterTarget:
+        return cls(**data)
 
 
 class JobSetHook(LoggingMixin):
@@ -83,9 +101,9 @@ class JobSetHook(LoggingMixin):
         from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 
         t = self.target
-        cluster = GKEHook(
-            gcp_conn_id=t.gcp_conn_id, location=t.location, impersonation_chain=t.impersonation_chain
-        ).get_cluster(name=t.cluster_name, project_id=t.project_id)
+        cluster = GKEHook(gcp_conn_id=t.gcp_conn_id, location=t.location).get_cluster(
+            name=t.cluster_name, project_id=t.project_id
+        )
         if t.use_dns_endpoint:
             dns = cluster.control_plane_endpoints_config.dns_endpoint_config
             if not (dns.endpoint and dns.allow_external_traffic):
@@ -97,8 +115,6 @@ class JobSetHook(LoggingMixin):
                     "then admit Airflow's egress address)."
                 )
             url = f"https://{dns.endpoint}"
-        elif t.use_internal_ip:
-            url = f"https://{cluster.private_cluster_config.private_endpoint}"
         else:
             url = f"https://{cluster.endpoint}"
         return url, cluster.master_auth.cluster_ca_certificate
@@ -115,7 +131,6 @@ class JobSetHook(LoggingMixin):
                 ssl_ca_cert=ssl_ca_cert,
                 use_dns_endpoint=t.use_dns_endpoint,
                 gcp_conn_id=t.gcp_conn_id,
-                impersonation_chain=t.impersonation_chain,
             )
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
@@ -281,48 +296,37 @@ class JobSetHook(LoggingMixin):
 
 
 class AsyncJobSetHook(LoggingMixin):
-    """Asynchronous calls the trigger makes while it waits: watches, log streams and a few reads.
+    """Asynchronous calls the trigger makes while it waits: watches, log streams and a few reads. The API
+    paths are built here and nowhere else.
+
+    :param target: the cluster; a GKE cluster with its endpoint resolved (:meth:`ClusterTarget.with_endpoint`).
 
     Every request opens its own client (``get_conn``), so a GKE token is fresh for each one.
     """
 
-    def __init__(
-        self,
-        *,
-        kubernetes_conn_id: str | None = None,
-        cluster_url: str | None = None,
-        ssl_ca_cert: str | None = None,
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        use_dns_endpoint: bool = False,
-    ) -> None:
+    def __init__(self, target: ClusterTarget) -> None:
         super().__init__()
-        if bool(kubernetes_conn_id) == bool(cluster_url):
-            raise ValueError("Give either kubernetes_conn_id or cluster_url (with ssl_ca_cert).")
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.cluster_url = cluster_url
-        self.ssl_ca_cert = ssl_ca_cert
-        self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
-        self.use_dns_endpoint = use_dns_endpoint
+        if target.is_gke and not target.cluster_url:
+            raise ValueError("The GKE cluster's endpoint is not resolved: see ClusterTarget.with_endpoint.")
+        self.target = target
 
     @cached_property
     def kube_hook(self):
-        if self.cluster_url:
+        t = self.target
+        if t.is_gke:
             from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
 
             return GKEKubernetesAsyncHook(
-                cluster_url=self.cluster_url,
+                cluster_url=t.cluster_url,
                 # A DNS endpoint has a public certificate, not the cluster CA's. google provider 19.x
                 # (Composer 3's Airflow 3.1) ignores use_dns_endpoint here and pins the CA anyway.
-                ssl_ca_cert=None if self.use_dns_endpoint else self.ssl_ca_cert,
-                use_dns_endpoint=self.use_dns_endpoint,
-                gcp_conn_id=self.gcp_conn_id,
-                impersonation_chain=self.impersonation_chain,
+                ssl_ca_cert=None if t.use_dns_endpoint else t.ssl_ca_cert,
+                use_dns_endpoint=t.use_dns_endpoint,
+                gcp_conn_id=t.gcp_conn_id,
             )
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 
-        return AsyncKubernetesHook(conn_id=self.kubernetes_conn_id)
+        return AsyncKubernetesHook(conn_id=t.kubernetes_conn_id)
 
     @contextlib.asynccontextmanager
     async def _open(self, method: str, path: str, *, query: dict | None = None, body: Any = None,
@@ -357,13 +361,21 @@ class AsyncJobSetHook(LoggingMixin):
 
     async def get_jobset(self, name: str, namespace: str) -> dict:
         """The JobSet, or {} if it does not exist."""
-        return await self._request("GET", jobsets_path(namespace) + f"/{name}")
+        return await self._request("GET", f"{_jobsets_path(namespace)}/{name}")
 
     async def delete_jobset(self, name: str, namespace: str, uid: str) -> None:
         await self._request(
-            "DELETE", jobsets_path(namespace) + f"/{name}",
+            "DELETE", f"{_jobsets_path(namespace)}/{name}",
             body={"propagationPolicy": "Foreground", "preconditions": {"uid": uid}},
         )
+
+    def watch_jobset(self, name: str, namespace: str) -> AsyncIterator[tuple[str, dict]]:
+        """Events of the JobSets named ``name`` (any incarnation), as :meth:`_watch` gives them."""
+        return self._watch(_jobsets_path(namespace), field_selector=f"metadata.name={name}")
+
+    def watch_pods(self, name: str, namespace: str, uid: str) -> AsyncIterator[tuple[str, dict]]:
+        """Events of the pods of the JobSet ``name`` (incarnation ``uid``), as :meth:`_watch` gives them."""
+        return self._watch(_pods_path(namespace), label_selector=f"{JOBSET_NAME_LABEL}={name},{JOBSET_UID_LABEL}={uid}")
 
     async def node_exists(self, name: str) -> bool | None:
         """Whether the node still exists (None if we may not read nodes)."""
@@ -384,7 +396,7 @@ class AsyncJobSetHook(LoggingMixin):
         )
         return listing.get("items", [])
 
-    async def watch(self, path: str, *, field_selector: str = "", label_selector: str = "") -> AsyncIterator[tuple[str, dict]]:
+    async def _watch(self, path: str, *, field_selector: str = "", label_selector: str = "") -> AsyncIterator[tuple[str, dict]]:
         """Events (type, object) of a collection, forever: a list first (each item as ADDED), then a
         watch from its resourceVersion that reconnects where it left off, and lists again when the
         server has forgotten that version (410 Gone). Objects gone during a relist come as DELETED.
@@ -465,16 +477,15 @@ class AsyncJobSetHook(LoggingMixin):
             query["sinceSeconds"] = str(max(1, since_seconds))
         timeout = aiohttp.ClientTimeout(total=LOG_STREAM_SECONDS, sock_connect=30)
         try:
-            async for line in self._stream_lines(f"{pods_path(namespace)}/{pod}/log", query, timeout):
+            async for line in self._stream_lines(f"{_pods_path(namespace)}/{pod}/log", query, timeout):
                 yield line.decode("utf-8", "replace")
         except asyncio.TimeoutError:
             return
 
 
-def jobsets_path(namespace: str) -> str:
-    """API path of the JobSets of a namespace (what the async hook reads and the trigger watches)."""
+def _jobsets_path(namespace: str) -> str:
     return f"/apis/{JOBSET_GROUP}/{JOBSET_VERSION}/namespaces/{namespace}/{JOBSET_PLURAL}"
 
 
-def pods_path(namespace: str) -> str:
+def _pods_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods"

@@ -34,6 +34,7 @@ from tpu_rl.vocabulary import (
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.triggers.base import BaseTrigger
 
 #: XCom key of the JobSet the task tracks (name, namespace, uid): what a kill or timeout deletes.
 XCOM_JOBSET = "jobset"
@@ -49,9 +50,10 @@ class JobSetOperator(BaseOperator):
     :param manifest: the JobSet (a dict, templated). ``metadata.name`` must be set and stable for the
         DAG run and stage; labels and annotations identifying the task are added.
     :param namespace: namespace of the JobSet (a namespace in the manifest wins).
-    :param kubernetes_conn_id: a Kubernetes connection to reach the cluster; or else
-    :param project_id: with ``location`` and ``cluster_name``: the GKE cluster, reached through
-        ``gcp_conn_id`` (tokens refreshed by the Google provider).
+    :param cluster: the cluster to run it on, a :class:`~tpu_rl.hooks.jobset.ClusterTarget` (its names are
+        templated): a Kubernetes connection, or a GKE cluster reached through ``gcp_conn_id`` (tokens
+        refreshed by the Google provider). Or else its fields as keywords: ``kubernetes_conn_id="k"``, or
+        ``project_id``, ``location`` and ``cluster_name`` (with ``gcp_conn_id``, ``use_dns_endpoint``).
     :param delete_on_kill: delete the JobSet when the task is killed, marked failed or cleared while it
         runs, or when ``execution_timeout`` expires.
     :param delete_on_success: delete a Completed JobSet at once instead of leaving it to its TTL.
@@ -60,16 +62,7 @@ class JobSetOperator(BaseOperator):
     :param deletion_timeout: how long to wait for a Failed JobSet's pods to go before resubmitting.
     """
 
-    template_fields: Sequence[str] = (
-        "manifest",
-        "namespace",
-        "kubernetes_conn_id",
-        "project_id",
-        "location",
-        "cluster_name",
-        "gcp_conn_id",
-        "impersonation_chain",
-    )
+    template_fields: Sequence[str] = ("manifest", "namespace", "cluster")
     template_fields_renderers = {"manifest": "json"}
     operator_extra_links = (JobSetWorkloadLink(), JobSetLogsLink())
     ui_color = "#d5e8f7"
@@ -79,14 +72,7 @@ class JobSetOperator(BaseOperator):
         *,
         manifest: dict | None = None,
         namespace: str = "default",
-        kubernetes_conn_id: str | None = None,
-        project_id: str | None = None,
-        location: str | None = None,
-        cluster_name: str | None = None,
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        use_internal_ip: bool = False,
-        use_dns_endpoint: bool = False,
+        cluster: ClusterTarget | None = None,
         delete_on_kill: bool = True,
         delete_on_success: bool = False,
         log_tail_lines: int = 100,
@@ -94,17 +80,14 @@ class JobSetOperator(BaseOperator):
         deletion_timeout: float = 600,
         **kwargs: Any,
     ) -> None:
+        connection = {key: kwargs.pop(key) for key in ClusterTarget.KEYWORDS if key in kwargs}
         super().__init__(**kwargs)
+        if cluster and connection:
+            raise ValueError(f"{self.task_id}: give the cluster as cluster=, not also {sorted(connection)}")
         self.manifest = manifest
         self.namespace = namespace
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.project_id = project_id
-        self.location = location
-        self.cluster_name = cluster_name
-        self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
-        self.use_internal_ip = use_internal_ip
-        self.use_dns_endpoint = use_dns_endpoint
+        #: None until a subclass sets it (the pipeline's stages: from the run's params).
+        self.cluster = ClusterTarget(**connection) if connection else cluster
         self.delete_on_kill = delete_on_kill
         self.delete_on_success = delete_on_success
         self.log_tail_lines = log_tail_lines
@@ -142,18 +125,9 @@ class JobSetOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> JobSetHook:
-        return JobSetHook(
-            ClusterTarget(
-                kubernetes_conn_id=self.kubernetes_conn_id,
-                project_id=self.project_id,
-                location=self.location,
-                cluster_name=self.cluster_name,
-                gcp_conn_id=self.gcp_conn_id,
-                impersonation_chain=self.impersonation_chain,
-                use_internal_ip=self.use_internal_ip,
-                use_dns_endpoint=self.use_dns_endpoint,
-            )
-        )
+        if self.cluster is None:
+            raise ValueError(f"{self.task_id}: no cluster given")
+        return JobSetHook(self.cluster)
 
     # -- execution --------------------------------------------------------------------------------
 
@@ -226,29 +200,25 @@ class JobSetOperator(BaseOperator):
         self.hook.wait_until_gone(name, namespace, uid, self.deletion_timeout)
 
     def _defer(self, context: Context, jobset: dict) -> None:
+        self.defer(trigger=self._trigger(jobset), method_name="execute_complete", timeout=self._remaining_time(context))
+
+    def _trigger(self, jobset: dict) -> BaseTrigger:
+        """The wait for ``jobset``, on the cluster as this task reached it (a GKE cluster's endpoint resolved)."""
         from tpu_rl.triggers.jobset import JobSetTrigger
 
+        cluster = self.cluster.with_endpoint(*self.hook.gke_endpoint) if self.cluster.is_gke else self.cluster
         replicated_job, container = st.log_source(jobset)
-        if self.hook.target.is_gke:
-            cluster_url, ssl_ca_cert = self.hook.gke_endpoint
-            connection = {"cluster_url": cluster_url, "ssl_ca_cert": ssl_ca_cert, "gcp_conn_id": self.gcp_conn_id,
-                          "impersonation_chain": self.impersonation_chain, "use_dns_endpoint": self.use_dns_endpoint}
-        else:
-            connection = {"kubernetes_conn_id": self.kubernetes_conn_id}
-        self.defer(
-            trigger=JobSetTrigger(
-                name=jobset["metadata"]["name"],
-                namespace=jobset["metadata"]["namespace"],
-                uid=jobset["metadata"]["uid"],
-                log_replicated_job=replicated_job,
-                log_container=container,
-                progress_interval=self.progress_interval,
-                log_tail_lines=self.log_tail_lines,
-                delete_on_kill=self.delete_on_kill,
-                **connection,
-            ),
-            method_name="execute_complete",
-            timeout=self._remaining_time(context),
+        meta = jobset["metadata"]
+        return JobSetTrigger(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            log_replicated_job=replicated_job,
+            log_container=container,
+            cluster=cluster,
+            progress_interval=self.progress_interval,
+            log_tail_lines=self.log_tail_lines,
+            delete_on_kill=self.delete_on_kill,
         )
 
     def _remaining_time(self, context: Context) -> timedelta | None:
@@ -317,13 +287,7 @@ class JobSetOperator(BaseOperator):
         name = meta.get("name")
         if not name:
             raise ValueError(f"{self.task_id}: the JobSet manifest needs metadata.name (stable for the run)")
-        if st.is_pathways(manifest) and len(name) > PATHWAYS_JOBSET_NAME_MAX and not (
-            manifest.get("spec", {}).get("network", {}).get("subdomain")
-        ):
-            raise ValueError(
-                f"Pathways JobSet name {name!r} is longer than {PATHWAYS_JOBSET_NAME_MAX} characters: the "
-                "coordinator address would exceed 63 characters and its Jobs would fail silently"
-            )
+        _check_pathways_name(manifest, name)
         meta["namespace"] = meta.get("namespace") or self.namespace
         run = RunIdentity(ti.dag_id, ti.run_id)
         labels = meta.setdefault("labels", {})
@@ -363,12 +327,13 @@ class JobSetOperator(BaseOperator):
 
     def link_params(self) -> dict[str, str] | None:
         """What the extra links need, once a JobSet is tracked on a GKE cluster."""
-        if not (self.tracked and self.cluster_name):
+        cluster = self.cluster
+        if not (self.tracked and cluster and cluster.cluster_name):
             return None
         return {
-            "project_id": self.project_id,
-            "location": self.location,
-            "cluster_name": self.cluster_name,
+            "project_id": cluster.project_id,
+            "location": cluster.location,
+            "cluster_name": cluster.cluster_name,
             "namespace": self.tracked["namespace"],
             "name": self.tracked["name"],
             "since": self.tracked.get("created", ""),
@@ -379,6 +344,16 @@ def _adoptable(jobset: dict) -> bool:
     """Running or Completed, and not being deleted: a later try waits for it instead of submitting again."""
     condition = st.terminal_condition(jobset)
     return not jobset["metadata"].get("deletionTimestamp") and (condition is None or condition["type"] == st.COMPLETED)
+
+
+def _check_pathways_name(manifest: dict, name: str) -> None:
+    if st.is_pathways(manifest) and len(name) > PATHWAYS_JOBSET_NAME_MAX and not (
+        manifest.get("spec", {}).get("network", {}).get("subdomain")
+    ):
+        raise ValueError(
+            f"Pathways JobSet name {name!r} is longer than {PATHWAYS_JOBSET_NAME_MAX} characters: the "
+            "coordinator address would exceed 63 characters and its Jobs would fail silently"
+        )
 
 
 def _submitted_try(jobset: dict) -> int:

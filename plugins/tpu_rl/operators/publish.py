@@ -1,7 +1,8 @@
 """Publishing the verified Hugging Face export: copied to the model's final location, checked, and announced
 with an Asset event. :class:`RunPublishHfExportOperator` is the DAG's task, on the run's bucket and prefixes.
 
-Google provider imports stay inside methods: the DAG file imports this module at parse time.
+Its Cloud Storage calls are in :mod:`tpu_rl.hooks.gcs`, imported where they are used: the DAG file imports
+this module at parse time.
 """
 
 from __future__ import annotations
@@ -63,29 +64,24 @@ class PublishHfExportOperator(BaseOperator):
         self.impersonation_chain = impersonation_chain
 
     def execute(self, context: Context) -> str:
-        from airflow.providers.google.cloud.hooks.gcs import GCSHook
+        from tpu_rl.hooks import gcs
 
         source, destination = self.source_prefix, self.destination_prefix
         if not (source.endswith("/") and destination.endswith("/")):
             raise ValueError("source_prefix and destination_prefix must be folders ending in '/'")
         if source.startswith(destination) or destination.startswith(source):
             raise ValueError(f"{source} and {destination} overlap")
-        hook = GCSHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
-        client = hook.get_conn()
+        client = gcs.storage_client(self.gcp_conn_id, self.impersonation_chain)
 
-        def sizes(prefix: str) -> dict[str, int]:
-            return {b.name[len(prefix) :]: b.size for b in client.list_blobs(self.bucket, prefix=prefix)}
-
-        expected = sizes(source)
+        expected = gcs.object_sizes(client, self.bucket, source)
         if not expected:
             raise AirflowException(f"Nothing to publish under gs://{self.bucket}/{source}")
-        stale = sizes(destination)
-        for name in stale:
-            hook.delete(self.bucket, destination + name)
+        stale = gcs.object_sizes(client, self.bucket, destination)
+        gcs.delete_objects(client, self.bucket, [destination + name for name in stale])
         self.log.info("Cleared %d objects at gs://%s/%s", len(stale), self.bucket, destination)
         for name in expected:
-            hook.rewrite(self.bucket, source + name, self.bucket, destination + name)
-        published = sizes(destination)
+            gcs.rewrite_object(client, self.bucket, source + name, destination + name)
+        published = gcs.object_sizes(client, self.bucket, destination)
         if published != expected:
             differ = sorted(n for n in expected.keys() | published.keys() if expected.get(n) != published.get(n))
             raise AirflowException(f"Published copy differs from the verified export in: {differ[:10]}")

@@ -33,11 +33,7 @@ class RunJobSetOperator(RunScoped, JobSetOperator):
         raise NotImplementedError
 
     def resolve_scope(self, scope: RunScope, context: Any) -> None:
-        target = scope.cluster_target
-        self.namespace = scope.config.namespace
-        self.kubernetes_conn_id, self.gcp_conn_id = target.kubernetes_conn_id, target.gcp_conn_id
-        self.project_id, self.location, self.cluster_name = target.project_id, target.location, target.cluster_name
-        self.use_dns_endpoint = target.use_dns_endpoint
+        self.namespace, self.cluster = scope.config.namespace, scope.cluster_target
         self.manifest = self.stage_manifest(scope, context)
 
 

@@ -11,15 +11,14 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import jobset_status as st
-from tpu_rl.hooks.jobset import AsyncJobSetHook, jobsets_path, pods_path
-from tpu_rl.vocabulary import JOBSET_NAME_LABEL, JOBSET_UID_LABEL
+from tpu_rl.hooks.jobset import AsyncJobSetHook, ClusterTarget
 
 #: Airflow 3.3 added BaseTrigger.on_kill, called when a user kills the deferred task.
 _TRIGGERER_CALLS_ON_KILL = "on_kill" in vars(BaseTrigger)
@@ -44,6 +43,24 @@ class _Progress:
     def line(self) -> str:
         return st.progress_line(self.jobset, self.pods.values(), self.kueue_note)
 
+    def record_pod(self, kind: str, pod: dict) -> None:
+        record = st.PodRecord.from_pod(pod)
+        if kind == "DELETED":
+            # Keep what the pod said before it went: the failure report needs it.
+            known = self.pods.get(record.uid, record)
+            known.deleted = True
+            if record.failed() and not known.failed():
+                record.deleted = True
+                known = record
+            self.pods[record.uid] = known
+        else:
+            self.pods[record.uid] = record
+        self.pods_changed.set()
+
+    def pod_ended(self, uid: str) -> bool:
+        pod = self.pods.get(uid)
+        return pod is None or pod.deleted or pod.phase in ("Succeeded", "Failed")
+
 
 class _LogCursor:
     """Where a pod's log was read up to, by the kubelet's line timestamps: a reconnect asks for a
@@ -67,10 +84,15 @@ class _LogCursor:
 class JobSetTrigger(BaseTrigger):
     """Fires once the JobSet ``namespace/name`` (that incarnation: ``uid``) is Completed, Failed or gone.
 
+    :param cluster: the cluster (a :class:`~tpu_rl.hooks.jobset.ClusterTarget`, or its ``to_dict()``), a GKE
+        cluster with its endpoint resolved.
     :param progress_interval: seconds between progress lines when nothing changes (changes are
         logged when they happen).
     :param log_tail_lines: how many last lines of the workload log the event carries.
     :param delete_on_kill: delete the JobSet when a user marks the deferred task failed or clears it.
+    :param connection: instead of ``cluster``, the keywords a trigger serialised before ``cluster`` existed
+        named it by (``kubernetes_conn_id``, or ``cluster_url``, ``ssl_ca_cert``, ``gcp_conn_id``,
+        ``use_dns_endpoint``): a task deferred across a deploy resumes its wait.
     """
 
     def __init__(
@@ -81,15 +103,11 @@ class JobSetTrigger(BaseTrigger):
         uid: str,
         log_replicated_job: str,
         log_container: str,
-        kubernetes_conn_id: str | None = None,
-        cluster_url: str | None = None,
-        ssl_ca_cert: str | None = None,
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        use_dns_endpoint: bool = False,
+        cluster: ClusterTarget | Mapping[str, Any] | None = None,
         progress_interval: float = 300,
         log_tail_lines: int = 100,
         delete_on_kill: bool = True,
+        **connection: Any,
     ) -> None:
         super().__init__()
         self.name = name
@@ -97,46 +115,21 @@ class JobSetTrigger(BaseTrigger):
         self.uid = uid
         self.log_replicated_job = log_replicated_job
         self.log_container = log_container
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.cluster_url = cluster_url
-        self.ssl_ca_cert = ssl_ca_cert
-        self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
-        self.use_dns_endpoint = use_dns_endpoint
+        self.cluster = _cluster_target(cluster, connection)
         self.progress_interval = progress_interval
         self.log_tail_lines = log_tail_lines
         self.delete_on_kill = delete_on_kill
 
+    #: Serialised as they are; ``cluster`` as its ``to_dict()``.
+    _SERIALIZED = ("name", "namespace", "uid", "log_replicated_job", "log_container", "progress_interval",
+                   "log_tail_lines", "delete_on_kill")
+
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "name": self.name,
-                "namespace": self.namespace,
-                "uid": self.uid,
-                "log_replicated_job": self.log_replicated_job,
-                "log_container": self.log_container,
-                "kubernetes_conn_id": self.kubernetes_conn_id,
-                "cluster_url": self.cluster_url,
-                "ssl_ca_cert": self.ssl_ca_cert,
-                "gcp_conn_id": self.gcp_conn_id,
-                "impersonation_chain": self.impersonation_chain,
-                "use_dns_endpoint": self.use_dns_endpoint,
-                "progress_interval": self.progress_interval,
-                "log_tail_lines": self.log_tail_lines,
-                "delete_on_kill": self.delete_on_kill,
-            },
-        )
+        kwargs = {key: getattr(self, key) for key in self._SERIALIZED}
+        return f"{type(self).__module__}.{type(self).__qualname__}", {**kwargs, "cluster": self.cluster.to_dict()}
 
     def hook(self) -> AsyncJobSetHook:
-        return AsyncJobSetHook(
-            kubernetes_conn_id=self.kubernetes_conn_id,
-            cluster_url=self.cluster_url,
-            ssl_ca_cert=self.ssl_ca_cert,
-            gcp_conn_id=self.gcp_conn_id,
-            impersonation_chain=self.impersonation_chain,
-            use_dns_endpoint=self.use_dns_endpoint,
-        )
+        return AsyncJobSetHook(self.cluster)
 
     @property
     def ref(self) -> str:
@@ -198,12 +191,11 @@ class JobSetTrigger(BaseTrigger):
 
     async def _watch_jobset(self, hook: AsyncJobSetHook, progress: _Progress) -> dict | None:
         """The JobSet once finished, or None once deleted (or replaced by another of the same name)."""
-        path = jobsets_path(self.namespace)
         first = await hook.get_jobset(self.name, self.namespace)
         if first.get("metadata", {}).get("uid") != self.uid:
             return None
         seen = False
-        async for kind, jobset in hook.watch(path, field_selector=f"metadata.name={self.name}"):
+        async for kind, jobset in hook.watch_jobset(self.name, self.namespace):
             if jobset["metadata"]["uid"] != self.uid or kind == "DELETED":
                 if kind == "DELETED" or seen:
                     return None
@@ -218,21 +210,8 @@ class JobSetTrigger(BaseTrigger):
         return None
 
     async def _watch_pods(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
-        path = pods_path(self.namespace)
-        selector = f"{JOBSET_NAME_LABEL}={self.name},{JOBSET_UID_LABEL}={self.uid}"
-        async for kind, pod in hook.watch(path, label_selector=selector):
-            record = st.PodRecord.from_pod(pod)
-            if kind == "DELETED":
-                # Keep what the pod said before it went: the failure report needs it.
-                known = progress.pods.get(record.uid, record)
-                known.deleted = True
-                if record.failed() and not known.failed():
-                    record.deleted = True
-                    known = record
-                progress.pods[record.uid] = known
-            else:
-                progress.pods[record.uid] = record
-            progress.pods_changed.set()
+        async for kind, pod in hook.watch_pods(self.name, self.namespace, self.uid):
+            progress.record_pod(kind, pod)
 
     def _log_target(self, progress: _Progress) -> st.PodRecord | None:
         """The workload pod of the latest restart attempt whose container has started."""
@@ -255,10 +234,7 @@ class JobSetTrigger(BaseTrigger):
         while True:
             target = self._log_target(progress)
             if target is None or target.uid in finished:
-                progress.log_idle = True
-                progress.pods_changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(progress.pods_changed.wait(), 10)
+                await self._wait_for_pods(progress)
                 continue
             progress.log_idle = False
             if pod is None or target.uid != pod.uid:
@@ -267,22 +243,8 @@ class JobSetTrigger(BaseTrigger):
                 pod, cursor = target, _LogCursor()
                 progress.log_pod = pod.name
                 self.log.info("Following %s of pod %s", self.log_container, pod.name)
-            stream = asyncio.create_task(self._stream_log(hook, pod, cursor, progress))
-            ended_at = None
-            while not stream.done():
-                await asyncio.wait({stream}, timeout=2)
-                newer = self._log_target(progress)
-                current = progress.pods.get(pod.uid)
-                if current is None or current.deleted or current.phase in ("Succeeded", "Failed"):
-                    ended_at = ended_at or time.monotonic()
-                if (newer is not None and newer.uid != pod.uid) or (
-                    ended_at and time.monotonic() - ended_at > POD_END_GRACE_SECONDS
-                ):
-                    stream.cancel()
-                    await asyncio.gather(stream, return_exceptions=True)
-            received, clean = stream.result() if not stream.cancelled() else (False, True)
-            current = progress.pods.get(pod.uid)
-            if current is None or current.deleted or current.phase in ("Succeeded", "Failed"):
+            received, clean = await self._stream_while_current(hook, pod, cursor, progress)
+            if progress.pod_ended(pod.uid):
                 # An ended pod's log is still readable: after an error, try again (its last lines
                 # are what a failure report needs).
                 failed_reads[pod.uid] = failed_reads.get(pod.uid, 0) + (not clean)
@@ -294,6 +256,35 @@ class JobSetTrigger(BaseTrigger):
                 # The stream ended while the container runs: reconnect, backing off while it stays quiet.
                 retry_delay = 1 if received else min(retry_delay * 2, 30)
                 await asyncio.sleep(retry_delay)
+
+    @staticmethod
+    async def _wait_for_pods(progress: _Progress) -> None:
+        """Nothing to follow: wait (at most 10 s) for the pods to change."""
+        progress.log_idle = True
+        progress.pods_changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(progress.pods_changed.wait(), 10)
+
+    async def _stream_while_current(self, hook: AsyncJobSetHook, pod: st.PodRecord, cursor: _LogCursor,
+                                    progress: _Progress) -> tuple[bool, bool]:
+        """:meth:`_stream_log`, stopped when a newer pod is the one to follow, or shortly after this one ended."""
+        stream = asyncio.create_task(self._stream_log(hook, pod, cursor, progress))
+        ended_at = None
+        try:
+            while not stream.done():
+                await asyncio.wait({stream}, timeout=2)
+                newer = self._log_target(progress)
+                if progress.pod_ended(pod.uid):
+                    ended_at = ended_at or time.monotonic()
+                if (newer is not None and newer.uid != pod.uid) or (
+                    ended_at and time.monotonic() - ended_at > POD_END_GRACE_SECONDS
+                ):
+                    stream.cancel()
+                    await asyncio.gather(stream, return_exceptions=True)
+        finally:
+            if not stream.done():  # This follower is cancelled: so is its stream.
+                stream.cancel()
+        return stream.result() if not stream.cancelled() else (False, True)
 
     async def _stream_log(self, hook: AsyncJobSetHook, pod: st.PodRecord, cursor: _LogCursor,
                           progress: _Progress) -> tuple[bool, bool]:
@@ -341,23 +332,15 @@ class JobSetTrigger(BaseTrigger):
                 last_line, last_time = line, now
 
     async def _event(self, hook: AsyncJobSetHook, progress: _Progress, final: dict | None) -> dict[str, Any]:
-        tail = list(progress.tail)
         event: dict[str, Any] = {
             "name": self.name,
             "namespace": self.namespace,
             "uid": self.uid,
-            "log_tail": tail,
+            "log_tail": list(progress.tail),
             "log_pod": progress.log_pod,
         }
         if final is None:
-            message = (
-                f"JobSet {self.ref} (uid {self.uid}) was deleted while the task waited for it "
-                f"(by someone or something outside this task, or its TTL). Last progress: "
-                f"{progress.line() if progress.jobset else 'none seen'}."
-            )
-            if tail:
-                message += "\nLast lines of the workload log:\n" + "\n".join(f"  | {x}" for x in tail)
-            return {**event, "status": "deleted", "message": message}
+            return {**event, "status": "deleted", "message": self._deleted_message(progress)}
         condition = st.terminal_condition(final) or {}
         event.update(
             condition={k: condition.get(k, "") for k in ("type", "reason", "message")},
@@ -366,8 +349,18 @@ class JobSetTrigger(BaseTrigger):
         if condition.get("type") == st.COMPLETED:
             return {**event, "status": "success", "message": f"JobSet {self.ref} completed: {condition.get('message', '')}"}
         lost = await self._lost_nodes(hook, progress)
-        message = st.explain_failure(final, progress.pods.values(), lost, tail, progress.log_pod)
+        message = st.explain_failure(final, progress.pods.values(), lost, event["log_tail"], progress.log_pod)
         return {**event, "status": "failed", "message": message}
+
+    def _deleted_message(self, progress: _Progress) -> str:
+        message = (
+            f"JobSet {self.ref} (uid {self.uid}) was deleted while the task waited for it "
+            f"(by someone or something outside this task, or its TTL). Last progress: "
+            f"{progress.line() if progress.jobset else 'none seen'}."
+        )
+        if progress.tail:
+            message += "\nLast lines of the workload log:\n" + "\n".join(f"  | {x}" for x in progress.tail)
+        return message
 
     async def _lost_nodes(self, hook: AsyncJobSetHook, progress: _Progress) -> list[str]:
         nodes = {p.node for p in progress.pods.values() if p.node and (p.failed() or p.deleted)}
@@ -376,6 +369,16 @@ class JobSetTrigger(BaseTrigger):
             if await hook.node_exists(node) is False:
                 lost.append(node)
         return lost
+
+
+def _cluster_target(cluster: ClusterTarget | Mapping[str, Any] | None, connection: dict[str, Any]) -> ClusterTarget:
+    if cluster is None:
+        if connection.get("impersonation_chain") is None:  # Serialised, always None, before it was dropped.
+            connection.pop("impersonation_chain", None)
+        return ClusterTarget(**connection)
+    if connection:
+        raise TypeError(f"Give the cluster as cluster=, not also {sorted(connection)}")
+    return ClusterTarget.from_dict(cluster) if isinstance(cluster, Mapping) else cluster
 
 
 def _sortable(stamp: str) -> str:
