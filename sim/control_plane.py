@@ -66,6 +66,10 @@ def recorded_pid(pidfile):
     return int(pid) if _starttime(pid) == start else None
 
 
+#: Environment variables (lower-cased) that aim clients at the simulation's egress proxy and trust store.
+CLIENT_EGRESS = {"https_proxy", "http_proxy", "no_proxy", "grpc_proxy", "ssl_cert_file"}
+
+
 def spawn(name, argv, pids_dir, logs_dir, env=None):
     """Starts argv in its own session, logging to logs_dir/NAME.log; records "PID STARTTIME" in pids_dir."""
     Path(pids_dir).mkdir(parents=True, exist_ok=True)
@@ -270,7 +274,11 @@ class ControlPlane:
         return recorded_pid(self.dir / "pids" / f"{name}.pid")
 
     def _launch(self, name, argv, env=None):
+        """Starts a component without the clients' egress settings (.sim/airflow.env's HTTPS_PROXY and
+        grpc_proxy): the apiserver reads HTTPS_PROXY too, and would send its webhook calls (to
+        *.svc names, not in NO_PROXY) to the GKE emulator's proxy, which refuses them."""
         if not self._pid(name):
+            env = {k: v for k, v in (env or os.environ).items() if k.lower() not in CLIENT_EGRESS}
             spawn(name, argv, self.dir / "pids", self.dir / "logs", env=env)
 
     def _wait(self, probe, timeout, name):

@@ -103,7 +103,7 @@ def test_control_plane_installs_and_runs_jobset(sim, tmp_path):
             except ApiException as e:
                 last_error[:] = [f"{e.status} {e.body}"]
         try:
-            created = wait("a JobSet defaulted by the webhook", defaulted, 120)
+            created = wait("a JobSet defaulted by the webhook", defaulted, 60)
         except AssertionError as e:
             raise AssertionError(f"{e}; last answer: {last_error}") from None
         assert created["spec"]["successPolicy"]["operator"] == "All"
