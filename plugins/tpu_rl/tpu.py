@@ -45,6 +45,11 @@ GENERATIONS = {
 }
 
 
+def chips_per_host(machine_type: str) -> int:
+    """TPU chips on one host of this machine type; 0 for a machine type without TPUs."""
+    return next((g.machine_types[machine_type] for g in GENERATIONS.values() if machine_type in g.machine_types), 0)
+
+
 class SliceError(ValueError):
     """A TPU type, topology or machine type that cannot describe a slice. ``field`` names the param."""
 

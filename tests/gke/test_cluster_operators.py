@@ -341,6 +341,26 @@ def test_teardown_leaves_a_cluster_another_run_created(gke, created):
     assert get_cluster(gke, run.params["cluster_name"]) is not None
 
 
+def test_existing_cluster_teardown_deletes_only_the_runs_secret(gke, created, capsys):
+    from kubernetes.client import CoreV1Api
+
+    from tpu_rl import manifests
+    from tpu_rl.config import RunConfig
+
+    run, _ = created
+    user = Run(cluster_name=run.params["cluster_name"], cluster_mode="existing", tpu_pool_mode="existing")
+    secret = manifests.hf_token_secret(RunConfig.from_params(user.params), user.identity, "hf_not_real")
+    core = CoreV1Api(_hook_for(user).kube_hook.get_conn())
+    core.create_namespaced_secret("default", secret)
+    delete = cluster_ops.DeleteClusterOperator(task_id="delete_cluster")
+    assert run_operator(delete, user.context()) == []
+    assert f"Deleted Secret default/{user.identity.secret_name()}; the existing cluster stays" in capsys.readouterr().out
+    assert not [s for s in core.list_namespaced_secret("default").items if s.metadata.name == secret["metadata"]["name"]]
+    assert get_cluster(gke, run.params["cluster_name"]) is not None
+    assert run_operator(delete, user.context()) == []  # a retry: nothing left to delete
+    assert f"No Secret {user.identity.secret_name()} to delete" in capsys.readouterr().out
+
+
 def test_keep_cluster_skips_the_delete(gke, created):
     run, _ = created
     assert run_operator(cluster_ops.DeleteClusterOperator(task_id="delete_cluster"), run.context(keep_cluster=True)) == []

@@ -263,13 +263,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
             self._await(config, operation.name)
 
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
-        from kubernetes.client import CoreV1Api
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            CoreV1Api(kubernetes_hook_for(config).api_client).delete_namespaced_secret(run.secret_name(), config.namespace)
+        if JobSetHook(self.scope.cluster_target).delete_secret(run.secret_name(), config.namespace):
             self.log.info("Deleted Secret %s/%s; the existing cluster stays", config.namespace, run.secret_name())
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        else:
             self.log.info("No Secret %s to delete; the existing cluster stays", run.secret_name())

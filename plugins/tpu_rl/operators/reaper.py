@@ -22,10 +22,9 @@ from tpu_rl import reaper as rp
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
 from tpu_rl.run import RunIdentity
+from tpu_rl.tpu import chips_per_host
 from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP, LABEL_RUN_KEY
 
-#: TPU chips per host from the machine type's suffix: ct6e-standard-4t, ct5p-hightpu-4t, ct5lp-hightpu-8t.
-_CHIPS = re.compile(r"^ct\w+-\w+-(\d+)t$")
 _LOCATION = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]/[a-z]+-[a-z]+\d+(-[a-z])?")
 
 
@@ -34,8 +33,7 @@ def _time(text: str) -> datetime:
 
 
 def _pool_chips(pool) -> int:
-    match = _CHIPS.match(pool.config.machine_type or "")
-    return int(match[1]) * pool.initial_node_count * max(len(pool.locations), 1) if match else 0
+    return chips_per_host(pool.config.machine_type) * pool.initial_node_count * max(len(pool.locations), 1)
 
 
 class ReapOrphanedResourcesOperator(BaseOperator):
