@@ -10,7 +10,7 @@ The tutorial *Run multi-host RL training for Qwen3-30b-a3b on TPU v6e* as one pi
 | `create_cluster`, `wait_for_cluster` | `gcluster deploy gke-tpu-v6e-advanced.yaml` (system and CPU pools) |
 | `ensure_jobset`, `hf_token_secret` | what the blueprint installs; `HF_TOKEN` as a Kubernetes Secret |
 | `hf_to_maxtext`, `verify_converted` | `gcluster job submit --name qwen-hf-to-mt` (skipped when already converted; one run at a time converts) |
-| `check_training_record`, `create_tpu_pools`, `train_rl`, `delete_tpu_pools` | `gcluster job submit --pathways` on the 8x8 slice |
+| `check_training_record`, `wait_for_tpu_capacity`, `create_tpu_pools`, `train_rl`, `delete_tpu_pools` | `gcluster job submit --pathways` on the 8x8 slice (with a `capacity_group`, runs queue for its slices) |
 | `verify_training` | `gcloud storage ls .../checkpoints/actor/` (final step resolved, not assumed) |
 | `maxtext_to_hf`, `verify_export`, `publish_export` | `gcluster job submit --name qwen-mt-to-hf` |
 | `delete_cluster` | `gcluster destroy` (only a cluster this run created; always runs) |
@@ -21,118 +21,12 @@ prints what a run would submit, without touching the cloud.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from airflow.sdk import DAG  # also what Airflow's safe mode looks for before it parses a file
 
-from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG, Asset
-
-from tpu_rl.operators.cluster import (
-    ClusterReadySensor,
-    CreateClusterOperator,
-    CreateTpuNodePoolsOperator,
-    DeleteClusterOperator,
-    DeleteTpuNodePoolsOperator,
-)
-from tpu_rl.operators.publish import RunPublishHfExportOperator
-from tpu_rl.operators.setup import (
-    CreateHfTokenSecretOperator,
-    EnsureBucketOperator,
-    EnsureJobSetOperator,
-    ValidateRunConfigOperator,
-)
-from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
-from tpu_rl.operators.workloads import (
-    XCOM_ATTEMPT_PREFIX,
-    XCOM_SUBMITTED_AT,
-    HfToMaxTextOperator,
-    MaxTextToHfOperator,
-    TrainRlOperator,
-)
-from tpu_rl.params import trigger_params
+from tpu_rl.pipeline import build_pipeline, exported_model_asset
 from tpu_rl.run import DAG_ID
-from tpu_rl.sensors.checkpoints import (
-    RunConvertedCheckpointSensor,
-    RunFinalTrainingCheckpointSensor,
-    RunHfExportSensor,
-)
+
+dag: DAG = build_pipeline(DAG_ID, doc_md=__doc__)
 
 #: Downstream DAGs (serving, evaluation) schedule on this; each event's extra has uri, final_step, source_run.
-EXPORTED_MODEL = Asset(name="maxtext_rl_tpu_hf_model")
-
-CLEANUP_RETRIES = {"retries": 10, "retry_delay": timedelta(minutes=2)}
-
-with DAG(
-    dag_id=DAG_ID,
-    description="MaxText RL post-training on a GKE TPU slice, end to end",
-    doc_md=__doc__,
-    schedule=None,
-    catchup=False,
-    params=trigger_params(),
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "execution_timeout": timedelta(hours=1)},
-    tags=["maxtext", "tpu", "gke", "rl"],
-) as dag:
-    validate = ValidateRunConfigOperator(task_id="validate_config", retries=0)
-    guard = EmptyOperator(task_id="guard")
-    bucket = EnsureBucketOperator(task_id="ensure_bucket")
-    create_cluster = CreateClusterOperator(task_id="create_cluster")
-    wait_for_cluster = ClusterReadySensor(
-        task_id="wait_for_cluster", mode="reschedule", poke_interval=60, timeout=timedelta(hours=1)
-    )
-    jobset = EnsureJobSetOperator(task_id="ensure_jobset")
-    token = CreateHfTokenSecretOperator(task_id="hf_token_secret")
-
-    # Skips when the shared base checkpoint is complete; else converts under a lock in the bucket, or waits
-    # (deferred) while another run converts it.
-    hf_to_maxtext = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4))
-    verify_converted = RunConvertedCheckpointSensor(
-        task_id="verify_converted", trigger_rule="none_failed", timeout=timedelta(minutes=30)
-    )
-
-    # Fails the run before TPU pools exist; train_rl repeats the same check before every submission.
-    check_training_record = RunTrainingRecordCheckOperator(task_id="check_training_record")
-    # Like guard for the cluster: a setup that succeeds, so delete_tpu_pools runs even when the create fails
-    # half-way (a stockout leaves a pool in ERROR; with two slices, the first pool may exist).
-    pools_guard = EmptyOperator(task_id="tpu_pools_guard")
-    create_tpu_pools = CreateTpuNodePoolsOperator(task_id="create_tpu_pools", execution_timeout=timedelta(hours=2))
-    train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
-    delete_tpu_pools = DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", **CLEANUP_RETRIES)
-    verify_training = RunFinalTrainingCheckpointSensor(
-        task_id="verify_training",
-        trainer_log=f"{{{{ (ti.xcom_pull(task_ids='{train.task_id}') or {{}}).get('log_tail', []) | join('\\n') }}}}",
-        timeout=timedelta(minutes=30),
-    )
-
-    maxtext_to_hf = MaxTextToHfOperator(
-        task_id="maxtext_to_hf", step_task_id=verify_training.task_id, execution_timeout=timedelta(hours=4)
-    )
-    export_attempt = f"ti.xcom_pull(task_ids='{maxtext_to_hf.task_id}', key='{{key}}')"
-    verify_export = RunHfExportSensor(
-        task_id="verify_export",
-        prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
-        not_before="{{ " + export_attempt.format(key=XCOM_SUBMITTED_AT) + " }}",
-        timeout=timedelta(minutes=30),
-    )
-    publish_export = RunPublishHfExportOperator(
-        task_id="publish_export",
-        source_prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
-        asset=EXPORTED_MODEL,
-        final_step=f"{{{{ ti.xcom_pull(task_ids='{verify_training.task_id}') }}}}",
-    )
-    delete_cluster = DeleteClusterOperator(task_id="delete_cluster", **CLEANUP_RETRIES)
-    done = EmptyOperator(task_id="pipeline_done")
-
-    (
-        validate >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
-        >> hf_to_maxtext >> verify_converted
-        >> check_training_record >> pools_guard >> create_tpu_pools >> train >> verify_training
-        >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]
-    )
-    train >> delete_tpu_pools >> delete_cluster
-    delete_tpu_pools.as_teardown(setups=[pools_guard, create_tpu_pools])
-    # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
-    # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).
-    # Everything the workloads need from the cluster is a setup, so clearing a stage re-runs it (each adopts
-    # or skips what exists) after a teardown removed the cluster or, in an existing one, the run's Secret.
-    delete_cluster.as_teardown(
-        setups=[guard, create_cluster, wait_for_cluster, jobset, token], on_failure_fail_dagrun=True
-    )
+EXPORTED_MODEL = exported_model_asset(DAG_ID)

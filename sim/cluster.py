@@ -218,6 +218,8 @@ def finish():
         "SSL_CERT_FILE": str(PKI / "public-trust.pem"),
         # The reaper DAG (paused at creation) watches where the simulation's runs create clusters.
         "TPU_RL_REAPER_WATCH": f"{PROJECT}/us-east5",
+        # The recurring programs of the shipped example, declared for the simulation.
+        "TPU_RL_PROGRAMS": str(Path(__file__).resolve().parents[1] / "include" / "examples" / "programs.yaml"),
         # A fake token: the simulation checks that pods get HF_TOKEN from a Secret, never its value.
         "AIRFLOW_CONN_HUGGINGFACE_DEFAULT": json.dumps(
             {"conn_type": "generic", "password": "hf_simulated_token_not_real"}),

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import string
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from tpu_rl.jobset_release import shipped_versions
 from tpu_rl.machines import SHAPES, quantity_cpu, quantity_gib
-from tpu_rl.run import RunIdentity
+from tpu_rl.run import INTERVAL_FIELDS, DataInterval, RunIdentity
 from tpu_rl.tpu import SliceError, SliceShape, slice_shape
 from tpu_rl.vocabulary import PATHWAYS_JOBSET_NAME_MAX
 
@@ -69,9 +70,10 @@ class RunConfig:
         "create",
         "Cluster",
         "Cluster mode",
-        "create: this run creates the cluster and deletes it at the end. existing: use a running cluster "
-        "and never delete it.",
-        enum=["create", "existing"],
+        "create: this run creates the cluster and deletes it at the end. shared: runs that name the same "
+        "cluster share it (a backfill, several programs): the first creates it, each holds a lease in the "
+        "bucket, the last to leave deletes it. existing: use a running cluster and never delete it.",
+        enum=["create", "shared", "existing"],
     )
     kubernetes_conn_id: str = _param(
         "",
@@ -133,6 +135,18 @@ class RunConfig:
     )
     reservation: str = _param(
         "", "TPU slice", "Reservation", "Name of the TPU reservation to consume. Empty: no reservation."
+    )
+    capacity_group: str = _param(
+        "",
+        "TPU slice",
+        "TPU capacity group",
+        "Runs that name the same group (e.g. the reservation's name) hold at most capacity_slices TPU slices "
+        "at once; the others wait in wait_for_tpu_capacity (rescheduled, no worker slot) until slices are "
+        "free. Needs tpu_pool_mode 'per_run'. Empty: no limit.",
+        pattern=r"^([a-z0-9][a-z0-9-]{0,62})?$",
+    )
+    capacity_slices: int = _param(
+        1, "TPU slice", "Slices in the capacity group", "How many slices the group's runs may hold at once.", minimum=1
     )
     tpu_pool_mode: str = _param(
         "per_run",
@@ -221,6 +235,23 @@ class RunConfig:
     checkpoint_period: int = _param(
         50, "Training", "Checkpoint period", "Steps between checkpoints; a crash loses up to this many.", minimum=1
     )
+    interval_data: dict = _param(
+        {},
+        "Training",
+        "Data of each interval",
+        "For scheduled and backfilled runs: MaxText data keys whose value depends on the run's data interval, "
+        "e.g. {\"train_split\": \"train[{first}:{stop}]\"} or {\"hf_train_files\": "
+        "\"gs://my-bucket/prompts/dt={ds}/*.parquet\"}. Fields: {ds}, {ds_nodash}, {start}, {end} (the "
+        "interval), {index} (intervals since the program's start), {first} and {stop} (index x "
+        "examples_per_interval, and the next).",
+    )
+    examples_per_interval: int = _param(
+        0,
+        "Training",
+        "Examples per interval",
+        "Prompts each interval trains on, for {first} and {stop}: at least num_batches x batch_size. 0: not used.",
+        minimum=0,
+    )
     extra_train_args: dict = _param(
         {},
         "Training",
@@ -284,6 +315,20 @@ class RunConfig:
     def problems(self) -> list[Problem]:
         return list(_validate(self))
 
+    def for_interval(self, interval: DataInterval | None) -> RunConfig:
+        """The config of a run that trains one data interval: ``interval_data`` filled in and passed to the
+        trainer with the other MaxText keys. Raises ConfigError when the keys need an interval the run lacks."""
+        if not self.interval_data:
+            return self
+        if interval is None:
+            raise ConfigError([Problem(
+                "interval_data", "needs the run's data interval, and this run has none (a manual run)",
+                "run it through the program's schedule or a backfill, or clear interval_data",
+            )])
+        values = interval.template_values(self.examples_per_interval)
+        rendered = {key: template.format(**values) for key, template in self.interval_data.items()}
+        return dataclasses.replace(self, extra_train_args={**self.extra_train_args, **rendered})
+
     # Derived values, computed once.
 
     @cached_property
@@ -317,7 +362,17 @@ class RunConfig:
 
     @property
     def creates_cluster(self) -> bool:
-        return self.cluster_mode == "create"
+        """The run creates the cluster, or (shared) may be the one that creates it."""
+        return self.cluster_mode in ("create", "shared")
+
+    @property
+    def shares_cluster(self) -> bool:
+        """cluster_mode=shared: runs lease the cluster; the last to leave deletes it."""
+        return self.cluster_mode == "shared"
+
+    @property
+    def capacity_limited(self) -> bool:
+        return bool(self.capacity_group)
 
     @property
     def uses_dns_endpoint(self) -> bool:
@@ -422,7 +477,8 @@ _OWN_TRAIN_KEYS = {
 def _validate(c: RunConfig):
     """Every problem of the config, rule group by rule group (always in the same order)."""
     for rules in (_validate_required, _validate_cloud_names, _validate_cluster_access, _validate_model,
-                  _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice):
+                  _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice,
+                  _validate_interval_data):
         yield from rules(c)
 
 
@@ -480,6 +536,18 @@ def _validate_cluster_access(c: RunConfig):
             "tpu_pool_mode",
             "'cluster' creates the pool with the cluster, but cluster_mode is 'existing'",
             "use 'per_run' or 'existing'",
+        )
+    if c.capacity_limited and not c.tpu_pools_per_run:
+        yield Problem(
+            "capacity_group",
+            f"limits the slices runs create, but tpu_pool_mode is '{c.tpu_pool_mode}' (the run creates none)",
+            "set tpu_pool_mode to 'per_run', or clear capacity_group",
+        )
+    elif c.capacity_limited and c.cluster_nodepool_count > c.capacity_slices:
+        yield Problem(
+            "capacity_slices",
+            f"the group has {c.capacity_slices} slice(s), and a run needs {c.cluster_nodepool_count} (it would wait for ever)",
+            f"set capacity_slices to at least {c.cluster_nodepool_count}",
         )
     if not _K8S_NAME.fullmatch(c.namespace):
         yield Problem("namespace", f"'{c.namespace}' is not a Kubernetes namespace name", "use lowercase letters, digits, dashes")
@@ -596,4 +664,42 @@ def _axes_divide(c: RunConfig, side: str, kind: str, *fields: str, blame: int):
             fields[blame],
             f"{fields[0]} x {fields[1]} = {product} does not divide the {devices:g} {side} devices",
             f"choose {kind} parallelisms whose product divides the {side} devices",
+        )
+
+
+#: The MaxText 0.2.4 keys that say what a run trains on (configs/base.yml, configs/post_train/rl.yml): a
+#: Hugging Face split, which takes slices such as train[0:200], or the data files of a partition.
+INTERVAL_DATA_KEYS = ("train_split", "hf_train_files")
+
+
+def _validate_interval_data(c: RunConfig):
+    """The per-interval data keys: known keys, templates with known fields, enough examples per interval."""
+    for key, template in c.interval_data.items():
+        if key not in INTERVAL_DATA_KEYS:
+            yield Problem("interval_data", f"'{key}' is not a data key", f"use {' or '.join(INTERVAL_DATA_KEYS)}")
+            continue
+        if key in c.extra_train_args:
+            yield Problem("interval_data", f"'{key}' is also in extra_train_args", f"set '{key}' in one of them")
+        if not isinstance(template, str):
+            yield Problem("interval_data", f"'{key}' must be a string template", f"e.g. \"train[{{first}}:{{stop}}]\"")
+            continue
+        try:
+            names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        except ValueError as error:
+            yield Problem("interval_data", f"'{key}': {error}", "write fields as {ds}, and braces as {{ }}")
+            continue
+        unknown = sorted(names - set(INTERVAL_FIELDS))
+        if unknown:
+            yield Problem("interval_data", f"'{key}' uses unknown field(s) {unknown}",
+                          f"use {', '.join('{' + f + '}' for f in INTERVAL_FIELDS)}")
+        if names & {"first", "stop"} and not c.examples_per_interval:
+            yield Problem("examples_per_interval", f"is 0, and interval_data '{key}' uses {{first}}/{{stop}}",
+                          f"set it to the prompts each interval trains on (at least {c.num_batches * c.batch_size})")
+    needed = c.num_batches * c.batch_size
+    if 0 < c.examples_per_interval < needed:
+        yield Problem(
+            "examples_per_interval",
+            f"{c.examples_per_interval} prompts are fewer than num_batches x batch_size = {needed} (MaxText would "
+            "train fewer steps than planned, and the run would wait for a final step that never comes)",
+            f"set it to at least {needed}, or lower num_batches",
         )

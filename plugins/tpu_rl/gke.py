@@ -16,6 +16,7 @@ from tpu_rl.machines import needs_gvnic, needs_hyperdisk
 from tpu_rl.run import RunIdentity
 from tpu_rl.vocabulary import (
     GKE_LABEL_KEEP,
+    GKE_LABEL_SHARED,
     GKE_LABEL_RUN_KEY,
     GKE_METADATA_DAG_ID,
     GKE_METADATA_RUN_ID,
@@ -38,7 +39,8 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
     pools = [system_pool(config), cpu_pool(config)]
     if config.tpu_pools_with_cluster:
         pools += [tpu_node_pool(config, run, i) for i in range(config.cluster_nodepool_count)]
-    labels = {GKE_LABEL_RUN_KEY: run.key, **({GKE_LABEL_KEEP: "true"} if config.keep_cluster else {})}
+    labels = {GKE_LABEL_RUN_KEY: run.key, **({GKE_LABEL_KEEP: "true"} if config.keep_cluster else {}),
+              **({GKE_LABEL_SHARED: "true"} if config.shares_cluster else {})}
     body = {
         "name": config.cluster_name,
         "description": owner_description(run),

@@ -1,7 +1,9 @@
 """Identity of one DAG run: the names and Cloud Storage paths that every stage of it derives.
 
 Everything here is a pure function of (dag_id, run_id) and the validated config, so a retried or
-cleared task finds what an earlier try of the same run created, and two runs never share outputs.
+cleared task finds what an earlier try of the same run created, and two runs never share outputs. A run
+of a recurring program (scheduled or backfilled) is keyed by its data interval instead of its run id:
+whichever run trains an interval finds that interval's checkpoints, and no other interval's.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 # The label keys that tie cloud and Kubernetes objects to the run that created them; imported from here too.
@@ -39,18 +42,23 @@ def slug(text: str) -> str:
 
 @dataclass(frozen=True)
 class RunIdentity:
+    """A DAG run; ``interval``: the start of its data interval (ISO 8601) when its outputs are the interval's."""
+
     dag_id: str
     run_id: str
+    interval: str | None = None
 
     @property
     def key(self) -> str:
         """Eight hex digits, stable for the run: short enough for every Kubernetes and GKE name."""
-        return hashlib.sha256(f"{self.dag_id}\n{self.run_id}".encode()).hexdigest()[:RUN_KEY_LENGTH]
+        name = f"interval {self.interval}" if self.interval else self.run_id
+        return hashlib.sha256(f"{self.dag_id}\n{name}".encode()).hexdigest()[:RUN_KEY_LENGTH]
 
     @property
     def slug(self) -> str:
         """Readable and unique folder name for the run's outputs."""
-        return f"{slug(self.run_id)[:60]}-{self.key}"
+        name = f"interval-{self.interval[:10]}" if self.interval else self.run_id
+        return f"{slug(name)[:60]}-{self.key}"
 
     def labels(self) -> dict[str, str]:
         return {LABEL_RUN_KEY: self.key, LABEL_DAG_ID: slug(self.dag_id)[:63]}
@@ -72,6 +80,31 @@ class RunIdentity:
 
     def tpu_pool_name(self, slice_index: int) -> str:
         return f"tpu-{self.key}-{slice_index}"
+
+
+#: The fields an ``interval_data`` template may use (see :meth:`DataInterval.template_values`).
+INTERVAL_FIELDS = ("ds", "ds_nodash", "start", "end", "index", "first", "stop")
+
+
+@dataclass(frozen=True)
+class DataInterval:
+    """The data interval a scheduled or backfilled run trains on; ``index``: intervals since the program's
+    start date (0 for the first)."""
+
+    start: datetime
+    end: datetime
+    index: int
+
+    def template_values(self, examples_per_interval: int) -> dict[str, Any]:
+        return {
+            "ds": self.start.strftime("%Y-%m-%d"),
+            "ds_nodash": self.start.strftime("%Y%m%d"),
+            "start": self.start.isoformat(),
+            "end": self.end.isoformat(),
+            "index": self.index,
+            "first": self.index * examples_per_interval,
+            "stop": (self.index + 1) * examples_per_interval,
+        }
 
 
 #: Name of the lock object next to the converted checkpoint's step folder (Orbax ignores non-step names).
@@ -103,6 +136,8 @@ def training_record(config: RunConfig) -> dict[str, Any]:
         "dataset": config.effective_dataset,
         "data_template_path": config.data_template_path,
         "train_steps": config.train_steps,
+        # What the run's interval trains on (only programs have it; older records do not).
+        **({"interval_data": {k: config.extra_train_args[k] for k in config.interval_data}} if config.interval_data else {}),
     }
 
 

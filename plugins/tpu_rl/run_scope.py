@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from tpu_rl.config import RunConfig
-from tpu_rl.run import GcsLayout, RunIdentity, training_record
+from tpu_rl.run import DataInterval, GcsLayout, RunIdentity, training_record
 
 if TYPE_CHECKING:
     from tpu_rl.hooks.jobset import ClusterTarget
@@ -39,21 +39,25 @@ class RunScope:
     run: RunIdentity
     task_id: str | None = None
     try_number: int | None = None
+    interval: DataInterval | None = None
 
     @classmethod
     def of(cls, context: Any) -> RunScope:
         ti = context.get("ti")
+        interval = _program_interval(context)
         return cls(
             dict(context["params"]),
-            RunIdentity(context["dag"].dag_id, context["run_id"]),
+            RunIdentity(context["dag"].dag_id, context["run_id"], interval.start.isoformat() if interval else None),
             getattr(ti, "task_id", None),
             getattr(ti, "try_number", None),
+            interval,
         )
 
     @cached_property
     def config(self) -> RunConfig:
-        """The validated config (raises :class:`~tpu_rl.config.ConfigError` for params that cannot work)."""
-        return RunConfig.from_params(dict(self.params))
+        """The validated config, with the run's interval data filled in (raises
+        :class:`~tpu_rl.config.ConfigError` for params that cannot work)."""
+        return RunConfig.from_params(dict(self.params)).for_interval(self.interval)
 
     @cached_property
     def layout(self) -> GcsLayout:
@@ -71,6 +75,35 @@ class RunScope:
 
     def uri(self, prefix: str) -> str:
         return self.layout.uri(prefix)
+
+
+#: Run types whose outputs belong to their data interval (a manual run's belong to the run).
+INTERVAL_RUN_TYPES = ("scheduled", "backfill")
+#: Intervals counted at most, from the DAG's start date to a run's interval.
+MAX_INTERVALS_COUNTED = 100_000
+
+
+def _program_interval(context: Any) -> DataInterval | None:
+    """The data interval of a scheduled or backfilled run, with its index among the DAG's intervals."""
+    dag_run, start = context.get("dag_run"), context.get("data_interval_start")
+    run_type = getattr(dag_run, "run_type", None)
+    if str(getattr(run_type, "value", run_type)) not in INTERVAL_RUN_TYPES or start is None:
+        return None
+    return DataInterval(start, context["data_interval_end"], _interval_index(context["dag"], start))
+
+
+def _interval_index(dag: Any, start: Any) -> int:
+    """How many of the DAG's intervals (its timetable from its start date) begin before ``start``."""
+    from airflow.timetables.base import TimeRestriction
+
+    restriction = TimeRestriction(earliest=dag.start_date, latest=None, catchup=True)
+    last, index = None, 0
+    while index < MAX_INTERVALS_COUNTED:
+        info = dag.timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+        if info is None or info.data_interval.start >= start:
+            return index
+        last, index = info.data_interval, index + 1
+    raise ValueError(f"{dag.dag_id}: more than {MAX_INTERVALS_COUNTED} intervals before {start}")
 
 
 class RunScoped:

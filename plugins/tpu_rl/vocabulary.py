@@ -64,6 +64,8 @@ LABEL_TASK_ID = "tpu-rl.dev/task-id"
 GKE_LABEL_RUN_KEY = "tpu-rl-run-key"
 #: On a cluster created with keep_cluster: the reaper never deletes it.
 GKE_LABEL_KEEP = "tpu-rl-keep"
+#: Resource label of a cluster that runs share (cluster_mode=shared): its lease, not its creator, decides its end.
+GKE_LABEL_SHARED = "tpu-rl-shared"
 #: Node-pool metadata keys (GCE instance metadata: free-form values) with the creating run's identity, which
 #: resource labels cannot hold; a created cluster carries it in its description (gke.owner_description).
 GKE_METADATA_DAG_ID = "tpu-rl-dag-id"

@@ -30,7 +30,7 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     from airflow.utils.dag_cycle_tester import check_cycle
 
     check_cycle(dag)
-    assert len(dag.tasks) == 20
+    assert len(dag.tasks) == 21
 
 
 def test_the_plugin_manager_does_not_import_the_package_a_second_time():
@@ -56,7 +56,8 @@ def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):
     assert dag.get_task("verify_converted").trigger_rule == "none_failed"
     assert isinstance(dag.get_task("check_training_record"), RunTrainingRecordCheckOperator)
     assert [t.task_id for t in dag.get_task("tpu_pools_guard").upstream_list] == ["check_training_record"]
-    assert [t.task_id for t in dag.get_task("create_tpu_pools").upstream_list] == ["tpu_pools_guard"]
+    assert [t.task_id for t in dag.get_task("wait_for_tpu_capacity").upstream_list] == ["tpu_pools_guard"]
+    assert [t.task_id for t in dag.get_task("create_tpu_pools").upstream_list] == ["wait_for_tpu_capacity"]
 
 
 def test_every_task_retries_and_has_a_time_limit(dag):
@@ -82,7 +83,7 @@ def test_clearing_training_reruns_its_setups_and_teardowns_not_the_conversion(da
     related = {t.task_id for t in train.get_upstreams_only_setups_and_teardowns()}
     assert related == {
         "guard", "create_cluster", "wait_for_cluster", "ensure_jobset", "hf_token_secret",
-        "tpu_pools_guard", "create_tpu_pools", "delete_tpu_pools", "delete_cluster",
+        "tpu_pools_guard", "wait_for_tpu_capacity", "create_tpu_pools", "delete_tpu_pools", "delete_cluster",
     }
     assert "hf_to_maxtext" not in related
 

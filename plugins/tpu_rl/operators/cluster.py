@@ -7,8 +7,9 @@ GKE operations are awaited by the Google provider's ``GKEOperationTrigger`` (def
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
@@ -20,7 +21,9 @@ from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.run import RunIdentity
 from tpu_rl.run_scope import RunScoped
-from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
+from tpu_rl.leases import Holder, Lease, LeaseChange, holder_has_ended
+from tpu_rl.operators.leases import dag_run_state, expired_note, lease_store, now_text, release_capacity
+from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
 OPERATION_POLL_SECONDS = 10
 
@@ -81,10 +84,23 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) failed: {message}")
 
 
-class CreateClusterOperator(_AwaitsGkeOperations):
-    """Creates the run's cluster (cluster_mode=create), or adopts it when a previous try created it."""
+def cluster_lease(config: RunConfig):
+    """The lease of a shared cluster, in the run's bucket: runs that share a cluster share its bucket."""
+    return lease_store(config, "cluster", f"{config.project}-{config.region}-{config.cluster_name}")
 
-    def execute(self, context: Any) -> None:
+
+class CreateClusterOperator(_AwaitsGkeOperations):
+    """Creates the run's cluster (cluster_mode=create), or adopts it when a previous try created it.
+
+    cluster_mode=shared: the run first joins the cluster's lease, then creates the cluster or adopts it
+    (another run of the lease made it); while the last run to leave is still deleting it, it waits.
+    A cluster another live run uses is never adopted by cluster_mode=create.
+    """
+
+    #: Seconds between checks while the cluster of a shared lease is being deleted.
+    CLOSING_POLL_SECONDS = 30
+
+    def execute(self, context: Any, event: Any = None) -> None:
         from google.api_core.exceptions import AlreadyExists
 
         scope = self.bind_scope(context)
@@ -93,6 +109,8 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             self.log.info("cluster_mode is 'existing': using cluster %s, which this run will not delete", config.cluster_name)
             return
         hook = _cluster_hook(config)
+        if config.shares_cluster and not self._join_lease(context, hook):
+            return
         try:
             operation = hook.create_cluster(
                 cluster=gke.cluster_body(config, run, datetime.now(timezone.utc)),
@@ -101,6 +119,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             )
         except AlreadyExists:
             cluster = hook.get_cluster(name=config.cluster_name, project_id=config.project)
+            self._check_adoptable(context, cluster)
             owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY, "none")
             self.log.info(
                 "Cluster %s already exists (status %s, created by run key %s; this run is %s): adopting it",
@@ -109,6 +128,66 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             return
         self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation.name)
         self._await(config, operation.name)
+
+    def _join_lease(self, context: Any, hook: Any) -> bool:
+        """Joins the shared cluster's lease; False (after deferring) while its last holder deletes it."""
+        from google.api_core.exceptions import NotFound
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+        config, run, ti = self.scope.config, self.scope.run, context["ti"]
+        try:
+            hook.get_cluster(name=config.cluster_name, project_id=config.project)
+            cluster_exists = True
+        except NotFound:
+            cluster_exists = False
+
+        def decide(lease: Lease) -> LeaseChange:
+            lease, expired = lease.expire(lambda r: dag_run_state(ti, r), keep=run.key)
+            if lease.closing and cluster_exists and not lease.find(run.key):
+                return LeaseChange(lease if expired else None, "closing", expired_note(expired))
+            return LeaseChange(lease.admit(Holder.of(run, now_text())), "joined", expired_note(expired))
+
+        store = cluster_lease(config)
+        change = store.change(decide)
+        for note in change.notes:
+            self.log.warning("%s (%s)", note, store.uri)
+        if change.result == "closing":
+            self.log.info("Shared cluster %s is being deleted by the last run that used it: waiting %d s to "
+                          "create it again", config.cluster_name, self.CLOSING_POLL_SECONDS)
+            self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.CLOSING_POLL_SECONDS)), method_name="execute")
+        lease, _ = store.read()
+        self.log.info("Joined the lease of shared cluster %s (%s): %s", config.cluster_name, store.uri,
+                      "; ".join(h.describe() for h in lease.holders))
+        return True
+
+    def _check_adoptable(self, context: Any, cluster: Any) -> None:
+        """Refuses a cluster this run must not use as its own: in shared mode one that is not shared; in create
+        mode one that shared runs use, or one another live run created (it would delete it under them)."""
+        config, run = self.scope.config, self.scope.run
+        shared = cluster.resource_labels.get(GKE_LABEL_SHARED) == "true"
+        if config.shares_cluster and not shared:
+            cluster_lease(config).change(lambda lease: LeaseChange(lease.without(run.key)))
+            raise AirflowFailException(
+                f"cluster_name: cluster {config.cluster_name} exists and is not a shared cluster (it is another "
+                "run's, or not this package's); fix: use another cluster_name, or cluster_mode 'existing' to use "
+                "it without deleting it."
+            )
+        if config.shares_cluster:
+            return
+        owner = gke.cluster_owner(cluster.description)
+        if shared:
+            raise AirflowFailException(
+                f"cluster_name: cluster {config.cluster_name} is shared by runs in cluster_mode 'shared'; this run "
+                "would delete it under them; fix: set cluster_mode to 'shared' (or use another cluster_name)."
+            )
+        if owner and (owner.dag_id, owner.run_id) != (run.dag_id, run.run_id):
+            state = dag_run_state(context["ti"], owner)
+            if not holder_has_ended(state):
+                raise AirflowFailException(
+                    f"cluster_name: cluster {config.cluster_name} belongs to the live run {owner.dag_id} / "
+                    f"{owner.run_id} ({state}), which deletes it when it ends; fix: let runs share it with "
+                    "cluster_mode 'shared', or use another cluster_name."
+                )
 
 
 def _is_capacity_error(message: str) -> bool:
@@ -228,6 +307,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
                 continue
             self.log.info("Deleting node pool %s", name)
             self._await(config, operation.name, next_step=index + 1)
+        release_capacity(config, run, self.log)
 
 
 class DeleteClusterOperator(_AwaitsGkeOperations):
@@ -242,6 +322,9 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if not config.creates_cluster:
             self._delete_secret(config, run)
             return
+        if config.shares_cluster and not self._leave_lease(context):
+            self._delete_secret(config, run)
+            return
         if config.keep_cluster:
             self.log.warning("keep_cluster is set: cluster %s stays up and keeps costing money", config.cluster_name)
             return
@@ -252,7 +335,10 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
             self.log.info("Cluster %s does not exist: nothing to delete", config.cluster_name)
             return
         owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY)
-        if owner != run.key:
+        if config.shares_cluster and cluster.resource_labels.get(GKE_LABEL_SHARED) != "true":
+            self.log.warning("Cluster %s is not a shared cluster: leaving it", config.cluster_name)
+            return
+        if owner != run.key and not config.shares_cluster:
             self.log.warning(
                 "Cluster %s was created by run key %s, not by this run (%s): leaving it", config.cluster_name, owner, run.key
             )
@@ -261,6 +347,32 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if operation is not None:
             self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation.name)
             self._await(config, operation.name)
+
+    def _leave_lease(self, context: Any) -> bool:
+        """Leaves the shared cluster's lease; True when no live run holds it any more (this run deletes the
+        cluster, and marks the lease closing so that a run joining now waits for the delete)."""
+        config, run, ti = self.scope.config, self.scope.run, context["ti"]
+
+        def decide(lease: Lease) -> LeaseChange:
+            if not lease.find(run.key) and not lease.closing:
+                return LeaseChange(None, lease.holders or ("nobody: this run never joined it",))
+            lease, expired = lease.expire(lambda r: dag_run_state(ti, r), keep=run.key)
+            lease = lease.without(run.key)
+            if lease.holders:
+                return LeaseChange(lease, lease.holders, expired_note(expired))
+            return LeaseChange(dataclasses.replace(lease, closing=True), (), expired_note(expired))
+
+        store = cluster_lease(config)
+        change = store.change(decide)
+        for note in change.notes:
+            self.log.warning("%s (%s)", note, store.uri)
+        if change.result:
+            self.log.info("Shared cluster %s stays: still used by %s", config.cluster_name,
+                          "; ".join(h if isinstance(h, str) else h.describe() for h in change.result))
+            return False
+        self.log.info("This run is the last of shared cluster %s's lease (%s): deleting the cluster",
+                      config.cluster_name, store.uri)
+        return True
 
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
         if JobSetHook(self.scope.cluster_target).delete_secret(run.secret_name(), config.namespace):

@@ -291,7 +291,8 @@ class JobSetOperator(BaseOperator):
         meta["namespace"] = meta.get("namespace") or self.namespace
         run = RunIdentity(ti.dag_id, ti.run_id)
         labels = meta.setdefault("labels", {})
-        labels.update(run.labels())
+        for key, value in run.labels().items():  # a manifest built for the run's scope names its key already
+            labels.setdefault(key, value)
         labels[LABEL_TASK_ID] = slug(ti.task_id)[:63].strip("-") or "task"
         meta.setdefault("annotations", {}).update(
             {

@@ -32,8 +32,10 @@ class PublishHfExportOperator(BaseOperator):
     :param asset: the Asset downstream DAGs schedule on; also declared as this task's outlet.
     :param final_step: the training step exported (the final checkpoint sensor's XCom).
     :param source_run: ``gs://`` URI of the training run the model comes from.
+    :param event_extra: more keys for the Asset event's extra (a program's run adds its data interval).
 
-    XCom return value: the published ``gs://`` URI. Asset event extra: ``uri``, ``final_step``, ``source_run``.
+    XCom return value: the published ``gs://`` URI. Asset event extra: ``uri``, ``final_step``, ``source_run``
+    and ``event_extra``.
     """
 
     template_fields: Sequence[str] = (
@@ -51,6 +53,7 @@ class PublishHfExportOperator(BaseOperator):
         source_run: str,
         gcp_conn_id: str = "google_cloud_default",
         impersonation_chain: str | Sequence[str] | None = None,
+        event_extra: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(outlets=[asset], **kwargs)
@@ -62,6 +65,7 @@ class PublishHfExportOperator(BaseOperator):
         self.source_run = source_run
         self.gcp_conn_id = gcp_conn_id
         self.impersonation_chain = impersonation_chain
+        self.event_extra = event_extra or {}
 
     def execute(self, context: Context) -> str:
         from tpu_rl.hooks import gcs
@@ -91,6 +95,7 @@ class PublishHfExportOperator(BaseOperator):
             "uri": uri,
             "final_step": int(self.final_step),
             "source_run": self.source_run,
+            **self.event_extra,
         }
         self.log.info("Published %d objects to %s", len(published), uri)
         return uri
@@ -107,3 +112,6 @@ class RunPublishHfExportOperator(RunScoped, PublishHfExportOperator):
         layout = scope.layout
         self.bucket, self.gcp_conn_id = scope.config.gcs_bucket, scope.config.gcp_conn_id
         self.destination_prefix, self.source_run = layout.export_prefix, layout.uri(layout.training_prefix)
+        if scope.interval:
+            self.event_extra = {"data_interval_start": scope.interval.start.isoformat(),
+                                "data_interval_end": scope.interval.end.isoformat()}

@@ -21,6 +21,7 @@ from tpu_rl import gke
 from tpu_rl import reaper as rp
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
+from tpu_rl.operators.leases import dag_run_state
 from tpu_rl.run import RunIdentity
 from tpu_rl.tpu import chips_per_host
 from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP, LABEL_RUN_KEY
@@ -57,7 +58,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
             clusters.update(reachable)
         for (project, location, name), target in clusters.items():
             resources += self._kubernetes_resources(project, location, name, target)
-        states = {owner: self._run_state(context["ti"], owner) for owner in {r.owner for r in resources}}
+        states = {owner: dag_run_state(context["ti"], owner) for owner in {r.owner for r in resources}}
         users = self._live_users(resources, states)
         decisions = [rp.decide(r, states[r.owner], now, grace,
                                users.get((r.project, r.location, r.name), ()) if r.kind == rp.CLUSTER else ())
@@ -147,12 +148,6 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                     _time(str(meta["creationTimestamp"])), project, location, cluster=cluster,
                     namespace=meta["namespace"], uid=meta.get("uid", "")))
         return found
-
-    def _run_state(self, ti: Any, owner: RunIdentity) -> str:
-        if not ti.get_dr_count(dag_id=owner.dag_id, run_ids=[owner.run_id]):
-            return rp.MISSING
-        state = ti.get_dagrun_state(dag_id=owner.dag_id, run_id=owner.run_id)
-        return str(getattr(state, "value", state))  # a DagRunState enum
 
     @staticmethod
     def _live_users(resources: list[rp.Resource], states: dict[RunIdentity, str]) -> dict[tuple, tuple]:

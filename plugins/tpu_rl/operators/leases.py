@@ -1,0 +1,141 @@
+"""Leases that runs share through the bucket: the TPU capacity queue, and the lease store the shared
+cluster mode uses (operators/cluster.py). The rules are in :mod:`tpu_rl.leases`; here they meet Cloud
+Storage (a read-modify-write with a generation precondition) and Airflow (the state of a holder's run).
+
+Why not an Airflow pool for the capacity: a slice lives from ``create_tpu_pools`` to the end of
+``delete_tpu_pools``, three tasks, and a pool slot is held by one task only; between two of them another
+run could take the slot and create a second slice. The lease is taken before the slice is created and
+given back after its node pools are deleted, so the group never holds more slices than it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+
+from tpu_rl.compat import AirflowException
+from tpu_rl.leases import Holder, Lease, LeaseChange, lease_object
+from tpu_rl.reaper import MISSING
+from tpu_rl.run import RunIdentity
+from tpu_rl.run_scope import RunScoped
+
+#: Read-modify-write attempts before giving up on a lease that keeps changing under us.
+LEASE_WRITE_ATTEMPTS = 20
+
+
+def dag_run_state(ti: Any, run: RunIdentity) -> str:
+    """The DAG run's state as Airflow's task API gives it ('running', 'success', ...), or MISSING."""
+    if not ti.get_dr_count(dag_id=run.dag_id, run_ids=[run.run_id]):
+        return MISSING
+    state = ti.get_dagrun_state(dag_id=run.dag_id, run_id=run.run_id)
+    return str(getattr(state, "value", state))  # a DagRunState enum
+
+
+def now_text() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class LeaseStore:
+    """One lease document in Cloud Storage, changed only with a generation precondition: of two runs that
+    change it at once, one writes and the other reads again and decides again."""
+
+    def __init__(self, client: Any, bucket: str, name: str) -> None:
+        self.client, self.bucket, self.name = client, bucket, name
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.name}"
+
+    def read(self) -> tuple[Lease, int]:
+        """The lease and its generation (0: no document yet)."""
+        from google.api_core.exceptions import NotFound
+
+        blob = self.client.bucket(self.bucket).get_blob(self.name)
+        if blob is None:
+            return Lease(), 0
+        try:
+            return Lease.parse(blob.download_as_bytes(if_generation_match=blob.generation)), int(blob.generation)
+        except NotFound:
+            return Lease(), 0
+
+    def change(self, decide: Callable[[Lease], LeaseChange]) -> LeaseChange:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        for _ in range(LEASE_WRITE_ATTEMPTS):
+            lease, generation = self.read()
+            change = decide(lease)
+            if change.lease is None or change.lease == lease:
+                return change
+            try:
+                self.client.bucket(self.bucket).blob(self.name).upload_from_string(
+                    change.lease.dump(), content_type="application/json", if_generation_match=generation
+                )
+                return change
+            except (PreconditionFailed, NotFound):
+                continue  # another run changed it first: decide again on what it wrote
+        raise AirflowException(f"{self.uri} keeps changing: could not update it")
+
+
+def lease_store(config: Any, kind: str, name: str) -> LeaseStore:
+    from tpu_rl.hooks import gcs
+
+    return LeaseStore(gcs.storage_client(config.gcp_conn_id), config.gcs_bucket, lease_object(kind, name))
+
+
+def capacity_store(config: Any) -> LeaseStore:
+    return lease_store(config, "capacity", config.capacity_group)
+
+
+def expired_note(expired: list[Holder]) -> list[str]:
+    return [f"lease of {h.describe()} expired: its run has ended or is gone" for h in expired]
+
+
+class WaitForTpuCapacitySensor(RunScoped, BaseSensorOperator):
+    """Waits (rescheduled: no worker slot while waiting) until the run's TPU slices fit in its capacity group,
+    and takes them: ``delete_tpu_pools`` gives them back once the run's node pools are gone. Each poke logs
+    the queue: who holds the group's slices and since when."""
+
+    def poke(self, context: Any) -> bool:
+        scope = self.bind_scope(context)
+        config, run = scope.config, scope.run
+        if not config.capacity_limited:
+            self.log.info("No capacity_group: the run's slices are not counted against a limit")
+            return True
+        ti = context["ti"]
+        me = Holder.of(run, now_text(), config.cluster_nodepool_count)
+
+        def decide(lease: Lease) -> LeaseChange:
+            lease, expired = lease.expire(lambda r: dag_run_state(ti, r), keep=run.key)
+            admitted = lease.admit(me, config.capacity_slices)
+            if admitted is None:
+                return LeaseChange(lease if expired else None, lease, expired_note(expired))
+            return LeaseChange(admitted, None, expired_note(expired))
+
+        store = capacity_store(config)
+        change = store.change(decide)
+        for note in change.notes:
+            self.log.warning("%s (%s)", note, store.uri)
+        if change.result is None:
+            self.log.info("Holding %d of the %d slice(s) of capacity group '%s' (%s)", me.slices,
+                          config.capacity_slices, config.capacity_group, store.uri)
+            return True
+        held: Lease = change.result
+        self.log.info(
+            "Waiting for TPU capacity: group '%s' has %d slice(s), %d held by %s; this run needs %d",
+            config.capacity_group, config.capacity_slices, held.slices,
+            "; ".join(h.describe() for h in held.holders) or "nobody", me.slices,
+        )
+        return False
+
+
+def release_capacity(config: Any, run: RunIdentity, log: Any) -> None:
+    """Gives the run's slices back to its capacity group (after its node pools are deleted)."""
+    if not config.capacity_limited:
+        return
+    store = capacity_store(config)
+    change = store.change(lambda lease: LeaseChange(lease.without(run.key), lease.find(run.key)))
+    if change.result is not None:
+        log.info("Gave back %d slice(s) to capacity group '%s' (%s)", change.result.slices, config.capacity_group, store.uri)

@@ -1,0 +1,157 @@
+"""The pipeline's DAG, built by one function for every DAG that runs it: the manual ``maxtext_rl_tpu`` and
+each recurring program of ``include/programs.yaml``. Each DAG file only says which DAG it is."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG, Asset
+
+from tpu_rl.operators.cluster import (
+    ClusterReadySensor,
+    CreateClusterOperator,
+    CreateTpuNodePoolsOperator,
+    DeleteClusterOperator,
+    DeleteTpuNodePoolsOperator,
+)
+from tpu_rl.operators.leases import WaitForTpuCapacitySensor
+from tpu_rl.operators.publish import RunPublishHfExportOperator
+from tpu_rl.operators.setup import (
+    CreateHfTokenSecretOperator,
+    EnsureBucketOperator,
+    EnsureJobSetOperator,
+    ValidateRunConfigOperator,
+)
+from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
+from tpu_rl.operators.workloads import (
+    XCOM_ATTEMPT_PREFIX,
+    XCOM_SUBMITTED_AT,
+    HfToMaxTextOperator,
+    MaxTextToHfOperator,
+    TrainRlOperator,
+)
+from tpu_rl.params import trigger_params
+from tpu_rl.sensors.checkpoints import (
+    RunConvertedCheckpointSensor,
+    RunFinalTrainingCheckpointSensor,
+    RunHfExportSensor,
+)
+
+CLEANUP_RETRIES = {"retries": 10, "retry_delay": timedelta(minutes=2)}
+DEFAULT_ARGS = {"retries": 2, "retry_delay": timedelta(minutes=1), "execution_timeout": timedelta(hours=1)}
+TAGS = ["maxtext", "tpu", "gke", "rl"]
+
+
+def exported_model_asset(dag_id: str) -> Asset:
+    """The Asset a DAG's published models are events of; downstream DAGs (serving, evaluation) schedule on it."""
+    return Asset(name=f"{dag_id}_hf_model")
+
+
+def build_pipeline(
+    dag_id: str,
+    *,
+    doc_md: str,
+    description: str = "MaxText RL post-training on a GKE TPU slice, end to end",
+    schedule: Any = None,
+    start_date: datetime | None = None,
+    catchup: bool = False,
+    max_active_runs: int = 16,
+    param_defaults: Mapping[str, Any] | None = None,
+    is_paused_upon_creation: bool | None = None,
+    tags: list[str] | None = None,
+) -> DAG:
+    """The pipeline as a DAG. ``param_defaults`` replace the trigger form's defaults (a program's params)."""
+    params = trigger_params()
+    for name, value in (param_defaults or {}).items():
+        params[name].value = value
+    with DAG(
+        dag_id=dag_id,
+        description=description,
+        doc_md=doc_md,
+        schedule=schedule,
+        start_date=start_date,
+        catchup=catchup,
+        max_active_runs=max_active_runs,
+        is_paused_upon_creation=is_paused_upon_creation,
+        params=params,
+        default_args=DEFAULT_ARGS,
+        tags=tags or TAGS,
+    ) as dag:
+        _wire_tasks(exported_model_asset(dag_id))
+    return dag
+
+
+def _wire_tasks(exported_model: Asset) -> None:
+    validate = ValidateRunConfigOperator(task_id="validate_config", retries=0)
+    guard = EmptyOperator(task_id="guard")
+    bucket = EnsureBucketOperator(task_id="ensure_bucket")
+    create_cluster = CreateClusterOperator(task_id="create_cluster")
+    wait_for_cluster = ClusterReadySensor(
+        task_id="wait_for_cluster", mode="reschedule", poke_interval=60, timeout=timedelta(hours=1)
+    )
+    jobset = EnsureJobSetOperator(task_id="ensure_jobset")
+    token = CreateHfTokenSecretOperator(task_id="hf_token_secret")
+
+    # Skips when the shared base checkpoint is complete; else converts under a lock in the bucket, or waits
+    # (deferred) while another run converts it.
+    hf_to_maxtext = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4))
+    verify_converted = RunConvertedCheckpointSensor(
+        task_id="verify_converted", trigger_rule="none_failed", timeout=timedelta(minutes=30)
+    )
+
+    # Fails the run before TPU pools exist; train_rl repeats the same check before every submission.
+    check_training_record = RunTrainingRecordCheckOperator(task_id="check_training_record")
+    # Like guard for the cluster: a setup that succeeds, so delete_tpu_pools runs even when the create fails
+    # half-way (a stockout leaves a pool in ERROR; with two slices, the first pool may exist).
+    pools_guard = EmptyOperator(task_id="tpu_pools_guard")
+    # With a capacity_group: waits (rescheduled) until the group has the run's slices free, and takes them;
+    # delete_tpu_pools gives them back.
+    wait_for_capacity = WaitForTpuCapacitySensor(
+        task_id="wait_for_tpu_capacity", mode="reschedule", poke_interval=30, timeout=timedelta(hours=24)
+    )
+    create_tpu_pools = CreateTpuNodePoolsOperator(task_id="create_tpu_pools", execution_timeout=timedelta(hours=2))
+    train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
+    delete_tpu_pools = DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", **CLEANUP_RETRIES)
+    verify_training = RunFinalTrainingCheckpointSensor(
+        task_id="verify_training",
+        trainer_log=f"{{{{ (ti.xcom_pull(task_ids='{train.task_id}') or {{}}).get('log_tail', []) | join('\\n') }}}}",
+        timeout=timedelta(minutes=30),
+    )
+
+    maxtext_to_hf = MaxTextToHfOperator(
+        task_id="maxtext_to_hf", step_task_id=verify_training.task_id, execution_timeout=timedelta(hours=4)
+    )
+    export_attempt = f"ti.xcom_pull(task_ids='{maxtext_to_hf.task_id}', key='{{key}}')"
+    verify_export = RunHfExportSensor(
+        task_id="verify_export",
+        prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
+        not_before="{{ " + export_attempt.format(key=XCOM_SUBMITTED_AT) + " }}",
+        timeout=timedelta(minutes=30),
+    )
+    publish_export = RunPublishHfExportOperator(
+        task_id="publish_export",
+        source_prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
+        asset=exported_model,
+        final_step=f"{{{{ ti.xcom_pull(task_ids='{verify_training.task_id}') }}}}",
+    )
+    delete_cluster = DeleteClusterOperator(task_id="delete_cluster", **CLEANUP_RETRIES)
+    done = EmptyOperator(task_id="pipeline_done")
+
+    (
+        validate >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
+        >> hf_to_maxtext >> verify_converted
+        >> check_training_record >> pools_guard >> wait_for_capacity >> create_tpu_pools >> train >> verify_training
+        >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]
+    )
+    train >> delete_tpu_pools >> delete_cluster
+    delete_tpu_pools.as_teardown(setups=[pools_guard, wait_for_capacity, create_tpu_pools])
+    # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
+    # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).
+    # Everything the workloads need from the cluster is a setup, so clearing a stage re-runs it (each adopts
+    # or skips what exists) after a teardown removed the cluster or, in an existing one, the run's Secret.
+    delete_cluster.as_teardown(
+        setups=[guard, create_cluster, wait_for_cluster, jobset, token], on_failure_fail_dagrun=True
+    )

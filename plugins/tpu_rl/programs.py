@@ -1,0 +1,127 @@
+"""Recurring training programs, declared as data (``include/programs.yaml``): each becomes a DAG of the
+pipeline (``tpu_rl.pipeline``) with a schedule, one run per data interval, that can be backfilled.
+
+Pure: reading and checking the declarations. A declaration that cannot work raises :class:`ProgramError`,
+naming the program and the field, when the DAG file is parsed: an import error in the UI, never a DAG that
+is silently missing or a run that fails on its first interval.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.run import DAG_ID
+
+#: Where the DAG file looks for declarations when TPU_RL_PROGRAMS does not name a file: next to the DAGs
+#: folder (this repository, a local Airflow) and where the Composer deploy puts include/.
+DEFAULT_LOCATIONS = (
+    Path(__file__).resolve().parents[2] / "include" / "programs.yaml",
+    Path("/home/airflow/gcs/data/tpu_rl/include/programs.yaml"),
+)
+_DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually")
+FIELDS = ("description", "schedule", "start_date", "catchup", "max_active_runs", "capacity", "data",
+          "examples_per_interval", "params")
+
+
+class ProgramError(ValueError):
+    def __init__(self, source: str, program: str, problems: list[str]):
+        self.program = program
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: program '{program}' cannot be scheduled:\n{lines}")
+
+
+@dataclass(frozen=True)
+class Program:
+    """One recurring program: a DAG id, its schedule, and the run params that differ from the form's."""
+
+    dag_id: str
+    schedule: str
+    start_date: datetime
+    catchup: bool = False
+    max_active_runs: int = 1
+    description: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def doc_md(self) -> str:
+        params = "\n".join(f"| `{k}` | `{v}` |" for k, v in sorted(self.params.items()))
+        return (
+            f"### Recurring MaxText RL program `{self.dag_id}`\n\n{self.description}\n\n"
+            f"Declared in `include/programs.yaml`; built by the same code as `{DAG_ID}` (its tasks are "
+            f"described there). Schedule `{self.schedule}` from {self.start_date:%Y-%m-%d}; one run per data "
+            "interval, whose outputs (checkpoints, export, Asset event) belong to the interval. Backfill: "
+            f"`airflow backfill create --dag-id {self.dag_id} --from-date ... --to-date ... "
+            "--reprocess-behavior failed`, or the UI's backfill dialog.\n\n"
+            f"| param | value |\n|---|---|\n{params}\n"
+        )
+
+
+def programs_file() -> Path | None:
+    """The declarations file: TPU_RL_PROGRAMS, else the first default location that exists."""
+    named = os.environ.get("TPU_RL_PROGRAMS")
+    if named:
+        return Path(named)
+    return next((path for path in DEFAULT_LOCATIONS if path.is_file()), None)
+
+
+def load_programs(path: Path) -> list[Program]:
+    import yaml
+
+    document = yaml.safe_load(path.read_text()) or {}
+    declared = document.get("programs") if isinstance(document, dict) else None
+    if not isinstance(declared, dict):
+        raise ProgramError(str(path), "*", ["the file must have a mapping 'programs: {<dag id>: {...}}'"])
+    return [parse_program(str(path), dag_id, body) for dag_id, body in declared.items()]
+
+
+def parse_program(source: str, dag_id: Any, body: Any) -> Program:
+    """One declaration, checked: every problem is collected, each naming its field."""
+    problems: list[str] = []
+    name = str(dag_id)
+    if not isinstance(body, dict):
+        raise ProgramError(source, name, ["the declaration must be a mapping of the fields " + ", ".join(FIELDS)])
+    if not _DAG_ID.fullmatch(name) or name == DAG_ID:
+        problems.append(f"dag id: '{name}' must be letters, digits, '_', '.', '-', and not '{DAG_ID}'")
+    problems += [f"{key}: is not a field of a program; fix: use {', '.join(FIELDS)}" for key in body if key not in FIELDS]
+
+    schedule = body.get("schedule")
+    if not isinstance(schedule, str) or not (schedule in _PRESETS or len(schedule.split()) == 5):
+        problems.append(f"schedule: {schedule!r} is not a cron expression or a preset; fix: use e.g. "
+                        "'@daily' or '0 6 * * 1'")
+    start = body.get("start_date")
+    if isinstance(start, date) and not isinstance(start, datetime):
+        start = datetime(start.year, start.month, start.day, tzinfo=timezone.utc)
+    if not isinstance(start, datetime):
+        problems.append(f"start_date: {start!r} is not a date; fix: write it as 2026-11-01")
+    catchup = body.get("catchup", False)
+    if not isinstance(catchup, bool):
+        problems.append(f"catchup: {catchup!r} must be true or false")
+    max_active = body.get("max_active_runs", 1)
+    if not isinstance(max_active, int) or isinstance(max_active, bool) or max_active < 1:
+        problems.append(f"max_active_runs: {max_active!r} must be a whole number of at least 1")
+
+    params = dict(body.get("params") or {})
+    capacity = body.get("capacity")
+    if capacity is not None:
+        if not isinstance(capacity, dict) or set(capacity) - {"group", "slices"} or "group" not in capacity:
+            problems.append("capacity: must be {group: <name>, slices: <count>}; fix: e.g. {group: v6e-64-us-east5, slices: 1}")
+        else:
+            params.update(capacity_group=capacity["group"], capacity_slices=capacity.get("slices", 1))
+    if "data" in body:
+        params["interval_data"] = body["data"]
+    if "examples_per_interval" in body:
+        params["examples_per_interval"] = body["examples_per_interval"]
+    try:
+        RunConfig.from_params(params)
+    except ConfigError as error:
+        problems += [f"params.{p.field}: {p.message}; fix: {p.fix}" for p in error.problems]
+    if problems:
+        raise ProgramError(source, name, problems)
+    return Program(name, schedule, start, catchup, max_active, str(body.get("description", "")), params)

@@ -1,0 +1,112 @@
+"""Recurring programs: declarations checked at parse time, one run per data interval, and the leases that let
+runs share a cluster and a group of TPU capacity."""
+
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.leases import Holder, Lease
+from tpu_rl.maxtext import train_rl
+from tpu_rl.programs import ProgramError, load_programs, parse_program
+from tpu_rl.run import DataInterval, GcsLayout, RunIdentity, training_record
+from tpu_rl_testing import REPO, TUTORIAL_CONF
+
+EXAMPLE = REPO / "include/examples/programs.yaml"
+DAY = DataInterval(datetime(2026, 11, 3, tzinfo=timezone.utc), datetime(2026, 11, 4, tzinfo=timezone.utc), 2)
+
+
+def example_body() -> dict:
+    return yaml.safe_load(EXAMPLE.read_text())["programs"]["maxtext_rl_tpu_daily"]
+
+
+def test_the_shipped_example_declares_a_daily_program_with_capacity_and_data():
+    [program] = load_programs(EXAMPLE)
+    assert (program.dag_id, program.schedule, program.max_active_runs) == ("maxtext_rl_tpu_daily", "@daily", 3)
+    assert program.start_date == datetime(2026, 11, 1, tzinfo=timezone.utc)
+    config = RunConfig.from_params(program.params)
+    assert (config.capacity_group, config.capacity_slices, config.cluster_mode) == ("v6e-64-us-east5", 1, "shared")
+    assert config.interval_data == {"train_split": "train[{first}:{stop}]"}
+
+
+def test_a_bad_declaration_names_the_program_and_every_bad_field():
+    body = {**example_body(), "schedule": "every day", "max_active_runs": 0, "colour": "blue"}
+    body["params"] = {**body["params"], "zone": "europe-west4-a"}
+    with pytest.raises(ProgramError) as raised:
+        parse_program("programs.yaml", "maxtext_rl_tpu_daily", body)
+    message = str(raised.value)
+    assert "program 'maxtext_rl_tpu_daily'" in message
+    for field in ("schedule:", "max_active_runs:", "colour: is not a field", "params.zone:"):
+        assert field in message
+
+
+def test_a_program_must_give_the_required_params_because_no_form_is_filled_for_a_scheduled_run():
+    body = {**example_body(), "params": {"project": "tpu-rl-sim"}}
+    with pytest.raises(ProgramError, match=r"params.region: is required"):
+        parse_program("programs.yaml", "p", body)
+
+
+def test_interval_data_templates_are_checked():
+    conf = {**TUTORIAL_CONF, "num_batches": 50, "batch_size": 4}
+    with pytest.raises(ConfigError) as raised:
+        RunConfig.from_params({**conf, "interval_data": {"train_split": "train[{first}:{stop}]", "shuffle": "x"}})
+    text = str(raised.value)
+    assert "examples_per_interval: is 0" in text and "'shuffle' is not a data key" in text
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['day'\]"):
+        RunConfig.from_params({**conf, "interval_data": {"hf_train_files": "gs://b/{day}/*.parquet"}})
+    with pytest.raises(ConfigError, match="fewer than num_batches x batch_size = 200"):
+        RunConfig.from_params({**conf, "interval_data": {"train_split": "train[{first}:{stop}]"},
+                               "examples_per_interval": 100})
+
+
+def test_each_interval_trains_on_its_own_slice_of_the_data_and_records_it():
+    config = RunConfig.from_params({**TUTORIAL_CONF, "interval_data": {"train_split": "train[{first}:{stop}]",
+                                    "hf_train_files": ""}, "examples_per_interval": 200})
+    day = config.for_interval(DAY)
+    assert day.extra_train_args["train_split"] == "train[400:600]"
+    run = RunIdentity("maxtext_rl_tpu_daily", "backfill__2026-11-03T00:00:00+00:00", DAY.start.isoformat())
+    command = train_rl(day, GcsLayout(day, run)).config
+    assert ("train_split", "train[400:600]") in command
+    assert training_record(day)["interval_data"] == {"train_split": "train[400:600]", "hf_train_files": ""}
+    with pytest.raises(ConfigError, match="interval_data: needs the run's data interval"):
+        config.for_interval(None)
+
+
+def test_outputs_belong_to_the_interval_whichever_run_trains_it():
+    interval = DAY.start.isoformat()
+    scheduled = RunIdentity("maxtext_rl_tpu_daily", "scheduled__2026-11-03T00:00:00+00:00", interval)
+    backfill = RunIdentity("maxtext_rl_tpu_daily", "backfill__2026-11-03T00:00:00+00:00", interval)
+    next_day = RunIdentity("maxtext_rl_tpu_daily", "scheduled__2026-11-04T00:00:00+00:00", "2026-11-04T00:00:00+00:00")
+    assert scheduled.key == backfill.key != next_day.key
+    assert scheduled.slug == f"interval-2026-11-03-{scheduled.key}"
+    manual = RunIdentity("maxtext_rl_tpu", "manual__2026-11-03T00:00:00+00:00")
+    assert manual.slug.startswith("manual-2026-11-03")
+
+
+def test_capacity_needs_per_run_pools_and_room_for_the_run():
+    with pytest.raises(ConfigError, match="capacity_group: limits the slices"):
+        RunConfig.from_params({**TUTORIAL_CONF, "capacity_group": "v6e", "tpu_pool_mode": "cluster"})
+    with pytest.raises(ConfigError, match="capacity_slices: the group has 1 slice"):
+        RunConfig.from_params({**TUTORIAL_CONF, "capacity_group": "v6e", "cluster_nodepool_count": 2})
+
+
+def holder(name: str, slices: int = 1) -> Holder:
+    return Holder.of(RunIdentity("daily", name), "2026-11-30T00:00:00+00:00", slices)
+
+
+def test_a_capacity_lease_admits_runs_while_their_slices_fit_and_a_retry_re_enters():
+    lease = Lease().admit(holder("a"), limit=1)
+    assert [h.run_id for h in lease.holders] == ["a"]
+    assert lease.admit(holder("b"), limit=1) is None
+    assert lease.admit(holder("a"), limit=1) is lease
+    assert [h.run_id for h in lease.without(holder("a").key).admit(holder("b"), limit=1).holders] == ["b"]
+    assert Lease.parse(lease.dump()) == lease
+
+
+def test_a_holder_whose_run_ended_or_vanished_expires_and_a_live_or_own_one_stays():
+    lease = Lease((holder("ended"), holder("gone"), holder("running"), holder("me")))
+    states = {"ended": "failed", "gone": "missing", "running": "running", "me": "success"}
+    left, expired = lease.expire(lambda run: states[run.run_id], keep=holder("me").key)
+    assert [h.run_id for h in left.holders] == ["running", "me"]
+    assert [h.run_id for h in expired] == ["ended", "gone"]
