@@ -37,6 +37,11 @@ SUPPORTED_MODELS = (
     "llama3.1-70b",
 )
 
+#: Where a created TPU pool's VMs come from; xpk offers the same four (``src/xpk/core/capacity.py``).
+CAPACITY_TYPES = ("on_demand", "reservation", "spot", "flex_start")
+#: The longest capacity wait a run may ask for; create_tpu_pools's execution_timeout leaves room above it.
+CAPACITY_WAIT_MAX_MINUTES = 24 * 60
+
 #: The dataset ``train_rl`` uses when ``dataset_name`` is not given (MaxText 0.2.4, configs/post_train/rl.yml).
 MAXTEXT_DEFAULT_DATASET = "openai/gsm8k"
 
@@ -133,8 +138,27 @@ class RunConfig:
     cluster_nodepool_count: int = _param(
         1, "TPU slice", "Number of slices", "TPU node pools (slices) the training uses.", minimum=1
     )
+    capacity_type: str = _param(
+        "on_demand",
+        "TPU slice",
+        "Capacity type",
+        "How the TPU pools the run creates get their VMs. on_demand: standard VMs, created at once or not at "
+        "all. reservation: your reservation (set reservation). spot: Spot VMs, cheaper, preemptible. "
+        "flex_start: Dynamic Workload Scheduler's flex-start, the pool starts empty and the slice is "
+        "provisioned when training asks for it (at most 7 days).",
+        enum=list(CAPACITY_TYPES),
+    )
     reservation: str = _param(
-        "", "TPU slice", "Reservation", "Name of the TPU reservation to consume. Empty: no reservation."
+        "", "TPU slice", "Reservation", "Name of the TPU reservation to consume; only with capacity_type 'reservation'."
+    )
+    capacity_wait_minutes: int = _param(
+        0,
+        "TPU slice",
+        "Capacity wait (minutes)",
+        "How long create_tpu_pools waits, deferred, while GKE has no capacity for a pool (a stockout) before "
+        "it fails the run. 0: fail at the first stockout.",
+        minimum=0,
+        maximum=CAPACITY_WAIT_MAX_MINUTES,
     )
     capacity_group: str = _param(
         "",
@@ -395,6 +419,11 @@ class RunConfig:
         return self.tpu_pool_mode == "existing"
 
     @property
+    def uses_flex_start(self) -> bool:
+        """capacity_type=flex_start: the TPU pools start empty and GKE provisions a slice when pods ask for it."""
+        return self.capacity_type == "flex_start"
+
+    @property
     def creates_node_pools(self) -> bool:
         return self.creates_cluster or self.tpu_pools_per_run
 
@@ -483,15 +512,20 @@ def _validate(c: RunConfig):
 
 
 def _validate_required(c: RunConfig):
-    """Fields without a default, and fields with a fixed set of choices (the form checks them; the plan
-    command and the REST API do not)."""
+    """Fields without a default, fields with a fixed set of choices and numbers with bounds (the form checks
+    them; the plan command and the REST API do not)."""
     for spec in dataclasses.fields(c):
         if spec.default is None and not getattr(c, spec.name):
             yield Problem(spec.name, "is required", f"set {spec.name} ({spec.metadata['description']})")
-        choices = spec.metadata["schema"].get("enum")
-        if choices and getattr(c, spec.name) not in choices:
-            yield Problem(spec.name, f"'{getattr(c, spec.name)}' is not one of its choices",
+        schema, value = spec.metadata["schema"], getattr(c, spec.name)
+        choices = schema.get("enum")
+        if choices and value not in choices:
+            yield Problem(spec.name, f"'{value}' is not one of its choices",
                           f"use {' or '.join(repr(x) for x in choices)}")
+        low, high = schema.get("minimum"), schema.get("maximum")
+        if isinstance(value, (int, float)) and ((low is not None and value < low) or (high is not None and value > high)):
+            bounds = f"at least {low}" if high is None else f"from {low} to {high}"
+            yield Problem(spec.name, f"{value} is out of range", f"use a value {bounds}")
 
 
 def _validate_cloud_names(c: RunConfig):
@@ -549,6 +583,12 @@ def _validate_cluster_access(c: RunConfig):
             f"the group has {c.capacity_slices} slice(s), and a run needs {c.cluster_nodepool_count} (it would wait for ever)",
             f"set capacity_slices to at least {c.cluster_nodepool_count}",
         )
+    if c.capacity_type == "reservation" and not c.reservation:
+        yield Problem("reservation", "is required when capacity_type is 'reservation'",
+                      "name the reservation to consume, or choose another capacity_type")
+    if c.reservation and c.capacity_type != "reservation":
+        yield Problem("reservation", f"is set, but capacity_type is '{c.capacity_type}', which consumes no reservation",
+                      "set capacity_type to 'reservation', or clear reservation")
     if not _K8S_NAME.fullmatch(c.namespace):
         yield Problem("namespace", f"'{c.namespace}' is not a Kubernetes namespace name", "use lowercase letters, digits, dashes")
 
