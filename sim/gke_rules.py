@@ -302,8 +302,9 @@ def check_capacity(pool: dict) -> None:
     """What GKE requires of a Spot or flex-start node pool:
     - spot and flex-start exclude each other;
     - a Spot pool consumes no reservation (reservation affinity NO_RESERVATION or unset);
-    - a flex-start pool: no reservation (NO_RESERVATION), no initial nodes, autoscaling enabled from 0, and
-      auto-repair off (a pool without ``management`` gets auto-repair on, GKE's default, and is refused).
+    - a flex-start pool: not TPU v4, no reservation (NO_RESERVATION), no initial nodes, autoscaling enabled
+      from 0, and auto-repair off (a pool without ``management`` gets auto-repair on, GKE's default, and is
+      refused).
     Sources: GKE docs "Run a small batch workload with TPUs and flex-start provisioning mode"
     https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training-tpu (gcloud container
     node-pools create ... --reservation-affinity=none --enable-autoscaling --flex-start --num-nodes 0
@@ -327,6 +328,11 @@ def check_capacity(pool: dict) -> None:
                    f"NO_RESERVATION, got {affinity}.")
     if not config.get("flex_start"):
         return
+    mt = MACHINE_TYPES.get(config.get("machine_type") or "")
+    if mt is not None and mt.tpu_generation == "v4":
+        # GKE docs "About flex-start" https://cloud.google.com/kubernetes-engine/docs/concepts/dws
+        # (requirements: "TPU v3 and v4 are not supported").
+        raise _bad(f'Node pool "{name}": flex-start does not support machine type "{mt.name}".')
     if affinity != "NO_RESERVATION":
         raise _bad(f'Node pool "{name}": flex-start requires reservation affinity NO_RESERVATION, got {affinity}.')
     if int(pool.get("initial_node_count") or 0):

@@ -39,6 +39,8 @@ SUPPORTED_MODELS = (
 
 #: Where a created TPU pool's VMs come from; xpk offers the same four (``src/xpk/core/capacity.py``).
 CAPACITY_TYPES = ("on_demand", "reservation", "spot", "flex_start")
+#: TPU generations GKE's flex-start does not provision.
+FLEX_START_UNSUPPORTED = ("v4",)
 #: The longest capacity wait a run may ask for; create_tpu_pools's execution_timeout leaves room above it.
 CAPACITY_WAIT_MAX_MINUTES = 24 * 60
 
@@ -673,6 +675,10 @@ def _validate_slice(c: RunConfig):
     except SliceError as error:
         yield Problem(error.field, error.problem, error.fix)
         return
+    if c.uses_flex_start and c.slice.generation.name in FLEX_START_UNSUPPORTED:
+        # GKE docs "About flex-start" (kubernetes-engine/docs/concepts/dws): "TPU v3 and v4 are not supported".
+        yield Problem("capacity_type", f"flex_start does not offer TPU {c.slice.generation.name}",
+                      "use on_demand, spot or reservation, or a v5e, v5p or v6e slice")
     for name in ("trainer_devices_fraction", "sampler_devices_fraction"):
         fraction = getattr(c, name)
         devices = c.chips * fraction

@@ -139,3 +139,24 @@ def test_a_pool_held_past_the_wait_fails_naming_the_pool_and_gkes_reason():
         operator.operation_done(context(), event, next_step=1, capacity_deadline=time.time())
     assert str(failed.value).startswith(
         "GKE had no capacity for TPU node pool tpu-1a2b3c4d-0 within capacity_wait_minutes (30): The zone ")
+
+
+def test_pool_conditions_are_read_with_their_enum_names():
+    """canonical_code is a google.rpc.Code number in the API types, code a proto-plus enum."""
+    from google.cloud.container_v1 import NodePool, StatusCondition
+
+    from tpu_rl.hooks.cluster import node_pool_conditions
+
+    pool = NodePool(name="tpu-1a2b3c4d-0", conditions=[StatusCondition(
+        code=StatusCondition.Code.GCE_STOCKOUT, canonical_code=8, message=STOCKOUT["message"])])
+
+    class Client:
+        async def get_node_pool(self, name):
+            assert name == POOL_PATH
+            return pool
+
+    class Hook:
+        async def _get_client(self):
+            return Client()
+
+    assert asyncio.run(node_pool_conditions(Hook(), POOL_PATH)) == [STOCKOUT]

@@ -238,3 +238,11 @@ def test_capacity_wait_is_bounded_outside_the_form_too(tutorial_conf):
         "capacity_wait_minutes: -5 is out of range; fix: use a value from 0 to 1440.")
     assert "capacity_wait_minutes" in problems_for(tutorial_conf, capacity_wait_minutes=2000)
     assert RunConfig.from_params({**tutorial_conf, "capacity_wait_minutes": 90}).capacity_wait_minutes == 90
+
+
+def test_flex_start_is_refused_for_tpu_v4(tutorial_conf):
+    v4 = {"tpu_type": "v4-128", "topology": "4x4x4", "compute_type": "ct4p-hightpu-4t"}
+    problems = problems_for(tutorial_conf, capacity_type="flex_start", **v4)
+    assert problems["capacity_type"] == ("capacity_type: flex_start does not offer TPU v4; fix: use on_demand, spot or "
+                                         "reservation, or a v5e, v5p or v6e slice.")
+    assert RunConfig.from_params({**tutorial_conf, "capacity_type": "spot", **v4}).capacity_type == "spot"

@@ -192,6 +192,14 @@ def test_flex_start_excludes_reservations_and_spot():
     assert "spot and flex_start cannot both be set" in refused(rules.check_capacity, pool)
 
 
+def test_flex_start_refuses_tpu_v4():
+    pool = flex_pool(initial_node_count=0, placement_policy={"type": "COMPACT", "tpu_topology": "2x2x4"},
+                     autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 4})
+    pool["config"] = {**pool["config"], "machine_type": "ct4p-hightpu-4t", "disk_type": "pd-balanced"}
+    assert 'does not support machine type "ct4p-hightpu-4t"' in refused(rules.check_capacity, pool)
+    rules.check_tpu_slice(pool)
+
+
 def test_autoscaled_slice_pool_is_sized_by_its_maximum():
     pool = flex_pool(autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 8})
     assert refused(rules.check_tpu_slice, pool).startswith(

@@ -34,9 +34,11 @@ def kubernetes_hook_for(config: RunConfig) -> KubernetesHook:
 async def node_pool_conditions(gke_async_hook: GKEAsyncHook, pool_path: str) -> list[dict[str, str]]:
     """A node pool's ``conditions`` (GKE's reasons for its current state) as plain dicts with enum names,
     read through the provider's async GKE hook (its client: the same credentials and endpoint)."""
+    from google.rpc.code_pb2 import Code
+
     client = await gke_async_hook._get_client()
     pool = await client.get_node_pool(name=pool_path)
     return [
-        {"code": c.code.name, "message": c.message, "canonical_code": c.canonical_code.name}
+        {"code": c.code.name, "message": c.message, "canonical_code": Code.Name(c.canonical_code)}
         for c in pool.conditions
     ]
