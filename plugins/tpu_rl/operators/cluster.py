@@ -247,7 +247,9 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             return
         self.submit(context, 0, capacity_deadline=time.time() + 60 * config.capacity_wait_minutes)
 
-    def submit(self, context: Any, step: int, *, capacity_deadline: float) -> None:
+    def submit(self, context: Any, step: int, *, capacity_deadline: float = 0.0) -> None:
+        """``capacity_deadline``: POSIX time until which a pool without capacity is waited for (0, as for a
+        deferral made before capacity waits existed: not at all)."""
         from google.api_core.exceptions import AlreadyExists
         from google.cloud.container_v1 import NodePool
 
@@ -298,7 +300,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         super().operation_done(context, event, next_step, **wait)
 
     def operation_failed(self, context: Any, operation: Any, message: str, next_step: int | None, *,
-                         capacity_deadline: float) -> None:
+                         capacity_deadline: float = 0.0) -> None:
         from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
         config = self.bind_scope(context).config
