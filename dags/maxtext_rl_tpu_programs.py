@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from airflow.sdk import DAG  # also what Airflow's safe mode looks for before it parses a file
 
+from tpu_rl.compat import CronDataIntervalTimetable
 from tpu_rl.pipeline import build_pipeline
 from tpu_rl.programs import load_programs, programs_file
 
@@ -20,7 +21,9 @@ for _program in load_programs(_file) if _file else []:
         _program.dag_id,
         doc_md=_program.doc_md,
         description=_program.description or f"Recurring MaxText RL program ({_program.schedule})",
-        schedule=_program.schedule,
+        # Each run's data interval spans from one schedule time to the next (Airflow 3's cron default gives
+        # runs a zero-length interval).
+        schedule=CronDataIntervalTimetable(_program.schedule, timezone="UTC"),
         start_date=_program.start_date,
         catchup=_program.catchup,
         max_active_runs=_program.max_active_runs,

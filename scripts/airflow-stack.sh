@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A local Airflow like a deployment's: api-server (UI and REST API), scheduler, dag-processor and
 # triggerer on a PostgreSQL metadata database of its own (scripts/postgres.sh must run), LocalExecutor.
-#   start: starts what is not running (idempotent); stop: stops what start started; status.
+#   start: starts what is not running (idempotent); stop: stops what start started; status; cli ARGS: the
+#   Airflow CLI on the stack's database.
 # Connections come from the environment (source .sim/airflow.env first to aim it at the simulation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,5 +69,7 @@ case "${1:-}" in
     exit $rc
     ;;
   url) echo "http://127.0.0.1:$PORT" ;;
-  *) echo "usage: $0 start|stop|status|url" >&2; exit 2 ;;
+  # The Airflow CLI on the stack's database, e.g. `scripts/airflow-stack.sh cli backfill create --dag-id ...`.
+  cli) shift; exec airflow "$@" ;;
+  *) echo "usage: $0 start|stop|status|url|cli <airflow arguments>" >&2; exit 2 ;;
 esac

@@ -5,7 +5,8 @@ names as deprecated aliases of the same classes. Airflow 3.1 (Cloud Composer 3) 
 ``AirflowException`` in the SDK: the others live in ``airflow.exceptions``, and 3.1's base operator raises
 ``airflow.exceptions.TaskDeferralTimeout``. So all of them come from one module or the other, together.
 
-Other version differences are detected where they are used; see docs/compatibility.md.
+So does the cron timetable with data intervals, which is in the SDK only from 3.2 on. Other version
+differences are detected where they are used; see docs/compatibility.md.
 """
 
 from __future__ import annotations
@@ -29,7 +30,20 @@ except ImportError:  # Airflow 3.1 (Composer 3)
         TaskDeferred,
     )
 
+try:
+    from airflow.sdk import CronDataIntervalTimetable
+except ImportError:  # Airflow 3.1 (Composer 3): the timetable is core's
+    from airflow.timetables.interval import CronDataIntervalTimetable  # type: ignore[no-redef]
+
+
+def cron_expression(timetable: object) -> str:
+    """A cron timetable's expression (3.3's SDK definition names it ``expression``, 3.1's core class
+    ``_expression``)."""
+    return getattr(timetable, "expression", None) or getattr(timetable, "_expression")
+
+
 __all__ = [
+    "CronDataIntervalTimetable",
     "AirflowException",
     "AirflowFailException",
     "AirflowSensorTimeout",

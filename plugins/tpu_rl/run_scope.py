@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -93,16 +94,15 @@ def _program_interval(context: Any) -> DataInterval | None:
 
 
 def _interval_index(dag: Any, start: Any) -> int:
-    """How many of the DAG's intervals (its timetable from its start date) begin before ``start``."""
-    from airflow.timetables.base import TimeRestriction
+    """How many of the DAG's intervals (its cron schedule from its start date) begin before ``start``."""
+    from croniter import croniter
 
-    restriction = TimeRestriction(earliest=dag.start_date, latest=None, catchup=True)
-    last, index = None, 0
-    while index < MAX_INTERVALS_COUNTED:
-        info = dag.timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
-        if info is None or info.data_interval.start >= start:
+    from tpu_rl.compat import cron_expression
+
+    fire_times = croniter(cron_expression(dag.timetable), dag.start_date - timedelta(microseconds=1))
+    for index in range(MAX_INTERVALS_COUNTED):
+        if fire_times.get_next(datetime) >= start:
             return index
-        last, index = info.data_interval, index + 1
     raise ValueError(f"{dag.dag_id}: more than {MAX_INTERVALS_COUNTED} intervals before {start}")
 
 

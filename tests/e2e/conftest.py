@@ -142,6 +142,26 @@ def gke():
 
 
 @pytest.fixture(scope="module")
+def gcs():
+    """The simulation's GCS emulator, as its env file names it."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    endpoint = read_env(REPO / ".sim/airflow.env")["STORAGE_EMULATOR_HOST"]
+    return storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``e2e_last`` run after the other e2e tests: a long scenario started by a fixture at the
+    beginning (the backfill) goes on while they run on the same stack, and is checked at the end."""
+    last = [item for item in items if item.get_closest_marker("e2e_last")]
+    rest = [item for item in items if not item.get_closest_marker("e2e_last")]
+    e2e = [n for n, item in enumerate(rest) if Path(item.path).parent == Path(__file__).parent]
+    if last and e2e:
+        items[:] = rest[: e2e[-1] + 1] + last + rest[e2e[-1] + 1:]
+
+
+@pytest.fixture(scope="module")
 def airflow(airflow_stack):
     """The stack with the pipeline's DAG parsed, healthy and unpaused."""
     airflow_stack.wait_for_healthy_dag("maxtext_rl_tpu")

@@ -10,13 +10,11 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage
 
 from sim import faults
 from tpu_rl.run import RunIdentity
 
-from tpu_rl_testing import REPO, SIM_CONF
+from tpu_rl_testing import SIM_CONF
 
 pytestmark = pytest.mark.e2e
 
@@ -33,24 +31,15 @@ def trigger_and_wait(airflow, conf: dict, label: str) -> tuple[str, str]:
     return run_id, airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)
 
 
-@pytest.fixture(scope="module")
-def gcs():
-    """The simulation's GCS emulator, as its env file names it."""
-    env = dict(
-        line.removeprefix("export ").split("=", 1)
-        for line in (REPO / ".sim/airflow.env").read_text().splitlines()
-        if line.startswith("export ")
-    )
-    endpoint = env["STORAGE_EMULATOR_HOST"].strip("'\"")
-    return storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})
-
-
 @pytest.fixture
 def sim_faults():
+    """The fault switch; the rules a test sets are removed after it (others' rules stay: the backfill
+    scenario runs alongside)."""
     api = faults.core_api()
-    faults.clear_faults(api)
+    before = set(faults.list_faults(api))
     yield api
-    faults.clear_faults(api)
+    for name in set(faults.list_faults(api)) - before:
+        faults.clear_faults(api, name)
 
 
 def objects(gcs, bucket: str, prefix: str) -> dict[str, int]:
@@ -94,7 +83,7 @@ def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow,
     actor = f"qwen3-30b-a3b/trained/{slug}/rl/checkpoints/actor/"
     assert {"10/commit_success.txt", "20/commit_success.txt"} <= set(objects(gcs, conf["gcs_bucket"], actor))
     conversion_try = tasks["hf_to_maxtext"]["try_number"]
-    faults.clear_faults(sim_faults)
+    faults.clear_faults(sim_faults, "e2e-train-crash")
     cleared = airflow.clear(DAG_ID, run_id, ["train_rl"])
     assert "hf_to_maxtext" not in cleared and "train_rl" in cleared
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"

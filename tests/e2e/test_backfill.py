@@ -1,0 +1,171 @@
+"""A recurring program from the shipped example (include/examples/programs.yaml) backfilled as users do it:
+the Airflow CLI on the local stack, the scheduler and the triggerer, the GKE emulator and the simulated TPU
+cluster.
+
+Three daily intervals with capacity for one slice, in a shared cluster: the trainings run one at a time,
+the base checkpoint is converted once, each interval has its own outputs and Asset event, and the cluster is
+created once and deleted by the last run to leave. One interval's training crashes (a sim fault on its
+JobSet, every try); a second backfill with ``--reprocess-behavior failed`` runs only that interval again,
+which resumes from its last checkpoint.
+
+The backfill starts in a fixture at the start of the e2e session and is checked by a test ordered last
+(``e2e_last``, see conftest.py): its runs go on while the other scenarios run on the same stack (their own
+clusters, bucket prefixes and capacity).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from datetime import date, datetime, timedelta, timezone
+
+import pytest
+
+from scripts.local_airflow import stage_table
+from sim import faults
+from tpu_rl.run import RunIdentity
+
+from tpu_rl_testing import REPO, SMALL_SLICE, cluster_or_none
+
+pytestmark = pytest.mark.e2e
+
+PROGRAM = "maxtext_rl_tpu_daily"
+PROGRAM_START = date(2026, 11, 1)
+EXAMPLES_PER_INTERVAL = 200
+TOKEN = uuid.uuid4().hex[:6]
+CLUSTER = f"tpu-rl-bf-{TOKEN}"
+CONF = {**SMALL_SLICE, "cluster_name": CLUSTER, "gcs_bucket": f"tpu-rl-bf-{TOKEN}", "capacity_group": f"bf-{TOKEN}"}
+RUN_TIMEOUT = 2400
+FAILING = 1  # the index (in the backfill) of the interval whose training crashes
+
+
+def stack_cli(*args: str) -> str:
+    done = subprocess.run(["scripts/airflow-stack.sh", "cli", *args], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def days() -> list[datetime]:
+    """The three latest complete intervals: unpausing the program then creates no other run (the scheduler's
+    next interval is the latest, already in the backfill)."""
+    yesterday = datetime.now(timezone.utc).date() - timedelta(days=1)
+    return [datetime.combine(yesterday - timedelta(days=n), datetime.min.time(), timezone.utc) for n in (2, 1, 0)]
+
+
+def interval_run(day: datetime) -> RunIdentity:
+    return RunIdentity(PROGRAM, f"backfill__{day.isoformat()}", day.isoformat())
+
+
+def backfill(airflow, reprocess: str) -> dict:
+    first, last = days()[0], days()[-1]
+    stack_cli("backfill", "create", "--dag-id", PROGRAM, "--from-date", f"{first:%Y-%m-%d}", "--to-date",
+              f"{last:%Y-%m-%d}", "--max-active-runs", "3", "--reprocess-behavior", reprocess,
+              "--dag-run-conf", json.dumps(CONF))
+    backfills = airflow.request("GET", f"/api/v2/backfills?dag_id={PROGRAM}&limit=100")["backfills"]
+    return max(backfills, key=lambda b: b["id"])
+
+
+def runs_by_day(airflow) -> dict[datetime, dict]:
+    body = airflow.request("GET", f"/api/v2/dags/{PROGRAM}/dagRuns?limit=100")
+    return {datetime.fromisoformat(r["logical_date"].replace("Z", "+00:00")): r for r in body["dag_runs"]}
+
+
+def wait_for_days(airflow) -> dict[datetime, str]:
+    runs = runs_by_day(airflow)
+    return {day: airflow.wait_for_run(PROGRAM, runs[day]["dag_run_id"], RUN_TIMEOUT) for day in days()}
+
+
+def slice_span(tasks: dict) -> tuple[datetime, datetime]:
+    """From the capacity taken (create_tpu_pools starts) to the slice deleted (delete_tpu_pools ends)."""
+    return (datetime.fromisoformat(tasks["create_tpu_pools"]["start_date"]),
+            datetime.fromisoformat(tasks["delete_tpu_pools"]["end_date"]))
+
+
+@pytest.fixture(scope="session")
+def program_backfill(airflow_stack):
+    """Starts the first backfill (the DAG paused: nothing runs until it is unpaused, after the fault is set)."""
+    airflow = airflow_stack.client
+    airflow_stack.wait_for_healthy_dag(PROGRAM)
+    api = faults.core_api()
+    crashing = interval_run(days()[FAILING]).jobset_name("qwen", "train")
+    faults.set_fault(api, f"e2e-backfill-{TOKEN}", prefix=crashing, stage="train_rl",
+                     maxtext_fault="crash-at-step=3", exit_code=3)
+    created = backfill(airflow, "none")
+    airflow.unpause(PROGRAM)
+    yield created
+    faults.clear_faults(api, f"e2e-backfill-{TOKEN}")
+    airflow.request("PATCH", f"/api/v2/dags/{PROGRAM}", {"is_paused": True})
+
+
+def test_the_backfill_is_created_from_the_cli_with_one_run_per_interval(program_backfill, airflow):
+    runs = runs_by_day(airflow)
+    assert set(days()) <= set(runs)
+    assert {runs[day]["run_type"] for day in days()} == {"backfill"}
+    assert program_backfill["max_active_runs"] == 3 and program_backfill["dag_id"] == PROGRAM
+
+
+@pytest.mark.e2e_last
+def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resumes_only_the_failed_one(
+    program_backfill, airflow, gke, gcs
+):
+    states = wait_for_days(airflow)
+    runs = runs_by_day(airflow)
+    failing = days()[FAILING]
+    tasks = {day: airflow.task_instances(PROGRAM, runs[day]["dag_run_id"]) for day in days()}
+    detail = "\n".join(f"{day:%Y-%m-%d}\n{stage_table(tasks[day])}" for day in days())
+    assert states == {day: "failed" if day == failing else "success" for day in days()}, detail
+    assert tasks[failing]["train_rl"]["state"] == "failed", detail
+
+    # Capacity 1: the slices' lifetimes never overlap.
+    spans = sorted(slice_span(tasks[day]) for day in days())
+    assert all(earlier[1] <= later[0] for earlier, later in zip(spans, spans[1:])), spans
+    # The base checkpoint is converted by one run; the others find it (skipped).
+    assert sorted(tasks[day]["hf_to_maxtext"]["state"] for day in days()) == ["skipped", "skipped", "success"]
+
+    # Each interval trains on its own slice of the data, into its own folder; the export and Asset event
+    # are the interval's.
+    for day in days():
+        index = (day.date() - PROGRAM_START).days
+        rendered = json.dumps(airflow.request(
+            "GET", f"/api/v2/dags/{PROGRAM}/dagRuns/{runs[day]['dag_run_id']}/taskInstances/train_rl")["rendered_fields"])
+        split = f"train_split=train[{index * EXAMPLES_PER_INTERVAL}:{(index + 1) * EXAMPLES_PER_INTERVAL}]"
+        assert split in rendered.replace("'", "").replace('"', ""), rendered[:2000]
+    events = airflow.request("GET", f"/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
+    extras = {e["extra"]["data_interval_start"]: e["extra"] for e in events if e["source_dag_id"] == PROGRAM}
+    for day in days():
+        if day == failing:
+            assert day.isoformat() not in extras
+            continue
+        published = airflow.xcom(PROGRAM, runs[day]["dag_run_id"], "publish_export")
+        assert interval_run(day).slug in published and extras[day.isoformat()]["uri"] == published
+
+    # The shared cluster: created by one run, kept while others held it, deleted by the last to leave.
+    creates = [op for op in gke.list_operations(parent=f"projects/tpu-rl-sim/locations/us-east5").operations
+               if op.operation_type.name == "CREATE_CLUSTER" and op.target_link.endswith(f"/clusters/{CLUSTER}")]
+    assert len(creates) == 1
+    assert cluster_or_none(gke, CLUSTER) is None
+    leaving = {day: airflow.task_log(PROGRAM, runs[day]["dag_run_id"], "delete_cluster",
+                                     tasks[day]["delete_cluster"]["try_number"]) for day in days()}
+    assert sum("deleting the cluster" in log for log in leaving.values()) == 1, leaving
+    assert sum(f"Shared cluster {CLUSTER} stays" in log for log in leaving.values()) == 2, leaving
+
+    # The crashed interval kept its checkpoint of step 2; a second backfill reprocessing failed intervals
+    # runs that interval only, and its training resumes from step 2.
+    actor = f"qwen3-30b-a3b/trained/{interval_run(failing).slug}/rl/checkpoints/actor/"
+    bucket = CONF["gcs_bucket"]
+    assert "2/commit_success.txt" in {b.name[len(actor):] for b in gcs.list_blobs(bucket, prefix=actor)}
+    faults.clear_faults(faults.core_api(), f"e2e-backfill-{TOKEN}")
+    second = backfill(airflow, "failed")
+    redone = airflow.request("GET", f"/api/v2/backfills/{second['id']}")
+    assert redone["id"] != program_backfill["id"]
+    state = airflow.wait_for_run(PROGRAM, runs[failing]["dag_run_id"], RUN_TIMEOUT)
+    again = airflow.task_instances(PROGRAM, runs[failing]["dag_run_id"])
+    assert state == "success", stage_table(again)
+    for day in days():
+        if day != failing:  # completed intervals are left alone
+            assert airflow.run(PROGRAM, runs[day]["dag_run_id"])["end_date"] == runs[day]["end_date"]
+    log = airflow.task_log(PROGRAM, runs[failing]["dag_run_id"], "train_rl", again["train_rl"]["try_number"])
+    assert "restored actor checkpoint at step 2" in log, log[-3000:]
+    assert "4/commit_success.txt" in {b.name[len(actor):] for b in gcs.list_blobs(bucket, prefix=actor)}
+    assert cluster_or_none(gke, CLUSTER) is None
