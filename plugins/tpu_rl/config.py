@@ -21,7 +21,7 @@ from tpu_rl.run import INTERVAL_FIELDS, DataInterval, RunIdentity
 from tpu_rl.tpu import SliceError, SliceShape, slice_shape
 from tpu_rl.vocabulary import PATHWAYS_JOBSET_NAME_MAX
 
-SECTIONS = ("Cloud", "Cluster", "TPU slice", "Model", "Training", "Advanced")
+SECTIONS = ("Cloud", "Cluster", "TPU slice", "Model", "Training", "Evaluation and cost", "Advanced")
 
 #: Models the MaxText 0.2.4 converters and model configs know (checked against the release by the tests).
 SUPPORTED_MODELS = (
@@ -46,6 +46,14 @@ CAPACITY_WAIT_MAX_MINUTES = 24 * 60
 
 #: The dataset ``train_rl`` uses when ``dataset_name`` is not given (MaxText 0.2.4, configs/post_train/rl.yml).
 MAXTEXT_DEFAULT_DATASET = "openai/gsm8k"
+#: Test batches ``train_rl`` evaluates before and after training unless extra_train_args sets
+#: ``num_test_batches`` (MaxText 0.2.4, configs/post_train/rl.yml:120); 0 turns the evaluation off.
+MAXTEXT_DEFAULT_TEST_BATCHES = 5
+#: Cloud TPU v6e (Trillium) on-demand list price in USD per chip-hour, as Google Cloud announced it at general
+#: availability (December 2024: "starting at $2.70 per chip-hour", $1.89 with a 1-year and $1.22 with a 3-year
+#: commitment; the first regions were in US East, Europe West and Asia Northeast). Prices differ by region
+#: and contract: see https://cloud.google.com/tpu/pricing and set the param to what the project pays.
+V6E_ON_DEMAND_PRICE_PER_CHIP_HOUR = 2.70
 
 
 def _param(default: Any, section: str, title: str, description: str, **schema: Any) -> Any:
@@ -285,6 +293,33 @@ class RunConfig:
         "More MaxText keys for train_rl, e.g. {\"rl.num_iterations\": 2}. Unknown keys fail the trainer.",
     )
 
+    # Evaluation and cost
+    min_post_accuracy: float = _param(
+        0.0,
+        "Evaluation and cost",
+        "Minimum accuracy after training",
+        "Quality gate: the run fails when the accuracy of the trainer's evaluation after training (its "
+        "'Post RL Training' line, in percent) is below this. 0: no minimum. Needs the evaluation "
+        f"(num_test_batches, default {MAXTEXT_DEFAULT_TEST_BATCHES}, not 0 in extra_train_args).",
+        minimum=0,
+        maximum=100,
+    )
+    require_no_regression: bool = _param(
+        False,
+        "Evaluation and cost",
+        "Require no regression",
+        "Quality gate: the run fails when the accuracy after training is lower than before training.",
+    )
+    tpu_price_per_chip_hour: float = _param(
+        V6E_ON_DEMAND_PRICE_PER_CHIP_HOUR,
+        "Evaluation and cost",
+        "TPU price per chip-hour (USD)",
+        "What one TPU chip costs per hour, to show the run's TPU cost. Default: the v6e on-demand list price "
+        "Google Cloud announced at general availability (December 2024); set your region's and contract's "
+        "price (https://cloud.google.com/tpu/pricing). 0: show chip-hours only.",
+        minimum=0,
+    )
+
     # Advanced
     workload_prefix: str = _param(
         "qwen",
@@ -381,6 +416,15 @@ class RunConfig:
     def train_steps(self) -> int:
         """Steps train_rl plans: num_batches * rl.num_iterations."""
         return self.num_batches * int(self.extra_train_args.get("rl.num_iterations", 1))
+
+    @property
+    def evaluation_batches(self) -> int:
+        """Test batches train_rl evaluates before and after training (0: no evaluation lines)."""
+        return int(self.extra_train_args.get("num_test_batches", MAXTEXT_DEFAULT_TEST_BATCHES))
+
+    @property
+    def has_quality_gate(self) -> bool:
+        return bool(self.min_post_accuracy) or self.require_no_regression
 
     @property
     def effective_dataset(self) -> str:
@@ -509,7 +553,7 @@ def _validate(c: RunConfig):
     """Every problem of the config, rule group by rule group (always in the same order)."""
     for rules in (_validate_required, _validate_cloud_names, _validate_cluster_access, _validate_model,
                   _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice,
-                  _validate_interval_data):
+                  _validate_interval_data, _validate_evaluation):
         yield from rules(c)
 
 
@@ -749,3 +793,22 @@ def _validate_interval_data(c: RunConfig):
             "train fewer steps than planned, and the run would wait for a final step that never comes)",
             f"set it to at least {needed}, or lower num_batches",
         )
+
+
+def _validate_evaluation(c: RunConfig):
+    """The quality gate needs the trainer's evaluation; percentages and the price are in range."""
+    if not 0 <= c.min_post_accuracy <= 100:
+        yield Problem("min_post_accuracy", f"{c.min_post_accuracy:g} is not a percentage", "use 0 to 100 (0: no minimum)")
+    if c.tpu_price_per_chip_hour < 0:
+        yield Problem("tpu_price_per_chip_hour", f"{c.tpu_price_per_chip_hour:g} is negative",
+                      "give the price in USD per chip-hour, or 0 to show chip-hours only")
+    batches = c.extra_train_args.get("num_test_batches", MAXTEXT_DEFAULT_TEST_BATCHES)
+    if isinstance(batches, bool) or not str(batches).isdigit():
+        yield Problem("extra_train_args", f"num_test_batches is {batches!r}, not a whole number of batches",
+                      "give num_test_batches as an integer >= 0 (0: no evaluation)")
+    elif int(batches) == 0 and c.has_quality_gate:
+        gate = [name for name in ("min_post_accuracy", "require_no_regression") if getattr(c, name)]
+        yield Problem(gate[0], "is a quality gate on the trainer's evaluation, but extra_train_args sets "
+                      "num_test_batches to 0 (no evaluation)",
+                      f"remove num_test_batches from extra_train_args (MaxText's default is "
+                      f"{MAXTEXT_DEFAULT_TEST_BATCHES}) or clear {' and '.join(gate)}")
