@@ -796,12 +796,8 @@ def _validate_interval_data(c: RunConfig):
 
 
 def _validate_evaluation(c: RunConfig):
-    """The quality gate needs the trainer's evaluation; percentages and the price are in range."""
-    if not 0 <= c.min_post_accuracy <= 100:
-        yield Problem("min_post_accuracy", f"{c.min_post_accuracy:g} is not a percentage", "use 0 to 100 (0: no minimum)")
-    if c.tpu_price_per_chip_hour < 0:
-        yield Problem("tpu_price_per_chip_hour", f"{c.tpu_price_per_chip_hour:g} is negative",
-                      "give the price in USD per chip-hour, or 0 to show chip-hours only")
+    """The quality gate needs the trainer's evaluation (the bounds of the percentage and the price are checked
+    with every field's, in _validate_required)."""
     batches = c.extra_train_args.get("num_test_batches", MAXTEXT_DEFAULT_TEST_BATCHES)
     if isinstance(batches, bool) or not str(batches).isdigit():
         yield Problem("extra_train_args", f"num_test_batches is {batches!r}, not a whole number of batches",
