@@ -14,7 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DAG_FILE = REPO / "dags" / "maxtext_rl_tpu.py"
-HEAVY = ("google.cloud", "kubernetes", "kubernetes_asyncio", "airflow.providers.google", "airflow.providers.cncf")
+HEAVY = ("google.cloud", "kubernetes", "kubernetes_asyncio", "airflow.providers.google", "airflow.providers.cncf",
+         "tensorboard")
 RUNS = 5
 
 PROBE = f"""

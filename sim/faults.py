@@ -15,7 +15,7 @@ A rule is one data key of the ConfigMap (the rule's name) whose value is a JSON 
     "fail_attempts"   fail only while the JobSet restart attempt < N (annotation sim.tpu-rl.dev/fail-attempts)
     "maxtext_fault"   emulator faults, comma-separated (annotation sim.tpu-rl.dev/maxtext-fault), see
                       sim/maxtext_emulator.py: skip-commit, drop-leaf, drop-shard, no-index,
-                      stop-at-step=N, crash-at-step=N
+                      stop-at-step=N, crash-at-step=N, eval-regression
     "run_seconds"     how long the pod runs before it exits
   "times"             how many workload attempts (JobSet name + restart attempt; or Job; or bare pod)
                       the rule applies to; absent = no limit. The emulator records the attempts it

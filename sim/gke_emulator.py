@@ -213,6 +213,13 @@ def reservations() -> set[str]:
     return set(read_json(GKE_DIR / "reservations.json", []))
 
 
+def held_seconds(fault_name: str) -> float:
+    """How long a capacity-held fault keeps a pool's capacity back."""
+    import gke_faults
+
+    return float(gke_faults.list_faults().get(fault_name, {}).get("seconds") or 0)
+
+
 def take_fault(kind: str, pool_name: str, machine_type: str):
     """The first fault rule of `kind` matching the pool; counts one use against its `times`."""
     sys.path.insert(0, str(SRC))
@@ -269,6 +276,8 @@ class Emulator:
         for name, rec in list(self.operations.items()):
             if rec["op"].status != self.c.Operation.Status.DONE:
                 self._run(name)
+            elif rec.get("nodes_created") is False:
+                self._create_nodes_when_released(name)
 
     def _revive(self, key):
         try:
@@ -420,25 +429,68 @@ class Emulator:
             pool = self.pool(key, rec["pool"])
             body = as_dict(pool)
         if fault:
-            zone = self._zones(key, body)[0]
-            project = key.split("/")[0]
-            message = (
-                f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S:.1f}s. Expected "
-                f"{self._node_count(key, body)}, running 0, transitioning {self._node_count(key, body)}. "
-                f"Current errors: [GCE_STOCKOUT]: Instance '{self._node_names(key, body)[0]}' creation failed: "
-                f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "
-                "the request.  '(resource type:compute)'."
-            )
+            message = self._stockout_message(key, body)
             with self.lock:
                 pool = self.pool(key, rec["pool"])
                 pool.status = c.NodePool.Status.ERROR
                 pool.status_message = message
             self._finish(op_name, (8, message))  # RESOURCE_EXHAUSTED
             return
+        if (body.get("config") or {}).get("flex_start"):
+            # GKE creates a flex-start pool empty: the operation is done and the slice comes later, when there
+            # is capacity for it (held back here until held_until).
+            with self.lock:
+                self.pool(key, rec["pool"]).status = c.NodePool.Status.RUNNING
+            self._finish(op_name)
+            self._create_nodes_when_released(op_name)
+            return
+        if rec.get("held_until"):
+            # No capacity yet: GKE keeps the create running and says why in the pool's conditions.
+            with self.lock:
+                self.pool(key, rec["pool"]).conditions = [c.StatusCondition(
+                    code=c.StatusCondition.Code.GCE_STOCKOUT, canonical_code=8,
+                    message=self._stockout_message(key, body))]
+                self.save()
+            time.sleep(max(0.0, rec["held_until"] - time.time()))
+            with self.lock:
+                del self.pool(key, rec["pool"]).conditions[:]
         self._create_nodes(key, body)
         with self.lock:
             self.pool(key, rec["pool"]).status = c.NodePool.Status.RUNNING
         self._finish(op_name)
+
+    def _create_nodes_when_released(self, op_name):
+        """The nodes of a flex-start pool whose capacity is held: after held_until (also after a restart:
+        resume() calls this for every pool create that still has nodes to make)."""
+        rec = self.operations[op_name]
+
+        def create():
+            time.sleep(max(0.0, (rec.get("held_until") or 0) - time.time()))
+            try:
+                with self.lock:
+                    body = as_dict(self.pool(rec["key"], rec["pool"]))
+            except GkeError:  # the pool was deleted while it waited
+                return
+            self._create_nodes(rec["key"], body)
+            with self.lock:
+                rec["nodes_created"] = True
+                self.save()
+
+        rec["nodes_created"] = False
+        threading.Thread(target=create, name=f"{op_name}-nodes", daemon=True).start()
+
+    def _stockout_message(self, key, body: dict) -> str:
+        """GKE's text for a pool create that found no capacity (the operation's error, the pool's condition)."""
+        zone = self._zones(key, body)[0]
+        project = key.split("/")[0]
+        count = self._node_count(key, body)
+        return (
+            f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S:.1f}s. Expected "
+            f"{count}, running 0, transitioning {count}. "
+            f"Current errors: [GCE_STOCKOUT]: Instance '{self._node_names(key, body)[0]}' creation failed: "
+            f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "
+            "the request.  '(resource type:compute)'."
+        )
 
     def _delete_pool(self, op_name, rec):
         key = rec["key"]
@@ -455,15 +507,23 @@ class Emulator:
         location = key.split("/")[1]
         return list(pool.get("locations") or cluster.locations or gke_rules.zones_of(location)[:3])
 
+    @staticmethod
+    def _nodes_per_zone(pool: dict) -> int:
+        """A pool's nodes in each of its zones. A flex-start pool starts empty and GKE's autoscaler adds its
+        slice when a workload asks for it; with no autoscaler here, it gets its maximum (the whole slice)."""
+        if (pool.get("config") or {}).get("flex_start"):
+            return int((pool.get("autoscaling") or {}).get("max_node_count") or 0)
+        return int(pool.get("initial_node_count") or 0)
+
     def _node_count(self, key, pool: dict) -> int:
-        return int(pool.get("initial_node_count") or 0) * len(self._zones(key, pool))
+        return self._nodes_per_zone(pool) * len(self._zones(key, pool))
 
     def _node_names(self, key, pool: dict) -> list[str]:
         cname = key.split("/")[2]
         names = []
         for zone in self._zones(key, pool):
             group = hashlib.sha256(f"{key}/{pool['name']}/{zone}".encode()).hexdigest()[:8]
-            for i in range(int(pool.get("initial_node_count") or 0)):
+            for i in range(self._nodes_per_zone(pool)):
                 suffix = hashlib.sha256(f"{group}/{i}".encode()).hexdigest()[:4]
                 names.append(f"gke-{cname[:20]}-{pool['name'][:16]}-{group}-{suffix}")
         return names
@@ -513,7 +573,7 @@ class Emulator:
         node_account = config.get("service_account") or f"{gke_rules.PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
         bodies, names = [], iter(self._node_names(key, pool))
         for zone in self._zones(key, pool):
-            for _ in range(int(pool.get("initial_node_count") or 0)):
+            for _ in range(self._nodes_per_zone(pool)):
                 name = next(names)
                 bodies.append({
                     "apiVersion": "v1", "kind": "Node",
@@ -657,13 +717,15 @@ class Emulator:
                 raise GkeError("NOT_FOUND", f'Google Compute Engine: reservation "{res}" not found for node pool '
                                             f'"{pool.name}" at zone "{zone}".')
             fault = take_fault("stockout", pool.name, machine_type)
+            held = take_fault("capacity-held", pool.name, machine_type)
             pool.status = c.NodePool.Status.PROVISIONING
             pool.version = "1.34.4-gke.sim"
             pool.self_link = f"{cluster.self_link}/nodePools/{pool.name}"
             if not pool.locations:
                 pool.locations.extend(cluster.locations)
             cluster.node_pools.append(pool)
-            return self.new_op(key, "CREATE_NODE_POOL", pool=pool.name, fault=fault)
+            return self.new_op(key, "CREATE_NODE_POOL", pool=pool.name, fault=fault,
+                               held_until=time.time() + held_seconds(held) if held else None)
 
     def get_node_pool(self, req):
         project, location, name, pool = parse_pool(req.name, req.project_id, req.zone, req.cluster_id, req.node_pool_id)

@@ -5,12 +5,18 @@ A rule is a JSON object under its name:
                   error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text, the pool in ERROR with no nodes;
                   "reservation-missing": a matching node pool create is refused at once with NOT_FOUND
                   'Google Compute Engine: reservation "R" not found for node pool "P" at zone "Z".'
+                  "capacity-held": a matching pool's capacity comes only "seconds" after its create: the create
+                  operation stays RUNNING, the pool PROVISIONING with a GCE_STOCKOUT condition (GKE's
+                  [GCE_STOCKOUT] text), then its nodes appear; a flex-start pool's create is done at once and
+                  its nodes (the slice the autoscaler would add) appear after "seconds"
+  "seconds"       for capacity-held: how long the capacity is held back
   "pool_prefix"   the node pool's name starts with it (absent: any pool)
   "machine_type"  the pool's machine type equals it (absent: any)
   "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
 
 CLI:
-  gke_faults.py set NAME --kind stockout|reservation-missing [--pool-prefix P] [--machine-type M] [--times N]
+  gke_faults.py set NAME --kind stockout|reservation-missing|capacity-held [--pool-prefix P] [--machine-type M]
+                [--times N] [--seconds S]
   gke_faults.py list
   gke_faults.py clear [NAME]
 """
@@ -23,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
-KINDS = ("stockout", "reservation-missing")
+KINDS = ("stockout", "reservation-missing", "capacity-held")
 
 
 def path() -> Path:
@@ -47,11 +53,14 @@ def _rules():
         tmp.replace(p)
 
 
-def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None):
+def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
+    if (kind == "capacity-held") != (seconds is not None):
+        raise ValueError("seconds is required by capacity-held, and only by it")
     rule = {"kind": kind, "applied": 0}
-    for field, value in (("pool_prefix", pool_prefix), ("machine_type", machine_type), ("times", times)):
+    for field, value in (("pool_prefix", pool_prefix), ("machine_type", machine_type), ("times", times),
+                         ("seconds", seconds)):
         if value is not None:
             rule[field] = value
     with _rules() as rules:
@@ -101,12 +110,14 @@ def main():
     s.add_argument("--pool-prefix")
     s.add_argument("--machine-type")
     s.add_argument("--times", type=int)
+    s.add_argument("--seconds", type=float)
     sub.add_parser("list")
     c = sub.add_parser("clear")
     c.add_argument("name", nargs="?")
     args = parser.parse_args()
     if args.cmd == "set":
-        print(json.dumps({args.name: set_fault(args.name, args.kind, args.pool_prefix, args.machine_type, args.times)}))
+        print(json.dumps({args.name: set_fault(args.name, args.kind, args.pool_prefix, args.machine_type, args.times,
+                                                   args.seconds)}))
     elif args.cmd == "list":
         print(json.dumps(list_faults(), indent=1, sort_keys=True))
     else:

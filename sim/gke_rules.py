@@ -170,21 +170,25 @@ def _check_name(field: str, message_name: str, name: str) -> None:
 
 
 def check_management_with_release_channel(cluster: dict, pool: dict) -> None:
-    """On a cluster enrolled in a release channel, node auto-upgrade and auto-repair cannot be disabled.
-    Source: GKE docs "About release channels" https://cloud.google.com/kubernetes-engine/docs/concepts/release-channels
-    ("Node auto-upgrade and auto-repair are enabled and cannot be disabled when using release channels");
+    """On a cluster enrolled in a release channel, node auto-upgrade cannot be disabled.
+    Source: GKE API reference ReleaseChannel ("When a cluster is subscribed to a release channel, Google
+    maintains both the master version and the node version. Node auto-upgrade defaults to true and cannot be
+    disabled.") https://cloud.google.com/kubernetes-engine/docs/reference/rest/Shared.Types/ReleaseChannel ;
     error text quoted in nkoson/gke-tutorial issue 8 and terraform-google-kubernetes-engine PR 682:
     "Error 400: Auto_upgrade cannot be false when release_channel REGULAR is set., badRequest".
+    Auto-repair is not bound by the channel: GKE docs "Auto-repair nodes" ("In Standard clusters, node
+    auto-repair is enabled by default for new node pools. You can disable auto repair ...")
+    https://cloud.google.com/kubernetes-engine/docs/how-to/node-auto-repair , and flex-start pools need it
+    off (check_capacity) on such clusters: Cluster Toolkit's TPU v6e flex-start blueprint
+    (examples/gke-consumption-options/dws-flex-start/gke-tpu-v6e) sets auto_repair false, auto_upgrade true
+    on a REGULAR-channel cluster.
     A pool without a ``management`` message gets GKE's defaults (both true) and passes.
     """
     channel = (cluster.get("release_channel") or {}).get("channel") or "UNSPECIFIED"
     if channel == "UNSPECIFIED" or "management" not in pool or pool["management"] is None:
         return
-    management = pool["management"]
-    if not management.get("auto_upgrade"):
+    if not pool["management"].get("auto_upgrade"):
         raise _bad(f"Auto_upgrade cannot be false when release_channel {channel} is set.")
-    if not management.get("auto_repair"):
-        raise _bad(f"Auto_repair cannot be false when release_channel {channel} is set.")
 
 
 def check_pool_locations(region: str, pool: dict) -> None:
@@ -224,7 +228,11 @@ def check_tpu_slice(pool: dict) -> None:
             raise _bad(f"TPU topology {topology} requires a TPU machine type, got "
                        f'"{config.get("machine_type")}".')  # (wording ours)
         return
-    nodes = int(pool.get("initial_node_count") or 0)
+    autoscaling = pool.get("autoscaling") or {}
+    # An autoscaled slice pool grows to its maximum at once, so GKE checks the maximum ("Maximum node count
+    # 0 is not a valid size ...", quoted below); a fixed one its initial count.
+    counted = "Maximum node count" if autoscaling.get("enabled") else "Node count"
+    nodes = int((autoscaling.get("max_node_count") if autoscaling.get("enabled") else pool.get("initial_node_count")) or 0)
     if not topology:
         return  # single-host slices, one per node
     if not re.fullmatch(r"\d+x\d+(x\d+)?", topology):
@@ -245,7 +253,7 @@ def check_tpu_slice(pool: dict) -> None:
                    f"({mt.tpu_chips} chips per VM).")  # (wording ours)
     expected = chips // mt.tpu_chips
     if nodes != expected:
-        raise _bad(f"Node count {nodes} is not a valid size of TPU pod slice with topology {topology}; "
+        raise _bad(f"{counted} {nodes} is not a valid size of TPU pod slice with topology {topology}; "
                    f"a {topology} slice of {mt.name} has {expected} nodes.")
     if expected > 1:
         if placement.get("type") != "COMPACT":
@@ -288,6 +296,52 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: set
         zone = (pool.get("locations") or ["?"])[0]
         raise GkeError("NOT_FOUND", f'Google Compute Engine: reservation "{short}" not found for node pool '
                                     f'"{pool.get("name")}" at zone "{zone}".')
+
+
+def check_capacity(pool: dict) -> None:
+    """What GKE requires of a Spot or flex-start node pool:
+    - spot and flex-start exclude each other;
+    - a Spot pool consumes no reservation (reservation affinity NO_RESERVATION or unset);
+    - a flex-start pool: not TPU v4, no reservation (NO_RESERVATION), no initial nodes, autoscaling enabled
+      from 0, and auto-repair off (a pool without ``management`` gets auto-repair on, GKE's default, and is
+      refused).
+    Sources: GKE docs "Run a small batch workload with TPUs and flex-start provisioning mode"
+    https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training-tpu (gcloud container
+    node-pools create ... --reservation-affinity=none --enable-autoscaling --flex-start --num-nodes 0
+    --min-nodes=0 --max-nodes=N); GoogleCloudPlatform/cluster-toolkit modules/compute/gke-node-pool/main.tf
+    preconditions ("enable_flex_start needs node auto_repair set to false", "enable_flex_start does not work
+    with static_node_count", "enable_flex_start requires reservation_affinity.consume_reservation_type to be
+    'NO_RESERVATION'", "Both enable_flex_start and spot consumption option cannot be set to true at the same
+    time", "Spot consumption option only works with reservation_affinity consume_reservation_type
+    NO_RESERVATION"); AI-Hypercomputer/xpk src/xpk/core/capacity.py (flex: --flex-start
+    --enable-autoscaling --location-policy=ANY --reservation-affinity=none --no-enable-autorepair, and
+    --num-nodes=0 in core/nodepool.py). GKE's own texts for these refusals are not quoted in these sources:
+    every message here is (wording ours).
+    """
+    config = pool.get("config") or {}
+    name = pool.get("name")
+    affinity = (config.get("reservation_affinity") or {}).get("consume_reservation_type") or "UNSPECIFIED"
+    if config.get("spot") and config.get("flex_start"):
+        raise _bad(f'Node pool "{name}": spot and flex_start cannot both be set.')
+    if config.get("spot") and affinity not in ("UNSPECIFIED", "NO_RESERVATION"):
+        raise _bad(f'Node pool "{name}": Spot VMs cannot consume reservations; reservation affinity must be '
+                   f"NO_RESERVATION, got {affinity}.")
+    if not config.get("flex_start"):
+        return
+    mt = MACHINE_TYPES.get(config.get("machine_type") or "")
+    if mt is not None and mt.tpu_generation == "v4":
+        # GKE docs "About flex-start" https://cloud.google.com/kubernetes-engine/docs/concepts/dws
+        # (requirements: "TPU v3 and v4 are not supported").
+        raise _bad(f'Node pool "{name}": flex-start does not support machine type "{mt.name}".')
+    if affinity != "NO_RESERVATION":
+        raise _bad(f'Node pool "{name}": flex-start requires reservation affinity NO_RESERVATION, got {affinity}.')
+    if int(pool.get("initial_node_count") or 0):
+        raise _bad(f'Node pool "{name}": flex-start node pools start with no nodes; initial_node_count must be 0.')
+    autoscaling = pool.get("autoscaling") or {}
+    if not autoscaling.get("enabled") or int(autoscaling.get("min_node_count") or 0):
+        raise _bad(f'Node pool "{name}": flex-start requires autoscaling enabled with min_node_count 0.')
+    if (pool.get("management") or {"auto_repair": True}).get("auto_repair"):
+        raise _bad(f'Node pool "{name}": flex-start requires node auto-repair to be disabled.')
 
 
 def check_disk_type(pool: dict, default_disk: str = DEFAULT_BOOT_DISK) -> None:
@@ -380,6 +434,7 @@ def check_node_pool(cluster: dict, pool: dict, region: str, project: str, reserv
     check_disk_type(pool, default_disk)
     check_gvnic(pool)
     check_tpu_slice(pool)
+    check_capacity(pool)
     check_reservation_affinity(pool, project, reservations)
 
 

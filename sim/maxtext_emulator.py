@@ -21,7 +21,8 @@ Pod annotations read (on the pod template):
                                 drop-shard (one safetensors shard missing), no-index (no
                                 model.safetensors.index.json), stop-at-step=N (training ends early at N,
                                 normal exit, end-of-run save at N), crash-at-step=N (training crashes at
-                                N: only periodic saves before N, exit code 1 unless exit-code is set)
+                                N: only periodic saves before N, exit code 1 unless exit-code is set),
+                                eval-regression (the evaluation after training scores lower than before)
 Annotations written: sim.tpu-rl.dev/exit-at, /emulated (what was done), /fault-rule, /warnings, and
 exit-code / fail-attempts / run-seconds when a rule sets them.
 
@@ -29,11 +30,13 @@ Stage contract (arguments read, `key=value` and `--flag=value`):
   to_maxtext      base_output_directory (required), scan_layers, checkpoint_storage_use_ocdbt/_zarr3,
                   model_name  ->  <base>/0/{items/, _CHECKPOINT_METADATA, commit_success.txt}
   train_rl        base_output_directory, run_name (required), num_batches (4), rl.num_iterations (1),
-                  checkpoint_period (50), max_num_checkpoints_to_keep (10), log_period (20),
-                  load_parameters_path (must exist when given)
+                  checkpoint_period (50), max_num_checkpoints_to_keep (10), num_test_batches (5),
+                  batch_size (1), load_parameters_path (must exist when given)
                   ->  <base>/<run>/checkpoints/actor/<step>/{model_params/, optimizer_state/, ...}
-                      and <base>/<run>/tensorboard/events.out.tfevents.*; resumes after the last
-                      committed step like the real trainer
+                      and one event file per attempt in <base>/<run>/tensorboard/ (MaxText's tags, one
+                      scalar per trained step: docs/training-metrics.md); resumes after the last
+                      committed step like the real trainer; logs the Pre/Post RL Training evaluation
+                      lines unless num_test_batches=0
   to_huggingface  base_output_directory (required), load_parameters_path (must exist when given),
                   weight_dtype (float32), --hf_model_path, model_name
                   ->  tokenizer files, config.json, model-0000i-of-00004.safetensors, index last
@@ -53,12 +56,15 @@ Logs: for every running pod it writes what its containers would print (CRI forma
 """
 
 import json
+import math
 import os
+import random
 import shlex
 import struct
 import sys
 import time
 import traceback
+import zlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -254,51 +260,90 @@ def committed_steps(out, directory):
     return steps
 
 
-# ---------------------------------------------------------------- TensorBoard events (TFRecord of Event protos)
+# ---------------------------------------------------------------- what train_rl reports (docs/training-metrics.md)
 
-def _varint(n):
-    out = b""
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out += bytes([b | (0x80 if n else 0)])
-        if not n:
-            return out
+#: MaxText 0.2.4's default reward functions and what each pays for a completion (configs/post_train/rl.yml:
+#: reward_exact_format_match 0.1, reward_partial_format_match 0.0, reward_exact_answer 1.0).
+REWARDS = {"match_format_exactly": 0.1, "match_format_approximately": 0.0, "check_numbers": 1.0}
+#: Completions scored per emulated step (a real batch has batch_size x rl.num_generations).
+COMPLETIONS_PER_STEP = 16
 
 
-def _field(num, wire, payload):
-    return _varint(num << 3 | wire) + (_varint(len(payload)) + payload if wire == 2 else payload)
+def _skill(progress, start, end):
+    """A rate that rises from ``start`` to ``end`` as training progresses (0..1), fast at first."""
+    return start + (end - start) * (1 - math.exp(-3 * progress)) / (1 - math.exp(-3))
 
 
-def _event(wall_time, step, file_version=None, scalars=None):
-    msg = _field(1, 1, struct.pack("<d", wall_time)) + _field(2, 0, _varint(step))
-    if file_version:
-        msg += _field(3, 2, file_version.encode())
-    if scalars:
-        values = b"".join(_field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, struct.pack("<f", v)))
-                          for tag, v in scalars.items())
-        msg += _field(5, 2, values)
-    return msg
+def training_scalars(seed, train_steps, steps):
+    """What the trainer logs for the policy updates ``steps`` (1-based), as {tag: [(step, value)]}.
 
+    Each step scores a batch of completions drawn with an answer accuracy and a format rate that rise
+    with training, and derives every tag from that batch as Tunix does; so the reward rises noisily and
+    the loss falls. The same seed gives the same curves: a resumed attempt continues the crashed one's."""
+    import numpy as np
 
-def _record(data):
-    import google_crc32c
+    scalars = {}
 
-    def masked(b):
-        crc = google_crc32c.value(b)
-        return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    def put(tag, step, value):
+        scalars.setdefault(tag, []).append((step, float(value)))
 
-    header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked(header)) + data + struct.pack("<I", masked(data))
-
-
-def tensorboard_events(steps):
-    now = time.time()
-    blob = _record(_event(now, 0, file_version="brain.Event:2"))
     for step in steps:
-        blob += _record(_event(now, step, scalars={"rewards/train/mean": 0.5 + step / 1000,
-                                                   "actor/train/loss": 1.0 / (1 + step),
-                                                   "actor/train/kl": 0.01}))
-    return blob
+        progress = step / train_steps
+        rng = np.random.default_rng([zlib.crc32(seed.encode()), step])
+        correct = rng.random(COMPLETIONS_PER_STEP) < _skill(progress, 0.3, 0.7)
+        formatted = rng.random(COMPLETIONS_PER_STEP) < _skill(progress, 0.5, 0.95)
+        paid = {"match_format_exactly": formatted, "match_format_approximately": formatted, "check_numbers": correct}
+        rewards = np.stack([REWARDS[name] * paid[name] for name in REWARDS], axis=1)  # completions x functions
+        per_completion = rewards.sum(axis=1)
+        scored_at = step - 1  # the learner's global step of the batch (0-based)
+        for name, value in (("sum", per_completion.mean()), ("mean", rewards.mean(axis=1).mean()),
+                            ("min", rewards.min()), ("max", rewards.max())):
+            put(f"rewards/train/{name}", scored_at, value)
+        for i, name in enumerate(REWARDS):
+            put(f"rewards/train/{name}", scored_at, rewards[:, i].mean())
+        for name, value in (("mean", per_completion.mean()), ("max", per_completion.max()),
+                            ("min", per_completion.min())):
+            put(f"rewards/train/score/{name}", scored_at, value)
+        lengths = rng.normal(420 - 120 * progress, 60, COMPLETIONS_PER_STEP).clip(16, 768).round()
+        for name, value in (("mean_length", lengths.mean()), ("max_length", lengths.max()),
+                            ("min_length", lengths.min())):
+            put(f"completions/train/{name}", scored_at, value)
+        loss = 0.02 + 0.3 * math.exp(-2.5 * progress) * (1 + 0.2 * rng.normal())
+        put("actor/train/loss", step, loss)
+        put("actor/train/perplexity", step, math.exp(loss))
+        put("actor/train/learning_rate", step, 3e-6 * min(1.0, step / max(1, train_steps // 10)))
+        put("actor/train/grad_norm", step, abs(rng.normal(0.6 - 0.3 * progress, 0.1)))
+        put("actor/train/kl", step, 0.004 * progress * (1 + 0.3 * abs(rng.normal())))
+        put("actor/train/pg_clipfrac", step, abs(rng.normal(0.01, 0.004)))
+    return scalars
+
+
+def tensorboard_event_file(scalars):
+    """One event file as MaxText's writer makes it (tensorboardX's SummaryWriter through metrax's
+    TensorboardBackend): returns (file name, bytes)."""
+    import tempfile
+
+    from tensorboardX import SummaryWriter
+
+    with tempfile.TemporaryDirectory() as folder:
+        writer = SummaryWriter(logdir=folder)
+        for step, tag, value in sorted((s, t, v) for t, points in scalars.items() for s, v in points):
+            writer.add_scalar(tag, value, step)
+        writer.close()
+        (path,) = Path(folder).iterdir()
+        return path.name, path.read_bytes()
+
+
+def evaluation_line(when, seed, total, accuracy):
+    """The line train_rl logs before ("Pre") or after ("Post") training, in its format (train_rl.py:785-788)."""
+    rng = random.Random(f"{seed}/{when}")
+    corr = round(total * accuracy)
+    partially = min(total, corr + rng.randint(0, max(1, total // 10)))
+    formatted = min(total, max(partially, round(total * rng.uniform(0.85, 1.0))))
+    accuracy, partial_accuracy, format_accuracy = (n / total * 100 if total > 0 else 0 for n in (corr, partially, formatted))
+    mean_reward = (REWARDS["check_numbers"] * corr + REWARDS["match_format_exactly"] * formatted) / total if total else 0.0
+    return (f"{when} RL Training: {corr=}, {total=}, {accuracy=}%, {partial_accuracy=}%,"
+            f" {format_accuracy=}%, {mean_reward=:.4f}")
 
 
 # ---------------------------------------------------------------- safetensors
@@ -335,15 +380,22 @@ def train_rl(client, args, flags, faults_):
     train_steps = int(args.get("num_batches", 4)) * int(args.get("rl.num_iterations", 1))
     period = int(args.get("checkpoint_period", 50))
     keep = int(args.get("max_num_checkpoints_to_keep", 10))
-    log_period = int(args.get("log_period", 20))
     stop = min([train_steps] + [int(f.split("=")[1]) for f in faults_ if f.startswith("stop-at-step=")])
     crash = [int(f.split("=")[1]) for f in faults_ if f.startswith("crash-at-step=")]
+    test_batches = int(args.get("num_test_batches", 5))
     actor = "checkpoints/actor"
     done = committed_steps(out, actor)
     start = max(done, default=0)
     lines = [f"train_steps={train_steps} checkpoint_period={period}"]
     if start:
         lines.append(f"restored actor checkpoint at step {start}, resuming")
+    # Evaluation on num_test_batches * batch_size test prompts, before and after training; none with 0.
+    seed = out.url
+    test_prompts = test_batches * int(args.get("batch_size", 1))
+    accuracy_before = random.Random(seed).uniform(0.3, 0.45)
+    accuracy_after = accuracy_before + (-0.15 if "eval-regression" in faults_ else 0.2)
+    if test_batches > 0:
+        lines.append(evaluation_line("Pre", seed, test_prompts, accuracy_before))
     end = crash[0] if crash else stop
     saves = [s for s in range(start + 1, end + (0 if crash else 1)) if s % period == 0]
     if not crash and end > start and end not in saves:
@@ -360,11 +412,14 @@ def train_rl(client, args, flags, faults_):
     for old in sorted(committed_steps(out, actor))[:-keep] if keep > 0 else []:
         out.delete_prefix(f"{actor}/{old}")
         lines.append(f"deleted old checkpoint {old} (keeping {keep})")
-    logged = [s for s in range(start + 1, end + 1) if s % log_period == 0 or s == end]
-    out.put(f"tensorboard/events.out.tfevents.{int(time.time())}.{os.getpid()}.sim", tensorboard_events(logged))
+    trained = range(start + 1, end + (0 if crash else 1))
+    name, events = tensorboard_event_file(training_scalars(seed, train_steps, trained))
+    out.put(f"tensorboard/{name}", events)
     if crash:
         raise PodFailure(f"training crashed at step {crash[0]} (simulated)")
     lines.append("RL Training Completed Successfully!")
+    if test_batches > 0:
+        lines.append(evaluation_line("Post", seed, test_prompts, accuracy_after))
     return lines, out
 
 

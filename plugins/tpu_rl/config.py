@@ -21,7 +21,7 @@ from tpu_rl.run import INTERVAL_FIELDS, DataInterval, RunIdentity
 from tpu_rl.tpu import SliceError, SliceShape, slice_shape
 from tpu_rl.vocabulary import PATHWAYS_JOBSET_NAME_MAX
 
-SECTIONS = ("Cloud", "Cluster", "TPU slice", "Model", "Training", "Advanced")
+SECTIONS = ("Cloud", "Cluster", "TPU slice", "Model", "Training", "Evaluation and cost", "Advanced")
 
 #: Models the MaxText 0.2.4 converters and model configs know (checked against the release by the tests).
 SUPPORTED_MODELS = (
@@ -37,8 +37,23 @@ SUPPORTED_MODELS = (
     "llama3.1-70b",
 )
 
+#: Where a created TPU pool's VMs come from; xpk offers the same four (``src/xpk/core/capacity.py``).
+CAPACITY_TYPES = ("on_demand", "reservation", "spot", "flex_start")
+#: TPU generations GKE's flex-start does not provision.
+FLEX_START_UNSUPPORTED = ("v4",)
+#: The longest capacity wait a run may ask for; create_tpu_pools's execution_timeout leaves room above it.
+CAPACITY_WAIT_MAX_MINUTES = 24 * 60
+
 #: The dataset ``train_rl`` uses when ``dataset_name`` is not given (MaxText 0.2.4, configs/post_train/rl.yml).
 MAXTEXT_DEFAULT_DATASET = "openai/gsm8k"
+#: Test batches ``train_rl`` evaluates before and after training unless extra_train_args sets
+#: ``num_test_batches`` (MaxText 0.2.4, configs/post_train/rl.yml:120); 0 turns the evaluation off.
+MAXTEXT_DEFAULT_TEST_BATCHES = 5
+#: Cloud TPU v6e (Trillium) on-demand list price in USD per chip-hour, as Google Cloud announced it at general
+#: availability (December 2024: "starting at $2.70 per chip-hour", $1.89 with a 1-year and $1.22 with a 3-year
+#: commitment; the first regions were in US East, Europe West and Asia Northeast). Prices differ by region
+#: and contract: see https://cloud.google.com/tpu/pricing and set the param to what the project pays.
+V6E_ON_DEMAND_PRICE_PER_CHIP_HOUR = 2.70
 
 
 def _param(default: Any, section: str, title: str, description: str, **schema: Any) -> Any:
@@ -133,8 +148,27 @@ class RunConfig:
     cluster_nodepool_count: int = _param(
         1, "TPU slice", "Number of slices", "TPU node pools (slices) the training uses.", minimum=1
     )
+    capacity_type: str = _param(
+        "on_demand",
+        "TPU slice",
+        "Capacity type",
+        "How the TPU pools the run creates get their VMs. on_demand: standard VMs, created at once or not at "
+        "all. reservation: your reservation (set reservation). spot: Spot VMs, cheaper, preemptible. "
+        "flex_start: Dynamic Workload Scheduler's flex-start, the pool starts empty and the slice is "
+        "provisioned when training asks for it (at most 7 days).",
+        enum=list(CAPACITY_TYPES),
+    )
     reservation: str = _param(
-        "", "TPU slice", "Reservation", "Name of the TPU reservation to consume. Empty: no reservation."
+        "", "TPU slice", "Reservation", "Name of the TPU reservation to consume; only with capacity_type 'reservation'."
+    )
+    capacity_wait_minutes: int = _param(
+        0,
+        "TPU slice",
+        "Capacity wait (minutes)",
+        "How long create_tpu_pools waits, deferred, while GKE has no capacity for a pool (a stockout) before "
+        "it fails the run. 0: fail at the first stockout.",
+        minimum=0,
+        maximum=CAPACITY_WAIT_MAX_MINUTES,
     )
     capacity_group: str = _param(
         "",
@@ -259,6 +293,33 @@ class RunConfig:
         "More MaxText keys for train_rl, e.g. {\"rl.num_iterations\": 2}. Unknown keys fail the trainer.",
     )
 
+    # Evaluation and cost
+    min_post_accuracy: float = _param(
+        0.0,
+        "Evaluation and cost",
+        "Minimum accuracy after training",
+        "Quality gate: the run fails when the accuracy of the trainer's evaluation after training (its "
+        "'Post RL Training' line, in percent) is below this. 0: no minimum. Needs the evaluation "
+        f"(num_test_batches, default {MAXTEXT_DEFAULT_TEST_BATCHES}, not 0 in extra_train_args).",
+        minimum=0,
+        maximum=100,
+    )
+    require_no_regression: bool = _param(
+        False,
+        "Evaluation and cost",
+        "Require no regression",
+        "Quality gate: the run fails when the accuracy after training is lower than before training.",
+    )
+    tpu_price_per_chip_hour: float = _param(
+        V6E_ON_DEMAND_PRICE_PER_CHIP_HOUR,
+        "Evaluation and cost",
+        "TPU price per chip-hour (USD)",
+        "What one TPU chip costs per hour, to show the run's TPU cost. Default: the v6e on-demand list price "
+        "Google Cloud announced at general availability (December 2024); set your region's and contract's "
+        "price (https://cloud.google.com/tpu/pricing). 0: show chip-hours only.",
+        minimum=0,
+    )
+
     # Advanced
     workload_prefix: str = _param(
         "qwen",
@@ -357,6 +418,15 @@ class RunConfig:
         return self.num_batches * int(self.extra_train_args.get("rl.num_iterations", 1))
 
     @property
+    def evaluation_batches(self) -> int:
+        """Test batches train_rl evaluates before and after training (0: no evaluation lines)."""
+        return int(self.extra_train_args.get("num_test_batches", MAXTEXT_DEFAULT_TEST_BATCHES))
+
+    @property
+    def has_quality_gate(self) -> bool:
+        return bool(self.min_post_accuracy) or self.require_no_regression
+
+    @property
     def effective_dataset(self) -> str:
         return self.dataset_name or MAXTEXT_DEFAULT_DATASET
 
@@ -393,6 +463,11 @@ class RunConfig:
     def uses_existing_tpu_pools(self) -> bool:
         """tpu_pool_mode=existing: the slice's pools are already in the cluster."""
         return self.tpu_pool_mode == "existing"
+
+    @property
+    def uses_flex_start(self) -> bool:
+        """capacity_type=flex_start: the TPU pools start empty and GKE provisions a slice when pods ask for it."""
+        return self.capacity_type == "flex_start"
 
     @property
     def creates_node_pools(self) -> bool:
@@ -478,20 +553,25 @@ def _validate(c: RunConfig):
     """Every problem of the config, rule group by rule group (always in the same order)."""
     for rules in (_validate_required, _validate_cloud_names, _validate_cluster_access, _validate_model,
                   _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice,
-                  _validate_interval_data):
+                  _validate_interval_data, _validate_evaluation):
         yield from rules(c)
 
 
 def _validate_required(c: RunConfig):
-    """Fields without a default, and fields with a fixed set of choices (the form checks them; the plan
-    command and the REST API do not)."""
+    """Fields without a default, fields with a fixed set of choices and numbers with bounds (the form checks
+    them; the plan command and the REST API do not)."""
     for spec in dataclasses.fields(c):
         if spec.default is None and not getattr(c, spec.name):
             yield Problem(spec.name, "is required", f"set {spec.name} ({spec.metadata['description']})")
-        choices = spec.metadata["schema"].get("enum")
-        if choices and getattr(c, spec.name) not in choices:
-            yield Problem(spec.name, f"'{getattr(c, spec.name)}' is not one of its choices",
+        schema, value = spec.metadata["schema"], getattr(c, spec.name)
+        choices = schema.get("enum")
+        if choices and value not in choices:
+            yield Problem(spec.name, f"'{value}' is not one of its choices",
                           f"use {' or '.join(repr(x) for x in choices)}")
+        low, high = schema.get("minimum"), schema.get("maximum")
+        if isinstance(value, (int, float)) and ((low is not None and value < low) or (high is not None and value > high)):
+            bounds = f"at least {low}" if high is None else f"from {low} to {high}"
+            yield Problem(spec.name, f"{value} is out of range", f"use a value {bounds}")
 
 
 def _validate_cloud_names(c: RunConfig):
@@ -549,6 +629,12 @@ def _validate_cluster_access(c: RunConfig):
             f"the group has {c.capacity_slices} slice(s), and a run needs {c.cluster_nodepool_count} (it would wait for ever)",
             f"set capacity_slices to at least {c.cluster_nodepool_count}",
         )
+    if c.capacity_type == "reservation" and not c.reservation:
+        yield Problem("reservation", "is required when capacity_type is 'reservation'",
+                      "name the reservation to consume, or choose another capacity_type")
+    if c.reservation and c.capacity_type != "reservation":
+        yield Problem("reservation", f"is set, but capacity_type is '{c.capacity_type}', which consumes no reservation",
+                      "set capacity_type to 'reservation', or clear reservation")
     if not _K8S_NAME.fullmatch(c.namespace):
         yield Problem("namespace", f"'{c.namespace}' is not a Kubernetes namespace name", "use lowercase letters, digits, dashes")
 
@@ -633,6 +719,10 @@ def _validate_slice(c: RunConfig):
     except SliceError as error:
         yield Problem(error.field, error.problem, error.fix)
         return
+    if c.uses_flex_start and c.slice.generation.name in FLEX_START_UNSUPPORTED:
+        # GKE docs "About flex-start" (kubernetes-engine/docs/concepts/dws): "TPU v3 and v4 are not supported".
+        yield Problem("capacity_type", f"flex_start does not offer TPU {c.slice.generation.name}",
+                      "use on_demand, spot or reservation, or a v5e, v5p or v6e slice")
     for name in ("trainer_devices_fraction", "sampler_devices_fraction"):
         fraction = getattr(c, name)
         devices = c.chips * fraction
@@ -703,3 +793,18 @@ def _validate_interval_data(c: RunConfig):
             "train fewer steps than planned, and the run would wait for a final step that never comes)",
             f"set it to at least {needed}, or lower num_batches",
         )
+
+
+def _validate_evaluation(c: RunConfig):
+    """The quality gate needs the trainer's evaluation (the bounds of the percentage and the price are checked
+    with every field's, in _validate_required)."""
+    batches = c.extra_train_args.get("num_test_batches", MAXTEXT_DEFAULT_TEST_BATCHES)
+    if isinstance(batches, bool) or not str(batches).isdigit():
+        yield Problem("extra_train_args", f"num_test_batches is {batches!r}, not a whole number of batches",
+                      "give num_test_batches as an integer >= 0 (0: no evaluation)")
+    elif int(batches) == 0 and c.has_quality_gate:
+        gate = [name for name in ("min_post_accuracy", "require_no_regression") if getattr(c, name)]
+        yield Problem(gate[0], "is a quality gate on the trainer's evaluation, but extra_train_args sets "
+                      "num_test_batches to 0 (no evaluation)",
+                      f"remove num_test_batches from extra_train_args (MaxText's default is "
+                      f"{MAXTEXT_DEFAULT_TEST_BATCHES}) or clear {' and '.join(gate)}")

@@ -135,26 +135,100 @@ def cpu_pool(config: RunConfig) -> dict[str, Any]:
 
 
 def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict[str, Any]:
-    extra: dict[str, Any] = {
-        "disk_size_gb": 100,
-        "taints": [{"key": TPU_TAINT_KEY, "value": "present", "effect": "NO_SCHEDULE"}],
-    }
-    if config.reservation:
-        extra["reservation_affinity"] = {
-            "consume_reservation_type": "SPECIFIC_RESERVATION",
-            "key": "compute.googleapis.com/reservation-name",
-            "values": [f"projects/{config.project}/reservations/{config.reservation}"],
-        }
-    return {
+    pool: dict[str, Any] = {
         "name": run.tpu_pool_name(slice_index) if config.tpu_pools_per_run else f"tpu-slice-{slice_index}",
         "initial_node_count": config.hosts_per_slice,
         "locations": [config.zone],
-        "config": _node_config(config, config.compute_type, run, **extra),
+        "config": _node_config(
+            config, config.compute_type, run, disk_size_gb=100,
+            taints=[{"key": TPU_TAINT_KEY, "value": "present", "effect": "NO_SCHEDULE"}],
+        ),
         "placement_policy": {"type": "COMPACT", "tpu_topology": config.topology},
-        # Both stay on: GKE refuses either off on a release-channel cluster; the cluster's maintenance
+        # Both stay on: GKE refuses auto-upgrade off on a release-channel cluster; the cluster's maintenance
         # exclusion (UPGRADE_EXCLUSION) keeps upgrades from recreating the slice.
         "management": {"auto_repair": True, "auto_upgrade": True},
     }
+    _CAPACITY[config.capacity_type](config, pool)
+    return pool
+
+
+def _on_demand(config: RunConfig, pool: dict[str, Any]) -> None:
+    """Standard VMs, all of the slice's hosts at once (xpk ``--on-demand`` adds no flag)."""
+
+
+def _reservation(config: RunConfig, pool: dict[str, Any]) -> None:
+    """gcloud ``--reservation-affinity=specific --reservation=NAME`` (xpk ``--reservation``); GKE API reference
+    ReservationAffinity: key ``compute.googleapis.com/reservation-name``, the reservation as its value."""
+    pool["config"]["reservation_affinity"] = {
+        "consume_reservation_type": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": [f"projects/{config.project}/reservations/{config.reservation}"],
+    }
+
+
+def _spot(config: RunConfig, pool: dict[str, Any]) -> None:
+    """gcloud ``--spot`` (xpk ``--spot``): NodeConfig.spot. A Spot pool consumes no reservation (Cluster
+    Toolkit's gke-node-pool refuses spot with any reservation affinity but NO_RESERVATION). GKE labels the
+    nodes ``cloud.google.com/gke-spot=true`` and, on Standard clusters, adds no taint of its own (GKE docs
+    "Spot VMs"): the workers already select the run's own pools, so they need no Spot selector."""
+    pool["config"]["spot"] = True
+    pool["config"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
+
+
+def _flex_start(config: RunConfig, pool: dict[str, Any]) -> None:
+    """DWS flex-start, as GKE's "Run a small batch workload with TPUs and flex-start provisioning mode"
+    (https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training-tpu) and xpk ``--flex``
+    (``src/xpk/core/capacity.py``: ``--flex-start --enable-autoscaling --location-policy=ANY
+    --reservation-affinity=none --no-enable-autorepair --max-nodes=N``, ``--num-nodes=0``) create it: no
+    initial nodes; autoscaling from 0 to the slice's hosts, which the autoscaler adds as one slice when
+    the training's pods ask for it; no reservation; auto-repair off, which Cluster Toolkit's gke-node-pool
+    requires for flex-start ("enable_flex_start needs node auto_repair set to false") and its TPU v6e
+    flex-start blueprint sets on a REGULAR-channel cluster while keeping auto-upgrade on. No queued
+    provisioning: xpk enables it only for single-slice GPU pools (``is_queued_cluster``)."""
+    pool["config"]["flex_start"] = True
+    pool["config"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
+    pool["initial_node_count"] = 0
+    pool["autoscaling"] = {
+        "enabled": True, "min_node_count": 0, "max_node_count": config.hosts_per_slice, "location_policy": "ANY",
+    }
+    pool["management"] = {"auto_repair": False, "auto_upgrade": True}
+
+
+_CAPACITY = {"on_demand": _on_demand, "reservation": _reservation, "spot": _spot, "flex_start": _flex_start}
+
+
+def capacity_fields(config: RunConfig) -> str:
+    """What capacity_type sets in each TPU pool request, for the plan's reader."""
+    return {
+        "on_demand": "no capacity field (standard VMs, all hosts at once)",
+        "reservation": f"config.reservation_affinity SPECIFIC_RESERVATION '{config.reservation}'",
+        "spot": "config.spot true, config.reservation_affinity NO_RESERVATION",
+        "flex_start": (
+            "config.flex_start true, config.reservation_affinity NO_RESERVATION, initial_node_count 0, "
+            f"autoscaling 0..{config.hosts_per_slice} (location policy ANY), management.auto_repair false"
+        ),
+    }[config.capacity_type]
+
+
+#: Words of a GKE message (an operation's error, a node pool's condition) that say the zone has no
+#: capacity now, as opposed to a request that is wrong.
+_NO_CAPACITY = ("stockout", "resource_exhausted", "resource pool exhausted", "resource_pool_exhausted",
+                "insufficient capacity", "does not have enough resources")
+
+
+def is_capacity_error(message: str) -> bool:
+    return any(word in message.lower() for word in _NO_CAPACITY)
+
+
+def capacity_wait_reason(conditions: list[dict[str, Any]]) -> str | None:
+    """Why a node pool that is still being created waits for capacity, from its ``conditions`` (GKE API
+    reference StatusCondition: code GCE_STOCKOUT "indicates that Google Compute Engine resources are
+    temporarily unavailable"; canonical_code RESOURCE_EXHAUSTED); None when nothing says so."""
+    for condition in conditions:
+        if condition.get("code") == "GCE_STOCKOUT" or condition.get("canonical_code") == "RESOURCE_EXHAUSTED" \
+                or is_capacity_error(condition.get("message") or ""):
+            return condition.get("message") or condition.get("code") or "no capacity"
+    return None
 
 
 def cluster_parent(config: RunConfig) -> str:

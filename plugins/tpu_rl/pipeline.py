@@ -10,6 +10,7 @@ from typing import Any
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Asset
 
+from tpu_rl.config import CAPACITY_WAIT_MAX_MINUTES
 from tpu_rl.operators.cluster import (
     ClusterReadySensor,
     CreateClusterOperator,
@@ -112,7 +113,10 @@ def _wire_tasks(exported_model: Asset) -> None:
     wait_for_capacity = WaitForTpuCapacitySensor(
         task_id="wait_for_tpu_capacity", mode="reschedule", poke_interval=30, timeout=timedelta(hours=24)
     )
-    create_tpu_pools = CreateTpuNodePoolsOperator(task_id="create_tpu_pools", execution_timeout=timedelta(hours=2))
+    # Its timeout holds while it waits for capacity (capacity_wait_minutes, at most the maximum) and creates.
+    create_tpu_pools = CreateTpuNodePoolsOperator(
+        task_id="create_tpu_pools", execution_timeout=timedelta(minutes=CAPACITY_WAIT_MAX_MINUTES, hours=2)
+    )
     train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
     delete_tpu_pools = DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", **CLEANUP_RETRIES)
     verify_training = RunFinalTrainingCheckpointSensor(

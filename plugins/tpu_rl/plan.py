@@ -24,10 +24,12 @@ def plan_documents(
     now = now or datetime.now(timezone.utc)
     layout = GcsLayout(config, run)
     docs: list[tuple[str, dict[str, Any]]] = []
+    capacity = f"capacity_type {config.capacity_type}: {gke.capacity_fields(config)}"
     if config.creates_cluster:
+        with_pools = f"; its TPU node pools' {capacity}" if config.tpu_pools_with_cluster else ""
         docs.append(
             (
-                "GKE: create the cluster (deleted at the end of the run)",
+                f"GKE: create the cluster (deleted at the end of the run){with_pools}",
                 {"gkeRequest": "CreateCluster", "parent": gke.cluster_parent(config), "cluster": gke.cluster_body(config, run, now)},
             )
         )
@@ -35,7 +37,7 @@ def plan_documents(
         for i in range(config.cluster_nodepool_count):
             docs.append(
                 (
-                    f"GKE: create TPU node pool {i} before training (deleted right after it)",
+                    f"GKE: create TPU node pool {i} before training (deleted right after it); {capacity}",
                     {"gkeRequest": "CreateNodePool", "parent": gke.cluster_path(config), "nodePool": gke.tpu_node_pool(config, run, i)},
                 )
             )

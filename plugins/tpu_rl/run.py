@@ -192,6 +192,12 @@ class GcsLayout:
         return f"{self.training_prefix}{self.config.run_name}/checkpoints/actor/"
 
     @property
+    def tensorboard_prefix(self) -> str:
+        """Where train_rl writes its TensorBoard event files: ``<base_output_directory>/<run_name>/tensorboard/``
+        (MaxText 0.2.4, docs/training-metrics.md)."""
+        return f"{self.training_prefix}{self.config.run_name}/tensorboard/"
+
+    @property
     def training_record_object(self) -> str:
         """The record of the parameters the run trains with, checked before every resume."""
         return f"{self.training_prefix}{self.config.run_name}/tpu_rl_training_record.json"

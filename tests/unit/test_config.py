@@ -217,3 +217,32 @@ def test_a_created_cluster_is_reached_through_its_dns_endpoint_unless_ip_is_aske
     ip = RunConfig.from_params({**tutorial_conf, "control_plane_endpoint": "ip"})
     assert "control_plane_endpoints_config" not in cluster_body(ip, run, now)
     assert not cluster_target(ip).use_dns_endpoint
+
+
+def test_reservation_goes_with_capacity_type_reservation(tutorial_conf):
+    """The tutorial's RESERVATION is optional: without it the default on_demand run stays valid; a reservation
+    is consumed only when capacity_type says so, never silently ignored."""
+    assert RunConfig.from_params(tutorial_conf).capacity_type == "on_demand"
+    problems = problems_for(tutorial_conf, capacity_type="reservation")
+    assert problems["reservation"] == ("reservation: is required when capacity_type is 'reservation'; fix: name the "
+                                       "reservation to consume, or choose another capacity_type.")
+    problems = problems_for(tutorial_conf, capacity_type="spot", reservation="my-v6e")
+    assert "capacity_type is 'spot', which consumes no reservation" in problems["reservation"]
+    assert "set capacity_type to 'reservation', or clear reservation" in problems["reservation"]
+    assert RunConfig.from_params({**tutorial_conf, "capacity_type": "reservation", "reservation": "my-v6e"})
+    assert "capacity_type" in problems_for(tutorial_conf, capacity_type="preemptible")
+
+
+def test_capacity_wait_is_bounded_outside_the_form_too(tutorial_conf):
+    assert problems_for(tutorial_conf, capacity_wait_minutes=-5)["capacity_wait_minutes"] == (
+        "capacity_wait_minutes: -5 is out of range; fix: use a value from 0 to 1440.")
+    assert "capacity_wait_minutes" in problems_for(tutorial_conf, capacity_wait_minutes=2000)
+    assert RunConfig.from_params({**tutorial_conf, "capacity_wait_minutes": 90}).capacity_wait_minutes == 90
+
+
+def test_flex_start_is_refused_for_tpu_v4(tutorial_conf):
+    v4 = {"tpu_type": "v4-128", "topology": "4x4x4", "compute_type": "ct4p-hightpu-4t"}
+    problems = problems_for(tutorial_conf, capacity_type="flex_start", **v4)
+    assert problems["capacity_type"] == ("capacity_type: flex_start does not offer TPU v4; fix: use on_demand, spot or "
+                                         "reservation, or a v5e, v5p or v6e slice.")
+    assert RunConfig.from_params({**tutorial_conf, "capacity_type": "spot", **v4}).capacity_type == "spot"

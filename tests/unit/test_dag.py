@@ -72,7 +72,7 @@ def test_every_task_retries_and_has_a_time_limit(dag):
 def test_trigger_form_has_sections_and_tutorial_defaults(dag):
     params = dag.params
     sections = {params.get_param(name).schema.get("section") for name in params}
-    assert sections == {"Cloud", "Cluster", "TPU slice", "Model", "Training", "Advanced"}
+    assert sections == {"Cloud", "Cluster", "TPU slice", "Model", "Training", "Evaluation and cost", "Advanced"}
     assert params["topology"] == "8x8" and params["tpu_type"] == "v6e-64" and params["num_batches"] == 50
     for required in ("project", "region", "zone", "cluster_name", "gcs_bucket"):
         assert not params.get_param(required).has_value, required  # the form asks for it

@@ -53,14 +53,15 @@ def test_valid_tpu_pool_and_cluster_pass():
     rules.check_node_pool(cluster(), tpu_pool(), REGION, PROJECT, set())
 
 
-@pytest.mark.parametrize("field", ["auto_upgrade", "auto_repair"])
-def test_management_false_on_release_channel_refused(field):
-    pool = tpu_pool(management={"auto_repair": True, "auto_upgrade": True, field: False})
+def test_auto_upgrade_off_on_release_channel_refused_auto_repair_off_accepted():
+    pool = tpu_pool(management={"auto_repair": True, "auto_upgrade": False})
     message = refused(rules.check_management_with_release_channel, cluster(), pool)
-    assert message == f"{field.capitalize()} cannot be false when release_channel REGULAR is set."
+    assert message == "Auto_upgrade cannot be false when release_channel REGULAR is set."
     # Without a release channel GKE lets it be turned off; without `management` the defaults (true) apply.
     rules.check_management_with_release_channel(cluster(release_channel={"channel": "UNSPECIFIED"}), pool)
     rules.check_management_with_release_channel(cluster(), {k: v for k, v in pool.items() if k != "management"})
+    # Auto-repair may be off on a channel cluster (flex-start needs it off).
+    rules.check_management_with_release_channel(cluster(), tpu_pool(management={"auto_repair": False, "auto_upgrade": True}))
 
 
 @pytest.mark.parametrize("name", ["1abc", "Abc", "abc-", "a_b", "a" * 41, ""])
@@ -138,6 +139,72 @@ def test_unknown_reservation_not_found():
                        '"us-east5-b".')
     # ANY_RESERVATION names none
     rules.check_reservation_affinity(with_reservation({"consume_reservation_type": "ANY_RESERVATION"}), PROJECT, set())
+
+
+def spot_pool(**config):
+    pool = tpu_pool()
+    pool["config"] = {**pool["config"], "spot": True, **config}
+    return pool
+
+
+def flex_pool(**overrides):
+    pool = tpu_pool(initial_node_count=0, management={"auto_repair": False, "auto_upgrade": True},
+                    autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 16, "location_policy": "ANY"})
+    pool["config"] = {**pool["config"], "flex_start": True,
+                      "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}}
+    pool.update(overrides)
+    return pool
+
+
+def test_spot_pool_consumes_no_reservation():
+    rules.check_node_pool(cluster(), spot_pool(), REGION, PROJECT, set())
+    rules.check_capacity(spot_pool(reservation_affinity={"consume_reservation_type": "NO_RESERVATION"}))
+    for kind in ("ANY_RESERVATION", "SPECIFIC_RESERVATION"):
+        assert "Spot VMs cannot consume reservations" in refused(
+            rules.check_capacity, spot_pool(reservation_affinity={"consume_reservation_type": kind}))
+
+
+def test_flex_start_pool_as_gke_documents_it_passes():
+    rules.check_node_pool(cluster(), flex_pool(), REGION, PROJECT, set())
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"initial_node_count": 16}, "initial_node_count must be 0"),
+        ({"autoscaling": None}, "autoscaling enabled"),
+        ({"autoscaling": {"enabled": True, "min_node_count": 16, "max_node_count": 16}}, "min_node_count 0"),
+        ({"management": {"auto_repair": True, "auto_upgrade": True}}, "auto-repair to be disabled"),
+        ({"management": None}, "auto-repair to be disabled"),  # GKE's default: auto-repair on
+    ],
+    ids=["initial nodes", "no autoscaling", "autoscaling from 16", "auto-repair on", "auto-repair by default"],
+)
+def test_flex_start_pool_gke_refuses(change, words):
+    assert words in refused(rules.check_capacity, flex_pool(**change))
+
+
+def test_flex_start_excludes_reservations_and_spot():
+    pool = flex_pool()
+    pool["config"] = {**pool["config"], "reservation_affinity": {"consume_reservation_type": "ANY_RESERVATION"}}
+    assert "NO_RESERVATION" in refused(rules.check_capacity, pool)
+    pool = flex_pool()
+    pool["config"] = {**pool["config"], "spot": True}
+    assert "spot and flex_start cannot both be set" in refused(rules.check_capacity, pool)
+
+
+def test_flex_start_refuses_tpu_v4():
+    pool = flex_pool(initial_node_count=0, placement_policy={"type": "COMPACT", "tpu_topology": "2x2x4"},
+                     autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 4})
+    pool["config"] = {**pool["config"], "machine_type": "ct4p-hightpu-4t", "disk_type": "pd-balanced"}
+    assert 'does not support machine type "ct4p-hightpu-4t"' in refused(rules.check_capacity, pool)
+    rules.check_tpu_slice(pool)
+
+
+def test_autoscaled_slice_pool_is_sized_by_its_maximum():
+    pool = flex_pool(autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 8})
+    assert refused(rules.check_tpu_slice, pool).startswith(
+        "Maximum node count 8 is not a valid size of TPU pod slice with topology 8x8")
+    rules.check_tpu_slice(flex_pool())
 
 
 @pytest.mark.parametrize("machine_type", ["c4d-standard-96", "n4-standard-32", "ct6e-standard-4t", "c4-standard-96"])
@@ -223,15 +290,20 @@ def test_allocatable_follows_gke_reservations():
     [
         {},
         {"tpu_pool_mode": "cluster"},
-        {"cluster_nodepool_count": 2, "reservation": "my-v6e-reservation"},
+        {"cluster_nodepool_count": 2, "capacity_type": "reservation", "reservation": "my-v6e-reservation"},
         {"tpu_type": "v5p-256", "topology": "4x4x8", "compute_type": "ct5p-hightpu-4t", "pw_cpu_machine_type": "n4-standard-64"},
+        {"capacity_type": "spot"},
+        {"capacity_type": "flex_start"},
+        {"capacity_type": "flex_start", "tpu_pool_mode": "cluster", "cluster_nodepool_count": 2},
     ],
-    ids=["tutorial", "pools-with-the-cluster", "two-slices-reserved", "v5p-on-n4"],
+    ids=["tutorial", "pools-with-the-cluster", "two-slices-reserved", "v5p-on-n4", "spot", "flex-start",
+         "flex-start-pools-with-the-cluster"],
 )
 def test_every_request_the_pipeline_makes_passes_gkes_rules(overrides):
     """The pipeline's cluster and node pool bodies (what the plan prints and the operators send) against
     the rules: this fails for the auto_upgrade=false pools of a REGULAR-channel cluster, a pd-* boot disk
-    on C4D or ct6e, a pool outside the region, a non-compact multi-host slice."""
+    on C4D or ct6e, a pool outside the region, a non-compact multi-host slice, a Spot or flex-start pool
+    GKE would refuse."""
     from datetime import datetime, timezone
 
     from tpu_rl import gke

@@ -30,9 +30,12 @@ VARIANTS = {
         "cluster_nodepool_count": 2,
         "ici_tensor_parallelism": 2,
         "ici_expert_parallelism": 2,
+        "capacity_type": "reservation",
         "reservation": "my-reservation",
         "tpu_pool_mode": "cluster",
     },
+    "Spot": {"capacity_type": "spot"},
+    "flex-start, pools with the cluster": {"capacity_type": "flex_start", "tpu_pool_mode": "cluster"},
 }
 
 
@@ -131,7 +134,7 @@ def test_gke_bodies_parse_as_container_v1_types(plan):
 
 
 def test_reservation_affinity_names_the_reservation(tutorial_conf, run):
-    conf = {**tutorial_conf, "reservation": "my-reservation"}
+    conf = {**tutorial_conf, "capacity_type": "reservation", "reservation": "my-reservation"}
     [pool] = [d["nodePool"] for d in plan_for(conf, run) if d.get("gkeRequest") == "CreateNodePool"]
     affinity = NodePool.from_json(json.dumps(pool)).config.reservation_affinity
     assert affinity.consume_reservation_type.name == "SPECIFIC_RESERVATION"

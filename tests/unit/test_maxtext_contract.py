@@ -14,25 +14,37 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tpu_rl import maxtext
-from tpu_rl.config import SUPPORTED_MODELS, RunConfig
+from tpu_rl import maxtext, training_metrics
+from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE
+from tpu_rl.config import MAXTEXT_DEFAULT_TEST_BATCHES, SUPPORTED_MODELS, RunConfig
 from tpu_rl.plan import plan_documents
+from tpu_rl.run import GcsLayout
 
 MAXTEXT_VERSION = "0.2.4"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpu-rl" / f"maxtext-{MAXTEXT_VERSION}"
+#: The Tunix release MaxText 0.2.4 requires (its wheel: google-tunix>=0.1.7), and the metrics library Tunix
+#: writes TensorBoard files through (MaxText 0.2.4: google-metrax>=0.2.4).
+TUNIX_VERSION = "0.1.7"
+METRAX_VERSION = "0.2.4"
+CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpu-rl"
 
 
 @lru_cache
-def wheel() -> zipfile.ZipFile:
-    wheels = list(CACHE.glob("maxtext-*.whl"))
+def cached_wheel(project: str, version: str) -> zipfile.ZipFile:
+    """The release's wheel, downloaded once into ~/.cache/tpu-rl/<project>-<version>/."""
+    folder = CACHE_ROOT / f"{project}-{version}"
+    wheels = list(folder.glob("*.whl"))
     if not wheels:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-             f"maxtext=={MAXTEXT_VERSION}", "-d", str(CACHE)],
+             f"{project}=={version}", "-d", str(folder)],
             check=True,
         )
-        wheels = list(CACHE.glob("maxtext-*.whl"))
+        wheels = list(folder.glob("*.whl"))
     return zipfile.ZipFile(wheels[0])
+
+
+def wheel() -> zipfile.ZipFile:
+    return cached_wheel("maxtext", MAXTEXT_VERSION)
 
 
 def read(path: str) -> str:
@@ -126,3 +138,78 @@ def test_the_checker_rejects_unknown_keys():
     assert "hf_model_path" in known_flags(maxtext.TO_HUGGINGFACE)
     assert "override_model_architecture" in known_flags(maxtext.TO_HUGGINGFACE)
     assert "lazy_load_tensors" in known_flags(maxtext.TO_MAXTEXT)
+
+
+# --- what the trainer reports: its TensorBoard tags and its evaluation lines (docs/training-metrics.md) ------
+
+
+def tunix(path: str) -> str:
+    return cached_wheel("google-tunix", TUNIX_VERSION).read(f"tunix/{path}").decode()
+
+
+def test_the_release_requires_the_tunix_and_metrax_read_here():
+    metadata = wheel().read(f"maxtext-{MAXTEXT_VERSION}.dist-info/METADATA").decode()
+    assert f"Requires-Dist: google-tunix>={TUNIX_VERSION}; extra == 'tpu-post-train'" in metadata
+    assert f"Requires-Dist: google-metrax>={METRAX_VERSION}; extra == 'tpu-post-train'" in metadata
+
+
+def test_event_files_are_where_the_layout_looks(tutorial_config, run):
+    """tensorboard_dir is <base_output_directory>/<run_name>/tensorboard/, and train_rl logs there."""
+    assert 'tensorboard_dir = os.path.join(self.base_output_directory, self.run_name, "tensorboard", "")' in read("configs/types.py")
+    assert re.search(r"MetricsLoggerOptions\(\s*log_dir=trainer_config.tensorboard_dir", read("trainers/post_train/rl/train_rl.py"))
+    layout = GcsLayout(tutorial_config, run)
+    args = dict(maxtext.train_rl(tutorial_config, layout).config)
+    assert layout.uri(layout.tensorboard_prefix) == f"{args['base_output_directory']}{args['run_name']}/tensorboard/"
+
+
+def test_the_event_files_are_written_by_the_emulators_writer():
+    """Tunix logs through metrax's TensorboardBackend, a tensorboardX SummaryWriter: the emulator uses it too."""
+    backend = cached_wheel("google-metrax", METRAX_VERSION).read("metrax/logging/tensorboard_backend.py").decode()
+    assert "from tensorboardX import writer" in backend and "writer.SummaryWriter(logdir=log_dir)" in backend
+    assert "self._writer.add_scalar(event_name, value, current_step)" in backend
+    assert "TensorboardBackend(\n              log_dir=self.log_dir," in tunix("sft/metrics_logger.py")
+
+
+def test_the_tags_read_are_the_ones_tunix_writes():
+    """Tag = prefix/mode/name; learner metrics 'group/name' split at the first '/'; mode 'train'."""
+    assert 'f"{metrics_prefix}/{mode}/{metric_name}", scalar_value, step=step' in tunix("sft/metrics_logger.py")
+    assert 'TRAIN = "train"' in tunix("sft/metrics_logger.py")
+    assert 'prefix, metric_name = metric_name.split("/", maxsplit=1)' in tunix("rl/rl_cluster.py")
+    reward_manager = tunix("rl/reward_manager.py")
+    assert 'f"{prefix}/sum": (np.nansum(rewards, axis=axis), np.mean)' in reward_manager
+    assert '_calculate_scalar_reward_log_metrics(rewards, prefix="rewards")' in reward_manager
+    assert training_metrics.REWARD_TAG == "rewards/train/sum"
+    assert 'actor_config.metrics_prefix = "actor"' in tunix("rl/rl_cluster.py")
+    assert 'self.metrics_logger.log(self.metrics_prefix, "loss", loss, self._mode, step)' in tunix("sft/peft_trainer.py")
+    assert training_metrics.LOSS_TAG == "actor/train/loss"
+    assert '"kl": np.mean,' in tunix("rl/grpo/grpo_learner.py")
+    assert training_metrics.KL_TAG == "actor/train/kl"
+
+
+def evaluation_format(when: str) -> str:
+    """The f-string train_rl logs its evaluation with, as written in the release."""
+    source = read("trainers/post_train/rl/train_rl.py")
+    return re.search(rf'max_logging\.warning\(\s*(f"{when} RL Training: .*?)\s*\)\n', source, re.S).group(1)
+
+
+@pytest.mark.parametrize("when", ["Pre", "Post"])
+def test_the_evaluation_lines_of_this_release_are_parsed(when):
+    values = {"corr": 12, "total": 20, "accuracy": 60.0, "partial_accuracy": 65.0, "format_accuracy": 95.0,
+              "mean_reward": 0.71234}
+    line = eval(f"({evaluation_format(when)})", {}, values)  # the release's own f-string, filled in
+
+    evaluation = training_metrics.parse_evaluation([f"W1201 10:00:00.000000 1 train_rl.py:786] {line}"])
+
+    score = evaluation.before if when == "Pre" else evaluation.after
+    assert score == training_metrics.Score(correct=12, total=20, accuracy=60.0, partial_accuracy=65.0,
+                                           format_accuracy=95.0, mean_reward=0.7123)
+
+
+def test_evaluation_runs_around_training_only_with_test_batches():
+    source = read("trainers/post_train/rl/train_rl.py")
+    pre, success, post = (source.index(text) for text in ('f"Pre RL Training', f'"{TRAINER_SUCCESS_LINE}"', 'f"Post RL Training'))
+    assert pre < success < post
+    for at in (pre, post):
+        assert source.rfind("if trainer_config.num_test_batches > 0:", 0, at) > source.rfind("\n  max_logging", 0, at)
+    rl_defaults = yaml.safe_load(read("configs/post_train/rl.yml"))
+    assert rl_defaults["num_test_batches"] == MAXTEXT_DEFAULT_TEST_BATCHES

@@ -162,3 +162,29 @@ def test_pathways_containers_match_cluster_toolkit(tutorial_config, run):
         assert {"name": "ABSL_FLAGS", "value": "--pathways_pipe_unreachable_timeout=60s"} in container["env"], container["name"]
     assert worker_job["template"]["spec"]["backoffLimit"] == 16 * 4
 
+
+
+def test_the_plan_shows_each_capacity_type_and_what_it_sets(tutorial_conf, run):
+    def pool_request(**params):
+        config = RunConfig.from_params({**tutorial_conf, **params})
+        [(comment, doc)] = [(c, d) for c, d in plan_documents(config, run) if d.get("gkeRequest") == "CreateNodePool"]
+        return comment, doc["nodePool"]
+
+    comment, pool = pool_request()
+    assert comment.endswith("capacity_type on_demand: no capacity field (standard VMs, all hosts at once)")
+    assert "spot" not in pool["config"] and pool["initial_node_count"] == 16
+
+    comment, pool = pool_request(capacity_type="spot")
+    assert "capacity_type spot: config.spot true" in comment
+    assert (pool["config"]["spot"], pool["config"]["reservation_affinity"]) == (
+        True, {"consume_reservation_type": "NO_RESERVATION"})
+
+    comment, pool = pool_request(capacity_type="flex_start")
+    assert "capacity_type flex_start: config.flex_start true" in comment
+    assert pool["config"]["flex_start"] is True and pool["initial_node_count"] == 0
+    assert pool["autoscaling"] == {"enabled": True, "min_node_count": 0, "max_node_count": 16, "location_policy": "ANY"}
+    assert pool["management"] == {"auto_repair": False, "auto_upgrade": True}
+
+    comment, pool = pool_request(capacity_type="reservation", reservation="my-v6e")
+    assert "capacity_type reservation: config.reservation_affinity SPECIFIC_RESERVATION 'my-v6e'" in comment
+    assert pool["config"]["reservation_affinity"]["values"] == ["projects/my-project/reservations/my-v6e"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -26,6 +27,8 @@ from tpu_rl.operators.leases import dag_run_state, expired_note, lease_store, no
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
 OPERATION_POLL_SECONDS = 10
+#: After a stockout ended a pool's create, how long to wait before creating it again.
+CAPACITY_RETRY_SECONDS = 120
 
 
 def _cluster_hook(config: RunConfig):
@@ -47,8 +50,9 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         super().__init__(**kwargs)
         self.poll_interval = poll_interval
 
-    def submit(self, context: Any, step: int) -> None:
-        """Submits operation ``step`` onwards (skipping what exists); defers on the first one submitted."""
+    def submit(self, context: Any, step: int, **wait: Any) -> None:
+        """Submits operation ``step`` onwards (skipping what exists); defers on the first one submitted.
+        ``wait``: what an operator carries from one deferral to the next (the capacity deadline)."""
         raise NotImplementedError
 
     def _await(self, config: RunConfig, operation_name: str, next_step: int | None = None) -> None:
@@ -66,7 +70,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
             kwargs={"next_step": next_step},
         )
 
-    def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None) -> None:
+    def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         if event["status"] in ("failed", "error"):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
         # The provider's trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
@@ -74,13 +78,16 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         config = self.bind_scope(context).config
         operation = _cluster_hook(config).get_operation(event["operation_name"], project_id=config.project)
         if operation.error.code or operation.status_message:
-            self.operation_failed(config, operation, operation.error.message or operation.status_message)
+            message = operation.error.message or operation.status_message
+            self.operation_failed(context, operation, message, next_step=next_step, **wait)
+            return
         self.log.info("GKE operation %s (%s %s) is done", operation.name, operation.operation_type.name,
                       operation.target_link.rsplit("/projects/", 1)[-1])
         if next_step is not None:
-            self.submit(context, next_step)
+            self.submit(context, next_step, **wait)
 
-    def operation_failed(self, config: RunConfig, operation: Any, message: str) -> None:
+    def operation_failed(self, context: Any, operation: Any, message: str, next_step: int | None, **wait: Any) -> None:
+        """A DONE operation with an error: fails the task, or (a subclass) tries again."""
         raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) failed: {message}")
 
 
@@ -190,12 +197,6 @@ class CreateClusterOperator(_AwaitsGkeOperations):
                 )
 
 
-def _is_capacity_error(message: str) -> bool:
-    words = ("stockout", "resource_exhausted", "resource pool exhausted", "resource_pool_exhausted",
-             "insufficient capacity", "does not have enough resources")
-    return any(word in message.lower() for word in words)
-
-
 class ClusterReadySensor(RunScoped, BaseSensorOperator):
     """Waits until the cluster is RUNNING (even one that already existed) and its API answers."""
 
@@ -225,18 +226,34 @@ class ClusterReadySensor(RunScoped, BaseSensorOperator):
 
 class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     """Creates the run's TPU node pools just before training (tpu_pool_mode=per_run); otherwise checks
-    that the cluster has the slice's nodes, so a missing slice fails here and not as a pending JobSet."""
+    that the cluster has the slice's nodes, so a missing slice fails here and not as a pending JobSet.
+
+    While GKE has no capacity for a pool it waits, deferred, at most ``capacity_wait_minutes`` from the
+    task's start: through a create that GKE holds (its reason logged about once a minute), and through a
+    stockout that ends the create, after which it replaces the failed pool every
+    ``capacity_retry_interval`` seconds. A new try starts a new wait.
+
+    :param capacity_retry_interval: seconds between a stockout and the next create of the pool.
+    """
+
+    def __init__(self, *, capacity_retry_interval: float = CAPACITY_RETRY_SECONDS, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.capacity_retry_interval = capacity_retry_interval
 
     def execute(self, context: Any) -> None:
         config = self.bind_scope(context).config
         if not config.tpu_pools_per_run:
             self._check_slice_nodes(config)
             return
-        self.submit(context, 0)
+        self.submit(context, 0, capacity_deadline=time.time() + 60 * config.capacity_wait_minutes)
 
-    def submit(self, context: Any, step: int) -> None:
+    def submit(self, context: Any, step: int, *, capacity_deadline: float = 0.0) -> None:
+        """``capacity_deadline``: POSIX time until which a pool without capacity is waited for (0, as for a
+        deferral made before capacity waits existed: not at all)."""
         from google.api_core.exceptions import AlreadyExists
         from google.cloud.container_v1 import NodePool
+
+        from tpu_rl.triggers.gke import TpuPoolCreateTrigger
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
@@ -252,23 +269,71 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 if existing.status != NodePool.Status.ERROR:
                     self.log.info("Node pool %s already exists (%s): adopting it", pool.name, existing.status.name)
                     continue
-                # An earlier try's create failed (a stockout leaves the pool in ERROR): replace it.
+                # An earlier create failed (a stockout leaves the pool in ERROR): replace it.
                 self.log.warning("Node pool %s is in ERROR (%s): deleting it to create it again", pool.name,
                                  existing.status_message)
                 hook.wait_for_operation(client.delete_node_pool(name=name), project_id=config.project)
                 operation = client.create_node_pool(parent=gke.cluster_path(config), node_pool=pool)
-            self.log.info("Creating node pool %s (%d x %s)", pool.name, pool.initial_node_count, config.compute_type)
-            self._await(config, operation.name, next_step=index + 1)
+            self.log.info("Creating node pool %s (%s, %s: %s)", pool.name, config.compute_type,
+                          config.capacity_type, gke.capacity_fields(config))
+            self.defer(
+                trigger=TpuPoolCreateTrigger(
+                    operation_name=operation.name,
+                    project_id=config.project,
+                    location=config.region,
+                    gcp_conn_id=config.gcp_conn_id,
+                    poll_interval=self.poll_interval,
+                    pool_path=name,
+                    capacity_deadline=capacity_deadline,
+                ),
+                method_name="operation_done",
+                kwargs={"next_step": index + 1, "capacity_deadline": capacity_deadline},
+            )
 
-    def operation_failed(self, config: RunConfig, operation: Any, message: str) -> None:
+    def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
+        if event["status"] == "capacity_timeout":
+            config = self.bind_scope(context).config
+            raise AirflowFailException(
+                f"GKE had no capacity for TPU node pool {event['node_pool']} within capacity_wait_minutes "
+                f"({config.capacity_wait_minutes}): {event['message']}; {self._capacity_hint(config)}."
+            )
+        super().operation_done(context, event, next_step, **wait)
+
+    def operation_failed(self, context: Any, operation: Any, message: str, next_step: int | None, *,
+                         capacity_deadline: float = 0.0) -> None:
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        config = self.bind_scope(context).config
         pool = operation.target_link.rsplit("/", 1)[-1]
-        hint = (
-            f"fix: there is no {config.tpu_type} capacity in {config.zone} now: trigger the run again later, "
-            "consume a reservation (reservation), or use another zone; delete_tpu_pools removes the failed pool"
-            if _is_capacity_error(message)
-            else "fix: see the message; delete_tpu_pools removes the failed pool"
+        if not gke.is_capacity_error(message):
+            raise AirflowFailException(
+                f"GKE could not create TPU node pool {pool}: {message}; fix: see the message; delete_tpu_pools "
+                "removes the failed pool."
+            )
+        retry_at = time.time() + self.capacity_retry_interval
+        if retry_at > capacity_deadline:
+            raise AirflowFailException(
+                f"GKE could not create TPU node pool {pool}: {message}; {self._capacity_hint(config)}."
+            )
+        self.log.warning("No capacity for node pool %s (GKE: %s); creating it again in %.0f s (waiting until %s)",
+                         pool, message, self.capacity_retry_interval,
+                         datetime.fromtimestamp(capacity_deadline, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+        self.defer(
+            trigger=DateTimeTrigger(moment=datetime.fromtimestamp(retry_at, timezone.utc)),
+            method_name="retry_after_stockout",
+            kwargs={"step": next_step - 1, "capacity_deadline": capacity_deadline},
         )
-        raise AirflowFailException(f"GKE could not create TPU node pool {pool}: {message}; {hint}.")
+
+    def retry_after_stockout(self, context: Any, event: Any, *, step: int, capacity_deadline: float) -> None:
+        self.submit(context, step, capacity_deadline=capacity_deadline)
+
+    @staticmethod
+    def _capacity_hint(config: RunConfig) -> str:
+        return (
+            f"fix: there is no {config.tpu_type} capacity in {config.zone} now: trigger the run again later or "
+            "with a longer capacity_wait_minutes, use another capacity_type (a reservation; flex_start waits "
+            "for a slice without a reservation) or another zone; delete_tpu_pools removes the failed pool"
+        )
 
     def _check_slice_nodes(self, config: RunConfig) -> None:
         selector = f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},{TPU_TOPOLOGY_LABEL}={config.topology}"

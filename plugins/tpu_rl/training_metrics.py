@@ -1,0 +1,203 @@
+"""What a training run shows of itself: its curves, its evaluation before and after, its progress and its
+TPU cost, read from what MaxText 0.2.4 writes (docs/training-metrics.md has the tags, the log lines and
+their sources).
+
+Pure: the caller downloads the event files (under ``GcsLayout.tensorboard_prefix``) and reads the
+trainer's log; this module only reads the local files or bytes it is given. TensorBoard's reader is
+imported when event files are read, never at import, so the DAG file's parse time does not grow.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpu_rl.config import RunConfig
+
+#: The reward GRPO maximises: per completion, the sum over MaxText's reward functions; the batch's mean.
+REWARD_TAG = "rewards/train/sum"
+#: The policy's loss, logged once per update at steps 1..train_steps: its last step is the run's progress.
+LOSS_TAG = "actor/train/loss"
+#: KL divergence of the policy from the reference model.
+KL_TAG = "actor/train/kl"
+#: Event files are named ``events.out.tfevents.<start time>.<host>``: sorted names are in writing order.
+EVENT_FILE_MARK = "events.out.tfevents."
+
+#: Scalars per tag: (step, value), by step.
+Scalars = dict[str, list[tuple[int, float]]]
+
+
+def is_event_file(name: str) -> bool:
+    """Whether an object or file name is a TensorBoard event file (the folder may hold others)."""
+    return name.rsplit("/", 1)[-1].startswith(EVENT_FILE_MARK)
+
+
+def read_scalars(files: Iterable[str | Path | bytes]) -> Scalars:
+    """The scalar curves in event files (paths, or their bytes), per tag, sorted by step.
+
+    Files count in the order given: pass them sorted by name. A resumed run writes a new file per attempt
+    and logs again the steps its crashed predecessor logged after its last checkpoint; the later value
+    wins, as in TensorBoard. A file cut short while its writer flushes yields the records before the cut.
+    """
+    from tensorboard.util import tensor_util
+
+    curves: dict[str, dict[int, float]] = {}
+    for source in files:
+        for event in _events(source):
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "scalars":
+                    curves.setdefault(value.tag, {})[event.step] = float(tensor_util.make_ndarray(value.tensor).item())
+    return {tag: sorted(points.items()) for tag, points in sorted(curves.items())}
+
+
+def _events(source: str | Path | bytes) -> Iterator[Any]:
+    """The events of one file; the loader turns tensorboardX's simple values into scalar tensors."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    if not isinstance(source, bytes):
+        yield from EventFileLoader(str(source)).Load()
+        return
+    with tempfile.NamedTemporaryFile(prefix=EVENT_FILE_MARK) as file:
+        file.write(source)
+        file.flush()
+        yield from EventFileLoader(file.name).Load()
+
+
+# --- evaluation before and after training ------------------------------------------------------------------
+
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf)"
+#: train_rl.py:785-788 and 823-826 (MaxText 0.2.4), anywhere in a line (absl puts its prefix before it).
+_EVALUATION_LINE = re.compile(
+    rf"(?P<when>Pre|Post) RL Training: corr=(?P<correct>{_NUMBER}), total=(?P<total>\d+), "
+    rf"accuracy=(?P<accuracy>{_NUMBER})%, partial_accuracy=(?P<partial_accuracy>{_NUMBER})%, "
+    rf"format_accuracy=(?P<format_accuracy>{_NUMBER})%, mean_reward=(?P<mean_reward>{_NUMBER})"
+)
+
+
+@dataclass(frozen=True)
+class Score:
+    """One evaluation of the policy on the test prompts (percentages 0-100)."""
+
+    correct: float
+    total: int
+    accuracy: float
+    partial_accuracy: float
+    format_accuracy: float
+    mean_reward: float
+
+    def describe(self) -> str:
+        return (f"accuracy {self.accuracy:.1f}% ({self.correct:g}/{self.total}), partial {self.partial_accuracy:.1f}%, "
+                f"format {self.format_accuracy:.1f}%, mean reward {self.mean_reward:.4f}")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The trainer's evaluation before and after training; either is None when its line was not logged
+    (a crash before the end leaves no ``after``)."""
+
+    before: Score | None
+    after: Score | None
+
+
+def parse_evaluation(log_lines: Iterable[str]) -> Evaluation | None:
+    """The last ``Pre RL Training`` and ``Post RL Training`` lines of a log; None when it has neither."""
+    found: dict[str, Score] = {}
+    for line in log_lines:
+        match = _EVALUATION_LINE.search(line)
+        if match:
+            numbers = {k: float(v) for k, v in match.groupdict().items() if k not in ("when", "total")}
+            found[match["when"]] = Score(total=int(match["total"]), **numbers)
+    if not found:
+        return None
+    return Evaluation(before=found.get("Pre"), after=found.get("Post"))
+
+
+def describe_evaluation(evaluation: Evaluation | None, config: RunConfig) -> str:
+    """One line for the task log; a run configured without evaluation says so instead of showing numbers."""
+    if config.evaluation_batches == 0:
+        return "no evaluation: extra_train_args sets num_test_batches to 0"
+    if evaluation is None:
+        return f"no evaluation logged yet (num_test_batches={config.evaluation_batches})"
+    before = evaluation.before.describe() if evaluation.before else "not logged"
+    after = evaluation.after.describe() if evaluation.after else "not logged"
+    return f"evaluation before training: {before}; after: {after}"
+
+
+def quality_gate(evaluation: Evaluation | None, config: RunConfig) -> list[str]:
+    """Why the trained model fails the run's quality gate (``min_post_accuracy``, ``require_no_regression``);
+    empty when it passes or no gate is set. Each reason carries the figures before and after training."""
+    if not config.has_quality_gate:
+        return []
+    before = evaluation.before if evaluation else None
+    after = evaluation.after if evaluation else None
+    figures = (f"(before training: {before.describe() if before else 'not logged'}; "
+               f"after: {after.describe() if after else 'not logged'})")
+    if after is None:
+        return [f"the trainer logged no 'Post RL Training' line, so the quality gate cannot be checked {figures}"]
+    reasons = []
+    if config.min_post_accuracy and after.accuracy < config.min_post_accuracy:
+        reasons.append(f"accuracy after training {after.accuracy:.1f}% is below min_post_accuracy "
+                       f"{config.min_post_accuracy:g}% {figures}")
+    if config.require_no_regression:
+        if before is None:
+            reasons.append(f"require_no_regression: the trainer logged no 'Pre RL Training' line to compare with {figures}")
+        elif after.accuracy < before.accuracy:
+            reasons.append(f"accuracy fell from {before.accuracy:.1f}% before training to {after.accuracy:.1f}% after "
+                           f"(require_no_regression) {figures}")
+    return reasons
+
+
+# --- progress ----------------------------------------------------------------------------------------------
+
+
+def progress_line(scalars: Mapping[str, Sequence[tuple[int, float]]], train_steps: int, elapsed_seconds: float,
+                  resumed_from: int = 0) -> str:
+    """E.g. ``step 30/50 (60%), 1h12m elapsed, ETA 48m, reward 0.41 (+0.12 since start)``.
+
+    :param elapsed_seconds: since this attempt of the trainer started; it began at step ``resumed_from``
+        (the checkpoint it restored), so the ETA uses only the steps it made itself.
+    """
+    losses = scalars.get(LOSS_TAG) or []
+    step = losses[-1][0] if losses else resumed_from
+    parts = [f"step {step}/{train_steps} ({100 * step // train_steps}%)", f"{_duration(elapsed_seconds)} elapsed"]
+    if resumed_from < step < train_steps:
+        parts.append(f"ETA {_duration(elapsed_seconds / (step - resumed_from) * (train_steps - step))}")
+    elif step < train_steps:
+        parts.append("ETA after the first logged step")
+    rewards = scalars.get(REWARD_TAG) or []
+    if rewards:
+        first, last = rewards[0][1], rewards[-1][1]
+        parts.append(f"reward {last:.2f} ({last - first:+.2f} since start)")
+    return ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """1h12m, 48m, 40s: minutes are enough for a run of hours."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
+
+
+# --- TPU cost ----------------------------------------------------------------------------------------------
+
+
+def chip_hours(slices: Iterable[tuple[datetime, datetime]], chips_per_slice: int) -> float:
+    """The TPU chip-hours billed for slices given as (nodes present from, nodes gone at): a slice costs from
+    the moment its nodes exist, training or not. For a slice still there, pass the current time."""
+    seconds = sum(max(0.0, (gone - present).total_seconds()) for present, gone in slices)
+    return seconds / 3600 * chips_per_slice
+
+
+def cost_line(hours: float, price_per_chip_hour: float) -> str:
+    """E.g. ``133.3 chip-hours, about $359.91 at $2.70 per chip-hour``; a price of 0 shows the hours only."""
+    if not price_per_chip_hour:
+        return f"{hours:.1f} chip-hours (no price: tpu_price_per_chip_hour is 0)"
+    return f"{hours:.1f} chip-hours, about ${hours * price_per_chip_hour:,.2f} at ${price_per_chip_hour:.2f} per chip-hour"

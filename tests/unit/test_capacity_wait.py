@@ -1,0 +1,162 @@
+"""Waiting for TPU capacity in create_tpu_pools: what the trigger reports while GKE holds a pool for want of
+capacity, and what the operator decides when a create ends in a stockout. GKE is replaced by scripted
+answers (operation states, pool conditions); the GKE emulator's capacity faults exercise the real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+from google.cloud.container_v1 import Operation
+
+from tpu_rl.compat import AirflowFailException
+from tpu_rl.operators import cluster as cluster_ops
+from tpu_rl.triggers import gke as gke_triggers
+from tpu_rl.triggers.gke import TpuPoolCreateTrigger
+
+try:  # Airflow >= 3.1 task SDK
+    from airflow.sdk.exceptions import TaskDeferred
+except ImportError:  # pragma: no cover
+    from airflow.exceptions import TaskDeferred
+
+from tpu_rl_testing import TUTORIAL_CONF
+
+POOL_PATH = "projects/my-project/locations/us-east5/clusters/qwen-rl/nodePools/tpu-1a2b3c4d-0"
+STOCKOUT = {"code": "GCE_STOCKOUT", "canonical_code": "RESOURCE_EXHAUSTED",
+            "message": "The zone 'projects/my-project/zones/us-east5-b' does not have enough resources available "
+                       "to fulfill the request."}
+
+
+def scripted_trigger(monkeypatch, answers, deadline):
+    """A trigger whose GKE answers (operation status, pool conditions) are taken from ``answers`` in turn."""
+    answers = iter(answers)
+    current = {}
+
+    class Hook:
+        async def get_operation(self, operation_name, project_id):
+            current["status"], current["conditions"] = next(answers)
+            return SimpleNamespace(name=operation_name, status=current["status"])
+
+    async def conditions(hook, pool_path):
+        assert pool_path == POOL_PATH
+        return current["conditions"]
+
+    monkeypatch.setattr(gke_triggers, "node_pool_conditions", conditions)
+    trigger = TpuPoolCreateTrigger(operation_name="operation-1", project_id="my-project", location="us-east5",
+                                   poll_interval=0, pool_path=POOL_PATH, capacity_deadline=deadline)
+    monkeypatch.setattr(trigger, "_get_hook", lambda: Hook())
+    return trigger
+
+
+def first_event(trigger):
+    async def run():
+        async for event in trigger.run():
+            return event.payload
+    return asyncio.run(run())
+
+
+RUNNING, DONE = Operation.Status.RUNNING, Operation.Status.DONE
+
+
+def test_a_pool_held_for_capacity_is_waited_for_with_gkes_reason_in_the_log(monkeypatch, capsys):
+    trigger = scripted_trigger(monkeypatch, [(RUNNING, []), (RUNNING, [STOCKOUT]), (RUNNING, [STOCKOUT]),
+                                             (RUNNING, [STOCKOUT]), (DONE, [])], deadline=time.time() + 3600)
+    assert first_event(trigger) == {"status": "success", "operation_name": "operation-1"}
+    waits = [line for line in capsys.readouterr().out.splitlines() if "waits for TPU capacity" in line]
+    assert len(waits) == 1  # three polls within a minute: one line
+    assert ("Node pool tpu-1a2b3c4d-0 waits for TPU capacity (GKE: The zone 'projects/my-project/zones/us-east5-b' "
+            "does not have enough resources") in waits[0]
+
+
+def test_the_wait_ends_at_the_capacity_deadline_with_gkes_reason(monkeypatch):
+    trigger = scripted_trigger(monkeypatch, [(RUNNING, [STOCKOUT])], deadline=time.time() - 1)
+    assert first_event(trigger) == {"status": "capacity_timeout", "operation_name": "operation-1",
+                                    "node_pool": "tpu-1a2b3c4d-0", "message": STOCKOUT["message"]}
+
+
+def test_a_slow_create_without_a_capacity_condition_is_not_given_up(monkeypatch):
+    trigger = scripted_trigger(monkeypatch, [(RUNNING, []), (RUNNING, []), (DONE, [])], deadline=time.time() - 1)
+    assert first_event(trigger)["status"] == "success"
+
+
+def test_the_trigger_survives_serialization():
+    trigger = TpuPoolCreateTrigger(operation_name="operation-1", project_id="p", location="us-east5",
+                                   pool_path=POOL_PATH, capacity_deadline=123.0)
+    path, kwargs = trigger.serialize()
+    assert path == "tpu_rl.triggers.gke.TpuPoolCreateTrigger"
+    assert TpuPoolCreateTrigger(**kwargs).serialize() == (path, kwargs)
+
+
+# The operator's decisions.
+
+
+def context():
+    return {"params": {**TUTORIAL_CONF, "capacity_wait_minutes": 30}, "dag": SimpleNamespace(dag_id="maxtext_rl_tpu"),
+            "run_id": "manual__capacity"}
+
+
+def stocked_out_operation(monkeypatch):
+    message = ("Google Compute Engine: Not all instances running in IGM. Current errors: [GCE_STOCKOUT]: "
+               "Instance 'gke-x' creation failed: The zone 'projects/my-project/zones/us-east5-b' does not have "
+               "enough resources available to fulfill the request.")
+    operation = SimpleNamespace(name="operation-2", error=SimpleNamespace(code=8, message=message), status_message=message,
+                                operation_type=Operation.Type.CREATE_NODE_POOL,
+                                target_link=f"https://container.googleapis.com/v1/{POOL_PATH}")
+    hook = SimpleNamespace(get_operation=lambda name, project_id: operation)
+    monkeypatch.setattr(cluster_ops, "_cluster_hook", lambda config: hook)
+
+
+def test_a_stockout_within_the_wait_creates_the_pool_again_later_deferred(monkeypatch):
+    stocked_out_operation(monkeypatch)
+    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
+    deadline = time.time() + 1800
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.operation_done(context(), {"status": "success", "operation_name": "operation-2"}, next_step=1,
+                                capacity_deadline=deadline)
+    assert deferred.value.method_name == "retry_after_stockout"
+    assert deferred.value.kwargs == {"step": 0, "capacity_deadline": deadline}
+    assert 110 < deferred.value.trigger.moment.timestamp() - time.time() <= 120
+
+
+def test_a_stockout_past_the_wait_fails_with_what_to_do(monkeypatch):
+    stocked_out_operation(monkeypatch)
+    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
+    with pytest.raises(AirflowFailException) as failed:
+        operator.operation_done(context(), {"status": "success", "operation_name": "operation-2"}, next_step=1,
+                                capacity_deadline=time.time() + 60)
+    assert str(failed.value).startswith("GKE could not create TPU node pool tpu-1a2b3c4d-0: Google Compute Engine")
+    assert "fix: there is no v6e-64 capacity in us-east5-b now" in str(failed.value)
+    assert "a longer capacity_wait_minutes" in str(failed.value)
+
+
+def test_a_pool_held_past_the_wait_fails_naming_the_pool_and_gkes_reason():
+    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
+    event = {"status": "capacity_timeout", "operation_name": "operation-1", "node_pool": "tpu-1a2b3c4d-0",
+             "message": STOCKOUT["message"]}
+    with pytest.raises(AirflowFailException) as failed:
+        operator.operation_done(context(), event, next_step=1, capacity_deadline=time.time())
+    assert str(failed.value).startswith(
+        "GKE had no capacity for TPU node pool tpu-1a2b3c4d-0 within capacity_wait_minutes (30): The zone ")
+
+
+def test_pool_conditions_are_read_with_their_enum_names():
+    """canonical_code is a google.rpc.Code number in the API types, code a proto-plus enum."""
+    from google.cloud.container_v1 import NodePool, StatusCondition
+
+    from tpu_rl.hooks.cluster import node_pool_conditions
+
+    pool = NodePool(name="tpu-1a2b3c4d-0", conditions=[StatusCondition(
+        code=StatusCondition.Code.GCE_STOCKOUT, canonical_code=8, message=STOCKOUT["message"])])
+
+    class Client:
+        async def get_node_pool(self, name):
+            assert name == POOL_PATH
+            return pool
+
+    class Hook:
+        async def _get_client(self):
+            return Client()
+
+    assert asyncio.run(node_pool_conditions(Hook(), POOL_PATH)) == [STOCKOUT]

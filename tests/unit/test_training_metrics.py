@@ -1,0 +1,284 @@
+"""What a run shows of its training: curves read from the event files the MaxText emulator writes with
+MaxText's writer, the trainer's evaluation lines, the progress line, the TPU cost and the quality gate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tpu_rl import training_metrics as tm
+from tpu_rl.config import ConfigError, RunConfig
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "sim"))
+
+import maxtext_emulator as emulator  # noqa: E402
+
+RUN = "gs://tpu-rl-sim/qwen3-30b-a3b/trained/run-1/rl"
+PRE = ("W1201 10:02:11.482113 139872 train_rl.py:786] Pre RL Training: corr=8, total=20, accuracy=40.0%, "
+       "partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950")
+POST = ("W1201 11:14:52.015220 139872 train_rl.py:824] Post RL Training: corr=12, total=20, accuracy=60.0%, "
+        "partial_accuracy=70.0%, format_accuracy=100.0%, mean_reward=0.7000")
+
+
+def test_event_files_of_the_emulated_trainer_read_back_as_written():
+    written = emulator.training_scalars(RUN, 50, range(1, 51))
+    name, data = emulator.tensorboard_event_file(written)
+
+    read = tm.read_scalars([data])
+
+    assert tm.is_event_file(f"{RUN}/tensorboard/{name}")
+    assert read.keys() == written.keys()
+    for tag, points in written.items():
+        assert [step for step, _ in read[tag]] == [step for step, _ in points], tag
+        assert [value for _, value in read[tag]] == pytest.approx([value for _, value in points], rel=1e-6), tag
+
+
+def test_importing_the_module_leaves_tensorboard_for_when_files_are_read():
+    """The operators may import it at DAG parse time; TensorBoard's reader takes ~0.6 s to import."""
+    probe = "import sys, tpu_rl.training_metrics; print(sorted(m for m in sys.modules if m.startswith('tensorboard')))"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "plugins")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_emulated_curves_move_like_a_training_run():
+    curves = tm.read_scalars([emulator.tensorboard_event_file(emulator.training_scalars(RUN, 50, range(1, 51)))[1]])
+    reward = [value for _, value in curves[tm.REWARD_TAG]]
+    loss = [value for _, value in curves[tm.LOSS_TAG]]
+
+    assert [step for step, _ in curves[tm.LOSS_TAG]] == list(range(1, 51))  # one scalar per update
+    assert [step for step, _ in curves[tm.REWARD_TAG]] == list(range(0, 50))  # the learner's 0-based step
+    assert sum(reward[-10:]) > sum(reward[:10]) + 1.5  # rising...
+    assert any(later < earlier for earlier, later in zip(reward, reward[1:]))  # ...noisily
+    assert sum(loss[-10:]) < sum(loss[:10]) / 2
+    assert curves[tm.KL_TAG]
+
+
+def test_a_resumed_run_shows_the_resumed_attempts_values_for_the_steps_it_logged_again(tmp_path):
+    crashed = {tm.LOSS_TAG: [(1, 0.875), (2, 0.75), (3, 0.625)]}  # exact in float32, as the files store them
+    resumed = {tm.LOSS_TAG: [(3, 0.5), (4, 0.25)]}
+    for data in (emulator.tensorboard_event_file(crashed)[1], emulator.tensorboard_event_file(resumed)[1]):
+        (tmp_path / f"events.out.tfevents.{len(list(tmp_path.iterdir())) + 1700000000}.head").write_bytes(data)
+
+    curves = tm.read_scalars(sorted(tmp_path.iterdir()))
+
+    assert curves[tm.LOSS_TAG] == [(1, 0.875), (2, 0.75), (3, 0.5), (4, 0.25)]
+
+
+def test_a_file_cut_short_while_it_is_written_gives_the_steps_before_the_cut():
+    data = emulator.tensorboard_event_file({tm.LOSS_TAG: [(1, 0.875), (2, 0.75), (3, 0.625)]})[1]
+
+    assert tm.read_scalars([data[:-5]])[tm.LOSS_TAG] == [(1, 0.875), (2, 0.75)]
+
+
+def test_evaluation_lines_are_read_from_the_trainers_log():
+    log = ["I1201 10:00:00 train_rl.py:799] Starting RL training...", PRE, "...",
+           "W1201 11:14:50 train_rl.py:810] RL Training Completed Successfully!", POST]
+
+    evaluation = tm.parse_evaluation(log)
+
+    assert evaluation.before == tm.Score(correct=8, total=20, accuracy=40.0, partial_accuracy=50.0,
+                                         format_accuracy=95.0, mean_reward=0.495)
+    assert evaluation.after.accuracy == 60.0 and evaluation.after.format_accuracy == 100.0
+    assert evaluation.after.mean_reward == 0.7
+
+
+def test_evaluation_lines_with_pass_at_1_scores_or_no_test_prompts():
+    """eval_mode pass_at_1 makes corr a float; an empty test set gives the int 0 for every accuracy."""
+    fractional = "Pre RL Training: corr=7.5, total=20, accuracy=37.5%, partial_accuracy=40.0%, format_accuracy=90.0%, mean_reward=-0.1250"
+    empty = "Post RL Training: corr=0, total=0, accuracy=0%, partial_accuracy=0%, format_accuracy=0%, mean_reward=0.0000"
+
+    evaluation = tm.parse_evaluation([fractional, empty])
+
+    assert evaluation.before.correct == 7.5 and evaluation.before.mean_reward == -0.125
+    assert evaluation.after.total == 0 and evaluation.after.accuracy == 0
+
+
+def test_the_emulators_evaluation_lines_read_back():
+    lines = [emulator.evaluation_line("Pre", RUN, 20, 0.4), emulator.evaluation_line("Post", RUN, 20, 0.25)]
+
+    evaluation = tm.parse_evaluation(lines)
+
+    assert (evaluation.before.total, evaluation.before.accuracy, evaluation.after.accuracy) == (20, 40.0, 25.0)
+
+
+class MemoryBucket:
+    """The few google-cloud-storage calls the emulator's train_rl makes, in memory."""
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+
+    def get_bucket(self, name):
+        return self
+
+    def blob(self, key):
+        bucket = self
+
+        class Blob:
+            name = key
+
+            def upload_from_string(self, data, content_type=None):
+                bucket.objects[key] = data
+
+            def exists(self):
+                return key in bucket.objects
+
+            def delete(self):
+                del bucket.objects[key]
+
+        return Blob()
+
+    def list_blobs(self, prefix=""):
+        return [self.blob(key) for key in sorted(self.objects) if key.startswith(prefix)]
+
+
+def emulated_training(*faults, **args):
+    storage = MemoryBucket()
+    args = {"base_output_directory": "gs://b/trained/run-1", "run_name": "rl", "num_batches": "10",
+            "batch_size": "4", "checkpoint_period": "5", **args}
+    lines, _ = emulator.train_rl(storage, args, {}, list(faults))
+    return lines, storage.objects
+
+
+def test_the_emulated_trainer_evaluates_around_training_and_writes_its_curves():
+    lines, objects = emulated_training()
+
+    evaluation = tm.parse_evaluation(lines)
+    assert lines.index("RL Training Completed Successfully!") < len(lines) - 1  # Post comes after it
+    assert evaluation.before.total == 5 * 4  # num_test_batches (MaxText's default 5) x batch_size
+    assert evaluation.after.accuracy > evaluation.before.accuracy
+    (events,) = [data for key, data in objects.items() if key.startswith("trained/run-1/rl/tensorboard/")]
+    assert [step for step, _ in tm.read_scalars([events])[tm.LOSS_TAG]] == list(range(1, 11))
+
+
+def test_the_emulators_fault_makes_the_trained_model_worse_and_no_test_batches_no_evaluation():
+    regressed = tm.parse_evaluation(emulated_training("eval-regression")[0])
+    assert regressed.after.accuracy < regressed.before.accuracy
+
+    assert tm.parse_evaluation(emulated_training(num_test_batches="0")[0]) is None
+
+
+def test_a_log_without_evaluation_gives_none_and_a_crash_leaves_no_after():
+    assert tm.parse_evaluation(["Starting RL training...", "RL Training Completed Successfully!"]) is None
+    assert tm.parse_evaluation([PRE, "training crashed at step 30"]).after is None
+
+
+def test_a_run_without_evaluation_says_so(tutorial_conf):
+    config = RunConfig.from_params({**tutorial_conf, "extra_train_args": {"num_test_batches": 0}})
+
+    assert tm.describe_evaluation(None, config) == "no evaluation: extra_train_args sets num_test_batches to 0"
+    assert tm.quality_gate(None, config) == []
+
+
+def test_evaluation_is_described_with_both_sets_of_figures(tutorial_config):
+    line = tm.describe_evaluation(tm.parse_evaluation([PRE, POST]), tutorial_config)
+
+    assert "before training: accuracy 40.0% (8/20)" in line and "after: accuracy 60.0% (12/20)" in line
+
+
+# --- progress -----------------------------------------------------------------------------------------------
+
+
+def curves(steps: int, first_reward: float, last_reward: float) -> dict:
+    return {tm.LOSS_TAG: [(s, 1 / s) for s in range(1, steps + 1)],
+            tm.REWARD_TAG: [(0, first_reward), *[(s, 0.3) for s in range(1, steps - 1)], (steps - 1, last_reward)]}
+
+
+def test_progress_line_shows_step_elapsed_eta_and_reward_change():
+    line = tm.progress_line(curves(30, 0.29, 0.41), train_steps=50, elapsed_seconds=72 * 60)
+
+    assert line == "step 30/50 (60%), 1h12m elapsed, ETA 48m, reward 0.41 (+0.12 since start)"
+
+
+def test_progress_of_a_resumed_attempt_counts_only_its_own_steps():
+    line = tm.progress_line(curves(30, 0.3, 0.3), train_steps=50, elapsed_seconds=10 * 60, resumed_from=20)
+
+    assert line.startswith("step 30/50 (60%), 10m elapsed, ETA 20m,")
+
+
+def test_progress_before_the_first_step_and_at_the_end():
+    assert tm.progress_line({}, 50, 40) == "step 0/50 (0%), 40s elapsed, ETA after the first logged step"
+    assert tm.progress_line(curves(50, 0.2, 0.6), 50, 3 * 3600 + 5 * 60) == (
+        "step 50/50 (100%), 3h05m elapsed, reward 0.60 (+0.40 since start)")
+
+
+# --- cost ---------------------------------------------------------------------------------------------------
+
+
+def test_chip_hours_count_every_slice_from_its_nodes_present_to_gone():
+    t0 = datetime(2026, 12, 1, 10, tzinfo=timezone.utc)
+    slices = [(t0, t0 + timedelta(hours=2, minutes=5)), (t0 + timedelta(hours=1), t0 + timedelta(hours=1, minutes=30))]
+
+    hours = tm.chip_hours(slices, chips_per_slice=64)
+
+    assert hours == pytest.approx(64 * (2 + 5 / 60) + 64 * 0.5)
+    assert tm.cost_line(64 * 2.5, 2.70) == "160.0 chip-hours, about $432.00 at $2.70 per chip-hour"
+    assert tm.cost_line(160.0, 0) == "160.0 chip-hours (no price: tpu_price_per_chip_hour is 0)"
+
+
+def test_the_default_price_is_the_v6e_on_demand_list_price(tutorial_config):
+    assert tutorial_config.tpu_price_per_chip_hour == 2.70
+
+
+# --- quality gate -------------------------------------------------------------------------------------------
+
+
+def gated(conf: dict, **gate) -> RunConfig:
+    return RunConfig.from_params({**conf, **gate})
+
+
+def test_a_regression_fails_the_gate_with_both_sets_of_figures(tutorial_conf):
+    worse = POST.replace("corr=12", "corr=5").replace("accuracy=60.0%", "accuracy=25.0%", 1)
+
+    reasons = tm.quality_gate(tm.parse_evaluation([PRE, worse]), gated(tutorial_conf, require_no_regression=True))
+
+    assert len(reasons) == 1
+    assert reasons[0].startswith("accuracy fell from 40.0% before training to 25.0% after")
+    assert "before training: accuracy 40.0% (8/20)" in reasons[0] and "after: accuracy 25.0% (5/20)" in reasons[0]
+
+
+def test_accuracy_below_the_minimum_fails_the_gate(tutorial_conf):
+    reasons = tm.quality_gate(tm.parse_evaluation([PRE, POST]), gated(tutorial_conf, min_post_accuracy=65))
+
+    assert [r.split(" (")[0] for r in reasons] == ["accuracy after training 60.0% is below min_post_accuracy 65%"]
+
+
+def test_an_improved_model_passes_and_no_gate_checks_nothing(tutorial_conf, tutorial_config):
+    evaluation = tm.parse_evaluation([PRE, POST])
+
+    assert tm.quality_gate(evaluation, gated(tutorial_conf, min_post_accuracy=60, require_no_regression=True)) == []
+    assert tm.quality_gate(tm.parse_evaluation([PRE]), tutorial_config) == []
+
+
+def test_a_gate_without_the_after_figures_fails_rather_than_passing(tutorial_conf):
+    reasons = tm.quality_gate(tm.parse_evaluation([PRE]), gated(tutorial_conf, min_post_accuracy=50))
+
+    assert reasons == ["the trainer logged no 'Post RL Training' line, so the quality gate cannot be checked "
+                       "(before training: accuracy 40.0% (8/20), partial 50.0%, format 95.0%, mean reward 0.4950; "
+                       "after: not logged)"]
+
+
+def test_a_gate_on_a_run_without_evaluation_is_refused_before_anything_starts(tutorial_conf):
+    with pytest.raises(ConfigError) as error:
+        gated(tutorial_conf, min_post_accuracy=50, extra_train_args={"num_test_batches": 0})
+
+    assert error.value.fields == ["min_post_accuracy"]
+    assert "num_test_batches to 0" in str(error.value)
+
+
+@pytest.mark.parametrize("params, field", [
+    ({"min_post_accuracy": 120}, "min_post_accuracy"),
+    ({"tpu_price_per_chip_hour": -1}, "tpu_price_per_chip_hour"),
+    ({"extra_train_args": {"num_test_batches": -2}}, "extra_train_args"),
+])
+def test_evaluation_and_cost_params_out_of_range_are_refused(tutorial_conf, params, field):
+    with pytest.raises(ConfigError) as error:
+        RunConfig.from_params({**tutorial_conf, **params})
+
+    assert error.value.fields == [field]
