@@ -386,7 +386,10 @@ def train_rl(client, args, flags, faults_):
     actor = "checkpoints/actor"
     done = committed_steps(out, actor)
     start = max(done, default=0)
-    lines = [f"train_steps={train_steps} checkpoint_period={period}"]
+    lines = [f"train_steps={train_steps} checkpoint_period={period}",
+             # train_rl.get_dataset's line (MaxText 0.2.4 logs it with debug=true): what this run trains on.
+             f"Loaded Hugging Face dataset {args.get('dataset_name', 'openai/gsm8k')} with split "
+             f"{args.get('train_split', 'train')}" + (f" from {args['hf_train_files']}" if args.get("hf_train_files") else "")]
     if start:
         lines.append(f"restored actor checkpoint at step {start}, resuming")
     # Evaluation on num_test_batches * batch_size test prompts, before and after training; none with 0.

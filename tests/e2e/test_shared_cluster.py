@@ -1,0 +1,96 @@
+"""cluster_mode=shared with manual runs of the pipeline: the cluster stays up until the last run using it
+ends, whichever ends first (the run that created it, or the one that joined), and cluster_mode=create is
+refused on a cluster another live run uses."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from scripts.local_airflow import stage_table
+from sim import faults
+from tpu_rl.run import RunIdentity
+
+from tpu_rl_testing import SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "maxtext_rl_tpu"
+RUN_TIMEOUT = 1200
+#: The held run's training lasts this long, so that the other run ends well before it.
+HELD_SECONDS = 150
+
+
+def wait_for_task(airflow, run_id: str, task_id: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while airflow.task_instances(DAG_ID, run_id)[task_id]["state"] != "success":
+        assert time.monotonic() < deadline, stage_table(airflow.task_instances(DAG_ID, run_id))
+        time.sleep(3)
+
+
+@pytest.fixture
+def held_trainings():
+    """Sets a rule holding the trainings of given runs; removes only its own rules."""
+    api, names = faults.core_api(), []
+
+    def hold(run_id: str) -> None:
+        name = f"e2e-shared-hold-{uuid.uuid4().hex[:6]}"
+        jobset = RunIdentity(DAG_ID, run_id).jobset_name("qwen", "train")
+        faults.set_fault(api, name, prefix=jobset, stage="train_rl", run_seconds=HELD_SECONDS)
+        names.append(name)
+
+    yield hold
+    for name in names:
+        faults.clear_faults(api, name)
+
+
+def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow, gke, held_trainings):
+    token = uuid.uuid4().hex[:6]
+    # Two clusters, two orders, at once: on the first the creator's training is held (the joiner ends first),
+    # on the second the joiner's is.
+    scenarios = {}
+    for order in ("creator-last", "joiner-last"):
+        conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_mode": "shared", "cluster_name": f"tpu-rl-sh-{order[0]}-{token}"}
+        creator, joiner = (f"e2e__shared__{order}__{role}__{token}" for role in ("creator", "joiner"))
+        held, first_done = (creator, joiner) if order == "creator-last" else (joiner, creator)
+        held_trainings(held)
+        airflow.trigger(DAG_ID, conf, run_id=creator)
+        scenarios[order] = (conf, creator, joiner, held, first_done)
+    for conf, creator, joiner, *_ in scenarios.values():
+        wait_for_task(airflow, creator, "create_cluster")
+        airflow.trigger(DAG_ID, conf, run_id=joiner)
+
+    for order, (conf, creator, joiner, held, first_done) in scenarios.items():
+        assert airflow.wait_for_run(DAG_ID, first_done, RUN_TIMEOUT) == "success", stage_table(
+            airflow.task_instances(DAG_ID, first_done))
+        # The first run to end leaves the cluster to the other, which still trains on it.
+        assert airflow.run(DAG_ID, held)["state"] == "running", order
+        assert cluster_or_none(gke, conf["cluster_name"]) is not None, order
+        log = airflow.task_log(DAG_ID, first_done, "delete_cluster",
+                               airflow.task_instances(DAG_ID, first_done)["delete_cluster"]["try_number"])
+        assert f"Shared cluster {conf['cluster_name']} stays: still used by {DAG_ID} / {held}" in log, log[-2000:]
+
+    for order, (conf, creator, joiner, held, first_done) in scenarios.items():
+        assert airflow.wait_for_run(DAG_ID, held, RUN_TIMEOUT) == "success", stage_table(
+            airflow.task_instances(DAG_ID, held))
+        assert cluster_or_none(gke, conf["cluster_name"]) is None, order  # deleted by the last run
+
+
+def test_create_mode_refuses_a_cluster_another_live_run_uses(airflow, held_trainings):
+    token = uuid.uuid4().hex[:6]
+    conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"tpu-rl-owned-{token}"}
+    owner, intruder = f"e2e__owned__{token}", f"e2e__intruder__{token}"
+    held_trainings(owner)
+    airflow.trigger(DAG_ID, conf, run_id=owner)
+    wait_for_task(airflow, owner, "create_cluster")
+
+    airflow.trigger(DAG_ID, conf, run_id=intruder)
+    assert airflow.wait_for_run(DAG_ID, intruder, RUN_TIMEOUT) == "failed"
+    tasks = airflow.task_instances(DAG_ID, intruder)
+    assert tasks["create_cluster"]["state"] == "failed" and tasks["create_cluster"]["try_number"] == 1
+    log = airflow.task_log(DAG_ID, intruder, "create_cluster", 1)
+    assert f"belongs to the live run {DAG_ID} / {owner}" in log and "cluster_mode 'shared'" in log, log[-2000:]
+    # The owner's cluster survived the intruder's teardown, and the owner finishes and deletes it.
+    assert airflow.wait_for_run(DAG_ID, owner, RUN_TIMEOUT) == "success"
