@@ -341,6 +341,15 @@ class RunConfig:
         "failurePolicy.maxRestarts of the training JobSet. Airflow retries resume from the last checkpoint.",
         minimum=0,
     )
+    max_preemptions: int = _param(
+        3,
+        "Advanced",
+        "Preemptions resumed",
+        "How many times train_rl resumes a training whose pods were preempted (Spot VM reclaimed, TPU host "
+        "maintenance, host lost) from its newest complete checkpoint; apart from the retries for other failures.",
+        minimum=0,
+        maximum=100,
+    )
     ttl_seconds_after_finished: int = _param(
         3600, "Advanced", "JobSet TTL", "Seconds a finished JobSet is kept (--gke-ttl-after-finished).", minimum=0
     )

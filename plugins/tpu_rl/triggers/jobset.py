@@ -350,7 +350,8 @@ class JobSetTrigger(BaseTrigger):
             return {**event, "status": "success", "message": f"JobSet {self.ref} completed: {condition.get('message', '')}"}
         lost = await self._lost_nodes(hook, progress)
         message = st.explain_failure(final, progress.pods.values(), lost, event["log_tail"], progress.log_pod)
-        return {**event, "status": "failed", "message": message}
+        preemption = st.preemption(final, progress.pods.values(), lost)
+        return {**event, "status": "failed", "message": message, "preemption": preemption}
 
     def _deleted_message(self, progress: _Progress) -> str:
         message = (
