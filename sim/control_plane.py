@@ -181,8 +181,11 @@ class ControlPlane:
             f"--cidr={self.pod_cidr}", f"--tls-cert-file={PKI}/serving.crt",
             f"--tls-private-key-file={PKI}/serving.key", "--node-lease-duration-seconds=40",
             "--enable-crds=Logs"])
+        # One fault switch for every simulated cluster: the standing cluster's ConfigMap (sim/faults.py), so a
+        # test can aim a fault at a workload of a cluster that does not exist yet (rules match by name).
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "SIM": str(self.dir),
-               "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{GCS_PORT}"}
+               "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{GCS_PORT}",
+               "TPU_RL_SIM_FAULTS_KUBECONFIG": str(SIM / "kubeconfig")}
         self._launch("maxtext-emulator", [PYTHON, "-u", SRC / "maxtext_emulator.py"], env=env)
         self._launch("pod-runner", [PYTHON, "-u", SRC / "pod_runner.py", "--cluster-dir", self.dir,
                                     "--kubeconfig", self.kubeconfig, "--apiserver", self.endpoint], env=env)

@@ -478,6 +478,11 @@ class Emulator:
         api = config.new_client_from_config(kubeconfig)
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        # The fault switch: this cluster's own ConfigMap, or the standing cluster's for a cluster the GKE
+        # emulator created (sim/control_plane.py), so that one switch serves every cluster.
+        faults_kubeconfig = os.environ.get("TPU_RL_SIM_FAULTS_KUBECONFIG")
+        self.fault_switch = (client.CoreV1Api(config.new_client_from_config(faults_kubeconfig))
+                             if faults_kubeconfig else self.core)
         self.logged = set()
         self.gcs = storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials())
         HANDLED.parent.mkdir(parents=True, exist_ok=True)
@@ -533,8 +538,8 @@ class Emulator:
 
         # 1. faults: pod annotations, overridden by the first matching sim-side rule
         patch, rule_name = {}, None
-        for name, rule in faults.list_faults(self.core).items():
-            if self.matches(rule, pod, workload, stage) and faults.record_applied(self.core, name, attempt_key):
+        for name, rule in faults.list_faults(self.fault_switch).items():
+            if self.matches(rule, pod, workload, stage) and faults.record_applied(self.fault_switch, name, attempt_key):
                 rule_name = name
                 for field in faults.EFFECT_FIELDS:
                     if rule.get(field) is not None:

@@ -22,7 +22,7 @@ def example_body() -> dict:
 
 
 def test_the_shipped_example_declares_a_daily_program_with_capacity_and_data():
-    [program] = load_programs(EXAMPLE)
+    program = {p.dag_id: p for p in load_programs(EXAMPLE)}["maxtext_rl_tpu_daily"]
     assert (program.dag_id, program.schedule, program.max_active_runs) == ("maxtext_rl_tpu_daily", "@daily", 3)
     assert program.start_date == datetime(2026, 11, 1, tzinfo=timezone.utc)
     config = RunConfig.from_params(program.params)
