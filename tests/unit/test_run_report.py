@@ -292,3 +292,69 @@ def test_a_slice_time_that_cannot_be_read_never_fails_the_teardown(monkeypatch, 
 
     assert ("delete_tpu_pools", "tpu_slices") not in xcoms
     assert "Could not list GKE's operations to count the slices' TPU time" in capsys.readouterr().out
+
+
+class LinesLog:
+    """The trigger's logger, keeping the lines it logs."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message: str, *args: Any) -> None:
+        self.lines.append(message % args)
+
+    warning = info
+
+
+def training_trigger_lines(monkeypatch, bucket: GrowingBucket, steps: list[tuple[float, int]], ends_after: float,
+                           interval: float = 3) -> list[str]:
+    """The progress lines of the training trigger's loop: the file grows to ``steps`` (seconds, size) and the
+    JobSet ends after ``ends_after`` seconds."""
+    import contextlib
+
+    from tpu_rl.triggers import jobset as trigger_module
+
+    @contextlib.asynccontextmanager
+    async def reader(self, bucket_name):
+        yield bucket
+
+    monkeypatch.setattr(trigger_module.GcsReadHook, "reader", reader)
+    trigger = JobSetTrigger(name="t", namespace="default", uid="u", log_replicated_job="pathways-head",
+                            log_container="c", kubernetes_conn_id="k",
+                            training={"bucket": "b", "prefix": "p/", "train_steps": 30, "interval": interval})
+    trigger._log = LinesLog()
+
+    async def run() -> None:
+        progress = trigger_module._Progress(10)
+        loop = asyncio.create_task(trigger._report_training(progress))
+        for at, size in steps:
+            await asyncio.sleep(at)
+            bucket.flush_to(size)
+        await asyncio.sleep(ends_after - sum(at for at, _ in steps))
+        progress.finished.set()
+        await asyncio.wait_for(loop, 5)
+
+    asyncio.run(run())
+    return [line for line in trigger._log.lines if line.startswith("Training progress")]
+
+
+def full_event_file() -> GrowingBucket:
+    _, data = emulator.tensorboard_event_file(emulator.training_scalars("gs://b/run", 30, range(1, 31)))
+    return GrowingBucket(data, "events.out.tfevents.1800000000.head-0")
+
+
+def test_a_short_training_still_shows_its_last_progress_when_it_ends(monkeypatch):
+    bucket = full_event_file()  # the first read finds nothing; the trainer writes; the JobSet ends
+
+    lines = training_trigger_lines(monkeypatch, bucket, [(0.2, len(bucket.full))], ends_after=0.5)
+
+    assert len(lines) == 1 and lines[0].startswith("Training progress: step 30/30 (100%)")
+
+
+def test_no_more_than_one_progress_line_an_interval_even_when_the_training_ends(monkeypatch):
+    bucket = full_event_file()
+    bucket.flush_to(len(bucket.full))  # there from the start: the first read logs
+
+    lines = training_trigger_lines(monkeypatch, bucket, [], ends_after=0.5)
+
+    assert len(lines) == 1 and bucket.lists == 1
