@@ -20,8 +20,9 @@ clients and aiohttp are imported where they are used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -93,14 +94,20 @@ class GcsReadHook:
         self._hook: Any = None
 
     async def run(self, bucket: str, check: Callable[[GcsReader], Awaitable[T]]) -> T:
+        async with self.reader(bucket) as reader:
+            return await check(reader)
+
+    @contextlib.asynccontextmanager
+    async def reader(self, bucket: str) -> AsyncIterator[GcsReader]:
+        """A reader on one HTTP session and one access token, for a watch that reads again and again (the
+        token is refreshed when it expires, not fetched for every read)."""
         from aiohttp import ClientSession
         from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 
         if self._hook is None:
             self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
         async with ClientSession() as session:
-            storage = await self._hook.get_storage_client(session)
-            return await check(GcsReader(storage, bucket))
+            yield GcsReader(await self._hook.get_storage_client(session), bucket)
 
     def run_now(self, bucket: str, check: Callable[[GcsReader], Awaitable[T]]) -> T:
         """:meth:`run` from synchronous code (a sensor's poke, an operator)."""

@@ -26,11 +26,14 @@ from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
 from tpu_rl.operators.training_record import check_training_record, record_preemption, recorded_preemptions
 from tpu_rl.preemption import XCOM_PREEMPTIONS, PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
+from tpu_rl.training_metrics import describe_evaluation, parse_evaluation
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
 XCOM_ATTEMPT_PREFIX = "attempt_prefix"
 XCOM_SUBMITTED_AT = "submitted_at"
+#: XCom key of the training's evaluation before and after (``Evaluation.to_dict()``, or None).
+XCOM_EVALUATION = "evaluation"
 
 
 class RunJobSetOperator(RunScoped, JobSetOperator):
@@ -231,6 +234,10 @@ class TrainRlOperator(RunJobSetOperator):
     ``max_preemptions`` per run (counted in the training record); beyond, the task fails without a retry.
     Any other failure fails the try, as Airflow's retries expect. Every end pushes the XCom
     ``preemptions`` (:func:`tpu_rl.preemption.accounting`) for the run's summary.
+
+    While it waits, its trigger logs the training's progress from the event files in the bucket. Once the
+    JobSet Completed it pushes the trainer's evaluation (XCom ``evaluation``: the before and after figures,
+    None when the log showed none), for the quality gate, the published Asset event and the run's summary.
     """
 
     #: The Orbax items of a training step (MaxText 0.2.4; maxtext.md).
@@ -238,6 +245,16 @@ class TrainRlOperator(RunJobSetOperator):
 
     def stage_manifest(self, scope: RunScope, context: Any) -> dict:
         return manifests.training_jobset(scope.config, scope.run)
+
+    def trigger_kwargs(self) -> dict[str, Any]:
+        config, layout = self.scope.config, self.scope.layout
+        return {"training": {"bucket": config.gcs_bucket, "prefix": layout.tensorboard_prefix,
+                             "train_steps": config.train_steps, "gcp_conn_id": config.gcp_conn_id}}
+
+    def after_completed(self, context: Any, event: dict[str, Any]) -> None:
+        evaluation = parse_evaluation(event.get("evaluation_lines") or [])
+        self.log.info("%s", describe_evaluation(evaluation, self.scope.config))
+        context["ti"].xcom_push(key=XCOM_EVALUATION, value=evaluation.to_dict() if evaluation else None)
 
     def before_submit(self, context: Any) -> None:
         config = self.scope.config
