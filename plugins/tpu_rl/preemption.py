@@ -86,3 +86,12 @@ def accounting(records: Sequence[PreemptionRecord], max_preemptions: int) -> dic
         "steps_recomputed": sum(r.steps_recomputed for r in records),
         "events": [r.to_json() for r in records],
     }
+
+
+def describe_accounting(accounting: dict | None) -> str:
+    """The summary's line: preemptions survived, time lost to them and steps recomputed."""
+    if not accounting or not accounting.get("count"):
+        return "none"
+    minutes = accounting["seconds_lost"] / 60
+    return (f"{accounting['count']} of at most {accounting['max_preemptions']}, {minutes:.0f} min lost, "
+            f"{accounting['steps_recomputed']} step(s) recomputed")

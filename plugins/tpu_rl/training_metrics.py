@@ -270,7 +270,7 @@ def describe_cost(cost: Mapping[str, Any] | None, config: RunConfig) -> str:
 
 
 def run_summary(*, final_step: int | None, evaluation: Evaluation | None, cost: Mapping[str, Any] | None,
-                model_uri: str | None, config: RunConfig) -> str:
+                model_uri: str | None, config: RunConfig, preemptions: str = "none") -> str:
     """The block the run's last task prints: where training ended, what it did to the model, what the TPUs
     cost and where the model is."""
     if config.evaluation_batches and evaluation is not None:
@@ -281,5 +281,6 @@ def run_summary(*, final_step: int | None, evaluation: Evaluation | None, cost: 
     lines = [f"final step   {final_step if final_step is not None else 'unknown'}/{config.train_steps}",
              f"evaluation   {figures[0]}", *(f"             {line}" for line in figures[1:]),
              f"TPU          {describe_cost(cost, config)}",
+             f"preemptions  {preemptions}",
              f"model        {model_uri or 'not published'}"]
     return "\n".join(["Run summary", *(f"  {line}" for line in lines)])

@@ -111,6 +111,8 @@ def test_accounting_counts_preemptions_time_lost_and_steps_recomputed():
         "count": 3, "max_preemptions": 2, "seconds_lost": 130.5, "steps_recomputed": 6}
     assert [e["steps_recomputed"] for e in summary["events"]] == [6, 0, 0]
     assert pr.PreemptionRecord.from_json(summary["events"][0]) == records[0]
+    assert pr.describe_accounting(summary) == "3 of at most 2, 2 min lost, 6 step(s) recomputed"
+    assert pr.describe_accounting(pr.accounting([], 3)) == "none"
 
 
 def test_time_lost_runs_from_the_last_complete_checkpoint_to_the_resume():

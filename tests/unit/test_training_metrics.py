@@ -352,6 +352,7 @@ def test_the_summary_names_step_evaluation_cost_and_model(tutorial_config):
         "  evaluation   before accuracy 40.0% (8/20), partial 50.0%, format 95.0%, mean reward 0.4950",
         "               after  accuracy 60.0% (12/20), partial 70.0%, format 100.0%, mean reward 0.7000",
         "  TPU          64.0 chip-hours, about $172.80 at $2.70 per chip-hour, 1 slice(s)",
+        "  preemptions  none",
         "  model        gs://b/m/hf-trained/r/",
     ]
 

@@ -1,7 +1,7 @@
 """What a run reports of its training: the quality gate before the export, the figures the published Asset
 event carries, and the summary its last task prints (and sends, with a notifier connection).
 
-The figures come from the XComs of the tasks that saw them: ``train_rl`` (the evaluation), ``delete_tpu_pools``
+The figures come from the XComs of the tasks that saw them: ``train_rl`` (the evaluation, the preemptions), ``delete_tpu_pools``
 (when each slice's nodes existed), ``verify_training`` (the final step), ``publish_export`` (the model's URI).
 """
 
@@ -16,6 +16,7 @@ from tpu_rl import training_metrics as tm
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.operators.cluster import XCOM_TPU_SLICES
 from tpu_rl.operators.workloads import XCOM_EVALUATION
+from tpu_rl.preemption import XCOM_PREEMPTIONS, describe_accounting
 from tpu_rl.run_scope import RunScope, RunScoped
 
 #: The pipeline's tasks whose XComs the report reads.
@@ -93,6 +94,7 @@ class RunSummaryOperator(RunScoped, BaseOperator):
             cost=figures.cost,
             model_uri=ti.xcom_pull(task_ids=PUBLISH_TASK),
             config=scope.config,
+            preemptions=describe_accounting(ti.xcom_pull(task_ids=TRAIN_TASK, key=XCOM_PREEMPTIONS)),
         )
         self.log.info("%s", summary)
         if scope.config.notify_conn_id:
