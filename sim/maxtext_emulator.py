@@ -22,9 +22,13 @@ Pod annotations read (on the pod template):
                                 model.safetensors.index.json), stop-at-step=N (training ends early at N,
                                 normal exit, end-of-run save at N), crash-at-step=N (training crashes at
                                 N: only periodic saves before N, exit code 1 unless exit-code is set),
+                                preempt-at-step=N (the host is reclaimed after step N, as a Spot VM is: the saves
+                                up to N, the last one cut short with skip-commit; then the kubelet's SIGTERM, exit
+                                code 143, and the pod condition DisruptionTarget TerminationByKubelet),
                                 eval-regression (the evaluation after training scores lower than before)
 Annotations written: sim.tpu-rl.dev/exit-at, /emulated (what was done), /fault-rule, /warnings, and
-exit-code / fail-attempts / run-seconds when a rule sets them.
+exit-code / fail-attempts / run-seconds when a rule sets them; /disruption (a DisruptionTarget reason) for a
+preempted pod, which the kwok stage pod-fail turns into the pod's condition and graceful-shutdown status.
 
 Stage contract (arguments read, `key=value` and `--flag=value`):
   to_maxtext      base_output_directory (required), scan_layers, checkpoint_storage_use_ocdbt/_zarr3,
@@ -116,11 +120,13 @@ def log(msg):
 
 
 class PodFailure(Exception):
-    """The emulated process fails: the pod gets this exit code."""
+    """The emulated process fails: the pod gets this exit code (and, when its host was taken, a DisruptionTarget
+    reason)."""
 
-    def __init__(self, message, exit_code=1):
+    def __init__(self, message, exit_code=1, disruption=None):
         super().__init__(message)
         self.exit_code = exit_code
+        self.disruption = disruption
 
 
 # ---------------------------------------------------------------- command parsing
@@ -382,6 +388,7 @@ def train_rl(client, args, flags, faults_):
     keep = int(args.get("max_num_checkpoints_to_keep", 10))
     stop = min([train_steps] + [int(f.split("=")[1]) for f in faults_ if f.startswith("stop-at-step=")])
     crash = [int(f.split("=")[1]) for f in faults_ if f.startswith("crash-at-step=")]
+    preempt = [int(f.split("=")[1]) for f in faults_ if f.startswith("preempt-at-step=")]
     test_batches = int(args.get("num_test_batches", 5))
     actor = "checkpoints/actor"
     done = committed_steps(out, actor)
@@ -399,9 +406,9 @@ def train_rl(client, args, flags, faults_):
     accuracy_after = accuracy_before + (-0.15 if "eval-regression" in faults_ else 0.2)
     if test_batches > 0:
         lines.append(evaluation_line("Pre", seed, test_prompts, accuracy_before))
-    end = crash[0] if crash else stop
+    end = crash[0] if crash else max(preempt[0], start) if preempt else stop
     saves = [s for s in range(start + 1, end + (0 if crash else 1)) if s % period == 0]
-    if not crash and end > start and end not in saves:
+    if not (crash or preempt) and end > start and end not in saves:
         saves.append(end)  # the end-of-run save, on a normal exit only
     for step in saves:
         if out.names(f"{actor}/{step}"):
@@ -420,6 +427,9 @@ def train_rl(client, args, flags, faults_):
     out.put(f"tensorboard/{name}", events)
     if crash:
         raise PodFailure(f"training crashed at step {crash[0]} (simulated)")
+    if preempt:
+        raise PodFailure(f"SIGTERM after step {end}: the host is shutting down (simulated Spot VM preemption)",
+                         exit_code=143, disruption="TerminationByKubelet")
     lines.append("RL Training Completed Successfully!")
     if test_batches > 0:
         lines.append(evaluation_line("Post", seed, test_prompts, accuracy_after))
@@ -524,7 +534,10 @@ class Emulator:
         stage, args, flags = parse_invocation((container.command or []) + (container.args or [])) if container else (None, {}, {})
         workload = labels.get("jobset.sigs.k8s.io/jobset-name") or labels.get("batch.kubernetes.io/job-name") or meta.name
         attempt = labels.get("jobset.sigs.k8s.io/restart-attempt")
-        attempt_key = f"{meta.namespace}/{workload}" + (f"/attempt-{attempt}" if attempt is not None else "")
+        # A JobSet submitted again under the same name (a resumed training) is a new workload: its uid tells.
+        incarnation = labels.get("jobset.sigs.k8s.io/jobset-uid", "")[:8]
+        attempt_key = (f"{meta.namespace}/{workload}" + (f"@{incarnation}" if incarnation else "")
+                       + (f"/attempt-{attempt}" if attempt is not None else ""))
 
         # 1. faults: pod annotations, overridden by the first matching sim-side rule
         patch, rule_name = {}, None
@@ -563,6 +576,8 @@ class Emulator:
             lines, summary = [f"ERROR: {e}"], f"{stage or 'pod'}: failed: {e}"
             if not fails:  # fail this attempt whatever the fault annotations say
                 patch[PREFIX + "exit-code"] = str(e.exit_code)
+            if e.disruption:
+                patch[PREFIX + "disruption"] = e.disruption
                 if PREFIX + "fail-attempts" in effective:
                     patch[PREFIX + "fail-attempts"] = str(int(attempt or 0) + 1)
         if maxtext_faults:

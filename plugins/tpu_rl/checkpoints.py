@@ -283,3 +283,45 @@ def _same_recorded_value(recorded: object, current: object) -> bool:
     if recorded == current:
         return True
     return isinstance(recorded, str) and not isinstance(current, (str, type(None))) and recorded == str(current)
+
+
+# --- Resuming after a preemption ---------------------------------------------------------------------------
+
+#: Sibling of ``checkpoints/actor/`` that keeps the step folders set aside before a resume: outside the
+#: checkpoint manager's directory, and not a step name Orbax lists (a digit, or a name ending in ``_<digit>``).
+SET_ASIDE_FOLDER = "_set_aside"
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a resumed trainer starts, and the step folders above it that must not stay in its way.
+
+    :param resume_from: the newest complete step (0 when none: the trainer starts again from the base checkpoint).
+    :param set_aside: (step, why) for each newer folder that is not a complete step.
+    """
+
+    resume_from: int
+    set_aside: tuple[tuple[int, str], ...] = ()
+
+
+def plan_resume(newest_first: Iterable[tuple[int, Verdict]]) -> ResumePlan:
+    """The resume point, from the verdicts of the step folders under ``checkpoints/actor/``, newest first.
+
+    Orbax (v0.12.3, ``path/step.py``: ``is_checkpoint_finalized``, ``checkpoint_steps``) lists a ``gs://`` step
+    folder only once it holds ``commit_success.txt``, and its next save of that step deletes the unfinished
+    folder first (maxtext.md): a folder half-written when the trainer was stopped is never restored, but its
+    partial save would vanish unseen and the final-step check would meet it. A folder with the marker whose
+    save is still not whole (:func:`check_orbax_step`) is what Orbax would restore, broken. Both are set aside;
+    older folders are not looked at.
+    """
+    set_aside = []
+    for step, verdict in newest_first:
+        if verdict.complete:
+            return ResumePlan(step, tuple(set_aside))
+        set_aside.append((step, verdict.describe()))
+    return ResumePlan(0, tuple(set_aside))
+
+
+def set_aside_folder(step: int, when: datetime) -> str:
+    """The folder name a set-aside step gets under ``SET_ASIDE_FOLDER``: its step and when (UTC) it was moved."""
+    return f"{step}-{when:%Y%m%dT%H%M%SZ}/"

@@ -319,6 +319,19 @@ class RunConfig:
         "price (https://cloud.google.com/tpu/pricing). 0: show chip-hours only.",
         minimum=0,
     )
+    notify_conn_id: str = _param(
+        "",
+        "Evaluation and cost",
+        "Notification connection",
+        "An SMTP connection (its from_email extra is the sender) through which the run's summary is mailed to "
+        "notify_to when the run succeeds. Empty: no notification.",
+    )
+    notify_to: str = _param(
+        "",
+        "Evaluation and cost",
+        "Notify",
+        "Who gets the run's summary through notify_conn_id: addresses separated by commas.",
+    )
 
     # Advanced
     workload_prefix: str = _param(
@@ -340,6 +353,15 @@ class RunConfig:
         "JobSet restarts",
         "failurePolicy.maxRestarts of the training JobSet. Airflow retries resume from the last checkpoint.",
         minimum=0,
+    )
+    max_preemptions: int = _param(
+        3,
+        "Advanced",
+        "Preemptions resumed",
+        "How many times train_rl resumes a training whose pods were preempted (Spot VM reclaimed, TPU host "
+        "maintenance, host lost) from its newest complete checkpoint; apart from the retries for other failures.",
+        minimum=0,
+        maximum=100,
     )
     ttl_seconds_after_finished: int = _param(
         3600, "Advanced", "JobSet TTL", "Seconds a finished JobSet is kept (--gke-ttl-after-finished).", minimum=0
@@ -553,7 +575,7 @@ def _validate(c: RunConfig):
     """Every problem of the config, rule group by rule group (always in the same order)."""
     for rules in (_validate_required, _validate_cloud_names, _validate_cluster_access, _validate_model,
                   _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice,
-                  _validate_interval_data, _validate_evaluation):
+                  _validate_interval_data, _validate_evaluation, _validate_notification):
         yield from rules(c)
 
 
@@ -793,6 +815,16 @@ def _validate_interval_data(c: RunConfig):
             "train fewer steps than planned, and the run would wait for a final step that never comes)",
             f"set it to at least {needed}, or lower num_batches",
         )
+
+
+def _validate_notification(c: RunConfig):
+    """A notification needs both its connection and its recipients."""
+    if c.notify_conn_id.strip() and not c.notify_to.strip():
+        yield Problem("notify_to", "is empty, so the summary sent through notify_conn_id has no recipient",
+                      "give one or more addresses separated by commas, or clear notify_conn_id")
+    elif c.notify_to.strip() and not c.notify_conn_id.strip():
+        yield Problem("notify_conn_id", "is empty, so nothing sends the summary to notify_to",
+                      "name an SMTP connection, or clear notify_to")
 
 
 def _validate_evaluation(c: RunConfig):

@@ -237,3 +237,30 @@ def cluster_parent(config: RunConfig) -> str:
 
 def cluster_path(config: RunConfig) -> str:
     return f"{cluster_parent(config)}/clusters/{config.cluster_name}"
+
+
+def slice_times(operations: list[dict[str, Any]], pools: list[str]) -> list[dict[str, str]]:
+    """When each pool of ``pools`` had its slice, from GKE's operations on them, each given as ``type``
+    (``CREATE_NODE_POOL``, ``DELETE_NODE_POOL``), ``pool``, ``end`` (RFC 3339) and ``failed``: its nodes are
+    whole when its last successful create ended (a flex-start pool gets its nodes later: an upper bound) and
+    gone when its last delete ended. A pool without both is left out (it never had a slice, or still has).
+
+    Returns ``pool``, ``nodes_from`` and ``nodes_gone`` (ISO 8601, UTC) per pool, in the order of ``pools``.
+    """
+    ends: dict[tuple[str, str], datetime] = {}
+    for op in operations:
+        if op["pool"] in pools and op["end"] and not (op["type"] == "CREATE_NODE_POOL" and op["failed"]):
+            end = _rfc3339(op["end"])
+            ends[op["type"], op["pool"]] = max(end, ends.get((op["type"], op["pool"]), end))
+    times = []
+    for pool in pools:
+        created, deleted = ends.get(("CREATE_NODE_POOL", pool)), ends.get(("DELETE_NODE_POOL", pool))
+        if created and deleted and deleted >= created:
+            times.append({"pool": pool, "nodes_from": created.isoformat(), "nodes_gone": deleted.isoformat()})
+    return times
+
+
+def _rfc3339(text: str) -> datetime:
+    """GKE's times (``Z``, up to nanoseconds) as aware datetimes."""
+    head, _, fraction = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00")

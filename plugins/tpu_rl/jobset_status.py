@@ -22,14 +22,35 @@ from tpu_rl.vocabulary import (
 COMPLETED = "Completed"
 FAILED = "Failed"
 
-#: Why Kubernetes marks a pod ``DisruptionTarget``, in the words a TPU user needs.
-DISRUPTION_MEANINGS = {
-    "TerminationByKubelet": "TPU host maintenance or node shutdown (the kubelet terminated the pod)",
+# --- What counts as a preemption, and where Kubernetes and GKE say so ----------------------------------------
+#
+# A training whose pods were taken away (a Spot VM reclaimed, TPU host maintenance, a lost host) is resumed by
+# ``train_rl`` from its newest complete checkpoint (tpu_rl.preemption holds the budget); these are the signals:
+#
+# - the pod condition ``DisruptionTarget``: its reasons are Kubernetes' ("Disruptions", section "Pod disruption
+#   conditions", Kubernetes 1.26+), listed in DISRUPTION_REASONS;
+# - the pod's status after a graceful node shutdown: reason ``Terminated``, "Pod was terminated in response to
+#   imminent node shutdown." (kubelet 1.21+; ``Shutdown`` in 1.20: KEP 2000 "Graceful node shutdown"). GKE
+#   Standard nodes shut down gracefully when a Spot VM gets its termination notice, 30 s before it stops (GKE
+#   "Spot VMs", "Termination and graceful shutdown of Spot VMs"), and on TPU host maintenance, which TPU VMs
+#   cannot live-migrate (GKE "Manage GKE node disruption for GPUs and TPUs");
+# - exit code 143 (128 + SIGTERM) of the first failed Job's pod: the kubelet's SIGTERM on shutdown or eviction,
+#   also what a Kueue preemption or a Spot eviction leaves (ml-auto-solutions PR #1348; shared reference gke.md);
+# - the pod's node gone: the VM was deleted (pod GC then marks the pod ``DeletionByPodGC``, or the trigger finds
+#   the node missing).
+
+#: ``DisruptionTarget`` reasons, in the words a TPU user needs.
+DISRUPTION_REASONS = {
+    "TerminationByKubelet": "TPU host maintenance or node shutdown, e.g. a Spot VM reclaimed (the kubelet terminated the pod)",
     "PreemptionByScheduler": "preempted by a higher-priority workload",
     "EvictionByEvictionAPI": "evicted (TPU host maintenance, node drain or upgrade)",
     "DeletionByTaintManager": "host lost or under maintenance (node tainted NoExecute)",
     "DeletionByPodGC": "host lost (its node no longer exists)",
 }
+#: Pod ``status.reason`` the kubelet sets on a graceful node shutdown (``Shutdown`` before Kubernetes 1.21).
+NODE_SHUTDOWN_REASONS = ("Terminated", "Shutdown")
+#: 128 + SIGTERM (15): the container was ended by the kubelet's SIGTERM.
+SIGTERM_EXIT_CODE = 143
 
 
 def is_pathways(manifest: Mapping) -> bool:
@@ -167,7 +188,7 @@ class PodRecord:
         parts = [e.describe() for e in self.exits]
         if self.disruption:
             reason, message = self.disruption
-            meaning = DISRUPTION_MEANINGS.get(reason, "disrupted")
+            meaning = DISRUPTION_REASONS.get(reason, "disrupted")
             parts.append(f"{meaning} [DisruptionTarget {reason}: {message.strip()}]")
         if self.node and self.node in set(lost_nodes) and (self.disruption or ("",))[0] != "DeletionByPodGC":
             parts.append("host lost: its node no longer exists")
@@ -256,3 +277,33 @@ def explain_failure(
     else:
         lines.append("No workload log was captured.")
     return "\n".join(lines)
+
+
+def preemption(jobset: Mapping, pods: Iterable[PodRecord], lost_nodes: Iterable[str] = ()) -> dict[str, str] | None:
+    """Why the JobSet's last attempt counts as preempted (``reason``, ``pod``, ``node``), or None when its failure
+    is the workload's own.
+
+    One pod of the last attempt disrupted, shut down with its node, or on a node that is gone makes the whole
+    attempt preempted: a Pathways trainer fails when one of its TPU workers goes. Exit code 143 counts only on
+    a pod of the Job that failed first, because JobSet's own teardown of an attempt SIGTERMs the others.
+    """
+    attempt, lost = restarts(jobset), set(lost_nodes)
+    current = [p for p in pods if p.restart_attempt == attempt]
+
+    def found(reason: str, pod: PodRecord) -> dict[str, str]:
+        return {"reason": reason, "pod": pod.name, "node": pod.node}
+
+    for pod in current:
+        if pod.disruption and pod.disruption[0] in DISRUPTION_REASONS:
+            return found(f"DisruptionTarget {pod.disruption[0]}: {DISRUPTION_REASONS[pod.disruption[0]]}", pod)
+        if pod.node and pod.node in lost:
+            return found(f"host lost: node {pod.node} no longer exists", pod)
+        if pod.phase == "Failed" and pod.status_reason in NODE_SHUTDOWN_REASONS:
+            return found(f"pod {pod.status_reason}: {pod.status_message.strip() or 'node shutdown'}", pod)
+    first_failed = failed_job_name(terminal_condition(jobset) or {})
+    name = jobset.get("metadata", {}).get("name", "")
+    for pod in current:
+        in_first_failed = first_failed is None or f"{name}-{pod.replicated_job}-{pod.job_index}" == first_failed
+        if in_first_failed and any(e.exit_code == SIGTERM_EXIT_CODE for e in pod.exits):
+            return found(f"exit code {SIGTERM_EXIT_CODE}: SIGTERM, the node shut down or the pod was evicted", pod)
+    return None

@@ -20,6 +20,7 @@ from tpu_rl.operators.cluster import (
 )
 from tpu_rl.operators.leases import WaitForTpuCapacitySensor
 from tpu_rl.operators.publish import RunPublishHfExportOperator
+from tpu_rl.operators.run_report import QualityGateOperator, RunSummaryOperator
 from tpu_rl.operators.setup import (
     CreateHfTokenSecretOperator,
     EnsureBucketOperator,
@@ -125,6 +126,8 @@ def _wire_tasks(exported_model: Asset) -> None:
         timeout=timedelta(minutes=30),
     )
 
+    # Before anything is exported: a model that fails the run's quality gate is never published.
+    quality_gate = QualityGateOperator(task_id="quality_gate", execution_timeout=timedelta(minutes=10))
     maxtext_to_hf = MaxTextToHfOperator(
         task_id="maxtext_to_hf", step_task_id=verify_training.task_id, execution_timeout=timedelta(hours=4)
     )
@@ -142,15 +145,17 @@ def _wire_tasks(exported_model: Asset) -> None:
         final_step=f"{{{{ ti.xcom_pull(task_ids='{verify_training.task_id}') }}}}",
     )
     delete_cluster = DeleteClusterOperator(task_id="delete_cluster", **CLEANUP_RETRIES)
-    done = EmptyOperator(task_id="pipeline_done")
+    # Runs when the work succeeded (its state is the work's outcome): logs the run's summary.
+    done = RunSummaryOperator(task_id="pipeline_done", execution_timeout=timedelta(minutes=10))
 
     (
         validate >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
         >> hf_to_maxtext >> verify_converted
         >> check_training_record >> pools_guard >> wait_for_capacity >> create_tpu_pools >> train >> verify_training
-        >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]
+        >> quality_gate >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]
     )
-    train >> delete_tpu_pools >> delete_cluster
+    # publish_export waits for the slices to be gone, so its Asset event carries their TPU time.
+    train >> delete_tpu_pools >> [delete_cluster, publish_export]
     delete_tpu_pools.as_teardown(setups=[pools_guard, wait_for_capacity, create_tpu_pools])
     # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
     # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from tpu_rl.checkpoints import SET_ASIDE_FOLDER
+
 # The label keys that tie cloud and Kubernetes objects to the run that created them; imported from here too.
 from tpu_rl.vocabulary import (  # noqa: F401 (GKE_LABEL_RUN_KEY)
     ANNOTATION_DAG_ID,
@@ -190,6 +192,11 @@ class GcsLayout:
     @property
     def actor_checkpoints_prefix(self) -> str:
         return f"{self.training_prefix}{self.config.run_name}/checkpoints/actor/"
+
+    @property
+    def set_aside_prefix(self) -> str:
+        """Where half-written or broken step folders go before a resume: beside ``actor/``, outside Orbax's view."""
+        return f"{self.training_prefix}{self.config.run_name}/checkpoints/{SET_ASIDE_FOLDER}/"
 
     @property
     def tensorboard_prefix(self) -> str:

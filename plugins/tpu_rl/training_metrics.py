@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +54,33 @@ def read_scalars(files: Iterable[str | Path | bytes]) -> Scalars:
                 if value.metadata.plugin_data.plugin_name == "scalars":
                     curves.setdefault(value.tag, {})[event.step] = float(tensor_util.make_ndarray(value.tensor).item())
     return {tag: sorted(points.items()) for tag, points in sorted(curves.items())}
+
+
+def event_file_started(name: str) -> float | None:
+    """When the writer of an event file started (POSIX seconds), from its name (tensorboardX puts the first
+    ten characters of ``time.time()`` there); None for a name without one."""
+    stamp = name.rsplit("/", 1)[-1][len(EVENT_FILE_MARK):].split(".", 1)[0]
+    return float(stamp) if stamp.isdigit() else None
+
+
+def attempt_progress(files: Mapping[str, Scalars], train_steps: int, now: float) -> str | None:
+    """:func:`progress_line` from the scalars of each event file (by file name); None before any file.
+
+    The newest file is the trainer's current attempt: its writer's start gives the elapsed time, and the
+    step before its first logged loss the step it resumed from, so the ETA counts only its own steps.
+    """
+    if not files:
+        return None
+    names = sorted(files)
+    merged: dict[str, dict[int, float]] = {}
+    for name in names:
+        for tag, points in files[name].items():
+            merged.setdefault(tag, {}).update(points)
+    scalars = {tag: sorted(points.items()) for tag, points in merged.items()}
+    current, losses = files[names[-1]].get(LOSS_TAG), scalars.get(LOSS_TAG)
+    resumed_from = current[0][0] - 1 if current else (losses[-1][0] if losses else 0)
+    started = event_file_started(names[-1])
+    return progress_line(scalars, train_steps, now - started if started else 0.0, resumed_from)
 
 
 def _events(source: str | Path | bytes) -> Iterator[Any]:
@@ -103,6 +130,25 @@ class Evaluation:
 
     before: Score | None
     after: Score | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for XCom and the Asset event's extra."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Evaluation | None:
+        if not data:
+            return None
+        return cls(*(Score(**data[k]) if data.get(k) else None for k in ("before", "after")))
+
+
+def evaluation_kind(line: str) -> str | None:
+    """``Pre`` or ``Post`` when a log line is one of the trainer's evaluation lines, else None (cheap for the
+    lines that are not: a log follower asks this of every line)."""
+    if " RL Training: " not in line:
+        return None
+    match = _EVALUATION_LINE.search(line)
+    return match["when"] if match else None
 
 
 def parse_evaluation(log_lines: Iterable[str]) -> Evaluation | None:
@@ -201,3 +247,40 @@ def cost_line(hours: float, price_per_chip_hour: float) -> str:
     if not price_per_chip_hour:
         return f"{hours:.1f} chip-hours (no price: tpu_price_per_chip_hour is 0)"
     return f"{hours:.1f} chip-hours, about ${hours * price_per_chip_hour:,.2f} at ${price_per_chip_hour:.2f} per chip-hour"
+
+
+def tpu_cost(slices: Sequence[Mapping[str, str]], config: RunConfig) -> dict[str, Any]:
+    """The TPU time of the slices a run created (``pool``, ``nodes_from``, ``nodes_gone`` as ISO times), as
+    plain values for XCom and the Asset event's extra."""
+    spans = [(datetime.fromisoformat(s["nodes_from"]), datetime.fromisoformat(s["nodes_gone"])) for s in slices]
+    hours = chip_hours(spans, config.slice.chips)
+    price = config.tpu_price_per_chip_hour
+    return {"chip_hours": round(hours, 3), "cost_usd": round(hours * price, 2), "price_per_chip_hour": price,
+            "slices": [dict(s) for s in slices]}
+
+
+def describe_cost(cost: Mapping[str, Any] | None, config: RunConfig) -> str:
+    """The TPU cost line of a run; a slice the run did not create is not its to count."""
+    if not config.tpu_pools_per_run:
+        return (f"not counted: tpu_pool_mode is '{config.tpu_pool_mode}', the slice is not this run's (it is "
+                "billed while it exists, whoever uses it)")
+    if cost is None:
+        return "unknown: delete_tpu_pools recorded no slice times"
+    return f"{cost_line(cost['chip_hours'], cost['price_per_chip_hour'])}, {len(cost['slices'])} slice(s)"
+
+
+def run_summary(*, final_step: int | None, evaluation: Evaluation | None, cost: Mapping[str, Any] | None,
+                model_uri: str | None, config: RunConfig, preemptions: str = "none") -> str:
+    """The block the run's last task prints: where training ended, what it did to the model, what the TPUs
+    cost and where the model is."""
+    if config.evaluation_batches and evaluation is not None:
+        figures = [f"before {evaluation.before.describe() if evaluation.before else 'not logged'}",
+                   f"after  {evaluation.after.describe() if evaluation.after else 'not logged'}"]
+    else:
+        figures = [describe_evaluation(evaluation, config)]
+    lines = [f"final step   {final_step if final_step is not None else 'unknown'}/{config.train_steps}",
+             f"evaluation   {figures[0]}", *(f"             {line}" for line in figures[1:]),
+             f"TPU          {describe_cost(cost, config)}",
+             f"preemptions  {preemptions}",
+             f"model        {model_uri or 'not published'}"]
+    return "\n".join(["Run summary", *(f"  {line}" for line in lines)])

@@ -226,7 +226,8 @@ def test_failed_first_attempt_is_restarted_by_the_failure_policy(sim, config, co
     assert js["status"]["restarts"] == 1
     # the rule matched both attempts; fail_attempts=1 failed only attempt 0
     applied = faults_api.list_faults(sim.core)["first-attempt"]["applied"]
-    assert applied == [f"default/{name}/attempt-0", f"default/{name}/attempt-1"]
+    incarnation = js["metadata"]["uid"][:8]
+    assert applied == [f"default/{name}@{incarnation}/attempt-0", f"default/{name}@{incarnation}/attempt-1"]
 
 
 def test_pod_template_annotation_fails_the_jobset_with_the_exit_code(sim):

@@ -30,7 +30,7 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     from airflow.utils.dag_cycle_tester import check_cycle
 
     check_cycle(dag)
-    assert len(dag.tasks) == 21
+    assert len(dag.tasks) == 22
 
 
 def test_the_plugin_manager_does_not_import_the_package_a_second_time():
@@ -58,6 +58,17 @@ def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):
     assert [t.task_id for t in dag.get_task("tpu_pools_guard").upstream_list] == ["check_training_record"]
     assert [t.task_id for t in dag.get_task("wait_for_tpu_capacity").upstream_list] == ["tpu_pools_guard"]
     assert [t.task_id for t in dag.get_task("create_tpu_pools").upstream_list] == ["wait_for_tpu_capacity"]
+
+
+def test_the_gate_comes_before_the_export_and_publishing_after_the_slices_are_gone(dag):
+    """The Asset event can carry the slices' TPU time only once delete_tpu_pools has counted it."""
+    from tpu_rl.operators.run_report import QualityGateOperator, RunSummaryOperator
+
+    assert isinstance(dag.get_task("quality_gate"), QualityGateOperator)
+    assert [t.task_id for t in dag.get_task("maxtext_to_hf").upstream_list] == ["quality_gate"]
+    assert [t.task_id for t in dag.get_task("quality_gate").upstream_list] == ["verify_training"]
+    assert {t.task_id for t in dag.get_task("publish_export").upstream_list} == {"verify_export", "delete_tpu_pools"}
+    assert isinstance(dag.get_task("pipeline_done"), RunSummaryOperator)
 
 
 def test_every_task_retries_and_has_a_time_limit(dag):
@@ -108,10 +119,13 @@ def run_with_failure(dag, failing: str | None):
         # A stockout at the pool create: the pool left in ERROR is deleted, then the cluster.
         ("create_tpu_pools", "failed", ["delete_tpu_pools", "delete_cluster"], ["train_rl", "maxtext_to_hf"]),
         ("train_rl", "failed", ["delete_tpu_pools", "delete_cluster"], ["maxtext_to_hf"]),
+        # A model that fails the quality gate is never exported or published; everything is torn down.
+        ("quality_gate", "failed", ["delete_tpu_pools", "delete_cluster"],
+         ["maxtext_to_hf", "publish_export", "pipeline_done"]),
         ("delete_cluster", "failed", ["publish_export", "pipeline_done"], []),
         (None, "success", ["delete_tpu_pools", "delete_cluster", "pipeline_done"], []),
     ],
-    ids=["create fails", "pool create fails", "training fails", "teardown fails", "all succeed"],
+    ids=["create fails", "pool create fails", "training fails", "gate fails", "teardown fails", "all succeed"],
 )
 def test_teardown_wiring(dag, failing, run_state, must_run, must_not_run):
     state, tasks = run_with_failure(dag, failing)

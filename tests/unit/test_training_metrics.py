@@ -282,3 +282,85 @@ def test_evaluation_and_cost_params_out_of_range_are_refused(tutorial_conf, para
         RunConfig.from_params({**tutorial_conf, **params})
 
     assert error.value.fields == [field]
+
+
+# --- what the pipeline shows: progress of the current attempt, evaluation in XCom, cost, summary -------------
+
+
+def event_file(name_time: int, steps, train_steps: int = 50) -> tuple[str, dict]:
+    """An emulated attempt's event file: its name (the writer's start time in it) and its scalars."""
+    _, data = emulator.tensorboard_event_file(emulator.training_scalars(RUN, train_steps, steps))
+    return f"events.out.tfevents.{name_time}.head-0", tm.read_scalars([data])
+
+
+def test_progress_of_the_current_attempt_after_a_restart_counts_from_its_writers_start():
+    files = dict([event_file(1_800_000_000, range(1, 21)), event_file(1_800_003_000, range(21, 31))])
+
+    line = tm.attempt_progress(files, train_steps=50, now=1_800_003_000 + 10 * 60)
+
+    # The second attempt made 10 steps in 10 minutes: 20 more take 20 minutes.
+    assert line.startswith("step 30/50 (60%), 10m elapsed, ETA 20m, reward ")
+    assert tm.attempt_progress({}, 50, now=0) is None  # before the trainer wrote anything: no line
+
+
+def test_only_the_trainers_evaluation_lines_are_kept_while_its_log_streams():
+    assert tm.evaluation_kind(PRE) == "Pre" and tm.evaluation_kind(POST) == "Post"
+    assert tm.evaluation_kind("I1201 train_rl.py:700] step 3 loss 0.2") is None
+    assert tm.evaluation_kind("Post RL Training: pending") is None
+
+
+def test_the_evaluation_goes_through_xcom_and_back_unchanged():
+    evaluation = tm.parse_evaluation([PRE, POST])
+
+    assert tm.Evaluation.from_dict(json_round_trip(evaluation.to_dict())) == evaluation
+    assert tm.Evaluation.from_dict(None) is None
+    assert tm.Evaluation.from_dict({"before": evaluation.to_dict()["before"], "after": None}).after is None
+
+
+def json_round_trip(value):
+    import json
+
+    return json.loads(json.dumps(value))
+
+
+def test_the_cost_counts_each_slice_the_run_created(tutorial_config):
+    slices = [{"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T12:30:00+00:00"}]
+
+    cost = tm.tpu_cost(slices, tutorial_config)
+
+    assert cost["chip_hours"] == 160.0 and cost["cost_usd"] == 432.0 and cost["price_per_chip_hour"] == 2.70
+    assert tm.describe_cost(cost, tutorial_config) == (
+        "160.0 chip-hours, about $432.00 at $2.70 per chip-hour, 1 slice(s)")
+
+
+def test_a_slice_the_run_did_not_create_is_not_counted(tutorial_conf):
+    config = RunConfig.from_params({**tutorial_conf, "tpu_pool_mode": "existing", "cluster_mode": "existing"})
+
+    assert tm.describe_cost(None, config).startswith("not counted: tpu_pool_mode is 'existing'")
+
+
+def test_the_summary_names_step_evaluation_cost_and_model(tutorial_config):
+    slices = [{"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:00:00+00:00"}]
+
+    summary = tm.run_summary(final_step=50, evaluation=tm.parse_evaluation([PRE, POST]),
+                             cost=tm.tpu_cost(slices, tutorial_config), model_uri="gs://b/m/hf-trained/r/",
+                             config=tutorial_config)
+
+    assert summary.splitlines() == [
+        "Run summary",
+        "  final step   50/50",
+        "  evaluation   before accuracy 40.0% (8/20), partial 50.0%, format 95.0%, mean reward 0.4950",
+        "               after  accuracy 60.0% (12/20), partial 70.0%, format 100.0%, mean reward 0.7000",
+        "  TPU          64.0 chip-hours, about $172.80 at $2.70 per chip-hour, 1 slice(s)",
+        "  preemptions  none",
+        "  model        gs://b/m/hf-trained/r/",
+    ]
+
+
+def test_a_summary_without_evaluation_says_so_instead_of_figures(tutorial_conf):
+    config = RunConfig.from_params({**tutorial_conf, "extra_train_args": {"num_test_batches": 0}})
+
+    summary = tm.run_summary(final_step=47, evaluation=None, cost=None, model_uri="gs://b/m/", config=config)
+
+    assert "  evaluation   no evaluation: extra_train_args sets num_test_batches to 0" in summary.splitlines()
+    assert "final step   47/50" in summary and "accuracy" not in summary

@@ -7,7 +7,8 @@
   objects and read only the small documents the rules in :mod:`tpu_rl.checkpoints` need: a few listing
   pages, never a download of a checkpoint. They return the rules' verdict; triggers and sensors decide.
 - :func:`object_sizes`, :func:`delete_objects` and :func:`rewrite_object` are what publishing the export
-  does (with a ``google.cloud.storage.Client`` from :func:`storage_client`).
+  does (with a ``google.cloud.storage.Client`` from :func:`storage_client`); :func:`move_folder` sets a step
+  folder aside before a resume, and :func:`training_state` reads what a preempted training left.
 - :class:`GcsLock` is the cross-run lock on a shared conversion, and :func:`parse_lock_holder` and
   :class:`LockState` the one reading of a lock object (its JSON, its age, when it counts as stale), for
   the lock and for the trigger that waits on it.
@@ -19,8 +20,9 @@ clients and aiohttp are imported where they are used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -92,14 +94,20 @@ class GcsReadHook:
         self._hook: Any = None
 
     async def run(self, bucket: str, check: Callable[[GcsReader], Awaitable[T]]) -> T:
+        async with self.reader(bucket) as reader:
+            return await check(reader)
+
+    @contextlib.asynccontextmanager
+    async def reader(self, bucket: str) -> AsyncIterator[GcsReader]:
+        """A reader on one HTTP session and one access token, for a watch that reads again and again (the
+        token is refreshed when it expires, not fetched for every read)."""
         from aiohttp import ClientSession
         from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 
         if self._hook is None:
             self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
         async with ClientSession() as session:
-            storage = await self._hook.get_storage_client(session)
-            return await check(GcsReader(storage, bucket))
+            yield GcsReader(await self._hook.get_storage_client(session), bucket)
 
     def run_now(self, bucket: str, check: Callable[[GcsReader], Awaitable[T]]) -> T:
         """:meth:`run` from synchronous code (a sensor's poke, an operator)."""
@@ -147,6 +155,41 @@ async def final_training_step(
     if verdict.complete:
         verdict = await probe_orbax_step(reader, f"{prefix}{step}/", f"actor/{step}/", items)
     return verdict, {"step": step}
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """What a preempted training left in the bucket: its step folders' verdicts (newest first, down to the newest
+    complete one), when that one was committed, and the last step the trainer logged or started to save."""
+
+    steps: list[tuple[int, Verdict]]
+    committed_at: datetime | None
+    last_step: int
+
+
+async def training_state(
+    reader: GcsReader, actor_prefix: str, tensorboard_prefix: str, items: Sequence[str]
+) -> TrainingState:
+    """Reads the step folders under ``actor_prefix`` from the newest down to the first complete one, and the
+    last step of the policy's loss in the TensorBoard event files (the trainer's progress)."""
+    from tpu_rl import training_metrics
+
+    _, folders = await reader.list(actor_prefix, delimiter="/")
+    numbers = rules.step_numbers(folders)
+    steps, committed_at = [], None
+    for step in numbers:
+        verdict = await probe_orbax_step(reader, f"{actor_prefix}{step}/", f"actor/{step}/", items)
+        steps.append((step, verdict))
+        if verdict.complete:
+            marker, _ = await reader.list(f"{actor_prefix}{step}/{rules.COMMIT_SUCCESS}")
+            committed_at = marker[""].updated if "" in marker else None
+            break
+    events, _ = await reader.list(tensorboard_prefix)
+    files = [await reader.read(tensorboard_prefix + name) for name in sorted(events)
+             if training_metrics.is_event_file(name)]
+    loss = training_metrics.read_scalars(files).get(training_metrics.LOSS_TAG, []) if files else []
+    logged = loss[-1][0] if loss else 0
+    return TrainingState(steps, committed_at, max(numbers[:1] + [logged]))
 
 
 async def _shard_problem(reader: GcsReader, prefix: str, shard: StoredObject) -> str | None:
@@ -215,6 +258,27 @@ def read_or_create_json(client: Any, bucket: str, name: str, document: Any) -> t
         return True, None
 
 
+def update_json(client: Any, bucket: str, name: str, change: Callable[[Any], Any], attempts: int = 5) -> Any:
+    """Rewrites the JSON object ``gs://<bucket>/<name>`` with ``change(document)`` only if nobody wrote it in
+    between (``if_generation_match``), reading again after a conflict. Returns the document written."""
+    from google.api_core.exceptions import PreconditionFailed
+
+    blob = client.bucket(bucket).blob(name)
+    for _ in range(attempts):
+        blob.reload()
+        document = change(json.loads(blob.download_as_bytes(if_generation_match=blob.generation)))
+        try:
+            blob.upload_from_string(
+                json.dumps(document, indent=2, sort_keys=True),
+                content_type="application/json",
+                if_generation_match=blob.generation,
+            )
+            return document
+        except PreconditionFailed:
+            continue
+    raise AirflowException(f"gs://{bucket}/{name} kept changing while it was updated ({attempts} attempts)")
+
+
 # -- publishing: a folder's objects copied server-side -----------------------------------------------------
 
 
@@ -237,6 +301,16 @@ def rewrite_object(client: Any, bucket: str, source: str, destination: str) -> N
         token, _, _ = handle.blob(destination).rewrite(handle.blob(source), token=token)
         if token is None:
             return
+
+
+def move_folder(client: Any, bucket: str, source: str, destination: str) -> int:
+    """Copies every object under ``source`` to ``destination`` (server-side), then deletes the originals:
+    nothing is removed before its copy exists. Returns how many objects moved."""
+    names = list(object_sizes(client, bucket, source))
+    for name in names:
+        rewrite_object(client, bucket, source + name, destination + name)
+    delete_objects(client, bucket, [source + name for name in names])
+    return len(names)
 
 
 # -- the conversion lock ---------------------------------------------------------------------------------

@@ -347,8 +347,16 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             )
 
 
+#: XCom key of ``delete_tpu_pools``: when each slice the run created had its nodes (``gke.slice_times``).
+XCOM_TPU_SLICES = "tpu_slices"
+
+
 class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
-    """Deletes the TPU node pools this run created, right after training (teardown of the create)."""
+    """Deletes the TPU node pools this run created, right after training (teardown of the create).
+
+    Once they are gone it pushes when each slice's nodes existed (XCom ``tpu_slices``), from GKE's own
+    records of the pools' create and delete operations, so a retried create or delete counts once.
+    """
 
     def execute(self, context: Any) -> None:
         config = self.bind_scope(context).config
@@ -373,6 +381,29 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
             self.log.info("Deleting node pool %s", name)
             self._await(config, operation.name, next_step=index + 1)
         release_capacity(config, run, self.log)
+        self._record_slice_times(context)
+
+    def _record_slice_times(self, context: Any) -> None:
+        """The TPU time is reported, never a reason to fail the teardown: an unreadable list is logged."""
+        config, run = self.scope.config, self.scope.run
+        pools = [run.tpu_pool_name(i) for i in range(config.cluster_nodepool_count)]
+        try:
+            listed = _cluster_hook(config).get_cluster_manager_client().list_operations(
+                parent=gke.cluster_parent(config)
+            ).operations
+        except Exception as error:
+            self.log.warning("Could not list GKE's operations to count the slices' TPU time: %s", error)
+            return
+        cluster_pools = f"/clusters/{config.cluster_name}/nodePools/"
+        operations = [
+            {"type": op.operation_type.name, "pool": op.target_link.rsplit("/", 1)[-1], "end": op.end_time,
+             "failed": bool(op.error.code or op.status_message)}
+            for op in listed if cluster_pools in op.target_link
+        ]
+        times = gke.slice_times(operations, pools)
+        for slice_ in times:
+            self.log.info("TPU slice %s: nodes from %s to %s", slice_["pool"], slice_["nodes_from"], slice_["nodes_gone"])
+        context["ti"].xcom_push(key=XCOM_TPU_SLICES, value=times)
 
 
 class DeleteClusterOperator(_AwaitsGkeOperations):

@@ -112,6 +112,14 @@ class JobSetOperator(BaseOperator):
         """Runs before a new JobSet is submitted (not when a running or Completed one is adopted, and before
         a Failed one is replaced); it may fail the task."""
 
+    def trigger_kwargs(self) -> dict[str, Any]:
+        """More keywords for the JobSet's trigger (serialised with it)."""
+        return {}
+
+    def after_completed(self, context: Context, event: dict[str, Any]) -> None:
+        """Runs when the JobSet Completed, with the trigger's event (its ``evaluation_lines``, ``log_tail``);
+        the event is empty when a Completed JobSet of an earlier try was adopted (nothing watched it)."""
+
     def after_jobset_ended(self, context: Context) -> None:
         """Runs once the task knows its JobSet writes no more: Completed (adopted or awaited), Failed, or
         deleted while the task waited."""
@@ -176,6 +184,7 @@ class JobSetOperator(BaseOperator):
             return None
         self.log.info("JobSet %s/%s already Completed: %s", meta["namespace"], meta["name"], condition.get("message"))
         result = self._finish_success(existing, log_tail=[])
+        self.after_completed(context, {})
         self.after_jobset_ended(context)
         return result
 
@@ -219,6 +228,7 @@ class JobSetOperator(BaseOperator):
             progress_interval=self.progress_interval,
             log_tail_lines=self.log_tail_lines,
             delete_on_kill=self.delete_on_kill,
+            **self.trigger_kwargs(),
         )
 
     def _remaining_time(self, context: Context) -> timedelta | None:
@@ -237,9 +247,11 @@ class JobSetOperator(BaseOperator):
             if event["status"] != "success":
                 raise JobSetFailedError(event["message"])
             self.log.info("%s", event["message"])
-            return self._finish_success(
+            result = self._finish_success(
                 {"metadata": self.tracked, "status": {"restarts": event.get("restarts", 0)}}, event["log_tail"]
             )
+            self.after_completed(context, event)
+            return result
         finally:
             self.after_jobset_ended(context)
 

@@ -103,15 +103,19 @@ class PublishHfExportOperator(BaseOperator):
 
 class RunPublishHfExportOperator(RunScoped, PublishHfExportOperator):
     """The DAG's ``publish_export``: into the run's bucket and export prefix, naming the run's training folder
-    as the source (the verified attempt and the final step come from XCom)."""
+    as the source (the verified attempt and the final step come from XCom). Its event's extra adds the
+    training's evaluation and TPU cost (:meth:`~tpu_rl.operators.run_report.TrainingFigures.event_extra`)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(bucket="", destination_prefix="", source_run="", **kwargs)
 
     def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        from tpu_rl.operators.run_report import TrainingFigures
+
         layout = scope.layout
         self.bucket, self.gcp_conn_id = scope.config.gcs_bucket, scope.config.gcp_conn_id
         self.destination_prefix, self.source_run = layout.export_prefix, layout.uri(layout.training_prefix)
+        self.event_extra = TrainingFigures.of(context, scope).event_extra(scope)
         if scope.interval:
-            self.event_extra = {"data_interval_start": scope.interval.start.isoformat(),
-                                "data_interval_end": scope.interval.end.isoformat()}
+            self.event_extra.update(data_interval_start=scope.interval.start.isoformat(),
+                                    data_interval_end=scope.interval.end.isoformat())

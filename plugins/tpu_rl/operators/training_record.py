@@ -1,5 +1,6 @@
 """The training record: a run's training parameters stored next to its checkpoints on the first attempt,
-and every later attempt refused when they differ (``train_rl`` resumes from the run's latest checkpoint).
+and every later attempt refused when they differ (``train_rl`` resumes from the run's latest checkpoint);
+and the run's preemptions, added as ``train_rl`` meets them, so a retried or cleared task counts them too.
 
 :func:`check_training_record` is the check; :class:`TrainingRecordCheckOperator` runs it as a task, and
 :class:`RunTrainingRecordCheckOperator` is the DAG's task, on the run's record. ``TrainRlOperator`` runs
@@ -17,10 +18,14 @@ from airflow.sdk import BaseOperator
 from tpu_rl.checkpoints import training_record_changes
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.hooks import gcs
+from tpu_rl.preemption import PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+#: The record's list of the run's preemptions (:class:`~tpu_rl.preemption.PreemptionRecord` as JSON).
+PREEMPTIONS_KEY = "preemptions"
 
 
 def check_training_record(
@@ -48,6 +53,23 @@ def check_training_record(
         )
     log.info("Training parameters match %s: resuming the same run", uri)
     return uri
+
+
+def recorded_preemptions(client: Any, bucket: str, record_object: str) -> list[PreemptionRecord]:
+    """The preemptions the run's record holds (none in a record written before preemptions were counted)."""
+    document = json.loads(client.bucket(bucket).blob(record_object).download_as_bytes())
+    return [PreemptionRecord.from_json(entry) for entry in document.get(PREEMPTIONS_KEY, [])]
+
+
+def record_preemption(client: Any, bucket: str, record_object: str, record: PreemptionRecord) -> list[PreemptionRecord]:
+    """Adds ``record`` to the run's record (its parameters untouched); returns every preemption recorded."""
+
+    def add(document: dict) -> dict:
+        document.setdefault(PREEMPTIONS_KEY, []).append(record.to_json())
+        return document
+
+    document = gcs.update_json(client, bucket, record_object, add)
+    return [PreemptionRecord.from_json(entry) for entry in document[PREEMPTIONS_KEY]]
 
 
 class TrainingRecordCheckOperator(BaseOperator):

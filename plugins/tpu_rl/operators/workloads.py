@@ -6,22 +6,34 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any
 
+from tpu_rl import checkpoints, manifests, preemption
 from tpu_rl import jobset_status as st
-from tpu_rl import manifests
-from tpu_rl.compat import AirflowException, AirflowSkipException
-from tpu_rl.hooks.gcs import GcsLock, orbax_step_verdict, storage_client
-from tpu_rl.operators.jobset import JobSetOperator
-from tpu_rl.operators.training_record import check_training_record
+from tpu_rl.compat import AirflowException, AirflowFailException, AirflowSkipException
+from tpu_rl.hooks.gcs import (
+    GcsLock,
+    GcsReadHook,
+    move_folder,
+    orbax_step_verdict,
+    parse_not_before,
+    storage_client,
+    training_state,
+)
+from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
+from tpu_rl.operators.training_record import check_training_record, record_preemption, recorded_preemptions
+from tpu_rl.preemption import XCOM_PREEMPTIONS, PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
+from tpu_rl.training_metrics import describe_evaluation, parse_evaluation
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
 XCOM_ATTEMPT_PREFIX = "attempt_prefix"
 XCOM_SUBMITTED_AT = "submitted_at"
+#: XCom key of the training's evaluation before and after (``Evaluation.to_dict()``, or None).
+XCOM_EVALUATION = "evaluation"
 
 
 class RunJobSetOperator(RunScoped, JobSetOperator):
@@ -214,10 +226,35 @@ class HfToMaxTextOperator(RunJobSetOperator):
 
 class TrainRlOperator(RunJobSetOperator):
     """Trains; before it submits a new JobSet (not when it adopts a running or Completed one) it checks the
-    run's training record, so a retry or a clear of ``train_rl`` never resumes with changed parameters."""
+    run's training record, so a retry or a clear of ``train_rl`` never resumes with changed parameters.
+
+    A training that fails because it was preempted (``jobset_status.preemption``: a Spot VM reclaimed, TPU host
+    maintenance, a lost host) is resumed in the same try, deferred again: the step folders that are not whole
+    are set aside, the failed JobSet is replaced, and the trainer restores the newest complete step. Up to
+    ``max_preemptions`` per run (counted in the training record); beyond, the task fails without a retry.
+    Any other failure fails the try, as Airflow's retries expect. Every end pushes the XCom
+    ``preemptions`` (:func:`tpu_rl.preemption.accounting`) for the run's summary.
+
+    While it waits, its trigger logs the training's progress from the event files in the bucket. Once the
+    JobSet Completed it pushes the trainer's evaluation (XCom ``evaluation``: the before and after figures,
+    None when the log showed none), for the quality gate, the published Asset event and the run's summary.
+    """
+
+    #: The Orbax items of a training step (MaxText 0.2.4; maxtext.md).
+    items = ("model_params", "optimizer_state")
 
     def stage_manifest(self, scope: RunScope, context: Any) -> dict:
         return manifests.training_jobset(scope.config, scope.run)
+
+    def trigger_kwargs(self) -> dict[str, Any]:
+        config, layout = self.scope.config, self.scope.layout
+        return {"training": {"bucket": config.gcs_bucket, "prefix": layout.tensorboard_prefix,
+                             "train_steps": config.train_steps, "gcp_conn_id": config.gcp_conn_id}}
+
+    def after_completed(self, context: Any, event: dict[str, Any]) -> None:
+        evaluation = parse_evaluation(event.get("evaluation_lines") or [])
+        self.log.info("%s", describe_evaluation(evaluation, self.scope.config))
+        context["ti"].xcom_push(key=XCOM_EVALUATION, value=evaluation.to_dict() if evaluation else None)
 
     def before_submit(self, context: Any) -> None:
         config = self.scope.config
@@ -225,6 +262,78 @@ class TrainRlOperator(RunJobSetOperator):
             config.gcs_bucket, self.scope.layout.training_record_object, self.scope.training_record, self.log,
             config.gcp_conn_id,
         )
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict | None:
+        if event["status"] == "failed" and event.get("preemption"):
+            return self._resume_after_preemption(context, event)
+        try:
+            return super().execute_complete(context, event)
+        finally:
+            self._push_accounting(context, None)
+
+    def _resume_after_preemption(self, context: Any, event: dict[str, Any]) -> dict | None:
+        """Sets aside what is not whole, records the preemption, then resubmits and defers (or fails the task
+        once the run's budget is spent)."""
+        scope, config = self.scope, self.scope.config
+        layout, client = scope.layout, storage_client(config.gcp_conn_id)
+        state = GcsReadHook(config.gcp_conn_id).run_now(
+            config.gcs_bucket,
+            lambda reader: training_state(reader, layout.actor_checkpoints_prefix, layout.tensorboard_prefix, self.items),
+        )
+        now = datetime.now(timezone.utc)
+        plan = checkpoints.plan_resume(state.steps)
+        moved = [self._set_aside(client, step, why, now) for step, why in plan.set_aside]
+        started = (context["ti"].xcom_pull(task_ids=self.task_id, key=XCOM_JOBSET) or {}).get("created")
+        since = max(filter(None, [state.committed_at, parse_not_before(started)]), default=None)
+        recorded = recorded_preemptions(client, config.gcs_bucket, layout.training_record_object)
+        resumed = preemption.within_budget(len(recorded), config.max_preemptions)
+        record = preemption.PreemptionRecord(
+            number=len(recorded) + 1,
+            reason=f"{event['preemption']['reason']}; pod {event['preemption']['pod']}",
+            preempted_at=now.isoformat(timespec="seconds"),
+            preempted_at_step=max(state.last_step, plan.resume_from),
+            resumed_from=plan.resume_from if resumed else None,
+            seconds_lost=preemption.seconds_lost(since, now),
+            set_aside=tuple(moved),
+        )
+        records = record_preemption(client, config.gcs_bucket, layout.training_record_object, record)
+        if not resumed:
+            self._push_accounting(context, records)
+            raise AirflowFailException(
+                f"{preemption.budget_spent_message(record, config.max_preemptions, plan.resume_from)}\n{event['message']}"
+            )
+        self.log.warning("%s", preemption.resume_message(record, config.max_preemptions))
+        self.log.info("The preempted attempt:\n%s", event["message"])
+        self._push_accounting(context, records)
+        name, namespace, uid = event["name"], event["namespace"], event["uid"]
+        self.hook.delete_jobset(name, namespace, uid=uid)
+        self.hook.wait_until_gone(name, namespace, uid, self.deletion_timeout)
+        return self.run_jobset(context)  # Submits the resumed training and defers.
+
+    def _set_aside(self, client: Any, step: int, why: str, now: datetime) -> str:
+        """Moves one step folder out of the checkpoint manager's view (copied, then removed); logs both places."""
+        layout, bucket = self.scope.layout, self.scope.config.gcs_bucket
+        source = f"{layout.actor_checkpoints_prefix}{step}/"
+        destination = layout.set_aside_prefix + checkpoints.set_aside_folder(step, now)
+        count = move_folder(client, bucket, source, destination)
+        self.log.warning(
+            "actor/%d/ is not a complete step (%s): set aside, %d objects moved from %s to %s", step, why, count,
+            layout.uri(source), layout.uri(destination),
+        )
+        return layout.uri(destination)
+
+    def _push_accounting(self, context: Any, records: list[PreemptionRecord] | None) -> None:
+        """The run's preemptions so far, as XCom ``preemptions``; read from the record unless just written."""
+        config = self.scope.config
+        if records is None:
+            try:
+                records = recorded_preemptions(
+                    storage_client(config.gcp_conn_id), config.gcs_bucket, self.scope.layout.training_record_object
+                )
+            except Exception as error:  # The accounting informs; it never decides the task's outcome.
+                self.log.warning("Could not read the run's preemptions from its training record: %s", error)
+                return
+        context["ti"].xcom_push(key=XCOM_PREEMPTIONS, value=preemption.accounting(records, config.max_preemptions))
 
 
 class MaxTextToHfOperator(RunJobSetOperator):

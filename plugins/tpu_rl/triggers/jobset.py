@@ -3,6 +3,8 @@
 It keeps three long-lived requests open: a watch of the JobSet, a watch of its pods, and the followed
 log of the workload container. Progress and log lines go to the task's log; the pods' last state
 and the log's tail stay in memory, because a finished JobSet's pods can vanish before anyone reads them.
+So do the trainer's evaluation lines, which a long log would scroll out of the tail. For the training it
+also reads the trainer's TensorBoard event files at most once a minute and logs its progress.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import jobset_status as st
+from tpu_rl.hooks.gcs import GcsReadHook
 from tpu_rl.hooks.jobset import AsyncJobSetHook, ClusterTarget
+from tpu_rl.training_metrics import evaluation_kind
+from tpu_rl.triggers.training_progress import TrainingProgress
 
 #: Airflow 3.3 added BaseTrigger.on_kill, called when a user kills the deferred task.
 _TRIGGERER_CALLS_ON_KILL = "on_kill" in vars(BaseTrigger)
@@ -26,6 +31,8 @@ _TRIGGERER_CALLS_ON_KILL = "on_kill" in vars(BaseTrigger)
 LOG_DRAIN_SECONDS = 10
 #: A pod's log stream is closed this long after the pod ended (a stream may stay open after that).
 POD_END_GRACE_SECONDS = 3
+#: After the JobSet finished, how long the training's last progress read may take.
+TRAINING_LAST_READ_SECONDS = 30
 
 
 class _Progress:
@@ -39,6 +46,9 @@ class _Progress:
         self.kueue_note = ""
         self.log_idle = True
         self.pods_changed = asyncio.Event()
+        #: The last evaluation line of each kind (``Pre``, ``Post``) the log showed.
+        self.evaluation: dict[str, str] = {}
+        self.finished = asyncio.Event()
 
     def line(self) -> str:
         return st.progress_line(self.jobset, self.pods.values(), self.kueue_note)
@@ -90,6 +100,9 @@ class JobSetTrigger(BaseTrigger):
         logged when they happen).
     :param log_tail_lines: how many last lines of the workload log the event carries.
     :param delete_on_kill: delete the JobSet when a user marks the deferred task failed or clears it.
+    :param training: for the training, where its event files are (see
+        :class:`~tpu_rl.triggers.training_progress.TrainingProgress`): its progress is logged at most once
+        per interval, and once more when it ended if no line was logged in the last interval.
     :param connection: instead of ``cluster``, the keywords a trigger serialised before ``cluster`` existed
         named it by (``kubernetes_conn_id``, or ``cluster_url``, ``ssl_ca_cert``, ``gcp_conn_id``,
         ``use_dns_endpoint``): a task deferred across a deploy resumes its wait.
@@ -107,6 +120,7 @@ class JobSetTrigger(BaseTrigger):
         progress_interval: float = 300,
         log_tail_lines: int = 100,
         delete_on_kill: bool = True,
+        training: Mapping[str, Any] | None = None,
         **connection: Any,
     ) -> None:
         super().__init__()
@@ -119,10 +133,11 @@ class JobSetTrigger(BaseTrigger):
         self.progress_interval = progress_interval
         self.log_tail_lines = log_tail_lines
         self.delete_on_kill = delete_on_kill
+        self.training = dict(training) if training else None
 
     #: Serialised as they are; ``cluster`` as its ``to_dict()``.
     _SERIALIZED = ("name", "namespace", "uid", "log_replicated_job", "log_container", "progress_interval",
-                   "log_tail_lines", "delete_on_kill")
+                   "log_tail_lines", "delete_on_kill", "training")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         kwargs = {key: getattr(self, key) for key in self._SERIALIZED}
@@ -142,10 +157,15 @@ class JobSetTrigger(BaseTrigger):
             asyncio.create_task(self._keep_running(fn, hook, progress))
             for fn in (self._watch_pods, self._follow_log, self._report)
         ]
+        if self.training:
+            helpers.append(asyncio.create_task(self._report_training(progress)))
         try:
             final = await self._watch_jobset(hook, progress)
             if final:
                 await self._drain_log(progress)
+            if self.training:
+                progress.finished.set()
+                await asyncio.wait(helpers[-1:], timeout=TRAINING_LAST_READ_SECONDS)
             event = await self._event(hook, progress, final)
         except asyncio.CancelledError:
             if not _TRIGGERER_CALLS_ON_KILL and await self._task_left_deferred():
@@ -297,6 +317,8 @@ class JobSetTrigger(BaseTrigger):
                 if text is not None:
                     received = True
                     progress.tail.append(text)
+                    if kind := evaluation_kind(text):
+                        progress.evaluation[kind] = text
                     self.log.info("[%s] %s", pod.name, text)
         except asyncio.CancelledError:
             raise
@@ -331,6 +353,29 @@ class JobSetTrigger(BaseTrigger):
                 self.log.info("JobSet %s after %dm%02ds: %s", self.ref, elapsed // 60, elapsed % 60, line)
                 last_line, last_time = line, now
 
+    async def _report_training(self, progress: _Progress) -> None:
+        """The training's progress line at most once per interval while it runs, and once more when it ended
+        unless a line was logged in the last interval. A failed read is logged and tried at the next one:
+        progress only informs."""
+        training = TrainingProgress(self.training)
+        try:
+            async with GcsReadHook(training.gcp_conn_id).reader(training.bucket) as reader:
+                while True:
+                    ended = progress.finished.is_set()
+                    if training.due():
+                        try:
+                            await training.report(reader, self.log)
+                        except Exception as e:
+                            self.log.warning("Could not read the training's event files under gs://%s/%s (%s: %s)",
+                                             training.bucket, training.prefix, type(e).__name__, str(e)[:300])
+                    if ended:
+                        return
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(progress.finished.wait(), training.interval)
+        except Exception as e:  # No reader (credentials, network): the wait goes on without progress lines.
+            self.log.warning("No training progress: cannot read gs://%s (%s: %s)", training.bucket,
+                             type(e).__name__, str(e)[:300])
+
     async def _event(self, hook: AsyncJobSetHook, progress: _Progress, final: dict | None) -> dict[str, Any]:
         event: dict[str, Any] = {
             "name": self.name,
@@ -338,6 +383,7 @@ class JobSetTrigger(BaseTrigger):
             "uid": self.uid,
             "log_tail": list(progress.tail),
             "log_pod": progress.log_pod,
+            "evaluation_lines": list(progress.evaluation.values()),
         }
         if final is None:
             return {**event, "status": "deleted", "message": self._deleted_message(progress)}
@@ -350,7 +396,8 @@ class JobSetTrigger(BaseTrigger):
             return {**event, "status": "success", "message": f"JobSet {self.ref} completed: {condition.get('message', '')}"}
         lost = await self._lost_nodes(hook, progress)
         message = st.explain_failure(final, progress.pods.values(), lost, event["log_tail"], progress.log_pod)
-        return {**event, "status": "failed", "message": message}
+        preemption = st.preemption(final, progress.pods.values(), lost)
+        return {**event, "status": "failed", "message": message, "preemption": preemption}
 
     def _deleted_message(self, progress: _Progress) -> str:
         message = (

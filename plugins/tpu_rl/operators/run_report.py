@@ -1,0 +1,121 @@
+"""What a run reports of its training: the quality gate before the export, the figures the published Asset
+event carries, and the summary its last task prints (and sends, with a notifier connection).
+
+The figures come from the XComs of the tasks that saw them: ``train_rl`` (the evaluation, the preemptions), ``delete_tpu_pools``
+(when each slice's nodes existed), ``verify_training`` (the final step), ``publish_export`` (the model's URI).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from tpu_rl import training_metrics as tm
+from tpu_rl.compat import AirflowFailException
+from tpu_rl.operators.cluster import XCOM_TPU_SLICES
+from tpu_rl.operators.workloads import XCOM_EVALUATION
+from tpu_rl.preemption import XCOM_PREEMPTIONS, describe_accounting
+from tpu_rl.run_scope import RunScope, RunScoped
+
+#: The pipeline's tasks whose XComs the report reads.
+TRAIN_TASK = "train_rl"
+DELETE_POOLS_TASK = "delete_tpu_pools"
+FINAL_STEP_TASK = "verify_training"
+PUBLISH_TASK = "publish_export"
+
+
+@dataclass(frozen=True)
+class TrainingFigures:
+    """The training's evaluation and TPU cost, as the run's tasks recorded them."""
+
+    evaluation: tm.Evaluation | None
+    cost: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, context: Any, scope: RunScope) -> TrainingFigures:
+        ti = context["ti"]
+        evaluation = tm.Evaluation.from_dict(ti.xcom_pull(task_ids=TRAIN_TASK, key=XCOM_EVALUATION))
+        slices = ti.xcom_pull(task_ids=DELETE_POOLS_TASK, key=XCOM_TPU_SLICES)
+        cost = tm.tpu_cost(slices, scope.config) if slices is not None and scope.config.tpu_pools_per_run else None
+        return cls(evaluation, cost)
+
+    def event_extra(self, scope: RunScope) -> dict[str, Any]:
+        """For the Asset event: ``evaluation`` (``before``/``after`` figures, or None with the reason) and
+        ``tpu`` (chip-hours, cost, price and slices, or None with the reason)."""
+        config = scope.config
+        return {
+            "evaluation": self.evaluation.to_dict() if self.evaluation and config.evaluation_batches else None,
+            "evaluation_note": tm.describe_evaluation(self.evaluation, config),
+            "tpu": self.cost,
+            "tpu_note": tm.describe_cost(self.cost, config),
+        }
+
+
+class QualityGateOperator(RunScoped, BaseOperator):
+    """The run's quality gate (``min_post_accuracy``, ``require_no_regression``) on the trainer's evaluation,
+    before anything is exported: a model that fails it is never published, and the run fails with both sets
+    of figures. The training's checkpoints stay (they may still be wanted). Without a gate it only logs the
+    evaluation."""
+
+    ui_color = "#fde9c9"
+
+    def execute(self, context: Any) -> None:
+        scope = self.bind_scope(context)
+        evaluation = TrainingFigures.of(context, scope).evaluation
+        self.log.info("%s", tm.describe_evaluation(evaluation, scope.config))
+        reasons = tm.quality_gate(evaluation, scope.config)
+        if reasons:
+            # The figures will not change on a retry: fail at once.
+            raise AirflowFailException(
+                "The trained model fails the quality gate, so it is not exported or published (its checkpoints "
+                f"stay under {scope.uri(scope.layout.actor_checkpoints_prefix)}): " + "; ".join(reasons)
+            )
+
+
+class RunSummaryOperator(RunScoped, BaseOperator):
+    """The run's last task (``pipeline_done``): it runs when the work succeeded, so its state is the work's
+    outcome, and logs one block (final step, evaluation before and after, TPU chip-hours and cost, the
+    model's URI), returned as its XCom. With ``notify_conn_id`` set, the block is also mailed to
+    ``notify_to`` through the SMTP provider's notifier (the sender: the connection's ``from_email``); a
+    failed notification is logged, never fatal."""
+
+    ui_color = "#d8f0d8"
+
+    def execute(self, context: Any) -> str:
+        scope = self.bind_scope(context)
+        ti = context["ti"]
+        figures = TrainingFigures.of(context, scope)
+        final_step = ti.xcom_pull(task_ids=FINAL_STEP_TASK)
+        summary = tm.run_summary(
+            final_step=int(final_step) if final_step is not None else None,
+            evaluation=figures.evaluation,
+            cost=figures.cost,
+            model_uri=ti.xcom_pull(task_ids=PUBLISH_TASK),
+            config=scope.config,
+            preemptions=describe_accounting(ti.xcom_pull(task_ids=TRAIN_TASK, key=XCOM_PREEMPTIONS)),
+        )
+        self.log.info("%s", summary)
+        if scope.config.notify_conn_id:
+            self._notify(context, scope, summary)
+        return summary
+
+    def _notify(self, context: Any, scope: RunScope, summary: str) -> None:
+        from html import escape
+
+        from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+        config = scope.config
+        notifier = SmtpNotifier(
+            to=config.notify_to,
+            smtp_conn_id=config.notify_conn_id,
+            subject=f"{scope.run.dag_id} {scope.run.run_id}: done",
+            html_content=f"<pre>{escape(summary)}</pre>",
+        )
+        try:
+            notifier.notify(context)
+        except Exception as error:  # The model is published: a mail that cannot go out does not undo that.
+            self.log.warning("Could not send the summary through connection %s: %s", config.notify_conn_id, error)
+        else:
+            self.log.info("Sent the summary to %s through connection %s", config.notify_to, config.notify_conn_id)

@@ -1,0 +1,128 @@
+"""Preempted trainings through the scheduler: triggered through the local Airflow's REST API against the
+simulated cluster, the preemption injected on the simulation's side (sim/faults.py, ``preempt-at-step``: the
+trainer's pod ends with exit code 143 and the condition DisruptionTarget TerminationByKubelet, as a Spot VM's
+graceful shutdown leaves it). Each test has its own run id and removes only its own fault rule.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from sim import faults
+from tpu_rl import training_metrics
+from tpu_rl.config import RunConfig
+from tpu_rl.preemption import XCOM_PREEMPTIONS
+from tpu_rl.run import GcsLayout, RunIdentity
+
+from tpu_rl_testing import SIM_CONF
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "maxtext_rl_tpu"
+RUN_TIMEOUT = 1200
+
+
+@pytest.fixture
+def preempt(airflow):
+    """Starts a run whose training is preempted as asked; removes the fault rule afterwards."""
+    api = faults.core_api()
+    rules = []
+
+    def start(label: str, conf: dict, maxtext_fault: str, times: int | None) -> tuple[str, GcsLayout]:
+        run_id = f"e2e__{label}__{uuid.uuid4().hex[:8]}"
+        run = RunIdentity(DAG_ID, run_id)
+        config = RunConfig.from_params(conf)
+        rule = f"e2e-{label}-{run.key}"
+        faults.set_fault(api, rule, prefix=run.jobset_name(config.workload_prefix, "train"), stage="train_rl",
+                         maxtext_fault=maxtext_fault, times=times)
+        rules.append(rule)
+        airflow.trigger(DAG_ID, conf, run_id=run_id)
+        return run_id, GcsLayout(config, run)
+
+    yield start
+    for rule in rules:
+        faults.clear_faults(api, rule)
+
+
+def names(gcs, layout: GcsLayout, prefix: str) -> set[str]:
+    return {b.name[len(prefix):] for b in gcs.list_blobs(layout.bucket, prefix=prefix)}
+
+
+def train_log(airflow, run_id: str) -> str:
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    return airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
+
+
+def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds(airflow, gcs, preempt):
+    conf = {**SIM_CONF, "checkpoint_period": 8}
+    run_id, layout = preempt("spot", conf, "preempt-at-step=30", times=1)
+    assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"
+
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert tasks["train_rl"]["try_number"] == 1  # resumed within the try: Airflow's retries are untouched
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 50
+    log = train_log(airflow, run_id)
+    assert ("preempted (DisruptionTarget TerminationByKubelet: TPU host maintenance or node shutdown, e.g. a Spot VM "
+            "reclaimed (the kubelet terminated the pod); pod ") in log
+    assert "at step 30: resuming from step 24 (preemption 1 of 3)" in log
+    assert "restored actor checkpoint at step 24, resuming" in log  # the trainer's own line
+
+    # The checkpoints prove the resume: the second attempt's event file starts right after step 24.
+    events = sorted(n for n in names(gcs, layout, layout.tensorboard_prefix) if training_metrics.is_event_file(n))
+    assert len(events) == 2
+    resumed = gcs.bucket(layout.bucket).blob(layout.tensorboard_prefix + events[1]).download_as_bytes()
+    steps = [step for step, _ in training_metrics.read_scalars([resumed])[training_metrics.LOSS_TAG]]
+    assert steps[0] == 25 and steps[-1] == 50
+    committed = {n.split("/")[0] for n in names(gcs, layout, layout.actor_checkpoints_prefix)
+                 if n.endswith("/commit_success.txt")}
+    assert {"8", "16", "24", "32", "40", "48", "50"} <= committed
+
+    accounting = airflow.xcom(DAG_ID, run_id, "train_rl", XCOM_PREEMPTIONS)
+    assert accounting["count"] == 1 and accounting["steps_recomputed"] == 6
+    assert accounting["events"][0]["resumed_from"] == 24 and accounting["events"][0]["preempted_at_step"] == 30
+    assert accounting["seconds_lost"] > 0
+
+
+def test_preemptions_beyond_the_budget_fail_the_run_with_a_message_that_says_so(airflow, gcs, preempt):
+    conf = {**SIM_CONF, "checkpoint_period": 10, "max_preemptions": 2}
+    run_id, layout = preempt("budget", conf, "preempt-at-step=20", times=None)  # every attempt is preempted
+    assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "failed"
+
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert tasks["train_rl"]["state"] == "failed"
+    assert tasks["train_rl"]["try_number"] == 1  # not retried: a retry would only spend more preemptions
+    assert tasks["delete_cluster"]["state"] == "success"
+    log = train_log(airflow, run_id)
+    assert "(preemption 1 of 2)" in log and "(preemption 2 of 2)" in log
+    assert "preemption 3 is beyond max_preemptions 2, so the training is not resumed" in log
+    record = json.loads(gcs.bucket(layout.bucket).blob(layout.training_record_object).download_as_bytes())
+    assert [p["resumed_from"] for p in record["preemptions"]] == [20, 20, None]
+    assert airflow.xcom(DAG_ID, run_id, "train_rl", XCOM_PREEMPTIONS)["count"] == 3
+
+
+def test_a_step_half_written_when_preempted_is_set_aside_and_the_resume_starts_from_the_step_before(
+    airflow, gcs, preempt
+):
+    conf = {**SIM_CONF, "checkpoint_period": 10}
+    run_id, layout = preempt("halfstep", conf, "preempt-at-step=30,skip-commit", times=1)
+    assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"
+
+    set_aside = names(gcs, layout, layout.set_aside_prefix)
+    folders = {n.split("/")[0] for n in set_aside}
+    assert len(folders) == 1 and next(iter(folders)).startswith("30-")
+    folder = next(iter(folders))
+    assert f"{folder}/_CHECKPOINT_METADATA" in set_aside and f"{folder}/commit_success.txt" not in set_aside
+    log = train_log(airflow, run_id)
+    assert "actor/30/ is not a complete step (no commit_success.txt in actor/30/" in log
+    assert f"{layout.uri(layout.set_aside_prefix)}{folder}/" in log
+    assert "at step 30: resuming from step 20 (preemption 1 of 3)" in log
+    assert "restored actor checkpoint at step 20, resuming" in log
+    # The resumed trainer saved step 30 again, whole, in the step folder the half-written one left free.
+    assert "30/commit_success.txt" in names(gcs, layout, layout.actor_checkpoints_prefix)
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 50
+    accounting = airflow.xcom(DAG_ID, run_id, "train_rl", XCOM_PREEMPTIONS)
+    assert accounting["steps_recomputed"] == 10
+    assert accounting["events"][0]["set_aside"] == [f"{layout.uri(layout.set_aside_prefix)}{folder}/"]

@@ -1,0 +1,125 @@
+"""What a run shows of its training, through the scheduler on the simulation: progress in train_rl's log
+(from the trainer's event files in the bucket, read by the triggerer), the evaluation in XCom and in the
+published Asset event, the TPU cost of the slice the run created, the last task's summary; and a model that
+got worse failing the quality gate, publishing nothing.
+
+Both runs are triggered at once (the created cluster makes one of them minutes long) and each test reads
+the outcome of its own. The regression is the emulator's fault ``eval-regression`` (sim/faults.py), set for
+that run's training JobSet only and removed after.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from sim import faults
+from tpu_rl.run import RunIdentity
+
+from tpu_rl_testing import SIM_CONF, SIM_CREATE_CONF, SMALL_SLICE
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "maxtext_rl_tpu"
+RUN_TIMEOUT = 1200
+MODEL = "qwen3-30b-a3b"
+
+
+@pytest.fixture(scope="module")
+def sim_faults():
+    """The fault switch; the rules this module sets are removed after it (others' rules stay)."""
+    api = faults.core_api()
+    before = set(faults.list_faults(api))
+    yield api
+    for name in set(faults.list_faults(api)) - before:
+        faults.clear_faults(api, name)
+
+
+@pytest.fixture(scope="module")
+def runs(airflow, sim_faults):
+    """{scenario: (run_id, conf, final state)}; the runs go on concurrently."""
+    suffix = uuid.uuid4().hex[:6]
+    scenarios = {
+        # The tutorial's path on a small slice: the run creates the cluster and its TPU pool, so it has a cost.
+        "trained": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-metrics-{suffix}"},
+        # The standing cluster's slice, a gate that refuses a worse model, and a trainer that makes it worse.
+        "regressed": {**SIM_CONF, "require_no_regression": True},
+    }
+    run_ids = {name: f"e2e__metrics_{name}__{suffix}" for name in scenarios}
+    regressed = RunIdentity(DAG_ID, run_ids["regressed"])
+    faults.set_fault(sim_faults, f"e2e-metrics-regression-{suffix}", stage="train_rl",
+                     prefix=regressed.jobset_name(SIM_CONF.get("workload_prefix", "qwen"), "train"),
+                     maxtext_fault="eval-regression")
+    for name, conf in scenarios.items():
+        airflow.trigger(DAG_ID, conf, run_id=run_ids[name])
+    yield {name: (run_ids[name], scenarios[name], airflow.wait_for_run(DAG_ID, run_ids[name], RUN_TIMEOUT))
+           for name in scenarios}
+
+
+def asset_events(airflow, run_id: str) -> list[dict]:
+    events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
+    return [e for e in events if e["source_run_id"] == run_id]
+
+
+def test_a_run_shows_progress_evaluation_cost_and_a_summary(airflow, runs):
+    run_id, conf, state = runs["trained"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
+
+    # Progress, from the triggerer, in train_rl's log: the emulated trainer wrote all 4 steps at once.
+    log = airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
+    progress = [line for line in log.splitlines() if "Training progress: " in line]
+    assert progress and "step 4/4 (100%)" in progress[-1] and "reward " in progress[-1], log[-3000:]
+    assert "evaluation before training: accuracy" in log
+
+    # The evaluation the trainer logged (5 test batches of 4 prompts), better after training.
+    evaluation = airflow.xcom(DAG_ID, run_id, "train_rl", key="evaluation")
+    assert evaluation["before"]["total"] == 20 and evaluation["after"]["total"] == 20
+    assert evaluation["after"]["accuracy"] > evaluation["before"]["accuracy"]
+
+    # The slice the run created, counted from GKE's operations: 16 chips while its pool existed.
+    (slice_,) = airflow.xcom(DAG_ID, run_id, "delete_tpu_pools", key="tpu_slices")
+    assert slice_["pool"] == RunIdentity(DAG_ID, run_id).tpu_pool_name(0)
+    assert slice_["nodes_from"] < slice_["nodes_gone"]
+
+    (event,) = asset_events(airflow, run_id)
+    extra = event["extra"]
+    assert extra["evaluation"] == evaluation
+    assert extra["tpu"]["slices"] == [slice_] and extra["tpu"]["chip_hours"] > 0
+    assert extra["tpu"]["cost_usd"] == pytest.approx(extra["tpu"]["chip_hours"] * 2.70, abs=0.01)
+
+    summary = airflow.xcom(DAG_ID, run_id, "pipeline_done")
+    assert "final step   4/4" in summary
+    assert f"before accuracy {evaluation['before']['accuracy']:.1f}%" in summary
+    assert f"after  accuracy {evaluation['after']['accuracy']:.1f}%" in summary
+    assert f"{extra['tpu']['chip_hours']:.1f} chip-hours, about $" in summary
+    assert extra["uri"] in summary
+    assert "Run summary" in airflow.task_log(DAG_ID, run_id, "pipeline_done", tasks["pipeline_done"]["try_number"])
+
+
+def test_a_model_that_got_worse_fails_the_gate_with_both_figures_and_is_not_published(airflow, runs, gcs):
+    run_id, conf, state = runs["regressed"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "failed", {t: ti["state"] for t, ti in tasks.items()}
+    assert tasks["train_rl"]["state"] == "success"
+    assert tasks["quality_gate"]["state"] == "failed"
+    assert tasks["quality_gate"]["try_number"] == 1  # figures do not change on a retry
+    for task_id in ("maxtext_to_hf", "verify_export", "publish_export", "pipeline_done"):
+        assert tasks[task_id]["state"] == "upstream_failed", (task_id, tasks[task_id]["state"])
+    assert tasks["delete_cluster"]["state"] == "success"
+
+    evaluation = airflow.xcom(DAG_ID, run_id, "train_rl", key="evaluation")
+    before, after = evaluation["before"]["accuracy"], evaluation["after"]["accuracy"]
+    assert after < before
+    log = airflow.task_log(DAG_ID, run_id, "quality_gate", 1)
+    assert f"accuracy fell from {before:.1f}% before training to {after:.1f}% after" in log, log[-3000:]
+    assert f"before training: accuracy {before:.1f}%" in log and f"after: accuracy {after:.1f}%" in log
+
+    # Nothing published or exported; the training's checkpoints stay.
+    slug = RunIdentity(DAG_ID, run_id).slug
+    assert asset_events(airflow, run_id) == []
+    assert not list(gcs.list_blobs(conf["gcs_bucket"], prefix=f"{MODEL}/hf-trained/{slug}/"))
+    assert not list(gcs.list_blobs(conf["gcs_bucket"], prefix=f"{MODEL}/hf-staging/{slug}/"))
+    actor = f"{MODEL}/trained/{slug}/rl/checkpoints/actor/"
+    assert any(b.name.endswith("/commit_success.txt") for b in gcs.list_blobs(conf["gcs_bucket"], prefix=actor))

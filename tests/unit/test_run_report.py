@@ -1,0 +1,360 @@
+"""What a run reports of its training, decided without a cluster: the progress read from the bucket (and what
+it costs in requests), the evaluation train_rl pushes, the quality gate before the export, the TPU time
+delete_tpu_pools counts from GKE's operations, the Asset event's extra and the summary of the last task."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tpu_rl import gke
+from tpu_rl import training_metrics as tm
+from tpu_rl.checkpoints import StoredObject
+from tpu_rl.compat import AirflowFailException
+from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.operators.publish import RunPublishHfExportOperator
+from tpu_rl.operators.run_report import QualityGateOperator, RunSummaryOperator
+from tpu_rl.operators.workloads import TrainRlOperator
+from tpu_rl.run import RunIdentity
+from tpu_rl.triggers.jobset import JobSetTrigger
+from tpu_rl.triggers.training_progress import TrainingProgress
+from tpu_rl_testing import TUTORIAL_CONF
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
+import maxtext_emulator as emulator  # noqa: E402
+
+DAG_ID, RUN_ID = "maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00"
+PRE = "Pre RL Training: corr=8, total=20, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950"
+POST = "Post RL Training: corr=5, total=20, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, mean_reward=0.3400"
+SLICES = [{"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
+
+
+class FakeTi:
+    """A task instance's identity and the run's XComs, by (task id, key)."""
+
+    def __init__(self, task_id: str, xcoms: dict[tuple[str, str], Any] | None = None) -> None:
+        self.dag_id, self.run_id, self.task_id, self.try_number = DAG_ID, RUN_ID, task_id, 1
+        self.xcoms = dict(xcoms or {})
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[self.task_id, key] = value
+
+    def xcom_pull(self, task_ids: str | None = None, key: str = "return_value") -> Any:
+        return self.xcoms.get((task_ids or self.task_id, key))
+
+
+def context(task_id: str, xcoms: dict | None = None, **params: Any) -> dict[str, Any]:
+    return {"ti": FakeTi(task_id, xcoms), "dag": SimpleNamespace(dag_id=DAG_ID), "run_id": RUN_ID,
+            "params": {**TUTORIAL_CONF, **params}}
+
+
+def evaluation_xcom(*lines: str) -> dict:
+    return tm.parse_evaluation(lines).to_dict()
+
+
+# --- progress while training --------------------------------------------------------------------------------
+
+
+def records(data: bytes) -> list[int]:
+    """Where each TFRecord of an event file ends (length, its CRC, the data, its CRC)."""
+    ends, offset = [], 0
+    while offset < len(data):
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        offset += 8 + 4 + length + 4
+        ends.append(offset)
+    return ends
+
+
+class GrowingBucket:
+    """One event file the trainer appends to, as Cloud Storage serves it; counts the requests."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        self.full, self.name, self.size = data, name, 0
+        self.updated = datetime(2026, 12, 1, tzinfo=timezone.utc)
+        self.lists, self.reads, self.bytes_read = 0, 0, 0
+
+    def flush_to(self, size: int) -> None:
+        self.size, self.updated = size, self.updated + timedelta(minutes=1)
+
+    async def list(self, prefix: str, delimiter: str | None = None):
+        self.lists += 1
+        return ({self.name: StoredObject(self.name, self.size, self.updated)} if self.size else {}), []
+
+    async def read(self, name: str, first: int | None = None, last: int | None = None) -> bytes:
+        self.reads += 1
+        data = self.full[: self.size][first or 0: None if last is None else last + 1]
+        self.bytes_read += len(data)
+        return data
+
+
+def test_progress_reads_only_what_the_trainer_added_at_most_two_requests_a_minute(caplog):
+    """The API load of the progress: one listing a minute, plus one ranged read when the file grew."""
+    _, data = emulator.tensorboard_event_file(emulator.training_scalars("gs://b/run", 30, range(1, 31)))
+    bucket = GrowingBucket(data, "events.out.tfevents.1800000000.head-0")
+    progress = TrainingProgress({"bucket": "b", "prefix": "run/tensorboard/", "train_steps": 30})
+    log = logging.getLogger("progress")
+    ends = records(data)
+    minutes = 30
+    with caplog.at_level(logging.INFO, "progress"):
+        for minute in range(minutes):
+            if minute % 2 == 1:  # the writer flushes every 2 minutes (tensorboardX's 120 s)
+                bucket.flush_to(ends[min(len(ends) - 1, (minute + 1) * len(ends) // minutes)])
+            asyncio.run(progress.report(bucket, log))
+
+    assert bucket.lists == minutes and bucket.reads == minutes // 2
+    assert (bucket.lists + bucket.reads) / minutes == 1.5
+    assert bucket.bytes_read == len(data)  # each byte read once
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == minutes - 1  # nothing before the first flush
+    assert lines[-1].startswith("Training progress: step 30/30 (100%), ")
+
+
+def test_the_training_trigger_serialises_where_its_event_files_are():
+    training = {"bucket": "b", "prefix": "m/trained/r/rl/tensorboard/", "train_steps": 50, "gcp_conn_id": "g"}
+    trigger = JobSetTrigger(name="t", namespace="default", uid="u", log_replicated_job="pathways-head",
+                            log_container="c", kubernetes_conn_id="k", training=training)
+
+    path, kwargs = trigger.serialize()
+    again = JobSetTrigger(**kwargs)
+
+    assert kwargs["training"] == training and again.training == training
+    old_kwargs = {k: v for k, v in kwargs.items() if k != "training"}  # serialised before progress existed
+    assert JobSetTrigger(**old_kwargs).training is None
+
+
+def test_train_rl_points_its_trigger_at_the_runs_event_files_and_pushes_the_evaluation():
+    train = TrainRlOperator(task_id="train_rl")
+    ctx = context("train_rl")
+    scope = train.bind_scope(ctx)
+
+    assert train.trigger_kwargs()["training"] == {
+        "bucket": scope.config.gcs_bucket, "prefix": scope.layout.tensorboard_prefix, "train_steps": 50,
+        "gcp_conn_id": "google_cloud_default"}
+    train.after_completed(ctx, {"evaluation_lines": [PRE, POST]})
+    assert ctx["ti"].xcoms["train_rl", "evaluation"] == evaluation_xcom(PRE, POST)
+    train.after_completed(ctx, {})  # an adopted Completed JobSet: nothing was watched
+    assert ctx["ti"].xcoms["train_rl", "evaluation"] is None
+
+
+# --- the quality gate ---------------------------------------------------------------------------------------
+
+
+def test_a_regression_fails_the_gate_without_retry_with_both_sets_of_figures():
+    gate = QualityGateOperator(task_id="quality_gate")
+    ctx = context("quality_gate", {("train_rl", "evaluation"): evaluation_xcom(PRE, POST)}, require_no_regression=True)
+
+    with pytest.raises(AirflowFailException) as failure:
+        gate.execute(ctx)
+
+    message = str(failure.value)
+    assert "not exported or published" in message and "checkpoints stay under gs://" in message
+    assert "accuracy 40.0% (8/20)" in message and "accuracy 25.0% (5/20)" in message
+
+
+def test_without_a_gate_a_worse_model_goes_on():
+    gate = QualityGateOperator(task_id="quality_gate")
+
+    gate.execute(context("quality_gate", {("train_rl", "evaluation"): evaluation_xcom(PRE, POST)}))
+
+
+# --- the TPU time -------------------------------------------------------------------------------------------
+
+
+def test_a_slice_counts_from_its_last_successful_create_to_its_delete():
+    ops = [
+        {"type": "CREATE_NODE_POOL", "pool": "tpu-0", "end": "2026-12-01T09:00:00Z", "failed": True},  # stockout
+        {"type": "CREATE_NODE_POOL", "pool": "tpu-0", "end": "2026-12-01T10:00:00.123456789Z", "failed": False},
+        {"type": "DELETE_NODE_POOL", "pool": "tpu-0", "end": "2026-12-01T11:30:00Z", "failed": False},
+        {"type": "CREATE_NODE_POOL", "pool": "tpu-1", "end": "2026-12-01T10:05:00Z", "failed": False},  # still up
+        {"type": "CREATE_NODE_POOL", "pool": "other-run", "end": "2026-12-01T08:00:00Z", "failed": False},
+    ]
+
+    assert gke.slice_times(ops, ["tpu-0", "tpu-1"]) == [
+        {"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00.123456+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
+
+
+# --- the Asset event and the summary ------------------------------------------------------------------------
+
+
+def published_extra(xcoms: dict, **params: Any) -> dict:
+    publish = RunPublishHfExportOperator(task_id="publish_export", source_prefix="s/", asset=SimpleNamespace(),
+                                         final_step=50)
+    publish.bind_scope(context("publish_export", xcoms, **params))
+    return publish.event_extra
+
+
+def test_the_published_event_carries_the_evaluation_and_the_tpu_cost():
+    extra = published_extra({("train_rl", "evaluation"): evaluation_xcom(PRE, POST),
+                             ("delete_tpu_pools", "tpu_slices"): SLICES})
+
+    assert extra["evaluation"]["before"]["accuracy"] == 40.0 and extra["evaluation"]["after"]["accuracy"] == 25.0
+    assert extra["tpu"]["chip_hours"] == 96.0 and extra["tpu"]["cost_usd"] == 259.2
+    assert extra["tpu_note"] == "96.0 chip-hours, about $259.20 at $2.70 per chip-hour, 1 slice(s)"
+
+
+def test_a_run_without_evaluation_publishes_no_figures_and_says_why():
+    extra = published_extra({("delete_tpu_pools", "tpu_slices"): SLICES}, extra_train_args={"num_test_batches": 0})
+
+    assert extra["evaluation"] is None
+    assert extra["evaluation_note"] == "no evaluation: extra_train_args sets num_test_batches to 0"
+
+
+def summary_context(**params: Any) -> dict:
+    return context("pipeline_done", {
+        ("train_rl", "evaluation"): evaluation_xcom(PRE, POST), ("delete_tpu_pools", "tpu_slices"): SLICES,
+        ("verify_training", "return_value"): 50, ("publish_export", "return_value"): "gs://b/m/hf-trained/r/",
+    }, **params)
+
+
+def test_the_last_task_logs_and_returns_the_summary_and_sends_nothing_by_default(monkeypatch):
+    sent = []
+    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify", lambda self, ctx: sent.append(self))
+
+    summary = RunSummaryOperator(task_id="pipeline_done").execute(summary_context())
+
+    assert "final step   50/50" in summary and "96.0 chip-hours" in summary and "gs://b/m/hf-trained/r/" in summary
+    assert sent == []
+
+
+def test_the_summary_is_mailed_through_the_configured_connection(monkeypatch):
+    sent = []
+    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify", lambda self, ctx: sent.append(self))
+
+    summary = RunSummaryOperator(task_id="pipeline_done").execute(
+        summary_context(notify_conn_id="smtp_team", notify_to="ml@example.com"))
+
+    (mail,) = sent
+    assert mail.smtp_conn_id == "smtp_team" and mail.to == "ml@example.com"
+    assert "final step   50/50" in mail.html_content and summary
+
+
+def test_a_mail_that_cannot_go_out_does_not_fail_a_published_run(monkeypatch, capsys):
+    def refuse(self, ctx):
+        raise ConnectionRefusedError("smtp down")
+
+    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify", refuse)
+
+    RunSummaryOperator(task_id="pipeline_done").execute(summary_context(notify_conn_id="smtp", notify_to="a@b.c"))
+
+    assert "Could not send the summary through connection smtp: smtp down" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("params, field", [({"notify_conn_id": "smtp"}, "notify_to"),
+                                           ({"notify_to": "a@b.c"}, "notify_conn_id")])
+def test_a_notification_needs_its_connection_and_its_recipients(params, field):
+    with pytest.raises(ConfigError, match=f"{field}: is empty"):
+        RunConfig.from_params({**TUTORIAL_CONF, **params})
+
+
+
+def gke_operation(kind: str, pool: str, end: str, cluster: str = TUTORIAL_CONF["cluster_name"]) -> SimpleNamespace:
+    link = f"https://container.googleapis.com/v1/projects/p/locations/r/clusters/{cluster}/nodePools/{pool}"
+    return SimpleNamespace(operation_type=SimpleNamespace(name=kind), target_link=link, end_time=end,
+                           error=SimpleNamespace(code=0), status_message="")
+
+
+def delete_pools_after_the_last_delete(monkeypatch, list_operations) -> dict:
+    from tpu_rl.operators import cluster
+
+    client = SimpleNamespace(list_operations=list_operations)
+    monkeypatch.setattr(cluster, "_cluster_hook", lambda config: SimpleNamespace(get_cluster_manager_client=lambda: client))
+    ctx = context("delete_tpu_pools")
+    operator = cluster.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
+    operator.submit(ctx, step=1)  # the last pool's delete is done
+    return ctx["ti"].xcoms
+
+
+def test_delete_tpu_pools_counts_the_runs_slice_from_gkes_operations(monkeypatch):
+    pool = RunIdentity(DAG_ID, RUN_ID).tpu_pool_name(0)
+    ops = [gke_operation("CREATE_NODE_POOL", pool, "2026-12-01T10:00:00Z"),
+           gke_operation("DELETE_NODE_POOL", pool, "2026-12-01T11:30:00Z"),
+           gke_operation("DELETE_NODE_POOL", pool, "2026-12-01T12:00:00Z", cluster="another-cluster")]
+
+    xcoms = delete_pools_after_the_last_delete(monkeypatch, lambda parent: SimpleNamespace(operations=ops))
+
+    assert xcoms["delete_tpu_pools", "tpu_slices"] == [
+        {"pool": pool, "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
+
+
+def test_a_slice_time_that_cannot_be_read_never_fails_the_teardown(monkeypatch, capsys):
+    def unavailable(parent):
+        raise RuntimeError("503 the service is unavailable")
+
+    xcoms = delete_pools_after_the_last_delete(monkeypatch, unavailable)
+
+    assert ("delete_tpu_pools", "tpu_slices") not in xcoms
+    assert "Could not list GKE's operations to count the slices' TPU time" in capsys.readouterr().out
+
+
+class LinesLog:
+    """The trigger's logger, keeping the lines it logs."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message: str, *args: Any) -> None:
+        self.lines.append(message % args)
+
+    warning = info
+
+
+def training_trigger_lines(monkeypatch, bucket: GrowingBucket, steps: list[tuple[float, int]], ends_after: float,
+                           interval: float = 3) -> list[str]:
+    """The progress lines of the training trigger's loop: the file grows to ``steps`` (seconds, size) and the
+    JobSet ends after ``ends_after`` seconds."""
+    import contextlib
+
+    from tpu_rl.triggers import jobset as trigger_module
+
+    @contextlib.asynccontextmanager
+    async def reader(self, bucket_name):
+        yield bucket
+
+    monkeypatch.setattr(trigger_module.GcsReadHook, "reader", reader)
+    trigger = JobSetTrigger(name="t", namespace="default", uid="u", log_replicated_job="pathways-head",
+                            log_container="c", kubernetes_conn_id="k",
+                            training={"bucket": "b", "prefix": "p/", "train_steps": 30, "interval": interval})
+    trigger._log = LinesLog()
+
+    async def run() -> None:
+        progress = trigger_module._Progress(10)
+        loop = asyncio.create_task(trigger._report_training(progress))
+        for at, size in steps:
+            await asyncio.sleep(at)
+            bucket.flush_to(size)
+        await asyncio.sleep(ends_after - sum(at for at, _ in steps))
+        progress.finished.set()
+        await asyncio.wait_for(loop, 5)
+
+    asyncio.run(run())
+    return [line for line in trigger._log.lines if line.startswith("Training progress")]
+
+
+def full_event_file() -> GrowingBucket:
+    _, data = emulator.tensorboard_event_file(emulator.training_scalars("gs://b/run", 30, range(1, 31)))
+    return GrowingBucket(data, "events.out.tfevents.1800000000.head-0")
+
+
+def test_a_short_training_still_shows_its_last_progress_when_it_ends(monkeypatch):
+    bucket = full_event_file()  # the first read finds nothing; the trainer writes; the JobSet ends
+
+    lines = training_trigger_lines(monkeypatch, bucket, [(0.2, len(bucket.full))], ends_after=0.5)
+
+    assert len(lines) == 1 and lines[0].startswith("Training progress: step 30/30 (100%)")
+
+
+def test_no_more_than_one_progress_line_an_interval_even_when_the_training_ends(monkeypatch):
+    bucket = full_event_file()
+    bucket.flush_to(len(bucket.full))  # there from the start: the first read logs
+
+    lines = training_trigger_lines(monkeypatch, bucket, [], ends_after=0.5)
+
+    assert len(lines) == 1 and bucket.lists == 1
