@@ -50,6 +50,11 @@ def main() -> int:
                 print(f"\n--- {task_id} (try {ti['try_number']}), last lines of its log ---")
                 print("\n".join(log.splitlines()[-25:]))
         return 1
+    train_log = airflow.task_log(DAG_ID, run_id, "train_rl", instances["train_rl"]["try_number"])
+    progress_lines = [line for line in train_log.splitlines() if "Training progress:" in line]
+    print("\ntraining progress (train_rl's log, at most one line a minute):")
+    print("\n".join(f"  {line.strip()}" for line in progress_lines[-5:]) or "  (none logged)")
+    print(f"\n{airflow.xcom(DAG_ID, run_id, 'pipeline_done')}")
     print("\noutputs:")
     print(f"  final training step: {airflow.xcom(DAG_ID, run_id, 'verify_training')}")
     print(f"  Hugging Face model:  {airflow.xcom(DAG_ID, run_id, 'publish_export')}")

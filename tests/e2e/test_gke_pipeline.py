@@ -24,6 +24,8 @@ pytestmark = pytest.mark.e2e
 
 DAG_ID = "maxtext_rl_tpu"
 RUN_TIMEOUT = 1200
+#: How long the capacity scenarios' slices are held back by the GKE emulator.
+HELD_SECONDS = 90
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +42,19 @@ def runs(airflow, gke):
         "foreign": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-foreign-{suffix}",
                     "control_plane_endpoint": "ip"},
     }
+    # Spot capacity GKE holds back for a while (the create RUNNING, the pool's condition GCE_STOCKOUT): the
+    # run waits, deferred, within capacity_wait_minutes, then trains.
+    scenarios["spot_held"] = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-spot-{suffix}",
+                              "capacity_type": "spot", "capacity_wait_minutes": 10}
+    # A flex-start pool is created empty; the slice comes later (the autoscaler's provisioning), then trains.
+    scenarios["flex_start"] = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-flex-{suffix}",
+                               "capacity_type": "flex_start"}
     run_ids = {name: f"e2e__gke_{name}__{suffix}" for name in scenarios}
     stockout_pools = f"tpu-{RunIdentity(DAG_ID, run_ids['stockout']).key}-"
     gke_faults.set_fault(f"e2e-stockout-{suffix}", "stockout", pool_prefix=stockout_pools)
+    for name in ("spot_held", "flex_start"):
+        gke_faults.set_fault(f"e2e-{name}-{suffix}", "capacity-held", seconds=HELD_SECONDS,
+                             pool_prefix=f"tpu-{RunIdentity(DAG_ID, run_ids[name]).key}-")
     foreign = _create_foreign_cluster(gke, scenarios["foreign"]["cluster_name"])
     try:
         for name, conf in scenarios.items():
@@ -50,7 +62,8 @@ def runs(airflow, gke):
         states = {name: airflow.wait_for_run(DAG_ID, run_ids[name], RUN_TIMEOUT) for name in scenarios}
         yield {name: (run_ids[name], scenarios[name], states[name]) for name in scenarios}
     finally:
-        gke_faults.clear_faults(f"e2e-stockout-{suffix}")
+        for name in ("stockout", "spot_held", "flex_start"):
+            gke_faults.clear_faults(f"e2e-{name}-{suffix}")
         if cluster_or_none(gke, foreign):
             gke.delete_cluster(name=f"{PARENT}/clusters/{foreign}")
 
@@ -142,3 +155,27 @@ def test_a_cluster_and_pool_the_run_did_not_create_are_never_deleted(airflow, gk
     cluster = cluster_or_none(gke, conf["cluster_name"])
     assert cluster is not None and cluster.status.name == "RUNNING"
     assert sorted(p.name for p in cluster.node_pools) == ["cpu-np", "default-pool"]  # the run's own pool is gone
+
+
+def test_spot_capacity_held_back_is_waited_for_deferred_and_the_run_trains(airflow, gke, runs):
+    run_id, conf, state = runs["spot_held"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
+    create = tasks["create_tpu_pools"]
+    assert create["try_number"] == 1 and create["duration"] >= HELD_SECONDS - 5  # it waited, in its first try
+    log = airflow.task_log(DAG_ID, run_id, "create_tpu_pools", 1)
+    assert "GCE_STOCKOUT" in log, log[-3000:]  # GKE's reason, in the task's log while it waits
+    pool = pool_operations(gke, run_id, 1)["CREATE_NODE_POOL"][0]
+    assert not pool.error.code
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
+
+
+def test_a_flex_start_pool_waits_for_its_slice_then_trains(airflow, gke, runs):
+    run_id, conf, state = runs["flex_start"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
+    # The pool's create ends at once (no nodes yet); the training waits for the slice the autoscaler adds.
+    assert tasks["create_tpu_pools"]["duration"] < HELD_SECONDS
+    assert tasks["train_rl"]["duration"] >= HELD_SECONDS - 5
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
+    assert cluster_or_none(gke, conf["cluster_name"]) is None
