@@ -7,7 +7,7 @@ Composer serves its bucket's folders to Airflow: ``dags/`` -> /home/airflow/gcs/
 
 Safe in an environment shared with other DAG packages:
 - it owns only ``plugins/tpu_rl/`` and ``data/tpu_rl/`` (stale objects there are deleted) and the DAG files
-  it shipped itself: ``data/tpu_rl/deployed.json`` lists them, so a DAG file removed from the repo is
+  and plugin file (``plugins/tpu_rl_run_view.py``) it shipped itself: ``data/tpu_rl/deployed.json`` lists them, so a DAG file removed from the repo is
   deleted at the next deploy and other packages' DAGs never are;
 - ``plugins/.airflowignore`` is merged: this package's line is added, other lines stay;
 - the environment's PyPI packages change only with ``--update-pypi``, and then only the packages whose
@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: Local folder -> bucket prefix. Plugins first, DAGs last: the DAG processor never sees a new DAG file
 #: importing a plugin module that is not there yet.
 FOLDERS = {"plugins/tpu_rl": "plugins/tpu_rl/", "include": "data/tpu_rl/include/", "dags": "dags/"}
+#: Single files -> object names: the run view's plugin, which Airflow loads only from the plugins folder's top.
+FILES = {"plugins/tpu_rl_run_view.py": "plugins/tpu_rl_run_view.py"}
 #: Prefixes only this package writes: whatever is there and not in the repo is stale.
 OWNED = ("plugins/tpu_rl/", "data/tpu_rl/")
 #: The objects of the last deploy outside the owned prefixes (the DAG files).
@@ -48,6 +50,8 @@ def local_files(repo: Path = REPO) -> dict[str, Path]:
         for path in sorted((repo / folder).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
                 files[prefix + path.relative_to(repo / folder).as_posix()] = path
+        if folder == "plugins/tpu_rl":  # the plugin after the package it imports
+            files.update({name: repo / local for local, name in FILES.items()})
     return files
 
 
@@ -80,7 +84,7 @@ def sync(client, bucket_name: str, files: dict[str, Path], dry_run: bool = False
     """Make the bucket hold ``files``: uploads only what differs (md5), merges plugins/.airflowignore, then
     deletes what this package left stale (after the uploads, so a deploy never leaves a moment with no DAG)."""
     bucket = client.bucket(bucket_name)
-    remote = {blob.name: blob.md5_hash for prefix in {*FOLDERS.values(), *OWNED}
+    remote = {blob.name: blob.md5_hash for prefix in {*FOLDERS.values(), *OWNED, *FILES.values()}
               for blob in client.list_blobs(bucket, prefix=prefix) if not blob.name.endswith("/")}
     previous = bucket.get_blob(MANIFEST)
     shipped_before = set(json.loads(previous.download_as_bytes())) if previous else set()

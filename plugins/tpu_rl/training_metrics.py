@@ -63,6 +63,16 @@ def event_file_started(name: str) -> float | None:
     return float(stamp) if stamp.isdigit() else None
 
 
+def merge_scalars(files: Mapping[str, Scalars]) -> Scalars:
+    """The curves of a run's event files (scalars by file name), as :func:`read_scalars` reads them: the
+    files in name order, a step logged again by a later attempt taking the later value."""
+    merged: dict[str, dict[int, float]] = {}
+    for name in sorted(files):
+        for tag, points in files[name].items():
+            merged.setdefault(tag, {}).update(points)
+    return {tag: sorted(points.items()) for tag, points in sorted(merged.items())}
+
+
 def attempt_progress(files: Mapping[str, Scalars], train_steps: int, now: float) -> str | None:
     """:func:`progress_line` from the scalars of each event file (by file name); None before any file.
 
@@ -72,11 +82,7 @@ def attempt_progress(files: Mapping[str, Scalars], train_steps: int, now: float)
     if not files:
         return None
     names = sorted(files)
-    merged: dict[str, dict[int, float]] = {}
-    for name in names:
-        for tag, points in files[name].items():
-            merged.setdefault(tag, {}).update(points)
-    scalars = {tag: sorted(points.items()) for tag, points in merged.items()}
+    scalars = merge_scalars(files)
     current, losses = files[names[-1]].get(LOSS_TAG), scalars.get(LOSS_TAG)
     resumed_from = current[0][0] - 1 if current else (losses[-1][0] if losses else 0)
     started = event_file_started(names[-1])

@@ -32,7 +32,7 @@ def _expected_objects(repo: Path) -> set[str]:
     """Written from Composer's folder mapping, not from the script: every DAG file, every file of the tpu_rl
     package (its sources and its data: the JobSet release it installs), every include asset."""
     expected = {"dags/maxtext_rl_tpu.py", "dags/maxtext_rl_tpu_programs.py", "dags/maxtext_rl_tpu_reaper.py",
-                "plugins/.airflowignore",
+                "plugins/.airflowignore", "plugins/tpu_rl_run_view.py",
                 "data/tpu_rl/deployed.json"}
     expected |= {f"plugins/{p.relative_to(repo / 'plugins').as_posix()}" for p in (repo / "plugins/tpu_rl").rglob("*")
                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
@@ -83,7 +83,8 @@ def test_deploy_gives_the_layout_composer_serves(gcs_client, composer_bucket, ch
         "other_team/scratch/", *[line for line in (checkout / "plugins/.airflowignore").read_text().splitlines()
                                  if line.strip()]]
     assert json.loads(composer_bucket.blob("data/tpu_rl/deployed.json").download_as_text()) == [
-        "dags/maxtext_rl_tpu.py", "dags/maxtext_rl_tpu_programs.py", "dags/maxtext_rl_tpu_reaper.py"]
+        "dags/maxtext_rl_tpu.py", "dags/maxtext_rl_tpu_programs.py", "dags/maxtext_rl_tpu_reaper.py",
+        "plugins/tpu_rl_run_view.py"]
     assert not [n for n in names if n.startswith("tests/") or "/tests/" in n], "tests/ shipped"
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")], "bytecode caches shipped"
 

@@ -1,0 +1,137 @@
+"""The run view's web app, which Airflow's api-server mounts (``plugins/tpu_rl_run_view.py``):
+``GET /runs/{dag_id}/{run_id}`` answers the page of ``tpu_rl.run_view``.
+
+Authentication and authorisation are Airflow's own, as for its REST API: the route depends on the
+api-server's ``requires_access_dag`` for the run and for its XComs, which reads the user from the JWT
+in the Authorization header or the UI's ``_token`` cookie (``get_user``) and asks the configured auth
+manager. A request without a valid token gets 401 or 403 before anything of the run is read.
+
+The run's params, state and XComs come from the metadata database through the api-server's own session
+(the DAG's serialized params merged with the run's conf, as a task sees them), not through the REST API:
+no HTTP round trip to itself, no token to forward, and the same rows the REST API would read once the
+same authorisation passed. The event files come from the bucket, read with the run's Google Cloud
+connection as ``train_rl``'s progress reads them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from tpu_rl import run_view
+from tpu_rl.config import ConfigError
+from tpu_rl.operators.cluster import XCOM_TPU_SLICES
+from tpu_rl.operators.run_report import DELETE_POOLS_TASK, FINAL_STEP_TASK, PUBLISH_TASK, TRAIN_TASK
+from tpu_rl.operators.workloads import XCOM_EVALUATION
+from tpu_rl.preemption import XCOM_PREEMPTIONS
+from tpu_rl.run_scope import RunScope
+from tpu_rl.training_metrics import Scalars
+
+#: The XComs the page reads: (task, key).
+XCOMS = {
+    "evaluation": (TRAIN_TASK, XCOM_EVALUATION),
+    "preemptions": (TRAIN_TASK, XCOM_PREEMPTIONS),
+    "slices": (DELETE_POOLS_TASK, XCOM_TPU_SLICES),
+    "final_step": (FINAL_STEP_TASK, "return_value"),
+    "model_uri": (PUBLISH_TASK, "return_value"),
+}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run as the page needs it: its scope (params, identity, data interval), its state, its XComs by
+    the names of :data:`XCOMS` (absent when not pushed)."""
+
+    scope: RunScope
+    state: str
+    xcoms: Mapping[str, Any]
+
+
+def read_run(dag_id: str, run_id: str, session: SessionDep) -> RunRecord:
+    """The run from the metadata database; 404 for a run that does not exist, or of a DAG that is not the
+    pipeline's."""
+    from sqlalchemy import select
+
+    from airflow.models.dagbag import DBDagBag
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+
+    dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    if dag_run is None:
+        raise HTTPException(404, f"No run {run_id!r} of DAG {dag_id!r}")
+    dag = DBDagBag().get_dag_for_run(dag_run, session=session)
+    if dag is None:
+        raise HTTPException(404, f"The DAG {dag_id!r} of run {run_id!r} is not serialized")
+    params = {**dag.params.dump(), **(dag_run.conf or {})}
+    if not run_view.is_pipeline_params(params):
+        raise HTTPException(404, f"{dag_id!r} is not a DAG of the tpu-rl pipeline: its runs have no training view")
+    rows = session.execute(
+        select(XComModel.task_id, XComModel.key, XComModel.value).where(
+            XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.map_index == -1,
+            XComModel.task_id.in_({task for task, _ in XCOMS.values()}),
+        )
+    ).all()
+    stored = {(row.task_id, row.key): XComModel.deserialize_value(row) for row in rows}
+    xcoms = {name: stored[where] for name, where in XCOMS.items() if where in stored}
+    context = {"params": params, "dag": dag, "run_id": run_id, "dag_run": dag_run,
+               "data_interval_start": dag_run.data_interval_start, "data_interval_end": dag_run.data_interval_end}
+    return RunRecord(RunScope.of(context), str(getattr(dag_run.state, "value", dag_run.state)), xcoms)
+
+
+#: Reads a run's event files: (bucket, tensorboard prefix, Google Cloud connection) -> scalars by file name.
+EventReader = Callable[[str, str, str], Awaitable[dict[str, Scalars]]]
+
+
+async def read_event_files(bucket: str, prefix: str, gcp_conn_id: str) -> dict[str, Scalars]:
+    """Every event file under the prefix, read once, as the training's progress reads them."""
+    from tpu_rl.hooks.gcs import GcsReadHook
+    from tpu_rl.triggers.training_progress import TrainingProgress
+
+    progress = TrainingProgress({"bucket": bucket, "prefix": prefix, "train_steps": 1, "gcp_conn_id": gcp_conn_id})
+    await GcsReadHook(gcp_conn_id).run(bucket, progress.refresh)
+    return {name: file.scalars for name, file in progress.files.items()}
+
+
+def event_reader() -> EventReader:
+    return read_event_files
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="tpu-rl run view", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get(
+        "/runs/{dag_id}/{run_id}",
+        response_class=HTMLResponse,
+        dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN)),
+                      Depends(requires_access_dag("GET", DagAccessEntity.XCOM))],
+    )
+    async def run_page(
+        run: Annotated[RunRecord, Depends(read_run)], read_events: Annotated[EventReader, Depends(event_reader)]
+    ) -> HTMLResponse:
+        """The page of a run: its curves and figures, or why it has none (params that fail validation,
+        with the messages ``validate_config`` logs)."""
+        scope = run.scope
+        try:
+            config, layout = scope.config, scope.layout
+        except ConfigError as error:
+            return HTMLResponse(run_view.render_message(f"{scope.run.run_id}: the run's params fail validation", str(error)))
+        files = await read_events(layout.bucket, layout.tensorboard_prefix, config.gcp_conn_id)
+        xcoms = run.xcoms
+        final_step = xcoms.get("final_step")
+        page = run_view.run_page(
+            dag_id=scope.run.dag_id, run_id=scope.run.run_id, state=run.state, config=config, layout=layout,
+            files=files, evaluation=xcoms.get("evaluation"), slices=xcoms.get("slices"),
+            final_step=int(final_step) if final_step is not None else None, model_uri=xcoms.get("model_uri"),
+            preemptions=xcoms.get("preemptions"), now=time.time(),
+        )
+        return HTMLResponse(run_view.render(page))
+
+    return app

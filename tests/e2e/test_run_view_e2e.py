@@ -1,0 +1,91 @@
+"""The run's Training tab in a real browser: headless Chromium on the local Airflow's UI, after a finished
+simulated run of the pipeline that created its cluster and TPU pool (so it has a cost).
+
+The page's curves must hold exactly the scalars of the run's event files in the simulation's GCS emulator,
+and its evaluation, chip-hours and cost the run's XComs. A screenshot of the tab is kept at
+/tmp/run-view.png. The view is as closed as Airflow's REST API: a forged token is refused, and an
+anonymous request gets what the REST API gives it (refused, unless the stack makes everyone an admin, as
+scripts/airflow-stack.sh does for the local UI).
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from playwright.sync_api import expect
+
+from tpu_rl import training_metrics as tm
+from tpu_rl.run import DAG_ID, RunIdentity
+from tpu_rl.run_scope import RunScope
+
+from tpu_rl_testing import SIM_CREATE_CONF, SMALL_SLICE
+
+pytestmark = pytest.mark.e2e
+expect.set_options(timeout=30_000)
+
+RUN_TIMEOUT = 1200
+SCREENSHOT = "/tmp/run-view.png"
+
+
+@pytest.fixture(scope="module")
+def finished_run(airflow):
+    """(run id, conf) of a successful run on a small slice."""
+    suffix = uuid.uuid4().hex[:6]
+    conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-view-{suffix}"}
+    run_id = airflow.trigger(DAG_ID, conf, run_id=f"e2e__run_view__{suffix}")
+    state = airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)
+    assert state == "success", {t: ti["state"] for t, ti in airflow.task_instances(DAG_ID, run_id).items()}
+    return run_id, conf
+
+
+def status_of(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_training_tab_shows_the_event_files_curves_evaluation_and_cost(airflow, finished_run, gcs, page):
+    run_id, conf = finished_run
+    layout = RunScope(conf, RunIdentity(DAG_ID, run_id)).layout
+    blobs = sorted(gcs.list_blobs(conf["gcs_bucket"], prefix=layout.tensorboard_prefix), key=lambda b: b.name)
+    written = tm.read_scalars([b.download_as_bytes() for b in blobs if tm.is_event_file(b.name)])
+    assert written.get(tm.LOSS_TAG), [b.name for b in blobs]
+
+    page.goto(f"{airflow.base_url}/dags/{DAG_ID}/runs/{run_id}/plugin/tpu-rl-training", wait_until="domcontentloaded")
+    view = page.frame_locator("iframe")
+    expect(view.locator(f"figure[data-tag='{tm.REWARD_TAG}'] svg circle").first).to_be_attached()
+    page.screenshot(path=SCREENSHOT, full_page=True)
+
+    for tag in (tm.REWARD_TAG, tm.LOSS_TAG, tm.KL_TAG):
+        shown = view.locator(f"figure[data-tag='{tag}'] svg circle").evaluate_all(
+            "marks => marks.map(m => [m.dataset.step, m.dataset.value])")
+        assert [(int(step), float(value)) for step, value in shown] == written[tag], tag
+
+    expect(view.locator("#final-step")).to_have_text(str(conf["num_batches"]))
+    evaluation = airflow.xcom(DAG_ID, run_id, "train_rl", key="evaluation")
+    for when in ("before", "after"):
+        score = evaluation[when]
+        expect(view.locator(f"#evaluation-{when}")).to_contain_text(f"{score['accuracy']:.1f}%")
+        expect(view.locator(f"#evaluation-{when}")).to_contain_text(f"{score['correct']:g}/{score['total']}")
+    cost = tm.tpu_cost(airflow.xcom(DAG_ID, run_id, "delete_tpu_pools", key="tpu_slices"), layout.config)
+    assert cost["chip_hours"] > 0
+    expect(view.locator("#chip-hours")).to_have_text(f"{cost['chip_hours']:.3f}")
+    expect(view.locator("#cost-usd")).to_have_text(f"{cost['cost_usd']:.2f}")
+    outputs = view.locator("#outputs")
+    expect(outputs).to_contain_text(layout.uri(layout.actor_checkpoints_prefix))
+    expect(outputs).to_contain_text(airflow.xcom(DAG_ID, run_id, "publish_export"))
+
+
+def test_the_view_is_as_closed_as_airflows_rest_api(airflow, finished_run):
+    run_id, _ = finished_run
+    view = f"{airflow.base_url}/tpu-rl/runs/{DAG_ID}/{run_id}"
+
+    assert status_of(view, {"Authorization": "Bearer forged"}) == 403
+    rest_api = status_of(f"{airflow.base_url}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
+    assert status_of(view) == rest_api
+    assert rest_api in (200, 401)  # 200 only where every request is an admin's
