@@ -45,6 +45,16 @@ SMALL = {
 POLL = 1
 
 
+class TaskInstanceXComs:
+    """The task instance of the context, as far as the operators use it: the XComs they push."""
+
+    def __init__(self):
+        self.xcoms = {}
+
+    def xcom_push(self, key, value):
+        self.xcoms[key] = value
+
+
 class Run:
     """One DAG run's params and identity, with a cluster name of its own."""
 
@@ -52,9 +62,11 @@ class Run:
         self.run_id = f"gke_test__{uuid.uuid4().hex[:8]}"
         self.params = {**SMALL, "cluster_name": f"gke-test-{uuid.uuid4().hex[:6]}", **params}
         self.identity = RunIdentity(DAG_ID, self.run_id)
+        self.ti = TaskInstanceXComs()
 
     def context(self, **params):
-        return {"params": {**self.params, **params}, "dag": SimpleNamespace(dag_id=DAG_ID), "run_id": self.run_id}
+        return {"params": {**self.params, **params}, "dag": SimpleNamespace(dag_id=DAG_ID), "run_id": self.run_id,
+                "ti": self.ti}
 
 
 async def _first_event(trigger):
@@ -304,6 +316,9 @@ def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):
     delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
     assert len(run_operator(delete, run.context())) == 1
     assert _hook_for(run).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}") == []
+    # The slice's TPU time, from GKE's own operations: from its create's end to its delete's end.
+    [slice_] = run.ti.xcoms[cluster_ops.XCOM_TPU_SLICES]
+    assert slice_["pool"] == pool_name and slice_["nodes_from"] < slice_["nodes_gone"]
     # Deleting again (a retried teardown) finds nothing and succeeds.
     assert run_operator(delete, run.context()) == []
 
