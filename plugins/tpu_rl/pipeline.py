@@ -43,6 +43,8 @@ from tpu_rl.sensors.checkpoints import (
 )
 
 CLEANUP_RETRIES = {"retries": 10, "retry_delay": timedelta(minutes=2)}
+#: Above every other task's priority (the default weight rule gives at most the number of tasks).
+SLICE_TEARDOWN_PRIORITY = 1000
 DEFAULT_ARGS = {"retries": 2, "retry_delay": timedelta(minutes=1), "execution_timeout": timedelta(hours=1)}
 TAGS = ["maxtext", "tpu", "gke", "rl"]
 
@@ -119,7 +121,10 @@ def _wire_tasks(exported_model: Asset) -> None:
         task_id="create_tpu_pools", execution_timeout=timedelta(minutes=CAPACITY_WAIT_MAX_MINUTES, hours=2)
     )
     train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
-    delete_tpu_pools = DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", **CLEANUP_RETRIES)
+    # The slice bills by the hour: when worker slots are short, its deletion is queued before any other task.
+    delete_tpu_pools = DeleteTpuNodePoolsOperator(
+        task_id="delete_tpu_pools", priority_weight=SLICE_TEARDOWN_PRIORITY, weight_rule="absolute", **CLEANUP_RETRIES
+    )
     verify_training = RunFinalTrainingCheckpointSensor(
         task_id="verify_training",
         trainer_log=f"{{{{ (ti.xcom_pull(task_ids='{train.task_id}') or {{}}).get('log_tail', []) | join('\\n') }}}}",

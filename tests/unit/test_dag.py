@@ -88,6 +88,17 @@ def test_every_task_retries_and_has_a_time_limit(dag):
     assert dag.get_task("validate_config").retries == 0  # bad params do not get better on retry
 
 
+def test_the_slice_teardown_is_queued_first_when_worker_slots_are_short(dag):
+    """A waiting TPU slice bills by the hour: its deletion outranks every other task (the scheduler queues
+    scheduled tasks by priority when the executor is full). The others keep Airflow's default rule, under
+    which a task weighs at most the number of tasks."""
+    teardown = dag.get_task("delete_tpu_pools")
+    rule = teardown.weight_rule  # 'absolute' on 3.3, a strategy object on 3.1
+    assert "absolute" in f"{getattr(rule, 'value', rule)} {type(rule).__name__}".lower()
+    assert teardown.priority_weight > len(dag.tasks)
+    assert all(t.priority_weight == 1 for t in dag.tasks if t is not teardown)
+
+
 def test_trigger_form_has_sections_and_tutorial_defaults(dag):
     params = dag.params
     sections = {params.get_param(name).schema.get("section") for name in params}
