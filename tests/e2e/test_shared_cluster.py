@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 DAG_ID = "maxtext_rl_tpu"
 RUN_TIMEOUT = 1200
-#: The held run's training lasts this long, so that the other run ends well before it.
+#: The held run's training lasts this long, so that it likely ends after the other run.
 HELD_SECONDS = 150
 
 
@@ -46,36 +46,54 @@ def held_trainings():
         faults.clear_faults(api, name)
 
 
+def first_to_end(airflow, gke, scenarios: dict, timeout: float = RUN_TIMEOUT) -> dict[str, tuple[str, str]]:
+    """For each scenario (conf, run, run): the run that reaches a final state first and the one still going at
+    that moment; the shared cluster is checked to be there at that moment, while the other still uses it."""
+    found, deadline = {}, time.monotonic() + timeout
+    while len(found) < len(scenarios):
+        assert time.monotonic() < deadline, f"not every scenario had a run ending in {timeout:.0f} s: {found}"
+        for order, (conf, *run_ids) in scenarios.items():
+            if order in found:
+                continue
+            states = {run_id: airflow.run(DAG_ID, run_id)["state"] for run_id in run_ids}
+            ended = [run_id for run_id, state in states.items() if state in ("success", "failed")]
+            if ended:
+                assert len(ended) == 1, f"{order}: both runs ended between two polls: {states}"
+                assert cluster_or_none(gke, conf["cluster_name"]) is not None, f"{order}: gone with {ended[0]}"
+                found[order] = (ended[0], next(r for r in run_ids if r != ended[0]))
+        time.sleep(2)
+    return found
+
+
 def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow, gke, held_trainings):
     token = uuid.uuid4().hex[:6]
-    # Two clusters, two orders, at once: on the first the creator's training is held (the joiner ends first),
-    # on the second the joiner's is.
+    # Two clusters at once: on the first the creator's training is held, on the second the joiner's, so that
+    # each order of ending is likely; whichever run ends first, the cluster must outlive it.
     scenarios = {}
-    for order in ("creator-last", "joiner-last"):
+    for order in ("creator-held", "joiner-held"):
         conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_mode": "shared", "cluster_name": f"tpu-rl-sh-{order[0]}-{token}"}
         creator, joiner = (f"e2e__shared__{order}__{role}__{token}" for role in ("creator", "joiner"))
-        held, first_done = (creator, joiner) if order == "creator-last" else (joiner, creator)
-        held_trainings(held)
+        held_trainings(creator if order == "creator-held" else joiner)
         airflow.trigger(DAG_ID, conf, run_id=creator)
-        scenarios[order] = (conf, creator, joiner, held, first_done)
-    for conf, creator, joiner, *_ in scenarios.values():
+        scenarios[order] = (conf, creator, joiner)
+    for conf, creator, joiner in scenarios.values():
         wait_for_task(airflow, creator, "create_cluster")
         airflow.trigger(DAG_ID, conf, run_id=joiner)
 
-    for order, (conf, creator, joiner, held, first_done) in scenarios.items():
-        assert airflow.wait_for_run(DAG_ID, first_done, RUN_TIMEOUT) == "success", stage_table(
-            airflow.task_instances(DAG_ID, first_done))
-        # The first run to end leaves the cluster to the other, which still trains on it.
-        assert airflow.run(DAG_ID, held)["state"] == "running", order
-        assert cluster_or_none(gke, conf["cluster_name"]) is not None, order
-        log = airflow.task_log(DAG_ID, first_done, "delete_cluster",
-                               airflow.task_instances(DAG_ID, first_done)["delete_cluster"]["try_number"])
-        assert f"Shared cluster {conf['cluster_name']} stays: still used by {DAG_ID} / {held}" in log, log[-2000:]
-
-    for order, (conf, creator, joiner, held, first_done) in scenarios.items():
-        assert airflow.wait_for_run(DAG_ID, held, RUN_TIMEOUT) == "success", stage_table(
-            airflow.task_instances(DAG_ID, held))
-        assert cluster_or_none(gke, conf["cluster_name"]) is None, order  # deleted by the last run
+    for order, (first, last) in first_to_end(airflow, gke, scenarios).items():
+        conf = scenarios[order][0]
+        assert airflow.run(DAG_ID, first)["state"] == "success", stage_table(airflow.task_instances(DAG_ID, first))
+        # The first run to end left the cluster to the other, which still used it.
+        log = airflow.task_log(DAG_ID, first, "delete_cluster",
+                               airflow.task_instances(DAG_ID, first)["delete_cluster"]["try_number"])
+        assert f"Shared cluster {conf['cluster_name']} stays: still used by {DAG_ID} / {last}" in log, log[-2000:]
+        # The last one deletes it.
+        assert airflow.wait_for_run(DAG_ID, last, RUN_TIMEOUT) == "success", stage_table(
+            airflow.task_instances(DAG_ID, last))
+        assert cluster_or_none(gke, conf["cluster_name"]) is None, order
+        log = airflow.task_log(DAG_ID, last, "delete_cluster",
+                               airflow.task_instances(DAG_ID, last)["delete_cluster"]["try_number"])
+        assert f"shared cluster {conf['cluster_name']}'s lease" in log and "deleting the cluster" in log, log[-2000:]
 
 
 def test_create_mode_refuses_a_cluster_another_live_run_uses(airflow, held_trainings):
