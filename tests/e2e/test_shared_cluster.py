@@ -96,7 +96,7 @@ def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow,
         assert f"shared cluster {conf['cluster_name']}'s lease" in log and "deleting the cluster" in log, log[-2000:]
 
 
-def test_create_mode_refuses_a_cluster_another_live_run_uses(airflow, held_trainings):
+def test_create_mode_refuses_a_cluster_another_live_run_uses(airflow, gke, held_trainings):
     token = uuid.uuid4().hex[:6]
     conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"tpu-rl-owned-{token}"}
     owner, intruder = f"e2e__owned__{token}", f"e2e__intruder__{token}"
@@ -110,5 +110,6 @@ def test_create_mode_refuses_a_cluster_another_live_run_uses(airflow, held_train
     assert tasks["create_cluster"]["state"] == "failed" and tasks["create_cluster"]["try_number"] == 1
     log = airflow.task_log(DAG_ID, intruder, "create_cluster", 1)
     assert f"belongs to the live run {DAG_ID} / {owner}" in log and "cluster_mode 'shared'" in log, log[-2000:]
-    # The owner's cluster survived the intruder's teardown, and the owner finishes and deletes it.
-    assert airflow.wait_for_run(DAG_ID, owner, RUN_TIMEOUT) == "success"
+    # The owner's cluster survived the intruder's teardown; the owner goes on (and deletes it when it ends).
+    assert cluster_or_none(gke, conf["cluster_name"]) is not None
+    assert airflow.run(DAG_ID, owner)["state"] == "running"
