@@ -151,20 +151,20 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         def decide(lease: Lease) -> LeaseChange:
             lease, expired = lease.expire(lambda r: dag_run_state(ti, r), keep=run.key)
             if lease.closing and cluster_exists and not lease.find(run.key):
-                return LeaseChange(lease if expired else None, "closing", expired_note(expired))
-            return LeaseChange(lease.admit(Holder.of(run, now_text())), "joined", expired_note(expired))
+                return LeaseChange(lease if expired else None, None, expired_note(expired))
+            joined = lease.admit(Holder.of(run, now_text()))
+            return LeaseChange(joined, joined, expired_note(expired))
 
         store = cluster_lease(config)
         change = store.change(decide)
         for note in change.notes:
             self.log.warning("%s (%s)", note, store.uri)
-        if change.result == "closing":
+        if change.result is None:  # the lease is closing
             self.log.info("Shared cluster %s is being deleted by the last run that used it: waiting %d s to "
                           "create it again", config.cluster_name, self.CLOSING_POLL_SECONDS)
             self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.CLOSING_POLL_SECONDS)), method_name="execute")
-        lease, _ = store.read()
         self.log.info("Joined the lease of shared cluster %s (%s): %s", config.cluster_name, store.uri,
-                      "; ".join(h.describe() for h in lease.holders))
+                      "; ".join(h.describe() for h in change.result.holders))
         return True
 
     def _check_adoptable(self, context: Any, cluster: Any) -> None:
