@@ -24,6 +24,7 @@ from datetime import datetime, timedelta, timezone
 from airflow.sdk import DAG, Param
 
 from tpu_rl.operators.reaper import ReapOrphanedResourcesOperator
+from tpu_rl.run import REAPER_DAG_ID
 
 #: How often it looks; the declaration's schedule.
 SCHEDULE = timedelta(minutes=15)
@@ -31,7 +32,7 @@ SCHEDULE = timedelta(minutes=15)
 WATCH = [w for w in os.environ.get("TPU_RL_REAPER_WATCH", "").split(",") if w]
 
 with DAG(
-    dag_id="maxtext_rl_tpu_reaper",
+    dag_id=REAPER_DAG_ID,
     description="Finds and removes what dead maxtext_rl_tpu runs left in GKE",
     doc_md=__doc__,
     schedule=SCHEDULE,

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tpu_rl.config import RunConfig
+from tpu_rl.leases import cluster_lease_object
 from tpu_rl.machines import needs_gvnic, needs_hyperdisk
 from tpu_rl.run import RunIdentity
 from tpu_rl.vocabulary import (
@@ -43,7 +44,7 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
               **({GKE_LABEL_SHARED: "true"} if config.shares_cluster else {})}
     body = {
         "name": config.cluster_name,
-        "description": owner_description(run),
+        "description": owner_description(run, shared_lease_uri(config) if config.shares_cluster else None),
         "resource_labels": labels,
         "release_channel": {"channel": "REGULAR"},
         "maintenance_policy": {"window": {"maintenance_exclusions": {UPGRADE_EXCLUSION: _upgrade_exclusion(now)}}},
@@ -65,18 +66,32 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
     return body
 
 
-_OWNER = re.compile(r"Created by tpu-rl for the Airflow DAG run (?P<dag_id>\S+) / (?P<run_id>\S+)\.")
+_OWNER = re.compile(r"Created by tpu-rl for the Airflow DAG run (?P<dag_id>\S+) / (?P<run_id>\S+)\."
+                    r"(?: Shared by the runs of the lease (?P<lease>gs://\S+)\.)?")
 
 
-def owner_description(run: RunIdentity) -> str:
-    """The cluster's description: who created it, in full (resource labels hold only the run key)."""
-    return f"Created by tpu-rl for the Airflow DAG run {run.dag_id} / {run.run_id}."
+def owner_description(run: RunIdentity, lease_uri: str | None = None) -> str:
+    """The cluster's description: who created it, in full (resource labels hold only the run key), and for a
+    shared cluster where its lease is (a label value cannot hold a bucket name with dots)."""
+    shared = f" Shared by the runs of the lease {lease_uri}." if lease_uri else ""
+    return f"Created by tpu-rl for the Airflow DAG run {run.dag_id} / {run.run_id}.{shared}"
 
 
 def cluster_owner(description: str) -> RunIdentity | None:
     """The run that created a cluster, from its description; None for a cluster this package did not create."""
     match = _OWNER.fullmatch(description or "")
     return RunIdentity(match["dag_id"], match["run_id"]) if match else None
+
+
+def shared_lease_uri(config: RunConfig) -> str:
+    """Where the runs sharing the config's cluster keep its lease: the run's bucket."""
+    return f"gs://{config.gcs_bucket}/{cluster_lease_object(config.project, config.region, config.cluster_name)}"
+
+
+def cluster_lease_uri(description: str) -> str | None:
+    """The lease a shared cluster was created with, from its description (None: not recorded)."""
+    match = _OWNER.fullmatch(description or "")
+    return match["lease"] if match else None
 
 
 def pool_owner(node_metadata: dict[str, str]) -> RunIdentity | None:

@@ -7,7 +7,8 @@ part: admitting a holder under a limit, removing one, and expiring the holders w
 
 The expiry rule, for a run that crashed without leaving: a holder is dropped when Airflow says its DAG
 run has ended (success or failed) or no longer exists, the same rule the reaper applies (``reaper.py``).
-A queued or running run keeps its lease however long it runs.
+A queued or running run keeps its lease however long it runs. The same rule ends a lease's *closing* mark
+when the run that set it ended without deleting the cluster (its delete kept failing, or it kept the cluster).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ LEASES_PREFIX = "tpu-rl/leases/"
 
 def lease_object(kind: str, name: str) -> str:
     return f"{LEASES_PREFIX}{kind}/{name}.json"
+
+
+def cluster_lease_object(project: str, region: str, cluster: str) -> str:
+    """A shared cluster's lease, in the bucket of the runs that share it."""
+    return lease_object("cluster", f"{project}-{region}-{cluster}")
 
 
 def holder_has_ended(run_state: str) -> bool:
@@ -58,20 +64,25 @@ class Holder:
 @dataclass(frozen=True)
 class Lease:
     """The holders of one shared thing, oldest first. ``closing``: the last holder left and is deleting the
-    thing (a cluster); a run that comes now waits until it is gone, then creates it again."""
+    thing (a cluster); a run that comes now waits until it is gone, then creates it again. ``closer``: that
+    last holder (None in a lease written before it was recorded)."""
 
     holders: tuple[Holder, ...] = ()
     closing: bool = False
+    closer: Holder | None = None
 
     @classmethod
     def parse(cls, data: bytes | None) -> Lease:
         if not data:
             return cls()
         document = json.loads(data)
-        return cls(tuple(Holder(**h) for h in document.get("holders", [])), bool(document.get("closing")))
+        closer = document.get("closer")
+        return cls(tuple(Holder(**h) for h in document.get("holders", [])), bool(document.get("closing")),
+                   Holder(**closer) if closer else None)
 
     def dump(self) -> str:
-        return json.dumps({"holders": [asdict(h) for h in self.holders], "closing": self.closing}, indent=2)
+        return json.dumps({"holders": [asdict(h) for h in self.holders], "closing": self.closing,
+                           "closer": asdict(self.closer) if self.closer else None}, indent=2)
 
     def find(self, key: str) -> Holder | None:
         return next((h for h in self.holders if h.key == key), None)
@@ -87,10 +98,19 @@ class Lease:
             return self
         if limit is not None and self.slices + holder.slices > limit:
             return None
-        return replace(self, holders=(*self.holders, holder), closing=False)
+        return replace(self, holders=(*self.holders, holder), closing=False, closer=None)
 
     def without(self, key: str) -> Lease:
         return replace(self, holders=tuple(h for h in self.holders if h.key != key))
+
+    def closed_by(self, holder: Holder) -> Lease:
+        """The lease once its last holder has left to delete the thing."""
+        return replace(self, holders=(), closing=True, closer=holder)
+
+    def closing_expired(self, run_state: Callable[[RunIdentity], str]) -> bool:
+        """The lease is closing, and the run deleting the thing has ended (:func:`holder_has_ended`) without
+        finishing: a run may take the thing over. A closing lease without its closer never expires here."""
+        return self.closing and self.closer is not None and holder_has_ended(run_state(self.closer.run))
 
     def expire(self, run_state: Callable[[RunIdentity], str], keep: str = "") -> tuple[Lease, list[Holder]]:
         """Drops the holders whose run has ended (:func:`holder_has_ended`); ``keep`` is the caller's own key,

@@ -112,9 +112,10 @@ def _wire_tasks(exported_model: Asset) -> None:
     # half-way (a stockout leaves a pool in ERROR; with two slices, the first pool may exist).
     pools_guard = EmptyOperator(task_id="tpu_pools_guard")
     # With a capacity_group: waits (rescheduled) until the group has the run's slices free, and takes them;
-    # delete_tpu_pools gives them back.
+    # delete_tpu_pools gives them back. A week: a backfill's later intervals queue behind earlier trainings,
+    # each of which may take train_rl's 72 h.
     wait_for_capacity = WaitForTpuCapacitySensor(
-        task_id="wait_for_tpu_capacity", mode="reschedule", poke_interval=30, timeout=timedelta(hours=24)
+        task_id="wait_for_tpu_capacity", mode="reschedule", poke_interval=30, timeout=timedelta(days=7)
     )
     # Its timeout holds while it waits for capacity (capacity_wait_minutes, at most the maximum) and creates.
     create_tpu_pools = CreateTpuNodePoolsOperator(

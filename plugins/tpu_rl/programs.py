@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_rl.config import ConfigError, RunConfig
-from tpu_rl.run import DAG_ID
+from tpu_rl.run import DAG_ID, REAPER_DAG_ID
 
 #: Where the DAG file looks for declarations when TPU_RL_PROGRAMS does not name a file: next to the DAGs
 #: folder (this repository, a local Airflow) and where the Composer deploy puts include/.
@@ -25,7 +25,11 @@ DEFAULT_LOCATIONS = (
     Path("/home/airflow/gcs/data/tpu_rl/include/programs.yaml"),
 )
 _DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually")
+#: Airflow's cron presets (airflow.utils.dates.cron_presets), which its cron timetables expand.
+CRON_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *",
+                "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *"}
+#: The package's own DAGs (dags/): a program of the same id would replace one of them.
+RESERVED_DAG_IDS = (DAG_ID, REAPER_DAG_ID)
 FIELDS = ("description", "schedule", "start_date", "catchup", "max_active_runs", "capacity", "data",
           "examples_per_interval", "params")
 
@@ -74,11 +78,41 @@ def programs_file() -> Path | None:
 def load_programs(path: Path) -> list[Program]:
     import yaml
 
-    document = yaml.safe_load(path.read_text()) or {}
+    with path.open() as stream:
+        document = yaml.load(stream, Loader=_unique_key_loader()) or {}
     declared = document.get("programs") if isinstance(document, dict) else None
     if not isinstance(declared, dict):
         raise ProgramError(str(path), "*", ["the file must have a mapping 'programs: {<dag id>: {...}}'"])
     return [parse_program(str(path), dag_id, body) for dag_id, body in declared.items()]
+
+
+def _unique_key_loader() -> type:
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently: a
+    program declared twice would be a DAG missing without a word)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ProgramError(str(self.name), str(key), [
+                        f"declared twice (line {key_node.start_mark.line + 1}); fix: give each program and "
+                        "field once"])
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
+def _is_schedule(schedule: Any) -> bool:
+    from croniter import croniter
+
+    if not isinstance(schedule, str):
+        return False
+    expression = CRON_PRESETS.get(schedule, schedule)
+    return len(expression.split()) == 5 and croniter.is_valid(expression)
 
 
 def parse_program(source: str, dag_id: Any, body: Any) -> Program:
@@ -87,19 +121,23 @@ def parse_program(source: str, dag_id: Any, body: Any) -> Program:
     name = str(dag_id)
     if not isinstance(body, dict):
         raise ProgramError(source, name, ["the declaration must be a mapping of the fields " + ", ".join(FIELDS)])
-    if not _DAG_ID.fullmatch(name) or name == DAG_ID:
-        problems.append(f"dag id: '{name}' must be letters, digits, '_', '.', '-', and not '{DAG_ID}'")
+    if not _DAG_ID.fullmatch(name) or name in RESERVED_DAG_IDS:
+        problems.append(f"dag id: '{name}' must be letters, digits, '_', '.', '-', and not one of the package's "
+                        f"own DAGs ({', '.join(RESERVED_DAG_IDS)})")
     problems += [f"{key}: is not a field of a program; fix: use {', '.join(FIELDS)}" for key in body if key not in FIELDS]
 
     schedule = body.get("schedule")
-    if not isinstance(schedule, str) or not (schedule in _PRESETS or len(schedule.split()) == 5):
-        problems.append(f"schedule: {schedule!r} is not a cron expression or a preset; fix: use e.g. "
-                        "'@daily' or '0 6 * * 1'")
+    if not _is_schedule(schedule):
+        problems.append(f"schedule: {schedule!r} is not a five-field cron expression or one of Airflow's presets "
+                        f"({', '.join(CRON_PRESETS)}); fix: use e.g. '@daily' or '0 6 * * 1'")
     start = body.get("start_date")
     if isinstance(start, date) and not isinstance(start, datetime):
         start = datetime(start.year, start.month, start.day, tzinfo=timezone.utc)
     if not isinstance(start, datetime):
-        problems.append(f"start_date: {start!r} is not a date; fix: write it as 2026-11-01")
+        problems.append(f"start_date: {start!r} is not a date; fix: write it as a YAML date, unquoted: "
+                        "start_date: 2026-11-01")
+    elif start.tzinfo is None:
+        start = start.replace(tzinfo=timezone.utc)
     catchup = body.get("catchup", False)
     if not isinstance(catchup, bool):
         problems.append(f"catchup: {catchup!r} must be true or false")

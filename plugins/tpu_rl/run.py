@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 #: The DAG's id; the plan derives the same names as a run of it.
 DAG_ID = "maxtext_rl_tpu"
+#: The reaper of what dead runs left (dags/maxtext_rl_tpu_reaper.py).
+REAPER_DAG_ID = "maxtext_rl_tpu_reaper"
 
 #: Workload stages and the short word each contributes to its JobSet name.
 STAGE_WORDS = {"hf_to_maxtext": "hf2mt", "train": "train", "maxtext_to_hf": "mt2hf"}

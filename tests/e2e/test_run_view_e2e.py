@@ -2,17 +2,20 @@
 simulated run of the pipeline that created its cluster and TPU pool (so it has a cost).
 
 The page's curves must hold exactly the scalars of the run's event files in the simulation's GCS emulator,
-and its evaluation, chip-hours and cost the run's XComs. A screenshot of the tab is kept at
-/tmp/run-view.png. The view is as closed as Airflow's REST API: a forged token is refused, and an
+and its evaluation, chip-hours and cost the run's XComs. Screenshots of the run page and of the tab are kept
+as test artifacts in test-artifacts/ (TPU_RL_TEST_ARTIFACTS names another folder). The view is as closed as Airflow's REST API: a forged token is refused, and an
 anonymous request gets what the REST API gives it (refused, unless the stack makes everyone an admin, as
 scripts/airflow-stack.sh does for the local UI).
 """
 
 from __future__ import annotations
 
+import os
+import struct
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -21,13 +24,20 @@ from tpu_rl import training_metrics as tm
 from tpu_rl.run import DAG_ID, RunIdentity
 from tpu_rl.run_scope import RunScope
 
-from tpu_rl_testing import SIM_CREATE_CONF, SMALL_SLICE
+from tpu_rl_testing import REPO, SIM_CREATE_CONF, SMALL_SLICE
 
 pytestmark = pytest.mark.e2e
 expect.set_options(timeout=30_000)
 
 RUN_TIMEOUT = 1200
-SCREENSHOT = "/tmp/run-view.png"
+ARTIFACTS = Path(os.environ.get("TPU_RL_TEST_ARTIFACTS", REPO / "test-artifacts"))
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG file (its IHDR chunk); fails on anything else."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    return struct.unpack(">II", data[16:24])
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +69,11 @@ def test_the_training_tab_shows_the_event_files_curves_evaluation_and_cost(airfl
     page.goto(f"{airflow.base_url}/dags/{DAG_ID}/runs/{run_id}/plugin/tpu-rl-training", wait_until="domcontentloaded")
     view = page.frame_locator("iframe")
     expect(view.locator(f"figure[data-tag='{tm.REWARD_TAG}'] svg circle").first).to_be_attached()
-    page.screenshot(path=SCREENSHOT, full_page=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "run-view-page.png", full_page=True)
+    page.locator("iframe").screenshot(path=ARTIFACTS / "run-view-tab.png")
+    width, height = png_size(ARTIFACTS / "run-view-tab.png")
+    assert width >= 600 and height >= 400, (width, height)  # the tab, not an empty frame
 
     for tag in (tm.REWARD_TAG, tm.LOSS_TAG, tm.KL_TAG):
         shown = view.locator(f"figure[data-tag='{tag}'] svg circle").evaluate_all(

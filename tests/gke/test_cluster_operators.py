@@ -46,13 +46,21 @@ POLL = 1
 
 
 class TaskInstanceXComs:
-    """The task instance of the context, as far as the operators use it: the XComs they push."""
+    """The task instance of the context, as far as the operators use it: the XComs they push, and the states
+    of other DAG runs (the task API's ``get_dr_count`` and ``get_dagrun_state``) that leases ask about."""
 
     def __init__(self):
         self.xcoms = {}
+        self.run_states: dict[str, str] = {}
 
     def xcom_push(self, key, value):
         self.xcoms[key] = value
+
+    def get_dr_count(self, dag_id, run_ids):
+        return sum(run_id in self.run_states for run_id in run_ids)
+
+    def get_dagrun_state(self, dag_id, run_id):
+        return self.run_states[run_id]
 
 
 class Run:
@@ -392,3 +400,52 @@ def test_teardown_deletes_the_cluster_this_run_created_and_its_control_plane(gke
         hook.list_nodes("")
     # A retried teardown after the delete (or after a create that never happened) is a no-op.
     assert run_operator(delete, run.context()) == []
+
+
+def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_delete_is_taken_over(gke, capsys):
+    """keep_cluster in shared mode leaves the lease open; a last run that left to delete the cluster and ended
+    without deleting it (its delete kept failing) does not hold the next run back for ever."""
+    from tpu_rl.config import RunConfig
+    from tpu_rl.hooks.gcs import storage_client
+    from tpu_rl.leases import Holder, LeaseChange
+
+    first = Run(cluster_mode="shared", keep_cluster=True)
+    name = first.params["cluster_name"]
+    create = cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL)
+    delete = cluster_ops.DeleteClusterOperator(task_id="delete_cluster", poll_interval=POLL)
+    try:
+        assert len(run_operator(create, first.context())) == 1
+        assert run_operator(delete, first.context()) == []
+        assert get_cluster(gke, name) is not None  # kept
+        second = Run(cluster_name=name, cluster_mode="shared")
+        second.ti.run_states[first.run_id] = "success"
+        assert run_operator(create, second.context()) == []  # joined and adopted, without waiting
+        assert "Joined the lease of shared cluster" in capsys.readouterr().out
+
+        # The second run left to delete the cluster; its delete never happened and its run is still going.
+        store = cluster_ops.cluster_lease(RunConfig.from_params(second.params))
+        store.change(lambda lease: LeaseChange(lease.without(second.identity.key).closed_by(
+            Holder.of(second.identity, "2026-12-01T00:00:00+00:00"))))
+        third = Run(cluster_name=name, cluster_mode="shared")
+        third.ti.run_states[second.run_id] = "running"
+        with pytest.raises(TaskDeferred) as deferred:
+            create.execute(third.context())
+        assert not isinstance(deferred.value.trigger, GKEOperationTrigger)  # the wait for the delete
+        assert "is being deleted by the last run that used it" in capsys.readouterr().out
+        third.ti.run_states[second.run_id] = "failed"  # it ended without deleting the cluster
+        assert run_operator(create, third.context()) == []
+        assert "its run has ended without deleting it: this run takes the cluster over" in capsys.readouterr().out
+
+        # A run of the same cluster name that keeps its lease in another bucket is refused: it would delete
+        # the cluster under the runs it cannot see.
+        other_bucket = f"gke-test-{uuid.uuid4().hex[:6]}"
+        storage_client().create_bucket(other_bucket)
+        intruder = Run(cluster_name=name, cluster_mode="shared", gcs_bucket=other_bucket)
+        with pytest.raises(AirflowFailException, match="gcs_bucket: shared cluster .* keeps its lease at gs://tpu-rl-sim/"):
+            run_operator(create, intruder.context())
+
+        assert len(run_operator(delete, third.context())) == 1  # the last holder deletes it
+        assert get_cluster(gke, name) is None
+    finally:
+        if get_cluster(gke, name):
+            gke.delete_cluster(name=name, project_id="tpu-rl-sim", wait_to_complete=False)

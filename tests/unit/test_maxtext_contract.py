@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import zipfile
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
@@ -16,9 +17,9 @@ import yaml
 
 from tpu_rl import maxtext, training_metrics
 from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE
-from tpu_rl.config import MAXTEXT_DEFAULT_TEST_BATCHES, SUPPORTED_MODELS, RunConfig
+from tpu_rl.config import INTERVAL_DATA_KEYS, MAXTEXT_DEFAULT_TEST_BATCHES, SUPPORTED_MODELS, RunConfig
 from tpu_rl.plan import plan_documents
-from tpu_rl.run import GcsLayout
+from tpu_rl.run import DataInterval, GcsLayout
 
 MAXTEXT_VERSION = "0.2.4"
 #: The Tunix release MaxText 0.2.4 requires (its wheel: google-tunix>=0.1.7), and the metrics library Tunix
@@ -213,3 +214,22 @@ def test_evaluation_runs_around_training_only_with_test_batches():
         assert source.rfind("if trainer_config.num_test_batches > 0:", 0, at) > source.rfind("\n  max_logging", 0, at)
     rl_defaults = yaml.safe_load(read("configs/post_train/rl.yml"))
     assert rl_defaults["num_test_batches"] == MAXTEXT_DEFAULT_TEST_BATCHES
+
+
+@pytest.mark.parametrize("data", [{"train_split": "train[{first}:{stop}]"},
+                                  {"hf_train_files": "gs://b/prompts/week={ds}/*.parquet"}])
+def test_a_programs_interval_data_reaches_the_keys_train_rl_loads_its_training_data_from(tutorial_conf, run, data):
+    """A program's data keys are passed to train_rl as config keys of this release, and they are what its
+    get_dataset reads the training split from (a key it ignored would train every interval on the same data)."""
+    source = read("trainers/post_train/rl/train_rl.py")
+    assert source.count("split=trainer_config.train_split,") >= 2  # both branches of prepare_datasets' training data
+    assert source.count("data_files=trainer_config.hf_train_files,") >= 2
+    assert 'datasets.load_dataset(\n        "parquet",\n        data_files={split: data_files},' in source
+
+    interval = DataInterval(datetime(2026, 11, 3, tzinfo=timezone.utc), datetime(2026, 11, 4, tzinfo=timezone.utc), 2)
+    config = RunConfig.from_params({**tutorial_conf, "interval_data": data, "examples_per_interval": 200})
+    [train_args] = [args for module, args in module_invocations(config.for_interval(interval), run)
+                    if module == maxtext.TRAIN_RL]
+    rendered = {key: template.format(**interval.template_values(200)) for key, template in data.items()}
+    assert {f"{key}={value}" for key, value in rendered.items()} <= set(train_args)
+    assert set(data) <= set(INTERVAL_DATA_KEYS) and set(data) <= known_config_keys(maxtext.TRAIN_RL)

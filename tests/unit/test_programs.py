@@ -41,6 +41,32 @@ def test_a_bad_declaration_names_the_program_and_every_bad_field():
         assert field in message
 
 
+@pytest.mark.parametrize("schedule", ["99 * * * *", "0 6 * * 8", "@fortnightly", "0 0 * *"])
+def test_a_schedule_airflow_could_not_run_is_refused_at_parse_time(schedule):
+    with pytest.raises(ProgramError, match=r"program 'p' cannot be scheduled:\n  - schedule: "):
+        parse_program("programs.yaml", "p", {**example_body(), "schedule": schedule})
+
+
+@pytest.mark.parametrize("schedule", ["@quarterly", "0 6 * * 1", "*/30 * * * *"])
+def test_airflow_presets_and_cron_expressions_are_accepted(schedule):
+    assert parse_program("programs.yaml", "p", {**example_body(), "schedule": schedule}).schedule == schedule
+
+
+def test_a_program_declared_twice_is_refused_instead_of_the_first_one_vanishing(tmp_path):
+    body = EXAMPLE.read_text()
+    daily = body[body.index("  maxtext_rl_tpu_daily:"):body.index("  maxtext_rl_tpu_weekly:")]
+    doubled = tmp_path / "programs.yaml"
+    doubled.write_text(body + "\n" + daily)
+    with pytest.raises(ProgramError, match=r"program 'maxtext_rl_tpu_daily' cannot be scheduled:\n  - declared twice"):
+        load_programs(doubled)
+
+
+@pytest.mark.parametrize("dag_id", ["maxtext_rl_tpu", "maxtext_rl_tpu_reaper"])
+def test_a_program_cannot_take_the_id_of_one_of_the_packages_dags(dag_id):
+    with pytest.raises(ProgramError, match="dag id: .* not one of the package's own DAGs"):
+        parse_program("programs.yaml", dag_id, example_body())
+
+
 def test_a_program_must_give_the_required_params_because_no_form_is_filled_for_a_scheduled_run():
     body = {**example_body(), "params": {"project": "tpu-rl-sim"}}
     with pytest.raises(ProgramError, match=r"params.region: is required"):
@@ -110,3 +136,28 @@ def test_a_holder_whose_run_ended_or_vanished_expires_and_a_live_or_own_one_stay
     left, expired = lease.expire(lambda run: states[run.run_id], keep=holder("me").key)
     assert [h.run_id for h in left.holders] == ["running", "me"]
     assert [h.run_id for h in expired] == ["ended", "gone"]
+
+
+def test_a_closing_lease_holds_joiners_back_only_while_the_run_deleting_the_cluster_lives():
+    closing = Lease((holder("last"),)).without(holder("last").key).closed_by(holder("last"))
+    assert closing.closing and not closing.holders
+    assert Lease.parse(closing.dump()) == closing
+    assert not closing.closing_expired(lambda run: "running")
+    assert closing.closing_expired(lambda run: "failed") and closing.closing_expired(lambda run: "missing")
+    # A lease written before the closer was recorded keeps waiting for the delete.
+    assert Lease.parse(b'{"holders": [], "closing": true}').closer is None
+    assert not Lease(closing=True).closing_expired(lambda run: "failed")
+    joined = closing.admit(holder("next"))
+    assert not joined.closing and joined.closer is None and [h.run_id for h in joined.holders] == ["next"]
+
+
+def test_a_shared_cluster_names_its_lease_and_its_creator_in_its_description():
+    from tpu_rl import gke
+
+    config = RunConfig.from_params({**TUTORIAL_CONF, "cluster_mode": "shared"})
+    run = RunIdentity("daily", "scheduled__2026-11-30T00:00:00+00:00")
+    description = gke.cluster_body(config, run, datetime(2026, 12, 1, tzinfo=timezone.utc))["description"]
+    assert gke.cluster_owner(description) == run
+    assert gke.cluster_lease_uri(description) == (
+        f"gs://{config.gcs_bucket}/tpu-rl/leases/cluster/{config.project}-{config.region}-{config.cluster_name}.json")
+    assert gke.cluster_lease_uri(gke.owner_description(run)) is None

@@ -1,6 +1,8 @@
 """The run's Training tab (plugins/tpu_rl_run_view.py): its app answered through FastAPI's test client with
-Airflow's own authentication (the simple auth manager's JWTs), the run read from a fixture instead of the
-metadata database, and its event files written by the MaxText emulator with tensorboardX."""
+Airflow's own authentication (the simple auth manager's JWTs), the run read from a fixture or (last test)
+from a run of the pipeline's DAG in the metadata database, and its event files written by the MaxText
+emulator with tensorboardX. tests/unit also runs on Airflow 3.1.7 (make test-compat), so both versions'
+api-server modules are exercised."""
 
 from __future__ import annotations
 
@@ -153,10 +155,60 @@ def test_anonymous_forged_and_unprivileged_requests_are_refused_before_the_run_i
     assert refused.status_code == 403 and "tpu-rl" not in refused.text and CONF["gcs_bucket"] not in refused.text
 
 
-def test_the_view_is_offered_on_the_run_page_of_both_airflow_versions():
+def test_the_view_is_declared_as_a_tab_of_the_run_page():
     """A tab of the run page (destination dag_run, with a url_route), its address templated by the UI."""
     from tpu_rl_run_view import TpuRlRunViewPlugin
 
     (view,) = TpuRlRunViewPlugin.external_views
     assert view["destination"] == "dag_run" and view["url_route"]
     assert view["href"] == "/tpu-rl/runs/{DAG_ID}/{RUN_ID}"
+
+
+def test_the_page_of_a_run_in_the_metadata_database_shows_its_xcoms(tokens, event_files):
+    """The run, its DAG's serialized params and its XComs as the api-server reads them (no fixture between):
+    a run of the pipeline through dag.test(), each task replaced by one that pushes what the real one would."""
+    from fastapi.testclient import TestClient
+
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # Airflow 3.1
+        from airflow.models.dagbag import DagBag
+
+    from tpu_rl.operators.cluster import XCOM_TPU_SLICES
+    from tpu_rl.operators.workloads import XCOM_EVALUATION
+    from tpu_rl.run_view_app import event_reader
+    from tpu_rl_run_view import TpuRlRunViewPlugin
+
+    dag = DagBag(dag_folder=str(REPO / "dags")).get_dag(DAG_ID)
+    pushed = {"train_rl": {XCOM_EVALUATION: EVALUATION}, "delete_tpu_pools": {XCOM_TPU_SLICES: SLICES}}
+    returned = {"verify_training": 20, "publish_export": MODEL_URI}
+    for task in dag.tasks:
+        def execute(context, task_id=task.task_id):
+            for key, value in pushed.get(task_id, {}).items():
+                context["ti"].xcom_push(key=key, value=value)
+            return returned.get(task_id)
+
+        task.execute = execute
+    conf = {**TUTORIAL_CONF, "num_batches": 20}
+    run = dag.test(run_conf=conf)
+    assert run.state == "success"
+
+    (mounted,) = TpuRlRunViewPlugin().fastapi_apps
+    app = mounted["app"]
+    layout = RunScope(conf, RunIdentity(DAG_ID, run.run_id)).layout
+
+    async def read_events(bucket: str, prefix: str, gcp_conn_id: str) -> dict[str, tm.Scalars]:
+        assert (bucket, prefix) == (layout.bucket, layout.tensorboard_prefix)
+        return {path.name: tm.read_scalars([path]) for path in event_files}
+
+    app.dependency_overrides = {event_reader: lambda: read_events}
+    client = TestClient(app)
+    response = client.get(f"/runs/{DAG_ID}/{run.run_id}", headers={"Authorization": f"Bearer {tokens['viewer']}"})
+
+    assert response.status_code == 200, response.text[-2000:]
+    html = response.text
+    assert 'id="final-step">20</strong>/20' in html and MODEL_URI in html
+    assert re.search(r'id="evaluation-after">.*60\.0%.*12/20', html)
+    assert 'id="chip-hours">96.000<' in html
+    missing = client.get(f"/runs/{DAG_ID}/no-such-run", headers={"Authorization": f"Bearer {tokens['viewer']}"})
+    assert missing.status_code == 404

@@ -7,7 +7,6 @@ GKE operations are awaited by the Google provider's ``GKEOperationTrigger`` (def
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from datetime import datetime, timedelta, timezone
@@ -22,7 +21,7 @@ from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.run import RunIdentity
 from tpu_rl.run_scope import RunScoped
-from tpu_rl.leases import Holder, Lease, LeaseChange, holder_has_ended
+from tpu_rl.leases import Holder, Lease, LeaseChange, cluster_lease_object, holder_has_ended
 from tpu_rl.operators.leases import dag_run_state, expired_note, lease_store, now_text, release_capacity
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
@@ -93,7 +92,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
 
 def cluster_lease(config: RunConfig):
     """The lease of a shared cluster, in the run's bucket: runs that share a cluster share its bucket."""
-    return lease_store(config, "cluster", f"{config.project}-{config.region}-{config.cluster_name}")
+    return lease_store(config, cluster_lease_object(config.project, config.region, config.cluster_name))
 
 
 class CreateClusterOperator(_AwaitsGkeOperations):
@@ -149,11 +148,16 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             cluster_exists = False
 
         def decide(lease: Lease) -> LeaseChange:
-            lease, expired = lease.expire(lambda r: dag_run_state(ti, r), keep=run.key)
+            state = lambda r: dag_run_state(ti, r)  # noqa: E731
+            lease, expired = lease.expire(state, keep=run.key)
+            notes = expired_note(expired)
             if lease.closing and cluster_exists and not lease.find(run.key):
-                return LeaseChange(lease if expired else None, None, expired_note(expired))
+                if not lease.closing_expired(state):
+                    return LeaseChange(lease if expired else None, None, notes)
+                notes.append(f"{lease.closer.describe()} left the cluster to delete it and its run has ended "
+                             "without deleting it: this run takes the cluster over")
             joined = lease.admit(Holder.of(run, now_text()))
-            return LeaseChange(joined, joined, expired_note(expired))
+            return LeaseChange(joined, joined, notes)
 
         store = cluster_lease(config)
         change = store.change(decide)
@@ -180,6 +184,14 @@ class CreateClusterOperator(_AwaitsGkeOperations):
                 "it without deleting it."
             )
         if config.shares_cluster:
+            recorded, mine = gke.cluster_lease_uri(cluster.description), gke.shared_lease_uri(config)
+            if recorded and recorded != mine:
+                cluster_lease(config).change(lambda lease: LeaseChange(lease.without(run.key)))
+                raise AirflowFailException(
+                    f"gcs_bucket: shared cluster {config.cluster_name} keeps its lease at {recorded}, and this run's "
+                    f"would be {mine}: its runs could not see this one and would delete the cluster under it; fix: "
+                    "set gcs_bucket to the bucket of the runs that share it (or use another cluster_name)."
+                )
             return
         owner = gke.cluster_owner(cluster.description)
         if shared:
@@ -418,7 +430,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if not config.creates_cluster:
             self._delete_secret(config, run)
             return
-        if config.shares_cluster and not self._leave_lease(context):
+        if config.shares_cluster and not self._leave_lease(context, closing=not config.keep_cluster):
             self._delete_secret(config, run)
             return
         if config.keep_cluster:
@@ -444,19 +456,22 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
             self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation.name)
             self._await(config, operation.name)
 
-    def _leave_lease(self, context: Any) -> bool:
-        """Leaves the shared cluster's lease; True when no live run holds it any more (this run deletes the
-        cluster, and marks the lease closing so that a run joining now waits for the delete)."""
+    def _leave_lease(self, context: Any, closing: bool) -> bool:
+        """Leaves the shared cluster's lease; True when no live run holds it any more. With ``closing`` this
+        run then deletes the cluster, and marks the lease closing (with itself as the closer) so that a run
+        joining now waits for the delete; without it (keep_cluster) the cluster stays, free to join."""
         config, run, ti = self.scope.config, self.scope.run, context["ti"]
+        me = Holder.of(run, now_text())
 
         def decide(lease: Lease) -> LeaseChange:
-            if not lease.find(run.key) and not lease.closing:
-                return LeaseChange(None, lease.holders or ("nobody: this run never joined it",))
+            retrying_delete = lease.closing and (lease.closer is None or lease.closer.key == run.key)
+            if not lease.find(run.key) and not retrying_delete:
+                return LeaseChange(None, lease.holders or ("nobody: this run does not hold it",))
             lease, expired = lease.expire(lambda r: dag_run_state(ti, r), keep=run.key)
             lease = lease.without(run.key)
             if lease.holders:
                 return LeaseChange(lease, lease.holders, expired_note(expired))
-            return LeaseChange(dataclasses.replace(lease, closing=True), (), expired_note(expired))
+            return LeaseChange(lease.closed_by(me) if closing else lease, (), expired_note(expired))
 
         store = cluster_lease(config)
         change = store.change(decide)
@@ -466,8 +481,8 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
             self.log.info("Shared cluster %s stays: still used by %s", config.cluster_name,
                           "; ".join(h if isinstance(h, str) else h.describe() for h in change.result))
             return False
-        self.log.info("This run is the last of shared cluster %s's lease (%s): deleting the cluster",
-                      config.cluster_name, store.uri)
+        self.log.info("This run is the last of shared cluster %s's lease (%s)%s", config.cluster_name, store.uri,
+                      ": deleting the cluster" if closing else "")
         return True
 
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:

@@ -79,14 +79,15 @@ class LeaseStore:
         raise AirflowException(f"{self.uri} keeps changing: could not update it")
 
 
-def lease_store(config: Any, kind: str, name: str) -> LeaseStore:
+def lease_store(config: Any, name: str) -> LeaseStore:
+    """The lease object ``name`` in the run's bucket."""
     from tpu_rl.hooks import gcs
 
-    return LeaseStore(gcs.storage_client(config.gcp_conn_id), config.gcs_bucket, lease_object(kind, name))
+    return LeaseStore(gcs.storage_client(config.gcp_conn_id), config.gcs_bucket, name)
 
 
 def capacity_store(config: Any) -> LeaseStore:
-    return lease_store(config, "capacity", config.capacity_group)
+    return lease_store(config, lease_object("capacity", config.capacity_group))
 
 
 def expired_note(expired: list[Holder]) -> list[str]:
