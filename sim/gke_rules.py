@@ -316,7 +316,8 @@ def check_capacity(pool: dict) -> None:
     NO_RESERVATION"); AI-Hypercomputer/xpk src/xpk/core/capacity.py (flex: --flex-start
     --enable-autoscaling --location-policy=ANY --reservation-affinity=none --no-enable-autorepair, and
     --num-nodes=0 in core/nodepool.py). GKE's own texts for these refusals are not quoted in these sources:
-    every message here is (wording ours).
+    every message here is (wording ours). The auto-repair rule is Cluster Toolkit's precondition: GKE's
+    flex-start page neither sets nor forbids auto-repair, so here the emulator may be stricter than GKE.
     """
     config = pool.get("config") or {}
     name = pool.get("name")

@@ -657,6 +657,16 @@ def _validate_cluster_access(c: RunConfig):
     if c.reservation and c.capacity_type != "reservation":
         yield Problem("reservation", f"is set, but capacity_type is '{c.capacity_type}', which consumes no reservation",
                       "set capacity_type to 'reservation', or clear reservation")
+    if c.uses_existing_tpu_pools and c.capacity_type != "on_demand":
+        yield Problem("capacity_type", f"'{c.capacity_type}' says how the TPU pools the run creates get their VMs, but "
+                      "tpu_pool_mode is 'existing' (the run creates none; preemptions are resumed on any capacity)",
+                      "leave capacity_type 'on_demand', or set tpu_pool_mode to 'per_run'")
+    if c.capacity_wait_minutes and (c.uses_existing_tpu_pools or c.uses_flex_start):
+        reason = ("tpu_pool_mode is 'existing' (the run creates no pool)" if c.uses_existing_tpu_pools else
+                  "a flex_start pool is created empty at once: its slice comes when train_rl's pods ask for it, "
+                  "and train_rl waits for it")
+        yield Problem("capacity_wait_minutes", f"bounds the wait of a pool create that GKE holds for capacity, but {reason}",
+                      "set it to 0")
     if not _K8S_NAME.fullmatch(c.namespace):
         yield Problem("namespace", f"'{c.namespace}' is not a Kubernetes namespace name", "use lowercase letters, digits, dashes")
 

@@ -172,14 +172,25 @@ def test_spot_capacity_held_back_is_waited_for_deferred_and_the_run_trains(airfl
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
 
 
-def test_a_flex_start_pool_is_created_empty_and_the_run_trains(airflow, gke, runs):
+def test_a_flex_start_pool_is_created_empty_and_the_training_waits_for_its_slice(airflow, gke, gcs, runs):
+    from tpu_rl import training_metrics
+    from tpu_rl.run_scope import RunScope
+
     run_id, conf, state = runs["flex_start"]
     tasks = airflow.task_instances(DAG_ID, run_id)
     assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
-    # The pool's create ends at once, without its nodes (they come HELD_SECONDS later), and does not wait
-    # for them as a stockout would: the slice is the training's to wait for.
+    # The pool's create ends at once, without its nodes (they come HELD_SECONDS after it started), and does
+    # not wait for them as a stockout would: the slice is the training's to wait for.
     assert tasks["create_tpu_pools"]["duration"] < HELD_SECONDS
     log = airflow.task_log(DAG_ID, run_id, "create_tpu_pools", tasks["create_tpu_pools"]["try_number"])
     assert "GCE_STOCKOUT" not in log
+    # train_rl waited, in its first try, for the slice: the trainer started (its event file's writer start)
+    # only once the nodes existed.
+    assert tasks["train_rl"]["try_number"] == 1
+    layout = RunScope(conf, RunIdentity(DAG_ID, run_id)).layout
+    started = [training_metrics.event_file_started(b.name) for b in gcs.list_blobs(layout.bucket, prefix=layout.tensorboard_prefix)
+               if training_metrics.is_event_file(b.name)]
+    nodes_from = _time(tasks["create_tpu_pools"]["start_date"]).timestamp() + HELD_SECONDS
+    assert started and min(started) >= nodes_from - 2, (started, nodes_from)
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
     assert cluster_or_none(gke, conf["cluster_name"]) is None

@@ -72,11 +72,14 @@ def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow,
 
     tasks = airflow.task_instances(DAG_ID, run_id)
     assert tasks["train_rl"]["state"] == "failed"
+    # A crash is not a preemption: it fails each try, and the run fails once Airflow's retries (2) are spent.
+    assert tasks["train_rl"]["try_number"] == 3
     assert tasks["delete_tpu_pools"]["state"] == "success"
     assert tasks["delete_cluster"]["state"] == "success"
     assert tasks["maxtext_to_hf"]["state"] == "upstream_failed"
     log = airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
     assert "workload-container exited 3" in log, log[-3000:]
+    assert "resuming from step" not in log  # no preemption resume
 
     # Periodic saves before the crash survive; the user fixes the cause and clears train_rl.
     slug = RunIdentity(DAG_ID, run_id).slug

@@ -126,3 +126,12 @@ def test_captured_lost_host():
     message = st.explain_failure(jobset, pods, lost_nodes=lost)
     assert f"Cause: TPU host lost (node gone: {lost[0]})" in message
     assert "DisruptionTarget DeletionByPodGC" in message  # what the pod GC wrote before deleting the pod
+
+
+def test_a_captured_lost_host_is_a_preemption_and_a_captured_crash_is_not():
+    """What the real controllers left after a host went away resumes the training; a workload's own exit code
+    fails it (Airflow's retries, not the preemption budget)."""
+    jobset, pods, lost = replay("failed_host_lost")
+    found = st.preemption(jobset, pods, lost_nodes=lost)
+    assert found is not None and found["reason"].startswith("DisruptionTarget DeletionByPodGC"), found
+    assert st.preemption(*replay("failed_exit_code")[:2]) is None

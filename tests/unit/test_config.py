@@ -233,6 +233,19 @@ def test_reservation_goes_with_capacity_type_reservation(tutorial_conf):
     assert "capacity_type" in problems_for(tutorial_conf, capacity_type="preemptible")
 
 
+def test_capacity_settings_that_would_be_ignored_are_refused(tutorial_conf):
+    existing = {"cluster_mode": "existing", "tpu_pool_mode": "existing"}
+    assert problems_for(tutorial_conf, capacity_type="spot", **existing)["capacity_type"] == (
+        "capacity_type: 'spot' says how the TPU pools the run creates get their VMs, but tpu_pool_mode is 'existing' "
+        "(the run creates none; preemptions are resumed on any capacity); fix: leave capacity_type 'on_demand', or "
+        "set tpu_pool_mode to 'per_run'.")
+    assert "the run creates no pool" in problems_for(tutorial_conf, capacity_wait_minutes=30, **existing)[
+        "capacity_wait_minutes"]
+    flex = problems_for(tutorial_conf, capacity_type="flex_start", capacity_wait_minutes=30)["capacity_wait_minutes"]
+    assert "a flex_start pool is created empty at once" in flex and flex.endswith("fix: set it to 0.")
+    assert RunConfig.from_params({**tutorial_conf, "capacity_type": "spot", "capacity_wait_minutes": 30})
+
+
 def test_capacity_wait_is_bounded_outside_the_form_too(tutorial_conf):
     assert problems_for(tutorial_conf, capacity_wait_minutes=-5)["capacity_wait_minutes"] == (
         "capacity_wait_minutes: -5 is out of range; fix: use a value from 0 to 1440.")

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 #: The record's list of the run's preemptions (:class:`~tpu_rl.preemption.PreemptionRecord` as JSON).
 PREEMPTIONS_KEY = "preemptions"
+#: The record's evaluation of the model before training: the first ``Pre RL Training`` figures of the run (a
+#: resumed attempt evaluates the weights it restored, not the model the run started from).
+BASELINE_KEY = "evaluation_before"
 
 
 def check_training_record(
@@ -70,6 +73,20 @@ def record_preemption(client: Any, bucket: str, record_object: str, record: Pree
 
     document = gcs.update_json(client, bucket, record_object, add)
     return [PreemptionRecord.from_json(entry) for entry in document[PREEMPTIONS_KEY]]
+
+
+def record_baseline(client: Any, bucket: str, record_object: str, before: Mapping[str, Any] | None) -> dict | None:
+    """The run's evaluation before training: the one recorded, else ``before`` (an attempt's ``Pre`` figures),
+    which is then recorded. None while no attempt has logged one."""
+    stored = json.loads(client.bucket(bucket).blob(record_object).download_as_bytes()).get(BASELINE_KEY)
+    if stored or not before:
+        return stored
+
+    def add(document: dict) -> dict:
+        document.setdefault(BASELINE_KEY, dict(before))
+        return document
+
+    return gcs.update_json(client, bucket, record_object, add)[BASELINE_KEY]
 
 
 class TrainingRecordCheckOperator(BaseOperator):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any
@@ -23,10 +24,15 @@ from tpu_rl.hooks.gcs import (
     training_state,
 )
 from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
-from tpu_rl.operators.training_record import check_training_record, record_preemption, recorded_preemptions
+from tpu_rl.operators.training_record import (
+    check_training_record,
+    record_baseline,
+    record_preemption,
+    recorded_preemptions,
+)
 from tpu_rl.preemption import XCOM_PREEMPTIONS, PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
-from tpu_rl.training_metrics import describe_evaluation, parse_evaluation
+from tpu_rl.training_metrics import Evaluation, Score, describe_evaluation, parse_evaluation
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
@@ -252,9 +258,26 @@ class TrainRlOperator(RunJobSetOperator):
                              "train_steps": config.train_steps, "gcp_conn_id": config.gcp_conn_id}}
 
     def after_completed(self, context: Any, event: dict[str, Any]) -> None:
-        evaluation = parse_evaluation(event.get("evaluation_lines") or [])
+        evaluation = self._with_baseline(parse_evaluation(event.get("evaluation_lines") or []))
         self.log.info("%s", describe_evaluation(evaluation, self.scope.config))
         context["ti"].xcom_push(key=XCOM_EVALUATION, value=evaluation.to_dict() if evaluation else None)
+
+    def _with_baseline(self, evaluation: Evaluation | None) -> Evaluation | None:
+        """The attempt's evaluation with the run's figures before training: those of its first attempt, kept in
+        the training record (a resumed attempt's ``Pre`` line evaluates the checkpoint it restored)."""
+        config, layout = self.scope.config, self.scope.layout
+        before = evaluation.before if evaluation else None
+        try:
+            recorded = record_baseline(storage_client(config.gcp_conn_id), config.gcs_bucket,
+                                       layout.training_record_object, asdict(before) if before else None)
+        except Exception as error:  # The figures inform the gate: without the record, the attempt's own.
+            self.log.warning("Could not keep the evaluation before training in the run's record: %s", error)
+            return evaluation
+        if not recorded or (before and asdict(before) == recorded):
+            return evaluation
+        self.log.info("Evaluation before training: the run's first attempt's figures, from %s (this attempt's "
+                      "own Pre line evaluated the weights it resumed from)", layout.uri(layout.training_record_object))
+        return Evaluation(before=Score(**recorded), after=evaluation.after if evaluation else None)
 
     def before_submit(self, context: Any) -> None:
         config = self.scope.config
@@ -264,6 +287,8 @@ class TrainRlOperator(RunJobSetOperator):
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict | None:
+        if event["status"] == "failed":  # A later attempt resumes: keep this one's figures before training.
+            self._with_baseline(parse_evaluation(event.get("evaluation_lines") or []))
         if event["status"] == "failed" and event.get("preemption"):
             return self._resume_after_preemption(context, event)
         try:
