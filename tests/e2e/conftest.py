@@ -198,3 +198,39 @@ def page(browser_context):
     page = browser_context.new_page()
     yield page
     page.close()
+
+
+@pytest.fixture(scope="session")
+def training_runs(airflow_stack):
+    """Two runs triggered at once and shared by the modules that read what a run reports
+    (test_training_metrics_e2e.py, test_run_view_e2e.py): {scenario: (run_id, conf, final state)}.
+
+    ``trained``: the tutorial's path on a small slice (the run creates its cluster and TPU pool, so it has a
+    cost). ``regressed``: the standing cluster's slice, a gate that refuses a worse model, and a trainer made
+    worse by the emulator's fault ``eval-regression`` on that run's training JobSet only (removed after).
+    """
+    import uuid
+
+    from sim import faults
+    from tpu_rl.run import DAG_ID, RunIdentity
+    from tpu_rl_testing import SIM_CONF, SIM_CREATE_CONF, SMALL_SLICE
+
+    airflow_stack.wait_for_healthy_dag(DAG_ID)
+    airflow_stack.unpause(DAG_ID)
+    suffix = uuid.uuid4().hex[:6]
+    scenarios = {
+        "trained": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-metrics-{suffix}"},
+        "regressed": {**SIM_CONF, "require_no_regression": True},
+    }
+    run_ids = {name: f"e2e__metrics_{name}__{suffix}" for name in scenarios}
+    api, rule = faults.core_api(), f"e2e-metrics-regression-{suffix}"
+    regressed = RunIdentity(DAG_ID, run_ids["regressed"])
+    faults.set_fault(api, rule, stage="train_rl", maxtext_fault="eval-regression",
+                     prefix=regressed.jobset_name(SIM_CONF.get("workload_prefix", "qwen"), "train"))
+    try:
+        for name, conf in scenarios.items():
+            airflow_stack.trigger(DAG_ID, conf, run_id=run_ids[name])
+        yield {name: (run_ids[name], scenarios[name], airflow_stack.wait_for_run(DAG_ID, run_ids[name], 1200))
+               for name in scenarios}
+    finally:
+        faults.clear_faults(api, rule)

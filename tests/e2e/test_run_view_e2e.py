@@ -14,7 +14,6 @@ import os
 import struct
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
@@ -24,12 +23,11 @@ from tpu_rl import training_metrics as tm
 from tpu_rl.run import DAG_ID, RunIdentity
 from tpu_rl.run_scope import RunScope
 
-from tpu_rl_testing import REPO, SIM_CREATE_CONF, SMALL_SLICE
+from tpu_rl_testing import REPO
 
 pytestmark = pytest.mark.e2e
 expect.set_options(timeout=30_000)
 
-RUN_TIMEOUT = 1200
 ARTIFACTS = Path(os.environ.get("TPU_RL_TEST_ARTIFACTS", REPO / "test-artifacts"))
 
 
@@ -41,12 +39,10 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def finished_run(airflow):
-    """(run id, conf) of a successful run on a small slice."""
-    suffix = uuid.uuid4().hex[:6]
-    conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-view-{suffix}"}
-    run_id = airflow.trigger(DAG_ID, conf, run_id=f"e2e__run_view__{suffix}")
-    state = airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)
+def finished_run(airflow, training_runs):
+    """(run id, conf) of a successful run on a small slice that created its cluster and pool (shared with
+    test_training_metrics_e2e.py: conftest.py's ``training_runs``)."""
+    run_id, conf, state = training_runs["trained"]
     assert state == "success", {t: ti["state"] for t, ti in airflow.task_instances(DAG_ID, run_id).items()}
     return run_id, conf
 

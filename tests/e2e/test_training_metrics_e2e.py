@@ -3,58 +3,27 @@
 published Asset event, the TPU cost of the slice the run created, the last task's summary; and a model that
 got worse failing the quality gate, publishing nothing.
 
-Both runs are triggered at once (the created cluster makes one of them minutes long) and each test reads
-the outcome of its own. The regression is the emulator's fault ``eval-regression`` (sim/faults.py), set for
-that run's training JobSet only and removed after.
+Both runs are triggered at once (the created cluster makes one of them minutes long) by the session fixture
+``training_runs`` (conftest.py), and each test reads the outcome of its own. The regression is the emulator's
+fault ``eval-regression`` (sim/faults.py), set for that run's training JobSet only and removed after.
 """
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
-from sim import faults
 from tpu_rl.run import RunIdentity
-
-from tpu_rl_testing import SIM_CONF, SIM_CREATE_CONF, SMALL_SLICE
 
 pytestmark = pytest.mark.e2e
 
 DAG_ID = "maxtext_rl_tpu"
-RUN_TIMEOUT = 1200
 MODEL = "qwen3-30b-a3b"
 
 
 @pytest.fixture(scope="module")
-def sim_faults():
-    """The fault switch; the rules this module sets are removed after it (others' rules stay)."""
-    api = faults.core_api()
-    before = set(faults.list_faults(api))
-    yield api
-    for name in set(faults.list_faults(api)) - before:
-        faults.clear_faults(api, name)
-
-
-@pytest.fixture(scope="module")
-def runs(airflow, sim_faults):
-    """{scenario: (run_id, conf, final state)}; the runs go on concurrently."""
-    suffix = uuid.uuid4().hex[:6]
-    scenarios = {
-        # The tutorial's path on a small slice: the run creates the cluster and its TPU pool, so it has a cost.
-        "trained": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-metrics-{suffix}"},
-        # The standing cluster's slice, a gate that refuses a worse model, and a trainer that makes it worse.
-        "regressed": {**SIM_CONF, "require_no_regression": True},
-    }
-    run_ids = {name: f"e2e__metrics_{name}__{suffix}" for name in scenarios}
-    regressed = RunIdentity(DAG_ID, run_ids["regressed"])
-    faults.set_fault(sim_faults, f"e2e-metrics-regression-{suffix}", stage="train_rl",
-                     prefix=regressed.jobset_name(SIM_CONF.get("workload_prefix", "qwen"), "train"),
-                     maxtext_fault="eval-regression")
-    for name, conf in scenarios.items():
-        airflow.trigger(DAG_ID, conf, run_id=run_ids[name])
-    yield {name: (run_ids[name], scenarios[name], airflow.wait_for_run(DAG_ID, run_ids[name], RUN_TIMEOUT))
-           for name in scenarios}
+def runs(airflow, training_runs):
+    """The two runs of ``training_runs`` (conftest.py), shared with the Training tab's test."""
+    return training_runs
 
 
 def asset_events(airflow, run_id: str) -> list[dict]:

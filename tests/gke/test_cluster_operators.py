@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import time
 import uuid
@@ -349,6 +350,33 @@ def test_a_stockout_fails_the_pool_create_with_what_to_do_and_a_retry_replaces_t
     finally:
         gke_faults.clear_faults("gke-test-stockout")
         run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context())
+
+
+def test_a_pool_whose_create_still_waits_for_capacity_is_deleted_once_gke_lets_it(gke, created, capsys):
+    """After create_tpu_pools gave up waiting (capacity_wait_minutes), GKE's create still runs and GKE refuses
+    the delete: delete_tpu_pools waits for that operation, deferred, then deletes the pool."""
+    from google.cloud.container_v1 import NodePool
+
+    from tpu_rl import gke as requests
+    from tpu_rl.config import RunConfig
+
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])
+    config, pool_name = RunConfig.from_params(other.params), other.identity.tpu_pool_name(0)
+    gke_faults.set_fault("gke-test-held", "capacity-held", pool_prefix=pool_name, seconds=6)
+    try:
+        client = gke.get_cluster_manager_client()
+        pool = NodePool.from_json(json.dumps(requests.tpu_node_pool(config, other.identity, 0)))
+        client.create_node_pool(parent=requests.cluster_path(config), node_pool=pool)
+        delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+        waited = run_operator(delete, other.context())
+        assert len(waited) == 2  # the create it waited for, then its own delete
+        assert "GKE refuses it while operation" in capsys.readouterr().out
+        assert _hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}") == []
+        with pytest.raises(NotFound):
+            client.get_node_pool(name=f"{requests.cluster_path(config)}/nodePools/{pool_name}")
+    finally:
+        gke_faults.clear_faults("gke-test-held")
 
 
 def test_pool_teardown_never_touches_pools_it_did_not_create(gke, created):

@@ -54,7 +54,8 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         ``wait``: what an operator carries from one deferral to the next (the capacity deadline)."""
         raise NotImplementedError
 
-    def _await(self, config: RunConfig, operation_name: str, next_step: int | None = None) -> None:
+    def _await(self, config: RunConfig, operation_name: str, next_step: int | None = None,
+               method_name: str = "operation_done") -> None:
         from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
 
         self.defer(
@@ -65,9 +66,29 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
                 gcp_conn_id=config.gcp_conn_id,
                 poll_interval=self.poll_interval,
             ),
-            method_name="operation_done",
+            method_name=method_name,
             kwargs={"next_step": next_step},
         )
+
+    def _await_blocking_operation(self, config: RunConfig, client: Any, refused: Exception, step: int) -> None:
+        """GKE refused operation ``step`` because another operation runs on the cluster (the create of a pool
+        still waiting for capacity, say): waits for that one, deferred, then submits ``step`` again. Re-raises
+        the refusal when no operation runs (then it is not about concurrency)."""
+        cluster = gke.cluster_path(config)
+        running = [op for op in client.list_operations(parent=gke.cluster_parent(config)).operations
+                   if op.status.name in ("PENDING", "RUNNING")
+                   and (op.target_link.endswith(f"/{cluster}") or f"/{cluster}/" in op.target_link)]
+        if not running:
+            raise refused
+        blocking = running[0]
+        self.log.info("GKE refuses it while operation %s (%s %s) runs (%s): waiting for that one, then trying again",
+                      blocking.name, blocking.operation_type.name, blocking.target_link.rsplit("/", 1)[-1],
+                      getattr(refused, "message", refused))
+        self._await(config, blocking.name, next_step=step, method_name="blocking_operation_done")
+
+    def blocking_operation_done(self, context: Any, event: dict[str, Any], next_step: int, **wait: Any) -> None:
+        """Another operation ended, whatever its outcome (not ours to judge): submits ours again."""
+        self.submit(context, next_step, **wait)
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         if event["status"] in ("failed", "error"):
@@ -378,7 +399,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         self.submit(context, 0)
 
     def submit(self, context: Any, step: int) -> None:
-        from google.api_core.exceptions import NotFound
+        from google.api_core.exceptions import FailedPrecondition, NotFound
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
@@ -390,6 +411,9 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
             except NotFound:
                 self.log.info("Node pool %s does not exist: nothing to delete", name)
                 continue
+            except FailedPrecondition as refused:  # e.g. its create still waits for capacity after a timeout
+                self.log.info("Cannot delete node pool %s yet", name)
+                self._await_blocking_operation(config, client, refused, index)
             self.log.info("Deleting node pool %s", name)
             self._await(config, operation.name, next_step=index + 1)
         release_capacity(config, run, self.log)
