@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from datetime import date, datetime, timedelta, timezone
 
@@ -138,7 +139,7 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     for day in days():
         if day != failing:  # (a crashed trainer's log shows only its error)
             assert_trained_on_its_slice(airflow, runs[day]["dag_run_id"], tasks[day], day)
-    events = airflow.request("GET", f"/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
+    events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
     ours = f"gs://{CONF['gcs_bucket']}/"  # (a reused stack keeps earlier sessions' events)
     extras = {e["extra"]["data_interval_start"]: e["extra"] for e in events
               if e["source_dag_id"] == PROGRAM and e["extra"]["uri"].startswith(ours)}
@@ -150,7 +151,7 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
         assert interval_run(day).slug in published and extras[day.isoformat()]["uri"] == published
 
     # The shared cluster: created by one run, kept while others held it, deleted by the last to leave.
-    creates = [op for op in gke.list_operations(parent=f"projects/tpu-rl-sim/locations/us-east5").operations
+    creates = [op for op in gke.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
                if op.operation_type.name == "CREATE_CLUSTER" and op.target_link.endswith(f"/clusters/{CLUSTER}")]
     assert len(creates) == 1
     assert cluster_or_none(gke, CLUSTER) is None
@@ -180,3 +181,13 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     assert_trained_on_its_slice(airflow, runs[failing]["dag_run_id"], again, failing)
     assert "4/commit_success.txt" in {b.name[len(actor):] for b in gcs.list_blobs(bucket, prefix=actor)}
     assert cluster_or_none(gke, CLUSTER) is None
+    # The redone interval is published as its interval's model, and Airflow records both backfills done.
+    published = airflow.xcom(PROGRAM, runs[failing]["dag_run_id"], "publish_export")
+    events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
+    assert any(e["source_dag_id"] == PROGRAM and e["extra"]["uri"] == published
+               and e["extra"]["data_interval_start"] == failing.isoformat() for e in events)
+    deadline = time.monotonic() + 120
+    while not all(airflow.request("GET", f"/api/v2/backfills/{b['id']}")["completed_at"]
+                  for b in (program_backfill, second)):
+        assert time.monotonic() < deadline, "a backfill is not marked completed 120 s after its last run ended"
+        time.sleep(5)
