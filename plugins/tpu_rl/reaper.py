@@ -29,7 +29,8 @@ class Resource:
 
     ``where``: (project, location) for GKE resources; with the cluster (and namespace) for the others.
     ``chips``: TPU chips it holds (a TPU pool's; a cluster's own TPU pools'); ``kept_by_design``: why it
-    must never be deleted whatever its run's state (keep_cluster).
+    must never be deleted whatever its run's state (keep_cluster); ``lease``: a shared cluster's lease
+    (``gs://`` URI), whose live holders use it.
     """
 
     kind: str
@@ -43,6 +44,7 @@ class Resource:
     chips: int = 0
     kept_by_design: str = ""
     uid: str = ""
+    lease: str = ""
 
     @property
     def path(self) -> str:

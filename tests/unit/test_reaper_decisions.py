@@ -66,3 +66,18 @@ def test_the_report_and_what_fails_the_reaper():
     import dataclasses
 
     assert rp.left_behind_capacity([dataclasses.replace(decisions[0], deleted=True)]) == []
+
+
+def test_a_shared_cluster_whose_lease_a_live_run_holds_is_kept_though_that_run_has_nothing_in_it_yet():
+    """A run that joined a shared cluster's lease and has not created its Secret yet still uses the cluster."""
+    from tpu_rl.operators.reaper import ReapOrphanedResourcesOperator
+
+    cluster = rp.Resource(rp.CLUSTER, "c", RUN, NOW - timedelta(hours=5), "p", "us-east5",
+                          lease="gs://b/tpu-rl/leases/cluster/p-us-east5-c.json")
+    states = {RUN: "success", OTHER: "running"}
+    users = ReapOrphanedResourcesOperator._live_users([cluster], states, {("p", "us-east5", "c"): (RUN, OTHER)})
+    decision = rp.decide(cluster, states[RUN], NOW, timedelta(minutes=60), users[("p", "us-east5", "c")])
+    assert (decision.reap, decision.reason) == (False, f"in use by the live run {OTHER.dag_id} / {OTHER.run_id}")
+    ended = ReapOrphanedResourcesOperator._live_users([cluster], {**states, OTHER: "failed"},
+                                                      {("p", "us-east5", "c"): (RUN, OTHER)})
+    assert ended == {} and rp.decide(cluster, "success", NOW, timedelta(minutes=60)).reap

@@ -58,8 +58,10 @@ class ReapOrphanedResourcesOperator(BaseOperator):
             clusters.update(reachable)
         for (project, location, name), target in clusters.items():
             resources += self._kubernetes_resources(project, location, name, target)
-        states = {owner: dag_run_state(context["ti"], owner) for owner in {r.owner for r in resources}}
-        users = self._live_users(resources, states)
+        holders = self._lease_holders(resources, params["gcp_conn_id"])
+        runs = {r.owner for r in resources} | {h for found in holders.values() for h in found}
+        states = {owner: dag_run_state(context["ti"], owner) for owner in runs}
+        users = self._live_users(resources, states, holders)
         decisions = [rp.decide(r, states[r.owner], now, grace,
                                users.get((r.project, r.location, r.name), ()) if r.kind == rp.CLUSTER else ())
                      for r in resources]
@@ -121,7 +123,8 @@ class ReapOrphanedResourcesOperator(BaseOperator):
             if owner is not None:
                 keep = "created with keep_cluster" if cluster.resource_labels.get(GKE_LABEL_KEEP) == "true" else ""
                 found.append(rp.Resource(rp.CLUSTER, cluster.name, owner, _time(cluster.create_time),
-                                         chips=sum(p.chips for p in tpu_pools), kept_by_design=keep, **base))
+                                         chips=sum(p.chips for p in tpu_pools), kept_by_design=keep,
+                                         lease=gke.cluster_lease_uri(cluster.description) or "", **base))
             if cluster.status.name == "RUNNING":  # it may hold JobSets of runs that used it as an existing cluster
                 dns = cluster.control_plane_endpoints_config.dns_endpoint_config
                 reachable[(project, location, cluster.name)] = ClusterTarget(
@@ -149,15 +152,39 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                     namespace=meta["namespace"], uid=meta.get("uid", "")))
         return found
 
+    def _lease_holders(self, resources: list[rp.Resource], gcp_conn_id: str) -> dict[tuple, tuple[RunIdentity, ...]]:
+        """Per shared cluster, the runs its lease lists (a run that joined it may have nothing in it yet). A
+        lease that cannot be read keeps its cluster: its runs are not known."""
+        from tpu_rl.hooks.gcs import storage_client
+        from tpu_rl.leases import Lease
+
+        holders = {}
+        for i, r in enumerate(resources):
+            if r.kind != rp.CLUSTER or not r.lease:
+                continue
+            bucket, _, name = r.lease.removeprefix("gs://").partition("/")
+            try:
+                blob = storage_client(gcp_conn_id).bucket(bucket).get_blob(name)
+                lease = Lease.parse(blob.download_as_bytes() if blob else None)
+            except Exception as e:  # noqa: BLE001 - a bucket the reaper cannot read must not reap what it guards
+                self.log.warning("Cannot read the lease %s of shared cluster %s: %s", r.lease, r.name, str(e)[:300])
+                resources[i] = dataclasses.replace(r, kept_by_design=f"its lease {r.lease} could not be read")
+                continue
+            holders[(r.project, r.location, r.name)] = tuple(h.run for h in lease.holders)
+        return holders
+
     @staticmethod
-    def _live_users(resources: list[rp.Resource], states: dict[RunIdentity, str]) -> dict[tuple, tuple]:
-        """Per cluster, the live runs with node pools, JobSets or Secrets in it: a cluster is kept while another
-        run uses it."""
+    def _live_users(resources: list[rp.Resource], states: dict[RunIdentity, str],
+                    holders: dict[tuple, tuple[RunIdentity, ...]]) -> dict[tuple, tuple]:
+        """Per cluster, the live runs with node pools, JobSets or Secrets in it, or holding its lease (a shared
+        cluster): a cluster is kept while another run uses it."""
         users: dict[tuple, list[RunIdentity]] = {}
         for r in resources:
             if r.kind != rp.CLUSTER and states[r.owner] in rp.LIVE_STATES:
                 users.setdefault((r.project, r.location, r.cluster), []).append(r.owner)
-        return {k: tuple(dict.fromkeys(v)) for k, v in users.items()}
+        for where, runs in holders.items():
+            users.setdefault(where, []).extend(run for run in runs if states[run] in rp.LIVE_STATES)
+        return {k: tuple(dict.fromkeys(v)) for k, v in users.items() if v}
 
     # --- deletion -------------------------------------------------------------------------------------
     def _delete(self, decisions: list[rp.Decision], targets: dict, gcp_conn_id: str) -> list[rp.Decision]:
