@@ -46,8 +46,15 @@ def objects(gcs, bucket: str, prefix: str) -> dict[str, int]:
     return {b.name[len(prefix):]: b.size for b in gcs.list_blobs(bucket, prefix=prefix)}
 
 
-def test_happy_path(airflow, gcs):
-    run_id, state = trigger_and_wait(airflow, SIM_CONF, "happy")
+@pytest.fixture(scope="module")
+def two_runs(airflow) -> list[tuple[str, str]]:
+    """Two runs of the same conf triggered at once: [(run_id, final state)]."""
+    run_ids = [airflow.trigger(DAG_ID, SIM_CONF, run_id=new_run_id(f"concurrent{i}")) for i in range(2)]
+    return [(run_id, airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)) for run_id in run_ids]
+
+
+def test_happy_path(airflow, gcs, two_runs):
+    run_id, state = two_runs[0]
     tasks = airflow.task_instances(DAG_ID, run_id)
     assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
     assert all(ti["state"] in ("success", "skipped") for ti in tasks.values())
@@ -99,10 +106,9 @@ def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow,
     assert "50/commit_success.txt" in objects(gcs, conf["gcs_bucket"], actor)
 
 
-def test_two_concurrent_runs_do_not_collide(airflow, gcs):
-    run_ids = [airflow.trigger(DAG_ID, SIM_CONF, run_id=new_run_id(f"concurrent{i}")) for i in range(2)]
-    states = [airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) for run_id in run_ids]
-    assert states == ["success", "success"]
+def test_two_concurrent_runs_do_not_collide(airflow, gcs, two_runs):
+    run_ids = [run_id for run_id, _ in two_runs]
+    assert [state for _, state in two_runs] == ["success", "success"]
     published = [airflow.xcom(DAG_ID, run_id, "publish_export") for run_id in run_ids]
     assert published[0] != published[1]
     for run_id, uri in zip(run_ids, published):

@@ -1,6 +1,6 @@
 """cluster_mode=shared with manual runs of the pipeline: the cluster stays up until the last run using it
 ends, whichever ends first (the run that created it, or the one that joined), and cluster_mode=create is
-refused on a cluster another live run uses."""
+refused on a cluster that shared runs use (tests/gke has the refusal on a cluster another live run created)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow,
     for conf, creator, joiner in scenarios.values():
         wait_for_task(airflow, creator, "create_cluster")
         airflow.trigger(DAG_ID, conf, run_id=joiner)
+    # A run in create mode with the name of a shared cluster, while its (held) creator uses it: refused.
+    shared_conf, intruder = scenarios["creator-held"][0], f"e2e__shared__intruder__{token}"
+    airflow.trigger(DAG_ID, {**shared_conf, "cluster_mode": "create"}, run_id=intruder)
 
     for order, (first, last) in first_to_end(airflow, gke, scenarios).items():
         conf = scenarios[order][0]
@@ -95,21 +98,10 @@ def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow,
                                airflow.task_instances(DAG_ID, last)["delete_cluster"]["try_number"])
         assert f"shared cluster {conf['cluster_name']}'s lease" in log and "deleting the cluster" in log, log[-2000:]
 
-
-def test_create_mode_refuses_a_cluster_another_live_run_uses(airflow, gke, held_trainings):
-    token = uuid.uuid4().hex[:6]
-    conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"tpu-rl-owned-{token}"}
-    owner, intruder = f"e2e__owned__{token}", f"e2e__intruder__{token}"
-    held_trainings(owner)
-    airflow.trigger(DAG_ID, conf, run_id=owner)
-    wait_for_task(airflow, owner, "create_cluster")
-
-    airflow.trigger(DAG_ID, conf, run_id=intruder)
     assert airflow.wait_for_run(DAG_ID, intruder, RUN_TIMEOUT) == "failed"
     tasks = airflow.task_instances(DAG_ID, intruder)
     assert tasks["create_cluster"]["state"] == "failed" and tasks["create_cluster"]["try_number"] == 1
     log = airflow.task_log(DAG_ID, intruder, "create_cluster", 1)
-    assert f"belongs to the live run {DAG_ID} / {owner}" in log and "cluster_mode 'shared'" in log, log[-2000:]
-    # The owner's cluster survived the intruder's teardown; the owner goes on (and deletes it when it ends).
-    assert cluster_or_none(gke, conf["cluster_name"]) is not None
-    assert airflow.run(DAG_ID, owner)["state"] == "running"
+    assert (f"cluster {shared_conf['cluster_name']} is shared by runs in cluster_mode 'shared'" in log
+            and "fix: set cluster_mode to 'shared'" in log), log[-2000:]
+    assert tasks["delete_cluster"]["state"] == "success"  # its teardown left the shared cluster to its runs

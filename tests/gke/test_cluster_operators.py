@@ -162,6 +162,20 @@ def test_a_retry_adopts_the_cluster_its_first_try_created(created):
     assert run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL), run.context()) == []
 
 
+def test_create_mode_refuses_a_cluster_a_live_run_created_and_adopts_it_once_that_run_ended(created):
+    """Another run with the same cluster_name in cluster_mode create would delete the cluster under its
+    creator at its end: refused while the creator's run lives, pointing at the shared mode."""
+    run, _ = created
+    intruder = Run(cluster_name=run.params["cluster_name"])
+    intruder.ti.run_states[run.run_id] = "running"
+    create = cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL)
+    with pytest.raises(AirflowFailException, match=rf"belongs to the live run {DAG_ID} / {run.run_id} \(running\)"
+                                                   r".*cluster_mode 'shared'"):
+        run_operator(create, intruder.context())
+    intruder.ti.run_states[run.run_id] = "failed"  # its creator is gone: a leftover to adopt
+    assert run_operator(create, intruder.context()) == []
+
+
 def test_existing_cluster_mode_never_creates(gke):
     run = Run(cluster_mode="existing", tpu_pool_mode="existing")
     assert run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster"), run.context()) == []
