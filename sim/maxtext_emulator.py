@@ -1,7 +1,9 @@
 """MaxText stage emulator of the simulated TPU cluster (part of the simulation, never imported by plugins/).
 
 A controller started by sim/up.sh. It watches pods; when a pod that is meant to exit (not restartPolicy
-Always, not a Pathways worker) starts Running, it handles the pod once (per pod uid):
+Always, not a Pathways worker) starts Running, it handles the pod once (per pod uid). A pod of a JobSet with
+Pathways workers waits until every worker of its attempt runs, as the Pathways head's job waits for its
+workers to join: without its TPU slice (a flex-start pool still empty, workers pending) nothing trains.
 
 1. Faults: merges the pod's own sim.tpu-rl.dev/* annotations with the first matching rule of the fault
    ConfigMap (sim/faults.py) and decides whether this attempt fails.
@@ -471,6 +473,9 @@ def to_huggingface(client, args, flags, faults_):
 
 # ---------------------------------------------------------------- the controller
 
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+
 class Emulator:
     def __init__(self):
         from google.auth.credentials import AnonymousCredentials
@@ -487,6 +492,8 @@ class Emulator:
         self.fault_switch = (client.CoreV1Api(config.new_client_from_config(faults_kubeconfig))
                              if faults_kubeconfig else self.core)
         self.logged = set()
+        #: Pods of a Pathways JobSet that wait for its TPU workers, by (namespace, JobSet name).
+        self.waiting = {}
         self.gcs = storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials())
         HANDLED.parent.mkdir(parents=True, exist_ok=True)
         self.handled = set(HANDLED.read_text().split()) if HANDLED.exists() else set()
@@ -521,10 +528,49 @@ class Emulator:
             if never_ends:
                 if meta.uid not in self.logged:
                     self.publish_logs(pod, None, [])
+                waiting = self.waiting.get((meta.namespace, (meta.labels or {}).get(JOBSET_NAME_LABEL)))
+                if waiting is not None:  # a worker came up: the head may start now
+                    self.consider(waiting)
             elif PREFIX + "exit-at" not in annotations and meta.uid not in self.handled:
-                self.handle(pod)
+                if self.workers_ready(pod):
+                    self.handle(pod)
         except Exception:
             log(f"error handling pod {meta.namespace}/{meta.name}, will retry:\n" + traceback.format_exc())
+
+    def workers_ready(self, pod):
+        """Whether every Pathways TPU worker of the pod's JobSet attempt runs. The Pathways head's job (the
+        trainer) starts its work only once the workers have joined: without the slice (a flex-start pool
+        still empty, a worker pending) nothing trains. Pods of JobSets without workers are always ready."""
+        meta, labels = pod.metadata, pod.metadata.labels or {}
+        name = labels.get(JOBSET_NAME_LABEL)
+        if not name:
+            return True
+        try:
+            jobset = self.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", meta.namespace,
+                                                              "jobsets", name)
+        except Exception:  # gone, or not a JobSet of this API: nothing to wait for
+            return True
+        expected = sum(int(job.get("replicas", 1)) * int(job["template"]["spec"].get("parallelism", 1))
+                       for job in jobset["spec"]["replicatedJobs"]
+                       if any(c["name"] == "pathways-worker"
+                              for c in job["template"]["spec"]["template"]["spec"]["containers"]))
+        if not expected:
+            return True
+        attempt = labels.get("jobset.sigs.k8s.io/restart-attempt")
+        running = [w for w in self.core.list_namespaced_pod(
+                       meta.namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+                   if w.status.phase == "Running" and not w.metadata.deletion_timestamp
+                   and (w.metadata.labels or {}).get("jobset.sigs.k8s.io/restart-attempt") == attempt
+                   and any(c.name == "pathways-worker" for c in w.spec.containers)]
+        key = (meta.namespace, name)
+        if len(running) < expected:
+            if key not in self.waiting:
+                log(f"{meta.namespace}/{meta.name}: waiting for the JobSet's TPU workers "
+                    f"({len(running)} of {expected} running)")
+            self.waiting[key] = pod
+            return False
+        self.waiting.pop(key, None)
+        return True
 
     def handle(self, pod):
         meta = pod.metadata
