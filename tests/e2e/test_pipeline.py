@@ -31,10 +31,10 @@ def trigger_and_wait(airflow, conf: dict, label: str) -> tuple[str, str]:
     return run_id, airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def sim_faults():
-    """The fault switch; the rules a test sets are removed after it (others' rules stay: the backfill
-    scenario runs alongside)."""
+    """The fault switch; the rules this module sets are removed after it (others' rules stay: other
+    scenarios run alongside)."""
     api = faults.core_api()
     before = set(faults.list_faults(api))
     yield api
@@ -42,15 +42,30 @@ def sim_faults():
         faults.clear_faults(api, name)
 
 
+CRASH_CONF = {**SIM_CONF, "checkpoint_period": 10}
+
+
+@pytest.fixture(scope="module")
+def started(airflow, sim_faults) -> dict[str, list[str]]:
+    """The module's runs, triggered at once (their trainings take the standing slice in turn): two of the same
+    conf, and one whose training crashes at step 30 on every attempt (exit code 3) until its rule is removed."""
+    crash = new_run_id("crash")
+    train_jobset = RunIdentity(DAG_ID, crash).jobset_name(CRASH_CONF.get("workload_prefix", "qwen"), "train")
+    faults.set_fault(sim_faults, "e2e-train-crash", prefix=train_jobset, stage="train_rl",
+                     maxtext_fault="crash-at-step=30", exit_code=3)
+    airflow.trigger(DAG_ID, CRASH_CONF, run_id=crash)
+    concurrent = [airflow.trigger(DAG_ID, SIM_CONF, run_id=new_run_id(f"concurrent{i}")) for i in range(2)]
+    return {"crash": [crash], "concurrent": concurrent}
+
+
 def objects(gcs, bucket: str, prefix: str) -> dict[str, int]:
     return {b.name[len(prefix):]: b.size for b in gcs.list_blobs(bucket, prefix=prefix)}
 
 
 @pytest.fixture(scope="module")
-def two_runs(airflow) -> list[tuple[str, str]]:
-    """Two runs of the same conf triggered at once: [(run_id, final state)]."""
-    run_ids = [airflow.trigger(DAG_ID, SIM_CONF, run_id=new_run_id(f"concurrent{i}")) for i in range(2)]
-    return [(run_id, airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)) for run_id in run_ids]
+def two_runs(airflow, started) -> list[tuple[str, str]]:
+    """The two runs of the same conf: [(run_id, final state)]."""
+    return [(run_id, airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)) for run_id in started["concurrent"]]
 
 
 def test_happy_path(airflow, gcs, two_runs):
@@ -68,13 +83,8 @@ def test_happy_path(airflow, gcs, two_runs):
     assert any(e["source_run_id"] == run_id and e["extra"]["uri"] == published for e in events)
 
 
-def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow, gcs, sim_faults):
-    conf = {**SIM_CONF, "checkpoint_period": 10}
-    run_id = new_run_id("crash")
-    train_jobset = RunIdentity(DAG_ID, run_id).jobset_name(conf.get("workload_prefix", "qwen"), "train")
-    faults.set_fault(sim_faults, "e2e-train-crash", prefix=train_jobset, stage="train_rl",
-                     maxtext_fault="crash-at-step=30", exit_code=3)
-    airflow.trigger(DAG_ID, conf, run_id=run_id)
+def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow, gcs, sim_faults, started):
+    conf, [run_id] = CRASH_CONF, started["crash"]
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "failed"
 
     tasks = airflow.task_instances(DAG_ID, run_id)

@@ -1,7 +1,8 @@
 """Preempted trainings through the scheduler: triggered through the local Airflow's REST API against the
 simulated cluster, the preemption injected on the simulation's side (sim/faults.py, ``preempt-at-step``: the
 trainer's pod ends with exit code 143 and the condition DisruptionTarget TerminationByKubelet, as a Spot VM's
-graceful shutdown leaves it). Each test has its own run id and removes only its own fault rule.
+graceful shutdown leaves it). The scenarios' runs are started together by a module fixture, each with its own
+run id and fault rule (removed afterwards); each test reads the outcome of its own.
 """
 
 from __future__ import annotations
@@ -25,26 +26,34 @@ DAG_ID = "maxtext_rl_tpu"
 RUN_TIMEOUT = 1200
 
 
-@pytest.fixture
-def preempt(airflow):
-    """Starts a run whose training is preempted as asked; removes the fault rule afterwards."""
-    api = faults.core_api()
-    rules = []
+#: The scenarios, started together by ``preempted``: (conf, emulator fault, how many attempts it hits).
+SCENARIOS = {
+    "spot": ({**SIM_CONF, "checkpoint_period": 8}, "preempt-at-step=30", 1),
+    "budget": ({**SIM_CONF, "checkpoint_period": 10, "max_preemptions": 2}, "preempt-at-step=20", None),  # every one
+    "halfstep": ({**SIM_CONF, "checkpoint_period": 10}, "preempt-at-step=30,skip-commit", 1),
+}
 
-    def start(label: str, conf: dict, maxtext_fault: str, times: int | None) -> tuple[str, GcsLayout]:
-        run_id = f"e2e__{label}__{uuid.uuid4().hex[:8]}"
-        run = RunIdentity(DAG_ID, run_id)
-        config = RunConfig.from_params(conf)
-        rule = f"e2e-{label}-{run.key}"
-        faults.set_fault(api, rule, prefix=run.jobset_name(config.workload_prefix, "train"), stage="train_rl",
-                         maxtext_fault=maxtext_fault, times=times)
-        rules.append(rule)
-        airflow.trigger(DAG_ID, conf, run_id=run_id)
-        return run_id, GcsLayout(config, run)
 
-    yield start
-    for rule in rules:
-        faults.clear_faults(api, rule)
+@pytest.fixture(scope="module")
+def preempted(airflow):
+    """Starts every scenario's run at once (their trainings take the standing slice in turn: exclusive
+    placement); {label: (run_id, layout)}. Removes its fault rules afterwards."""
+    api, rules, started = faults.core_api(), [], {}
+    try:
+        for label, (conf, maxtext_fault, times) in SCENARIOS.items():
+            run_id = f"e2e__{label}__{uuid.uuid4().hex[:8]}"
+            run = RunIdentity(DAG_ID, run_id)
+            config = RunConfig.from_params(conf)
+            rule = f"e2e-{label}-{run.key}"
+            faults.set_fault(api, rule, prefix=run.jobset_name(config.workload_prefix, "train"), stage="train_rl",
+                             maxtext_fault=maxtext_fault, times=times)
+            rules.append(rule)
+            airflow.trigger(DAG_ID, conf, run_id=run_id)
+            started[label] = (run_id, GcsLayout(config, run))
+        yield started
+    finally:
+        for rule in rules:
+            faults.clear_faults(api, rule)
 
 
 def names(gcs, layout: GcsLayout, prefix: str) -> set[str]:
@@ -56,9 +65,8 @@ def train_log(airflow, run_id: str) -> str:
     return airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
 
 
-def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds(airflow, gcs, preempt):
-    conf = {**SIM_CONF, "checkpoint_period": 8}
-    run_id, layout = preempt("spot", conf, "preempt-at-step=30", times=1)
+def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds(airflow, gcs, preempted):
+    run_id, layout = preempted["spot"]
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"
 
     tasks = airflow.task_instances(DAG_ID, run_id)
@@ -86,9 +94,8 @@ def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_r
     assert accounting["seconds_lost"] > 0
 
 
-def test_preemptions_beyond_the_budget_fail_the_run_with_a_message_that_says_so(airflow, gcs, preempt):
-    conf = {**SIM_CONF, "checkpoint_period": 10, "max_preemptions": 2}
-    run_id, layout = preempt("budget", conf, "preempt-at-step=20", times=None)  # every attempt is preempted
+def test_preemptions_beyond_the_budget_fail_the_run_with_a_message_that_says_so(airflow, gcs, preempted):
+    run_id, layout = preempted["budget"]  # every attempt is preempted
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "failed"
 
     tasks = airflow.task_instances(DAG_ID, run_id)
@@ -104,10 +111,9 @@ def test_preemptions_beyond_the_budget_fail_the_run_with_a_message_that_says_so(
 
 
 def test_a_step_half_written_when_preempted_is_set_aside_and_the_resume_starts_from_the_step_before(
-    airflow, gcs, preempt
+    airflow, gcs, preempted
 ):
-    conf = {**SIM_CONF, "checkpoint_period": 10}
-    run_id, layout = preempt("halfstep", conf, "preempt-at-step=30,skip-commit", times=1)
+    run_id, layout = preempted["halfstep"]
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"
 
     set_aside = names(gcs, layout, layout.set_aside_prefix)
