@@ -31,15 +31,20 @@ STAGING = "qwen3-30b-a3b/hf-staging/manual-run-1a2b3c4d/attempt-1/"
 FINAL = "qwen3-30b-a3b/hf-trained/manual-run-1a2b3c4d/"
 
 
-async def run_sensor(sensor):
-    """Defer, run the (re-serialized) trigger to its first event, and resume the sensor with it."""
-    with pytest.raises(TaskDeferred) as deferred:
-        sensor.execute({})
-    classpath, kwargs = deferred.value.trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    trigger = getattr(importlib.import_module(module), name)(**kwargs)
-    event = await anext(trigger.run())
-    return getattr(sensor, deferred.value.method_name)({}, event=event.payload)
+async def run_sensor(sensor, expect_deferral=None):
+    """execute (its first check is synchronous: in a thread); when it defers, the (re-serialized) trigger to its
+    first event, and the sensor resumed with it. ``expect_deferral``: whether it must defer (None: either)."""
+    try:
+        result = await asyncio.to_thread(sensor.execute, {})
+    except TaskDeferred as deferred:
+        assert expect_deferral in (None, True), "deferred although the output was complete"
+        classpath, kwargs = deferred.trigger.serialize()
+        module, _, name = classpath.rpartition(".")
+        trigger = getattr(importlib.import_module(module), name)(**kwargs)
+        event = await anext(trigger.run())
+        return getattr(sensor, deferred.method_name)({}, event=event.payload)
+    assert expect_deferral in (None, False), "returned at once although the output was not complete"
+    return result
 
 
 def converted_sensor(bucket, **kwargs):
@@ -62,13 +67,14 @@ def training_sensor(bucket, train_steps=50, checkpoint_period=20):
 
 async def test_complete_orbax_step_is_accepted(bucket):
     write_orbax_step(bucket, f"{CONVERTED}0/", custom={"scan_layers": True})
-    assert await run_sensor(converted_sensor(bucket)) == f"gs://{bucket.name}/{CONVERTED}0/"
+    # Already whole: accepted by the first check, without a deferral.
+    assert await run_sensor(converted_sensor(bucket), expect_deferral=False) == f"gs://{bucket.name}/{CONVERTED}0/"
 
 
 async def test_step_without_commit_success_fails_naming_it(bucket):
     write_orbax_step(bucket, f"{CONVERTED}0/", commit=False)
     with pytest.raises(AirflowSensorTimeout) as error:
-        await run_sensor(converted_sensor(bucket))
+        await run_sensor(converted_sensor(bucket), expect_deferral=True)
     assert "no commit_success.txt in 0/" in str(error.value)
     assert "0/_CHECKPOINT_METADATA has no commit_timestamp_nsecs" in str(error.value)
 

@@ -1,6 +1,7 @@
 """Sensors that prove a stage's output in Cloud Storage is complete before the next stage uses it.
 
-Deferrable by default: the wait happens in the triggerer, not in a worker slot. With
+Deferrable by default: one check in the worker, then, when the output is not complete yet, the wait
+happens in the triggerer, not in a worker slot. With
 ``deferrable=False`` they poke with the same check of :mod:`tpu_rl.hooks.gcs` that the trigger runs
 (use ``mode="reschedule"`` to free the slot).
 On timeout the task fails with the last list of what is missing.
@@ -94,6 +95,13 @@ class GcsOutputSensor(BaseSensorOperator):
             raise ValueError(f"prefix {self.prefix!r} is not a folder (it must end in '/')")
         if not self.deferrable:
             return super().execute(context)
+        # Checked once before deferring: an output that is already whole (a conversion skipped because the
+        # checkpoint was there, a training that just ended) needs no trigger and no second trip through the
+        # scheduler.
+        done = self.poke(context)
+        if done:
+            self.log.info("%s is complete", self.uri)
+            return done.xcom_value
         self.defer(trigger=self.build_trigger(time.time() + self.timeout), method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
