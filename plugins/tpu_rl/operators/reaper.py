@@ -156,16 +156,16 @@ class ReapOrphanedResourcesOperator(BaseOperator):
         """Per shared cluster, the runs its lease lists (a run that joined it may have nothing in it yet). A
         lease that cannot be read keeps its cluster: its runs are not known."""
         from tpu_rl.hooks.gcs import storage_client
-        from tpu_rl.leases import Lease
+        from tpu_rl.operators.leases import LeaseStore
 
-        holders = {}
+        holders, client = {}, None
         for i, r in enumerate(resources):
             if r.kind != rp.CLUSTER or not r.lease:
                 continue
             bucket, _, name = r.lease.removeprefix("gs://").partition("/")
             try:
-                blob = storage_client(gcp_conn_id).bucket(bucket).get_blob(name)
-                lease = Lease.parse(blob.download_as_bytes() if blob else None)
+                client = client or storage_client(gcp_conn_id)
+                lease, _ = LeaseStore(client, bucket, name).read()
             except Exception as e:  # noqa: BLE001 - a bucket the reaper cannot read must not reap what it guards
                 self.log.warning("Cannot read the lease %s of shared cluster %s: %s", r.lease, r.name, str(e)[:300])
                 resources[i] = dataclasses.replace(r, kept_by_design=f"its lease {r.lease} could not be read")
