@@ -4,16 +4,34 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test unit demo plan sim-up sim-down sim-status bench
+.PHONY: venv wheel test unit demo plan sim-up sim-down sim-status bench
 
-venv: $(STAMP)
+# The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
+# the source tree), so every Airflow component and every test imports what a deployment imports.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' src/tpu_rl/__init__.py)
+WHEEL := dist/tpu_rl-$(VERSION)-py3-none-any.whl
+SOURCES := pyproject.toml $(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*')
+INSTALLED := $(VENV)/.installed-wheel
+
+venv: $(STAMP) $(INSTALLED)
 
 # The pinned install; constraints.txt freezes every transitive version of a tested environment.
 $(STAMP): requirements-dev.txt constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -c constraints.txt -r requirements-dev.txt
-	echo "$(CURDIR)/plugins" > "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tpu_rl_plugins.pth"
 	touch $@
+
+# setuptools keeps build/lib between builds (a deleted module would ship): every wheel starts clean.
+wheel: $(WHEEL)
+$(WHEEL): $(SOURCES) | $(STAMP)
+	rm -rf build src/tpu_rl.egg-info dist/tpu_rl-*.whl
+	$(VENV)/bin/pip wheel -q --no-deps --wheel-dir dist .
+	rm -rf build src/tpu_rl.egg-info
+
+$(INSTALLED): $(WHEEL) $(STAMP)
+	$(VENV)/bin/pip install -q --no-deps --force-reinstall $(WHEEL)
+	$(VENV)/bin/pip check
+	echo $(WHEEL) > $@
 
 test: venv
 	scripts/test.sh

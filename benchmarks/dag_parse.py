@@ -23,7 +23,6 @@ RUNS = 5
 
 PROBE = f"""
 import json, sys, time
-sys.path.insert(0, {str(REPO / "plugins")!r})
 import airflow.sdk, airflow.providers.standard.operators.empty
 from airflow.dag_processing.dagbag import DagBag
 before = set(sys.modules)

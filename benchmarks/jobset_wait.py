@@ -24,7 +24,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "plugins"))
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
 
 

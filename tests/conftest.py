@@ -1,5 +1,6 @@
 """Every test runs against the same local Airflow as `make test`: scripts/airflow-env.sh is the one
-definition of it (Airflow home, dags and plugins folders, the PostgreSQL metadata database)."""
+definition of it (Airflow home, the dags folder, an empty plugins folder, the PostgreSQL metadata database). The package
+itself is the installed wheel (make venv), never the source tree."""
 
 import os
 import subprocess

@@ -33,26 +33,45 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     assert len(dag.tasks) == 22
 
 
-def test_the_plugin_manager_does_not_import_the_package_a_second_time():
-    """Airflow imports every .py file of the plugins folder as a top-level module (so ``config``, ``run``,
-    three ``jobset`` modules, ...) while looking for plugins: plugins/.airflowignore keeps it out of tpu_rl/,
-    which the DAG and the triggerer import as the package. It finds the run view's plugin beside it, which
-    every component loads (the scheduler, each task): loading it imports neither the package nor FastAPI."""
+def test_the_training_tab_loads_from_the_installed_distribution_without_importing_the_package():
+    """As on Cloud Composer 3: an empty plugins folder, and the plugin found through the wheel's entry point
+    ``airflow.plugins``. Every component loads it (the scheduler, each task), so loading it imports neither
+    the rest of the package nor FastAPI; the package comes from site-packages, not from this checkout."""
+    import ast
     import subprocess
     import sys
 
     probe = (
-        "from airflow import plugins_manager as pm; pm.ensure_plugins_loaded(); import sys; "
-        "plugins = pm._get_plugins()[0] if hasattr(pm, '_get_plugins') else pm.plugins; "  # 3.3 / 3.1
-        "print([p.name for p in plugins]); "
-        "print(sorted(m for m in ('config', 'run', 'gke', 'jobset', 'manifests', 'jobset_status', 'fastapi') "
-        "if m in sys.modules) + sorted(m for m in sys.modules if m.startswith('tpu_rl.')))"
+        "from airflow import plugins_manager as pm; from airflow import settings; import os, sys; "
+        "plugins = pm._get_plugins()[0] if hasattr(pm, '_get_plugins') else (pm.ensure_plugins_loaded() or pm.plugins); "
+        "print(os.listdir(settings.PLUGINS_FOLDER)); "
+        "print([(p.name, str(p.source)) for p in plugins]); "
+        "print(sorted(m for m in sys.modules if m.startswith('tpu_rl.') or m == 'fastapi')); "
+        "import tpu_rl; print(tpu_rl.__file__)"
     )
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, check=True)
-    names, imported = out.stdout.strip().splitlines()[-2:]
-    assert names == "['tpu_rl_run_view']"
-    assert imported == "[]"
-    assert "tpu_rl/" in (REPO / "plugins/.airflowignore").read_text().splitlines()
+    out = subprocess.run([sys.executable, "-I", "-W", "ignore", "-c", probe], capture_output=True, text=True,
+                         check=True, cwd="/")
+    folder, plugins, imported, package = out.stdout.strip().splitlines()[-4:]
+    assert folder == "[]"
+    assert plugins.startswith("[('tpu_rl_run_view', \"tpu-rl==") and "group='airflow.plugins'" in plugins
+    # the plugin's module and, where the plugin manager also reads providers, the provider metadata
+    assert "'tpu_rl.run_view_plugin'" in imported
+    assert set(ast.literal_eval(imported)) <= {"tpu_rl.run_view_plugin", "tpu_rl.provider"}
+    assert "site-packages" in package and not package.startswith(str(REPO / "src"))
+
+
+def test_the_provider_metadata_lists_the_version_hooks_and_extra_links():
+    """The UI's Providers page and every component's providers manager read the entry point
+    ``apache_airflow_provider``: the distribution, its one version, and the JobSet task's extra links."""
+    import tpu_rl
+    from airflow.providers_manager import ProvidersManager
+
+    manager = ProvidersManager()
+    info = manager.providers["tpu-rl"]
+    assert info.version == tpu_rl.__version__ == info.data["versions"][0]
+    hook_modules = {m for entry in info.data["hooks"] for m in entry["python-modules"]}
+    assert {"tpu_rl.hooks.jobset", "tpu_rl.hooks.gcs"} <= hook_modules
+    assert {"tpu_rl.links.JobSetWorkloadLink", "tpu_rl.links.JobSetLogsLink"} <= set(manager.extra_links_class_names)
 
 
 def test_conversion_checks_and_locks_itself_and_training_checks_its_record(dag):

@@ -1,4 +1,4 @@
-"""The run's Training tab (plugins/tpu_rl_run_view.py): its app answered through FastAPI's test client with
+"""The run's Training tab (tpu_rl.run_view_plugin, registered through the entry point airflow.plugins): its app answered through FastAPI's test client with
 Airflow's own authentication (the simple auth manager's JWTs), the run read from a fixture or (last test)
 from a run of the pipeline's DAG in the metadata database, and its event files written by the MaxText
 emulator with tensorboardX. tests/unit also runs on Airflow 3.1.7 (make test-compat), so both versions'
@@ -61,7 +61,7 @@ def client_for(state: str, xcoms: dict, files: list[Path]):
     from fastapi.testclient import TestClient
 
     from tpu_rl.run_view_app import RunRecord, event_reader, read_run
-    from tpu_rl_run_view import TpuRlRunViewPlugin
+    from tpu_rl.run_view_plugin import TpuRlRunViewPlugin
 
     (mounted,) = TpuRlRunViewPlugin().fastapi_apps
     app = mounted["app"]
@@ -157,7 +157,7 @@ def test_anonymous_forged_and_unprivileged_requests_are_refused_before_the_run_i
 
 def test_the_view_is_declared_as_a_tab_of_the_run_page():
     """A tab of the run page (destination dag_run, with a url_route), its address templated by the UI."""
-    from tpu_rl_run_view import TpuRlRunViewPlugin
+    from tpu_rl.run_view_plugin import TpuRlRunViewPlugin
 
     (view,) = TpuRlRunViewPlugin.external_views
     assert view["destination"] == "dag_run" and view["url_route"]
@@ -177,7 +177,7 @@ def test_the_page_of_a_run_in_the_metadata_database_shows_its_xcoms(tokens, even
     from tpu_rl.operators.cluster import XCOM_TPU_SLICES
     from tpu_rl.operators.workloads import XCOM_EVALUATION
     from tpu_rl.run_view_app import event_reader
-    from tpu_rl_run_view import TpuRlRunViewPlugin
+    from tpu_rl.run_view_plugin import TpuRlRunViewPlugin
 
     dag = DagBag(dag_folder=str(REPO / "dags")).get_dag(DAG_ID)
     pushed = {"train_rl": {XCOM_EVALUATION: EVALUATION}, "delete_tpu_pools": {XCOM_TPU_SLICES: SLICES}}

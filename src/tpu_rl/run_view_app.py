@@ -1,4 +1,4 @@
-"""The run view's web app, which Airflow's api-server mounts (``plugins/tpu_rl_run_view.py``):
+"""The run view's web app, which Airflow's api-server mounts (``tpu_rl.run_view_plugin``):
 ``GET /runs/{dag_id}/{run_id}`` answers the page of ``tpu_rl.run_view``.
 
 Authentication and authorisation are Airflow's own, as for its REST API: the route depends on the

@@ -2,8 +2,10 @@
 and loss curves, its progress and ETA while it trains, its evaluation before and after, its TPU cost and
 where its checkpoints and exported model are (``tpu_rl.run_view``; the app: ``tpu_rl.run_view_app``).
 
-The plugin manager imports this file in every Airflow component; only the api-server mounts the app. So
-the app, with FastAPI and the package, is built the first time the api-server asks for it, never at import.
+Registered through the distribution's entry point ``airflow.plugins`` (no file in a plugins folder). The
+plugin manager imports this module in every Airflow component; only the api-server mounts the app. So the
+app, with FastAPI and the rest of the package, is built the first time the api-server asks for it, never at
+import.
 """
 
 from __future__ import annotations
