@@ -76,5 +76,5 @@ deploy-composer:
 
 # Composer 3 compatibility: the DAG import and tests/unit on Airflow 3.1.7 (.venv-af31); see docs/compatibility.md.
 .PHONY: test-compat
-test-compat:
+test-compat: wheel
 	scripts/test-compat.sh

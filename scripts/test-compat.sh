@@ -16,10 +16,23 @@ if [ ! -f "$STAMP" ] || [ requirements-af31.txt -nt "$STAMP" ] || [ constraints-
   echo "installing $VENV from requirements-af31.txt and constraints-af31.txt"
   test -x $VENV/bin/pip || "$PYTHON" -m venv --clear $VENV  # --clear: a half-deleted venv
   $VENV/bin/pip install -q -c constraints-af31.txt -r requirements-af31.txt
-  # Airflow puts plugins/ on sys.path; so does this (the Makefile's trick for .venv).
-  echo "$repo/plugins" > "$($VENV/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tpu_rl_plugins.pth"
   touch "$STAMP"
 fi
+
+# The wheel, as Composer installs a custom package into its image: with the image's pins, and only if that
+# moves no installed package (pip's report of what it would install must name the wheel alone).
+wheel=$(ls dist/tpu_rl-*-py3-none-any.whl)
+report=$(mktemp)
+$VENV/bin/pip install -q --dry-run --report "$report" -c constraints-af31.txt "$wheel"
+$VENV/bin/python - "$report" <<'PY'
+import json, sys
+would = {item["metadata"]["name"]: item["metadata"]["version"] for item in json.load(open(sys.argv[1]))["install"]}
+others = {name: version for name, version in would.items() if name != "tpu-rl"}
+assert not others, f"installing the wheel would change the Composer image's packages: {others}"
+print(f"wheel: installs with the image's pins, changing no installed package ({would})")
+PY
+rm -f "$report"
+$VENV/bin/pip install -q --no-deps --force-reinstall "$wheel"
 
 started=false
 cleanup() { if $started; then scripts/postgres.sh stop; fi; }

@@ -25,6 +25,7 @@ from tpu_rl.operators.setup import (
     CreateHfTokenSecretOperator,
     EnsureBucketOperator,
     EnsureJobSetOperator,
+    TriggererCheckOperator,
     ValidateRunConfigOperator,
 )
 from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
@@ -90,6 +91,8 @@ def build_pipeline(
 
 def _wire_tasks(exported_model: Asset) -> None:
     validate = ValidateRunConfigOperator(task_id="validate_config", retries=0)
+    # Before anything billable: a triggerer that cannot import the package fails the run here, naming the fix.
+    check_triggerer = TriggererCheckOperator(task_id="check_triggerer", retries=0)
     guard = EmptyOperator(task_id="guard")
     bucket = EnsureBucketOperator(task_id="ensure_bucket")
     create_cluster = CreateClusterOperator(task_id="create_cluster")
@@ -155,7 +158,7 @@ def _wire_tasks(exported_model: Asset) -> None:
     done = RunSummaryOperator(task_id="pipeline_done", execution_timeout=timedelta(minutes=10))
 
     (
-        validate >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
+        validate >> check_triggerer >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
         >> hf_to_maxtext >> verify_converted
         >> check_training_record >> pools_guard >> wait_for_capacity >> create_tpu_pools >> train >> verify_training
         >> quality_gate >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]

@@ -3,19 +3,20 @@ TPU cost, read from what MaxText 0.2.4 writes (docs/training-metrics.md has the 
 their sources).
 
 Pure: the caller downloads the event files (under ``GcsLayout.tensorboard_prefix``) and reads the
-trainer's log; this module only reads the local files or bytes it is given. TensorBoard's reader is
-imported when event files are read, never at import, so the DAG file's parse time does not grow.
+trainer's log; this module only reads the local files or bytes it is given, with the package's own reader
+of the event files (``tpu_rl.event_files``: no TensorBoard).
 """
 
 from __future__ import annotations
 
 import re
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tpu_rl import event_files
 
 if TYPE_CHECKING:
     from tpu_rl.config import RunConfig
@@ -45,14 +46,11 @@ def read_scalars(files: Iterable[str | Path | bytes]) -> Scalars:
     and logs again the steps its crashed predecessor logged after its last checkpoint; the later value
     wins, as in TensorBoard. A file cut short while its writer flushes yields the records before the cut.
     """
-    from tensorboard.util import tensor_util
-
     curves: dict[str, dict[int, float]] = {}
     for source in files:
-        for event in _events(source):
-            for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == "scalars":
-                    curves.setdefault(value.tag, {})[event.step] = float(tensor_util.make_ndarray(value.tensor).item())
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        for scalar in event_files.scalars(data):
+            curves.setdefault(scalar.tag, {})[scalar.step] = scalar.value
     return {tag: sorted(points.items()) for tag, points in sorted(curves.items())}
 
 
@@ -87,19 +85,6 @@ def attempt_progress(files: Mapping[str, Scalars], train_steps: int, now: float)
     resumed_from = current[0][0] - 1 if current else (losses[-1][0] if losses else 0)
     started = event_file_started(names[-1])
     return progress_line(scalars, train_steps, now - started if started else 0.0, resumed_from)
-
-
-def _events(source: str | Path | bytes) -> Iterator[Any]:
-    """The events of one file; the loader turns tensorboardX's simple values into scalar tensors."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-    if not isinstance(source, bytes):
-        yield from EventFileLoader(str(source)).Load()
-        return
-    with tempfile.NamedTemporaryFile(prefix=EVENT_FILE_MARK) as file:
-        file.write(source)
-        file.flush()
-        yield from EventFileLoader(file.name).Load()
 
 
 # --- evaluation before and after training ------------------------------------------------------------------

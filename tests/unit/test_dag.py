@@ -30,7 +30,7 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     from airflow.utils.dag_cycle_tester import check_cycle
 
     check_cycle(dag)
-    assert len(dag.tasks) == 22
+    assert len(dag.tasks) == 23
 
 
 def test_the_training_tab_loads_from_the_installed_distribution_without_importing_the_package():
@@ -102,9 +102,19 @@ def test_every_task_retries_and_has_a_time_limit(dag):
     for task in dag.tasks:
         limit = task.execution_timeout or getattr(task, "timeout", None)
         assert limit and limit <= timedelta(hours=72), task.task_id
-        if task.task_id != "validate_config":
+        if task.task_id not in ("validate_config", "check_triggerer"):
             assert task.retries >= 1, task.task_id
-    assert dag.get_task("validate_config").retries == 0  # bad params do not get better on retry
+    # bad params, or a triggerer without the package, do not get better on retry
+    assert dag.get_task("validate_config").retries == dag.get_task("check_triggerer").retries == 0
+
+
+def test_the_triggerer_is_proven_before_anything_billable_is_created(dag):
+    """Every task that creates something in the cloud (the bucket, the cluster, the pools) runs after it."""
+    check = dag.get_task("check_triggerer")
+    assert [t.task_id for t in check.upstream_list] == ["validate_config"]
+    downstream = check.get_flat_relative_ids(upstream=False)
+    assert {"guard", "ensure_bucket", "create_cluster", "create_tpu_pools", "train_rl"} <= downstream
+    assert set(dag.task_ids) - downstream == {"validate_config", "check_triggerer"}
 
 
 def test_the_slice_teardown_is_queued_first_when_worker_slots_are_short(dag):
@@ -153,6 +163,8 @@ def run_with_failure(dag, failing: str | None):
 @pytest.mark.parametrize(
     "failing, run_state, must_run, must_not_run",
     [
+        # A triggerer that cannot import the package: nothing is created, so nothing is torn down.
+        ("check_triggerer", "failed", [], ["guard", "ensure_bucket", "create_cluster", "delete_cluster"]),
         ("create_cluster", "failed", ["delete_cluster"], ["train_rl", "delete_tpu_pools"]),
         # A stockout at the pool create: the pool left in ERROR is deleted, then the cluster.
         ("create_tpu_pools", "failed", ["delete_tpu_pools", "delete_cluster"], ["train_rl", "maxtext_to_hf"]),
@@ -163,7 +175,7 @@ def run_with_failure(dag, failing: str | None):
         ("delete_cluster", "failed", ["publish_export", "pipeline_done"], []),
         (None, "success", ["delete_tpu_pools", "delete_cluster", "pipeline_done"], []),
     ],
-    ids=["create fails", "pool create fails", "training fails", "gate fails", "teardown fails", "all succeed"],
+    ids=["triggerer check fails", "create fails", "pool create fails", "training fails", "gate fails", "teardown fails", "all succeed"],
 )
 def test_teardown_wiring(dag, failing, run_state, must_run, must_not_run):
     state, tasks = run_with_failure(dag, failing)

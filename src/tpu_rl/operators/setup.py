@@ -1,4 +1,5 @@
-"""Stages before the workloads: validate the params, the bucket, what the cluster must run, the token."""
+"""Stages before the workloads: validate the params, prove the triggerer, the bucket, what the cluster must
+run, the token."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from tpu_rl import __version__
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError, conversion_fit_problems
 from tpu_rl.hooks.cluster import kubernetes_hook_for
@@ -16,6 +18,7 @@ from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, d
 from tpu_rl.machines import quantity_cpu, quantity_gib
 from tpu_rl.manifests import hf_token_secret, workload_service_account
 from tpu_rl.run_scope import RunScoped
+from tpu_rl.triggers.triggerer import TriggererCheckTrigger
 from tpu_rl.vocabulary import JOBSET_CRD, KUEUE_GROUP, KUEUE_LOCALQUEUES, KUEUE_VERSION, NODEPOOL_LABEL, TPU_RESOURCE
 
 
@@ -45,6 +48,56 @@ class ValidateRunConfigOperator(RunScoped, BaseOperator):
         self.log.info("base checkpoint: %s", layout.uri(layout.converted_prefix))
         self.log.info("training output: %s", layout.uri(layout.training_prefix))
         self.log.info("Hugging Face export: %s", layout.uri(layout.export_prefix))
+
+
+class TriggererCheckOperator(BaseOperator):
+    """Defers once on the package's own trigger, before anything billable exists.
+
+    Every later wait (GKE operations, the training, the checkpoints) runs in the triggerer, which must import
+    this package. Where it cannot (Cloud Composer 3 with the package in plugins/, which the triggerer never
+    gets), the first such wait would fail after a cluster or a TPU slice was already asked for; here the run
+    fails first, naming the fix. A triggerer that never picks the trigger up (none runs) fails it at
+    ``timeout``. A triggerer that runs another version than the worker fails it too: a trigger serialised by
+    one version and run by another may not mean the same thing.
+    """
+
+    ui_color = "#e8f4fd"
+    INSTALL_FIX = ("install the distribution tpu-rl in every Airflow component (scheduler, DAG processor, workers, "
+                   "triggerer, API server): on Cloud Composer 3 as a custom PyPI package (make deploy-composer "
+                   "builds the wheel, uploads it and installs it; docs/composer.md), not in plugins/, which Composer 3 "
+                   "gives to neither the scheduler nor the triggerer")
+
+    def __init__(self, *, timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.timeout = timeout
+
+    def execute(self, context: Any) -> None:
+        self.log.info("tpu-rl %s on this worker: deferring once to prove the triggerer imports it", __version__)
+        self.defer(trigger=TriggererCheckTrigger(sent_by=__version__), method_name="execute_complete",
+                   timeout=self.timeout)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
+        if event["version"] != __version__:
+            raise AirflowFailException(
+                f"the triggerer ({event['host']}) runs tpu-rl {event['version']}, this worker {__version__}: "
+                "install the same version everywhere (on Cloud Composer, one --update-pypi-package updates "
+                "every component together), then clear this task")
+        self.log.info("the triggerer (%s) imports tpu-rl %s", event["host"], event["version"])
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
+        """Airflow resumes the task with ``__fail__`` when the triggerer failed the trigger or it timed out."""
+        if next_method != "__fail__":
+            return super().resume_execution(next_method, next_kwargs, context)
+        next_kwargs = next_kwargs or {}
+        if next_kwargs.get("error") == "Trigger timeout":  # TriggerFailureReason.TRIGGER_TIMEOUT (a str enum)
+            raise AirflowFailException(
+                f"no triggerer ran this task's trigger within {self.timeout}: every wait of the pipeline is "
+                "deferred, so the environment needs a running triggerer (Cloud Composer: --triggerer-count 1 or "
+                "more; docs/composer.md). Nothing was created.")
+        traceback = next_kwargs.get("traceback") or []
+        cause = next((line.strip() for line in reversed(traceback) if line.strip()), str(next_kwargs.get("error")))
+        raise AirflowFailException(f"the triggerer cannot run this package's trigger ({cause}): {self.INSTALL_FIX}. "
+                                   "Nothing was created.")
 
 
 class EnsureBucketOperator(RunScoped, BaseOperator):
