@@ -21,11 +21,13 @@ $(STAMP): requirements-dev.txt constraints.txt
 	$(VENV)/bin/pip install -q -c constraints.txt -r requirements-dev.txt
 	touch $@
 
-# setuptools keeps build/lib between builds (a deleted module would ship): every wheel starts clean.
+# setuptools keeps build/lib between builds (a deleted module would ship): every wheel starts clean. The
+# fixed timestamp makes the wheel a function of the sources: a rebuild has the same SHA-256, which the deploy
+# compares with the repository's.
 wheel: $(WHEEL)
-$(WHEEL): $(SOURCES) | $(STAMP)
+$(WHEEL): $(SOURCES)
 	rm -rf build src/tpu_rl.egg-info dist/tpu_rl-*.whl
-	$(VENV)/bin/pip wheel -q --no-deps --wheel-dir dist .
+	SOURCE_DATE_EPOCH=315532800 $(PYTHON) -m pip wheel -q --no-deps --wheel-dir dist .
 	rm -rf build src/tpu_rl.egg-info
 
 $(INSTALLED): $(WHEEL) $(STAMP)
@@ -62,17 +64,19 @@ sim-status:
 bench: venv
 	$(VENV)/bin/python benchmarks/dag_parse.py
 
-# make deploy-composer ENV=<name> LOCATION=<region> [PROJECT=...] [BUCKET=...] [DRY_RUN=1] [UPDATE_PYPI=1]:
-# this package's files into the environment's bucket (nobody else's are touched); the PyPI packages that
-# differ from requirements.txt are shown, and added only with UPDATE_PYPI=1. Needs google-cloud-storage only.
+# make deploy-composer ENV=<name> LOCATION=<region> REPOSITORY=<Artifact Registry Python repository>
+#   [PROJECT=...] [REPOSITORY_LOCATION=...] [DRY_RUN=1] [REPLACE_PROGRAMS=1]: the wheel into the repository, the
+# environment's custom package to this version, then the DAG files and programs (docs/composer.md).
 DEPLOY_VENV := .venv-deploy
 .PHONY: deploy-composer
-deploy-composer:
+deploy-composer: wheel
 	test -x $(DEPLOY_VENV)/bin/python || $(PYTHON) -m venv $(DEPLOY_VENV)
-	$(DEPLOY_VENV)/bin/pip install -q -c constraints.txt google-cloud-storage
+	$(DEPLOY_VENV)/bin/pip install -q -c constraints.txt google-cloud-storage twine
 	$(DEPLOY_VENV)/bin/python scripts/deploy_composer.py $(if $(ENV),--env "$(ENV)") \
 	  $(if $(LOCATION),--location "$(LOCATION)") $(if $(PROJECT),--project "$(PROJECT)") \
-	  $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(DRY_RUN),--dry-run) $(if $(UPDATE_PYPI),--update-pypi)
+	  $(if $(REPOSITORY),--repository "$(REPOSITORY)") \
+	  $(if $(REPOSITORY_LOCATION),--repository-location "$(REPOSITORY_LOCATION)") \
+	  $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(DRY_RUN),--dry-run) $(if $(REPLACE_PROGRAMS),--replace-programs)
 
 # Composer 3 compatibility: the DAG import and tests/unit on Airflow 3.1.7 (.venv-af31); see docs/compatibility.md.
 .PHONY: test-compat

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A local Airflow like a deployment's: api-server (UI and REST API), scheduler, dag-processor and
 # triggerer on a PostgreSQL metadata database of its own (scripts/postgres.sh must run), LocalExecutor.
-#   start: starts what is not running (idempotent); stop: stops what start started; status; cli ARGS: the
-#   Airflow CLI on the stack's database.
+#   start: starts what is not running (idempotent); stop [COMPONENT...]: stops what start started (or the
+#   components named); status; cli ARGS: the Airflow CLI on the stack's database; exec CMD...: a command in the
+#   stack's environment (e.g. a component started otherwise, as tests/e2e does to a triggerer).
 # Connections come from the environment (source .sim/airflow.env first to aim it at the simulation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +54,8 @@ case "${1:-}" in
     echo "Airflow UI: http://127.0.0.1:$PORT"
     ;;
   stop)
-    for c in "${COMPONENTS[@]}"; do
+    shift
+    for c in "${@:-${COMPONENTS[@]}}"; do
       if running "$c"; then
         pid=$(cat "$STATE/$c.pid")
         kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
@@ -74,5 +76,6 @@ case "${1:-}" in
   url) echo "http://127.0.0.1:$PORT" ;;
   # The Airflow CLI on the stack's database, e.g. `scripts/airflow-stack.sh cli backfill create --dag-id ...`.
   cli) shift; exec airflow "$@" ;;
-  *) echo "usage: $0 start|stop|status|url|cli <airflow arguments>" >&2; exit 2 ;;
+  exec) shift; exec "$@" ;;
+  *) echo "usage: $0 start|stop [component...]|status|url|cli <airflow arguments>|exec <command>" >&2; exit 2 ;;
 esac

@@ -1,57 +1,74 @@
-"""Deploy this DAG package to a Cloud Composer environment: ``make deploy-composer ENV=... LOCATION=...``.
+"""Deploy this package to a Cloud Composer 3 environment: ``make deploy-composer ENV=... LOCATION=... REPOSITORY=...``.
 
-Composer serves its bucket's folders to Airflow: ``dags/`` -> /home/airflow/gcs/dags, ``plugins/`` ->
-/home/airflow/gcs/plugins (on sys.path, where ``tpu_rl`` is imported from), ``data/`` ->
-/home/airflow/gcs/data. The DAG reads nothing from ``include/`` at run time; its example run configs go to
-``data/tpu_rl/include/``, out of the DAG processor's folder.
+Cloud Composer 3 gives plugins/ to neither its scheduler nor its triggerer, so the package ships the way
+Airflow code ships, as a distribution (Composer's "Install Python dependencies" page):
 
-Safe in an environment shared with other DAG packages:
-- it owns only ``plugins/tpu_rl/`` and ``data/tpu_rl/`` (stale objects there are deleted) and the DAG files
-  and plugin file (``plugins/tpu_rl_run_view.py``) it shipped itself: ``data/tpu_rl/deployed.json`` lists them, so a DAG file removed from the repo is
-  deleted at the next deploy and other packages' DAGs never are;
-- ``plugins/.airflowignore`` is merged: this package's line is added, other lines stay;
-- the environment's PyPI packages change only with ``--update-pypi``, and then only the packages whose
-  requirement differs, one ``--update-pypi-package`` each (``--update-pypi-packages-from-file`` would
-  replace the environment's whole list). What would change is printed first, every time.
+1. the wheel (``make wheel``, dist/) is uploaded to an Artifact Registry Python repository, created if missing;
+2. the environment's service account may read it (``roles/artifactregistry.reader`` on the repository) and the
+   environment's pip configuration (``gs://BUCKET/config/pip/pip.conf``) names it as an extra index;
+3. the environment's custom PyPI package ``tpu-rl`` is set to this version: one ``--update-pypi-package``,
+   which keeps every other package of the environment (Composer rebuilds its image and restarts Airflow);
+4. then the DAG files and the programs go to ``dags/`` (the DAG processor parses the new files against the new
+   package): the programs file beside the DAG file that reads it, since ``dags/`` is what Composer gives the
+   DAG processor.
 
-Needs only google-cloud-storage (``make deploy-composer`` installs it alone) and, with ``--env``, gcloud.
+Safe in an environment shared with other DAG packages: the sync owns only ``data/tpu_rl/`` and the objects its
+manifest (``data/tpu_rl/deployed.json``) lists. The manifest is written before anything is uploaded, naming
+what this deploy may create, so a deploy killed half-way leaves nothing that a later deploy does not own. A
+programs file edited in the bucket since the last deploy is kept and reported, never overwritten or deleted
+without ``--replace-programs``. What earlier deploys put in plugins/ (the package as a plugin) is deleted.
+
+``--dry-run`` prints every step and changes nothing. Needs google-cloud-storage and twine (``make
+deploy-composer`` installs them alone), and gcloud for the steps on the environment and the repository.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import configparser
 import hashlib
+import io
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-#: Local folder -> bucket prefix. Plugins first, DAGs last: the DAG processor never sees a new DAG file
-#: importing a plugin module that is not there yet.
-FOLDERS = {"plugins/tpu_rl": "plugins/tpu_rl/", "include": "data/tpu_rl/include/", "dags": "dags/"}
-#: Single files -> object names: the run view's plugin, which Airflow loads only from the plugins folder's top.
-FILES = {"plugins/tpu_rl_run_view.py": "plugins/tpu_rl_run_view.py"}
-#: Prefixes only this package writes: whatever is there and not in the repo is stale.
-OWNED = ("plugins/tpu_rl/", "data/tpu_rl/")
-#: The objects of the last deploy outside the owned prefixes (the DAG files).
+DISTRIBUTION = "tpu-rl"
+#: The repository's programs file -> where the DAG processor reads it (beside the DAG file that loads it).
+PROGRAMS = ("include/programs.yaml", "dags/maxtext_rl_tpu_programs.yaml")
 MANIFEST = "data/tpu_rl/deployed.json"
-AIRFLOWIGNORE = "plugins/.airflowignore"
+#: Prefixes only this package writes: whatever is there and not wanted is stale.
+OWNED = ("data/tpu_rl/",)
+#: What deploys made before the package was a distribution: the package and its plugin in plugins/.
+LEGACY = ("plugins/tpu_rl/", "plugins/tpu_rl_run_view.py")
+PIP_CONF = "config/pip/pip.conf"
+
+
+def version(repo: Path = REPO) -> str:
+    match = re.search(r'^__version__ = "([^"]+)"', (repo / "src/tpu_rl/__init__.py").read_text(), re.M)
+    assert match, "src/tpu_rl/__init__.py has no __version__"
+    return match.group(1)
+
+
+def wheel_path(repo: Path = REPO) -> Path:
+    return repo / "dist" / f"tpu_rl-{version(repo)}-py3-none-any.whl"
 
 
 def local_files(repo: Path = REPO) -> dict[str, Path]:
-    """Object name -> file, for what Composer needs; bytecode caches are interpreter-specific, never shipped."""
-    files = {}
-    for folder, prefix in FOLDERS.items():
-        for path in sorted((repo / folder).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
-                files[prefix + path.relative_to(repo / folder).as_posix()] = path
-        if folder == "plugins/tpu_rl":  # the plugin after the package it imports
-            files.update({name: repo / local for local, name in FILES.items()})
+    """Object name -> file: the DAG files (no bytecode caches), and the programs file when the repository has one."""
+    files = {f"dags/{path.relative_to(repo / 'dags').as_posix()}": path for path in sorted((repo / "dags").rglob("*"))
+             if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo")}
+    source, target = PROGRAMS
+    if (repo / source).is_file():
+        files[target] = repo / source
     return files
 
 
@@ -60,13 +77,7 @@ def _md5(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data).digest()).decode()
 
 
-def merged_airflowignore(remote: str, ours: str) -> str:
-    """The bucket's plugins/.airflowignore with this package's patterns added; nothing of others removed."""
-    lines = remote.splitlines()
-    missing = [line for line in ours.splitlines() if line.strip() and line not in lines]
-    if not missing:
-        return remote
-    return "\n".join([*lines, *missing]) + "\n"
+# --- the DAG files and programs -----------------------------------------------------------------------------
 
 
 @dataclass
@@ -74,155 +85,293 @@ class SyncResult:
     uploaded: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    #: Objects left as they are, with why (a programs file edited in the bucket).
+    kept: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
-        return f"uploaded {len(self.uploaded)}, deleted {len(self.deleted)}, unchanged {len(self.unchanged)}"
+        kept = f", kept {len(self.kept)}" if self.kept else ""
+        return f"uploaded {len(self.uploaded)}, deleted {len(self.deleted)}, unchanged {len(self.unchanged)}{kept}"
 
 
-def sync(client, bucket_name: str, files: dict[str, Path], dry_run: bool = False,
-         airflowignore: Path = REPO / "plugins/.airflowignore") -> SyncResult:
-    """Make the bucket hold ``files``: uploads only what differs (md5), merges plugins/.airflowignore, then
-    deletes what this package left stale (after the uploads, so a deploy never leaves a moment with no DAG)."""
+def read_manifest(bucket) -> dict[str, list[str]]:
+    """Object -> the MD5s this package may have left there. A manifest of earlier deploys (a list of names)
+    names objects without their contents."""
+    blob = bucket.get_blob(MANIFEST)
+    if blob is None:
+        return {}
+    data = json.loads(blob.download_as_bytes())
+    return {name: [] for name in data} if isinstance(data, list) else {k: list(v) for k, v in data["objects"].items()}
+
+
+def _write_manifest(bucket, objects: dict[str, list[str]], deployed_version: str) -> None:
+    body = {"distribution": DISTRIBUTION, "version": deployed_version, "objects": dict(sorted(objects.items()))}
+    bucket.blob(MANIFEST).upload_from_string(json.dumps(body, indent=1), content_type="application/json")
+
+
+def sync(client, bucket_name: str, files: dict[str, Path], *, dry_run: bool = False, replace_programs: bool = False,
+         deployed_version: str = "") -> SyncResult:
+    """Make the bucket hold ``files``: uploads only what differs (MD5), then deletes what this package left stale
+    (after the uploads, so the environment never has a moment without its DAGs)."""
     bucket = client.bucket(bucket_name)
-    remote = {blob.name: blob.md5_hash for prefix in {*FOLDERS.values(), *OWNED, *FILES.values()}
+    remote = {blob.name: blob.md5_hash for prefix in ("dags/", *OWNED, *LEGACY)
               for blob in client.list_blobs(bucket, prefix=prefix) if not blob.name.endswith("/")}
-    previous = bucket.get_blob(MANIFEST)
-    shipped_before = set(json.loads(previous.download_as_bytes())) if previous else set()
+    manifest = read_manifest(bucket)
+    wanted = {name: path.read_bytes() for name, path in files.items()}
     result = SyncResult()
 
-    def put(name: str, data: bytes) -> None:
+    programs = PROGRAMS[1]
+    if programs in remote and remote[programs] not in manifest.get(programs, []) and not replace_programs:
+        source = "was edited in the bucket since the last deploy" if programs in manifest else "was not written by a deploy"
+        result.kept[programs] = (f"{source}; kept. Copy it into {PROGRAMS[0]} to deploy it from here, or deploy "
+                                 "with --replace-programs (REPLACE_PROGRAMS=1) to replace it")
+        wanted.pop(programs, None)
+
+    # Before anything changes: every object this deploy may create, with the contents it may leave.
+    intent = {name: sorted({*manifest.get(name, []), *([_md5(wanted[name])] if name in wanted else [])})
+              for name in manifest.keys() | wanted.keys()}
+    if not dry_run:
+        _write_manifest(bucket, intent, deployed_version)
+    for name, data in wanted.items():
         if remote.get(name) == _md5(data):
             result.unchanged.append(name)
-            return
+            continue
         result.uploaded.append(name)
         if not dry_run:
             bucket.blob(name).upload_from_string(data)
-
-    ignore = bucket.get_blob(AIRFLOWIGNORE)
-    if ignore:
-        remote[AIRFLOWIGNORE] = ignore.md5_hash
-    put(AIRFLOWIGNORE, merged_airflowignore(ignore.download_as_text() if ignore else "",
-                                            airflowignore.read_text()).encode())
-    for name, path in files.items():
-        put(name, path.read_bytes())
-    outside = sorted(name for name in files if not name.startswith(OWNED))
-    if not dry_run:
-        bucket.blob(MANIFEST).upload_from_string(json.dumps(outside, indent=1), content_type="application/json")
-    stale = {n for n in remote if n.startswith(OWNED)} | (shipped_before & remote.keys())
-    for name in sorted(stale - files.keys() - {MANIFEST}):
+    owned = {name for name in remote if name.startswith(OWNED + LEGACY)} | (manifest.keys() & remote.keys())
+    for name in sorted(owned - wanted.keys() - result.kept.keys() - {MANIFEST}):
         result.deleted.append(name)
         if not dry_run:
             bucket.blob(name).delete()
+    if not dry_run:
+        final = {name: [_md5(data)] for name, data in wanted.items()}
+        final.update({name: manifest[name] for name in result.kept if name in manifest})  # still flagged next time
+        _write_manifest(bucket, final, deployed_version)
     return result
 
 
-# --- the environment's PyPI packages ------------------------------------------------------------------------
+# --- the environment's pip configuration --------------------------------------------------------------------
 
 
-def _env_args(env: str, location: str, project: str | None) -> list[str]:
-    return [env, "--location", location] + (["--project", project] if project else [])
+def merged_pip_conf(current: str, index: str) -> str:
+    """The environment's pip.conf with ``index`` among ``[global] extra-index-url``; nothing of others removed."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read_string(current)
+    if not config.has_section("global"):
+        config.add_section("global")
+    indexes = config.get("global", "extra-index-url", fallback="").split()
+    if index in indexes:
+        return current
+    config.set("global", "extra-index-url", "\n".join([*indexes, index]) if indexes else index)
+    out = io.StringIO()
+    config.write(out)
+    return out.getvalue()
 
 
-def describe_command(env: str, location: str, project: str | None) -> list[str]:
-    return ["gcloud", "composer", "environments", "describe", *_env_args(env, location, project),
-            "--format=json(config.dagGcsPrefix,config.softwareConfig.pypiPackages)"]
+# --- the repository -----------------------------------------------------------------------------------------
 
 
-def update_command(env: str, location: str, project: str | None, packages: dict[str, str]) -> list[str]:
-    """One --update-pypi-package per package: it adds or updates that package and keeps the others."""
-    return ["gcloud", "composer", "environments", "update", *_env_args(env, location, project),
-            *[f"--update-pypi-package={name}{spec}" for name, spec in sorted(packages.items())]]
+def repository_url(project: str, location: str, repository: str) -> str:
+    """Where twine uploads (Artifact Registry's Python repositories; pip reads ``<url>simple/``)."""
+    return f"https://{location}-python.pkg.dev/{project}/{repository}/"
 
 
-def describe(env: str, location: str, project: str | None) -> tuple[str, dict[str, str]]:
-    """The environment's bucket (from ``gs://BUCKET/dags``) and its current custom PyPI packages."""
-    out = subprocess.run(describe_command(env, location, project), capture_output=True, text=True, check=True)
-    config = json.loads(out.stdout).get("config", {})
-    bucket = config["dagGcsPrefix"].removeprefix("gs://").split("/", 1)[0]
-    return bucket, config.get("softwareConfig", {}).get("pypiPackages", {})
+#: The index pip uses besides the extra ones of pip.conf.
+PUBLIC_INDEX = "https://pypi.org/simple/"
 
 
-def parse_requirements(path: Path) -> dict[str, str]:
-    """Package -> extras and specifier, split the way gcloud splits the file (so the two compare equal)."""
-    packages = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = re.search(r"(\[|\(|==|>=|!=|<=|<|>|~=|===)", line)
-        name, tail = (line[: match.start()].strip(), line[match.start():].strip()) if match else (line, "")
-        packages[name] = tail
-    return packages
+def project_on_index(index: str, project: str) -> bool:
+    """Whether a PEP 503 index has a project of that name (pip does not prefer one index over another)."""
+    try:
+        with urllib.request.urlopen(f"{index.rstrip('/')}/{project}/", timeout=30):
+            return True
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return False
+        raise
 
 
-def pypi_changes(current: dict[str, str], wanted: dict[str, str]) -> dict[str, str]:
-    """The requirements the environment's custom list lacks or holds with another specifier."""
-    return {name: spec for name, spec in wanted.items() if current.get(name) != spec}
+def published_sha256(index_url: str, wheel_name: str, token: str | None) -> str | None:
+    """The SHA-256 of ``wheel_name`` in the repository's simple index (PEP 503), or None when absent."""
+    request = urllib.request.Request(f"{index_url}simple/{DISTRIBUTION}/")
+    if token:
+        credentials = base64.b64encode(f"oauth2accesstoken:{token}".encode()).decode()
+        request.add_header("Authorization", f"Basic {credentials}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            page = response.read().decode()
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return None
+        raise
+    match = re.search(re.escape(wheel_name) + r"#sha256=([0-9a-f]{64})", page)
+    return match.group(1) if match else None
 
 
-def describe_changes(current: dict[str, str], changes: dict[str, str]) -> list[str]:
-    return [f"  {name}: {'add ' + name + spec if name not in current else current[name] + ' -> ' + spec}"
-            for name, spec in sorted(changes.items())]
+# --- the gcloud steps ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Environment:
+    name: str
+    location: str
+    project: str | None
+
+    def args(self) -> list[str]:
+        return [self.name, "--location", self.location] + (["--project", self.project] if self.project else [])
+
+    def describe_command(self) -> list[str]:
+        return ["gcloud", "composer", "environments", "describe", *self.args(),
+                "--format=json(config.dagGcsPrefix,config.nodeConfig.serviceAccount,config.softwareConfig.pypiPackages)"]
+
+    def update_command(self, requirement: str) -> list[str]:
+        """One --update-pypi-package: adds or updates that package and keeps the environment's others
+        (``--update-pypi-packages-from-file`` would replace the whole list)."""
+        return ["gcloud", "composer", "environments", "update", *self.args(), f"--update-pypi-package={requirement}"]
+
+
+def repository_commands(project: str, location: str, repository: str, service_account: str) -> dict[str, list[str]]:
+    where = ["--location", location, "--project", project]
+    return {
+        "describe": ["gcloud", "artifacts", "repositories", "describe", repository, *where],
+        "create": ["gcloud", "artifacts", "repositories", "create", repository, "--repository-format=python", *where,
+                   f"--description=Python packages of Airflow environments ({DISTRIBUTION})"],
+        "reader": ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", repository, *where,
+                   f"--member=serviceAccount:{service_account}", "--role=roles/artifactregistry.reader"],
+    }
+
+
+class Runner:
+    """Runs or, in a dry run, prints the commands; read-only ones run in a dry run too when gcloud is there."""
+
+    def __init__(self, dry_run: bool):
+        self.dry_run = dry_run
+
+    def change(self, command: list[str], **kwargs) -> subprocess.CompletedProcess | None:
+        if self.dry_run:
+            print("would run:", shlex.join(command))
+            return None
+        print("+", shlex.join(command), flush=True)
+        return subprocess.run(command, check=True, **kwargs)
+
+    def read(self, command: list[str]) -> str:
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", help="Composer environment name (finds the bucket; needed for --update-pypi)")
-    parser.add_argument("--location", help="Composer environment region")
+    parser.add_argument("--env", help="Composer environment name")
+    parser.add_argument("--location", help="the environment's region")
     parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
-    parser.add_argument("--bucket", help="Environment bucket name; skips the gcloud describe")
-    parser.add_argument("--requirements", type=Path, default=REPO / "requirements.txt")
-    parser.add_argument("--update-pypi", action="store_true",
-                        help="add or update the environment's PyPI packages that differ from requirements.txt "
-                             "(rebuilds the image and restarts Airflow)")
-    parser.add_argument("--dry-run", action="store_true", help="print the gcloud commands and the sync plan; change nothing")
+    parser.add_argument("--repository", help="Artifact Registry Python repository for the wheel (created if missing)")
+    parser.add_argument("--repository-location", help="the repository's region (default: the environment's)")
+    parser.add_argument("--repository-url", help="upload to this PyPI-compatible repository instead (no gcloud for it)")
+    parser.add_argument("--bucket", help="the environment's bucket; skips gcloud's describe")
+    parser.add_argument("--service-account", help="the environment's service account; with --bucket")
+    parser.add_argument("--replace-programs", action="store_true", help="replace a programs file edited in the bucket")
+    parser.add_argument("--dry-run", action="store_true", help="print every step; change nothing")
     args = parser.parse_args(argv)
-    if not args.bucket and not (args.env and args.location):
-        parser.error("give --env and --location, or --bucket")
+    if not (args.env and args.location) and not args.bucket:
+        parser.error("give --env and --location (and --repository), or --bucket")
     if args.env and not args.location:
         parser.error("--env needs --location")
-    if args.update_pypi and not args.env:
-        parser.error("--update-pypi needs --env and --location")
+    if args.env and not (args.repository or args.repository_url):
+        parser.error("--env needs --repository: the Artifact Registry Python repository the environment installs from")
+    run = Runner(args.dry_run)
+    wheel = wheel_path()
+    requirement = f"{DISTRIBUTION}=={version()}"
+    if not wheel.is_file():
+        parser.error(f"{wheel.relative_to(REPO)} is missing: make wheel builds it")
+    print(f"deploying {requirement} ({wheel.relative_to(REPO)}){' (dry run)' if args.dry_run else ''}")
 
-    current_pypi = None
-    bucket = args.bucket
-    if args.env:
-        if args.dry_run and bucket:
-            print("would run:", shlex.join(describe_command(args.env, args.location, args.project)))
+    env = Environment(args.env, args.location, args.project) if args.env else None
+    bucket, service_account, pypi = args.bucket, args.service_account, {}
+    if env and not bucket:
+        described = json.loads(run.read(env.describe_command())).get("config", {})
+        bucket = described["dagGcsPrefix"].removeprefix("gs://").split("/", 1)[0]
+        service_account = described.get("nodeConfig", {}).get("serviceAccount")
+        pypi = described.get("softwareConfig", {}).get("pypiPackages", {})
+        print(f"environment {env.name}: bucket gs://{bucket}, service account {service_account}")
+
+    # 1-2. The wheel in the repository, which the environment may read.
+    if args.repository_url:
+        index_url, token = args.repository_url.rstrip("/") + "/", None
+    elif args.repository:
+        project = args.project or run.read(["gcloud", "config", "get-value", "project"]).strip()
+        location = args.repository_location or args.location
+        index_url = repository_url(project, location, args.repository)
+        commands = repository_commands(project, location, args.repository, service_account or "SERVICE_ACCOUNT")
+        if args.dry_run or subprocess.run(commands["describe"], capture_output=True).returncode != 0:
+            print(f"repository {args.repository} in {location}: created unless it exists")
+            run.change(commands["create"])
+        if service_account or args.dry_run:
+            run.change(commands["reader"], capture_output=True)
+        token = None if args.dry_run else run.read(["gcloud", "auth", "print-access-token"]).strip()
+        if project_on_index(PUBLIC_INDEX, DISTRIBUTION):
+            raise SystemExit(f"{PUBLIC_INDEX} has a project named {DISTRIBUTION}: with the repository as pip's extra "
+                             "index, the environment could install that one. Use an Artifact Registry virtual "
+                             "repository (this repository before PyPI) as the environment's index-url instead")
+    else:
+        index_url = token = None
+    if index_url:
+        upload(wheel, index_url, token, run)
+        pip_conf(bucket, index_url, run)
+
+    # 3. The environment's custom package, then 4. the DAG files and programs that use it.
+    if env:
+        if pypi.get(DISTRIBUTION) == requirement.removeprefix(DISTRIBUTION):
+            print(f"the environment already installs {requirement}")
         else:
-            bucket, current_pypi = describe(args.env, args.location, args.project)
-
+            print(f"custom PyPI package: {DISTRIBUTION}{pypi.get(DISTRIBUTION, ' (none)')} -> {requirement} "
+                  "(Composer rebuilds the image and restarts Airflow: several minutes)")
+            run.change(env.update_command(requirement))
     from google.cloud import storage
 
-    result = sync(storage.Client(project=args.project), bucket, local_files(), dry_run=args.dry_run)
+    result = sync(storage.Client(project=args.project), bucket, local_files(), dry_run=args.dry_run,
+                  replace_programs=args.replace_programs, deployed_version=version())
     for verb, names in (("upload", result.uploaded), ("delete", result.deleted)):
         for name in names:
             print(f"{'would ' if args.dry_run else ''}{verb} gs://{bucket}/{name}")
+    for name, why in result.kept.items():
+        print(f"kept gs://{bucket}/{name}: it {why}")
     print(f"sync gs://{bucket}: {result.summary()}{' (dry run)' if args.dry_run else ''}")
-
-    if not args.env:
-        return 0
-    wanted = parse_requirements(args.requirements)
-    if current_pypi is None:  # a dry run that was given the bucket
-        update = update_command(args.env, args.location, args.project, wanted)
-        print("would compare the environment's PyPI packages with requirements.txt; at most:", shlex.join(update))
-        return 0
-    changes = pypi_changes(current_pypi, wanted)
-    if not changes:
-        print(f"PyPI packages: the environment already has every requirement of {args.requirements.name}")
-        return 0
-    print(f"PyPI packages the environment's list lacks or holds otherwise ({args.requirements.name}):")
-    print("\n".join(describe_changes(current_pypi, changes)))
-    update = update_command(args.env, args.location, args.project, changes)
-    if not args.update_pypi:
-        print("not updated (the update rebuilds the image and restarts Airflow; the preinstalled providers may "
-              "already satisfy these). To apply: add UPDATE_PYPI=1, which runs:", shlex.join(update))
-    elif args.dry_run:
-        print("would run:", shlex.join(update))
-    else:
-        print("+", shlex.join(update), flush=True)
-        subprocess.run(update, check=True)
     return 0
+
+
+def upload(wheel: Path, index_url: str, token: str | None, run: Runner) -> None:
+    """twine upload, unless the repository has this very wheel. The same version with other contents is
+    refused: the environment's image would not change (bump the version)."""
+    local = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    # A dry run has no access token for Artifact Registry: it cannot look, and says what it would do.
+    unreadable = run.dry_run and token is None and ".pkg.dev/" in index_url
+    published = None if unreadable else published_sha256(index_url, wheel.name, token)
+    if published == local:
+        print(f"{index_url} already has {wheel.name} (sha256 {local[:12]}...)")
+        return
+    if published:
+        raise SystemExit(f"{index_url} has another {wheel.name} (sha256 {published[:12]}..., this one {local[:12]}...): "
+                         "bump __version__ in src/tpu_rl/__init__.py, then deploy again")
+    # The token reaches twine through its environment, never its command line.
+    env = {**os.environ, "TWINE_USERNAME": "oauth2accesstoken" if token else os.environ.get("TWINE_USERNAME", "upload"),
+           "TWINE_PASSWORD": token or os.environ.get("TWINE_PASSWORD", "")}
+    run.change([sys.executable, "-m", "twine", "upload", "--non-interactive", "--repository-url", index_url, str(wheel)],
+               env=env)
+
+
+def pip_conf(bucket_name: str, index_url: str, run: Runner) -> None:
+    """The environment's pip configuration names the repository's simple index (merged into what is there)."""
+    from google.cloud import storage
+
+    blob = storage.Client().bucket(bucket_name).blob(PIP_CONF)
+    current = blob.download_as_text() if blob.exists() else ""
+    merged = merged_pip_conf(current, f"{index_url}simple/")
+    if merged == current:
+        print(f"gs://{bucket_name}/{PIP_CONF} already names {index_url}simple/")
+    elif run.dry_run:
+        print(f"would write gs://{bucket_name}/{PIP_CONF}:\n{merged}")
+    else:
+        print(f"+ write gs://{bucket_name}/{PIP_CONF} (extra-index-url {index_url}simple/)")
+        blob.upload_from_string(merged)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,10 @@ from typing import Any
 from tpu_rl.config import ConfigError, RunConfig
 from tpu_rl.run import DAG_ID, REAPER_DAG_ID
 
-#: Where the DAG file looks for declarations when TPU_RL_PROGRAMS does not name a file: next to the DAGs
-#: folder (this repository, a local Airflow) and where the Composer deploy puts include/.
-DEFAULT_LOCATIONS = (
-    Path(__file__).resolve().parents[2] / "include" / "programs.yaml",
-    Path("/home/airflow/gcs/data/tpu_rl/include/programs.yaml"),
-)
+#: Where the DAG file looks for declarations when TPU_RL_PROGRAMS does not name a file, relative to its
+#: folder: beside it (where ``make deploy-composer`` puts them: Cloud Composer gives its DAG processor the
+#: dags/ folder), then this repository's include/.
+DEFAULT_LOCATIONS = ("maxtext_rl_tpu_programs.yaml", "../include/programs.yaml")
 _DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 #: Airflow's cron presets (airflow.utils.dates.cron_presets), which its cron timetables expand.
 CRON_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *",
@@ -67,12 +65,16 @@ class Program:
         )
 
 
-def programs_file() -> Path | None:
-    """The declarations file: TPU_RL_PROGRAMS, else the first default location that exists."""
+def programs_file(dag_folder: Path) -> Path | None:
+    """The declarations file: the one TPU_RL_PROGRAMS names, which must exist (a declared file that is missing
+    is an import error, not zero programs in silence); else the first default location that exists; else none."""
     named = os.environ.get("TPU_RL_PROGRAMS")
     if named:
+        if not Path(named).is_file():
+            raise ProgramError(named, "*", [f"TPU_RL_PROGRAMS names {named}, which does not exist; fix: deploy the "
+                                            "programs file there, or unset TPU_RL_PROGRAMS"])
         return Path(named)
-    return next((path for path in DEFAULT_LOCATIONS if path.is_file()), None)
+    return next((dag_folder / path for path in DEFAULT_LOCATIONS if (dag_folder / path).is_file()), None)
 
 
 def load_programs(path: Path) -> list[Program]:

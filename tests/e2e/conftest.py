@@ -152,13 +152,19 @@ def gcs():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``e2e_last`` run after the other e2e tests: a long scenario started by a fixture at the
-    beginning (the backfill) goes on while they run on the same stack, and is checked at the end."""
-    last = [item for item in items if item.get_closest_marker("e2e_last")]
-    rest = [item for item in items if not item.get_closest_marker("e2e_last")]
-    e2e = [n for n, item in enumerate(rest) if Path(item.path).parent == Path(__file__).parent]
-    if last and e2e:
-        items[:] = rest[: e2e[-1] + 1] + last + rest[e2e[-1] + 1:]
+    """Tests marked ``e2e_first`` run before every other e2e test (they replace the stack's triggerer for a
+    moment, when no other run may defer); tests marked ``e2e_last`` after them: a long scenario started by a
+    fixture at the beginning (the backfill) goes on while they run on the same stack, and is checked at the end."""
+    here = Path(__file__).parent
+    e2e = [item for item in items if Path(item.path).parent == here]
+    if not e2e:
+        return
+    first = [item for item in e2e if item.get_closest_marker("e2e_first")]
+    last = [item for item in e2e if item.get_closest_marker("e2e_last")]
+    middle = [item for item in e2e if item not in first and item not in last]
+    start = items.index(e2e[0])
+    others = [item for item in items if item not in e2e]
+    items[:] = others[:start] + first + middle + last + others[start:]
 
 
 @pytest.fixture(scope="module")

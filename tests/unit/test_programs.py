@@ -161,3 +161,48 @@ def test_a_shared_cluster_names_its_lease_and_its_creator_in_its_description():
     assert gke.cluster_lease_uri(description) == (
         f"gs://{config.gcs_bucket}/tpu-rl/leases/cluster/{config.project}-{config.region}-{config.cluster_name}.json")
     assert gke.cluster_lease_uri(gke.owner_description(run)) is None
+
+
+def test_the_programs_file_is_found_beside_the_dag_file_as_composer_gets_it(tmp_path, monkeypatch):
+    """make deploy-composer puts include/programs.yaml beside the DAG file (dags/ is what Composer gives the DAG
+    processor); in this repository it is include/programs.yaml; without either there are no programs."""
+    from tpu_rl.programs import programs_file
+
+    monkeypatch.delenv("TPU_RL_PROGRAMS", raising=False)
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    assert programs_file(dags) is None
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include/programs.yaml").write_text("programs: {}\n")
+    assert programs_file(dags) == dags / "../include/programs.yaml"
+    (dags / "maxtext_rl_tpu_programs.yaml").write_text("programs: {}\n")
+    assert programs_file(dags) == dags / "maxtext_rl_tpu_programs.yaml"
+
+
+def test_a_declared_programs_file_that_is_missing_is_an_import_error(tmp_path, monkeypatch):
+    """Not zero DAGs in silence: the DAG file's import error names the variable, the file and the fix."""
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # Airflow 3.1
+        from airflow.models.dagbag import DagBag
+
+    monkeypatch.setenv("TPU_RL_PROGRAMS", str(tmp_path / "gone.yaml"))
+    bag = DagBag(dag_folder=str(REPO / "dags/maxtext_rl_tpu_programs.py"))
+    (error,) = bag.import_errors.values()
+    assert "TPU_RL_PROGRAMS names" in error and "gone.yaml, which does not exist" in error
+
+
+def test_a_dags_folder_as_deployed_parses_the_programs_beside_the_dag_file(tmp_path, monkeypatch):
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # Airflow 3.1
+        from airflow.models.dagbag import DagBag
+
+    monkeypatch.delenv("TPU_RL_PROGRAMS", raising=False)
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "maxtext_rl_tpu_programs.py").write_bytes((REPO / "dags/maxtext_rl_tpu_programs.py").read_bytes())
+    (dags / "maxtext_rl_tpu_programs.yaml").write_bytes(EXAMPLE.read_bytes())
+    bag = DagBag(dag_folder=str(dags))
+    assert bag.import_errors == {}
+    assert set(bag.dag_ids) == set(yaml.safe_load(EXAMPLE.read_text())["programs"])

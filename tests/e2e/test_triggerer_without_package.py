@@ -1,0 +1,70 @@
+"""A run on an Airflow whose triggerer cannot import the package (Cloud Composer 3 with the package in
+plugins/): it fails in check_triggerer, before anything billable exists, naming the fix.
+
+The stack's triggerer is replaced for this one run by Airflow's own triggerer started in an interpreter
+without ``tpu_rl`` (tests/e2e/without_package.py), then restored. No other run may defer meanwhile, so
+these tests run before every other end-to-end test (marker ``e2e_first``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from tpu_rl_testing import REPO, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
+
+pytestmark = [pytest.mark.e2e, pytest.mark.e2e_first]
+
+DAG_ID = "maxtext_rl_tpu"
+
+
+def _stack(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["scripts/airflow-stack.sh", *args], cwd=REPO, capture_output=True, text=True, check=True)
+
+
+@pytest.fixture(scope="module")
+def failed_run(airflow):
+    """(run id, conf, task instances) of one run that the triggerer without the package had to serve."""
+    suffix = uuid.uuid4().hex[:6]
+    conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-notrig-{suffix}",
+            "gcs_bucket": f"tpu-rl-notrig-{suffix}"}
+    _stack("stop", "triggerer")
+    log = REPO / ".airflow" / "stack" / "triggerer-without-package.log"
+    with log.open("w") as out:
+        triggerer = subprocess.Popen(["scripts/airflow-stack.sh", "exec", "python", "tests/e2e/without_package.py",
+                                      "triggerer"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+    try:
+        run_id = airflow.trigger(DAG_ID, conf, run_id=f"e2e__notrig__{suffix}")
+        state = airflow.wait_for_run(DAG_ID, run_id, 600)
+        assert state == "failed"
+        yield run_id, conf, airflow.task_instances(DAG_ID, run_id), log.read_text()
+    finally:
+        triggerer.terminate()
+        try:
+            triggerer.wait(60)
+        except subprocess.TimeoutExpired:
+            triggerer.kill()
+        _stack("start")
+        time.sleep(1)
+
+
+def test_the_run_fails_in_check_triggerer_naming_the_fix(airflow, failed_run):
+    run_id, _, tasks, triggerer_log = failed_run
+    check = tasks["check_triggerer"]
+    assert check["state"] == "failed" and check["try_number"] == 1  # not retried
+    log = airflow.task_log(DAG_ID, run_id, "check_triggerer", 1)
+    assert "No module named 'tpu_rl'" in log
+    assert "install the distribution tpu-rl" in log and "Nothing was created" in log
+    assert "Trigger failed to load code" in triggerer_log  # the triggerer really tried, and could not
+
+
+def test_nothing_billable_was_created(failed_run, gke, gcs):
+    _, conf, tasks, _ = failed_run
+    for task in ("guard", "ensure_bucket", "create_cluster", "create_tpu_pools", "delete_cluster"):
+        assert tasks[task]["state"] in (None, "upstream_failed"), (task, tasks[task]["state"])
+    assert gcs.lookup_bucket(conf["gcs_bucket"]) is None
+    assert cluster_or_none(gke, conf["cluster_name"]) is None
