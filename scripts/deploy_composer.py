@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
     parser.add_argument("--repository", help="Artifact Registry Python repository for the wheel (created if missing)")
     parser.add_argument("--repository-location", help="the repository's region (default: the environment's)")
-    parser.add_argument("--repository-url", help="upload to this PyPI-compatible repository instead (no gcloud for it)")
+    parser.add_argument("--repository-url", help="the repository's URL, when it is not Artifact Registry's for --repository")
     parser.add_argument("--bucket", help="the environment's bucket; skips gcloud's describe")
     parser.add_argument("--service-account", help="the environment's service account; with --bucket")
     parser.add_argument("--replace-programs", action="store_true", help="replace a programs file edited in the bucket")
@@ -282,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     requirement = f"{DISTRIBUTION}=={version()}"
     if not wheel.is_file():
         parser.error(f"{wheel.relative_to(REPO)} is missing: make wheel builds it")
-    print(f"deploying {requirement} ({wheel.relative_to(REPO)}){' (dry run)' if args.dry_run else ''}")
+    print(f"deploying {requirement} ({wheel.name}){' (dry run)' if args.dry_run else ''}")
 
+    from google.cloud import storage
+
+    client = storage.Client(project=args.project)
     env = Environment(args.env, args.location, args.project) if args.env else None
     bucket, service_account, pypi = args.bucket, args.service_account, {}
     if env and not bucket:
@@ -294,28 +297,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"environment {env.name}: bucket gs://{bucket}, service account {service_account}")
 
     # 1-2. The wheel in the repository, which the environment may read.
-    if args.repository_url:
-        index_url, token = args.repository_url.rstrip("/") + "/", None
-    elif args.repository:
+    if args.repository:
         project = args.project or run.read(["gcloud", "config", "get-value", "project"]).strip()
         location = args.repository_location or args.location
-        index_url = repository_url(project, location, args.repository)
         commands = repository_commands(project, location, args.repository, service_account or "SERVICE_ACCOUNT")
         if args.dry_run or subprocess.run(commands["describe"], capture_output=True).returncode != 0:
             print(f"repository {args.repository} in {location}: created unless it exists")
             run.change(commands["create"])
-        if service_account or args.dry_run:
-            run.change(commands["reader"], capture_output=True)
-        token = None if args.dry_run else run.read(["gcloud", "auth", "print-access-token"]).strip()
+        run.change(commands["reader"], capture_output=True)
+    index_url = args.repository_url.rstrip("/") + "/" if args.repository_url else (
+        repository_url(project, location, args.repository) if args.repository else None)
+    if index_url:
+        token = None
+        if ".pkg.dev/" in index_url and not args.dry_run:
+            token = run.read(["gcloud", "auth", "print-access-token"]).strip()
         if project_on_index(PUBLIC_INDEX, DISTRIBUTION):
             raise SystemExit(f"{PUBLIC_INDEX} has a project named {DISTRIBUTION}: with the repository as pip's extra "
                              "index, the environment could install that one. Use an Artifact Registry virtual "
                              "repository (this repository before PyPI) as the environment's index-url instead")
-    else:
-        index_url = token = None
-    if index_url:
         upload(wheel, index_url, token, run)
-        pip_conf(bucket, index_url, run)
+        pip_conf(client, bucket, index_url, run)
 
     # 3. The environment's custom package, then 4. the DAG files and programs that use it.
     if env:
@@ -325,9 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"custom PyPI package: {DISTRIBUTION}{pypi.get(DISTRIBUTION, ' (none)')} -> {requirement} "
                   "(Composer rebuilds the image and restarts Airflow: several minutes)")
             run.change(env.update_command(requirement))
-    from google.cloud import storage
-
-    result = sync(storage.Client(project=args.project), bucket, local_files(), dry_run=args.dry_run,
+    result = sync(client, bucket, local_files(), dry_run=args.dry_run,
                   replace_programs=args.replace_programs, deployed_version=version())
     for verb, names in (("upload", result.uploaded), ("delete", result.deleted)):
         for name in names:
@@ -358,11 +357,9 @@ def upload(wheel: Path, index_url: str, token: str | None, run: Runner) -> None:
                env=env)
 
 
-def pip_conf(bucket_name: str, index_url: str, run: Runner) -> None:
+def pip_conf(client, bucket_name: str, index_url: str, run: Runner) -> None:
     """The environment's pip configuration names the repository's simple index (merged into what is there)."""
-    from google.cloud import storage
-
-    blob = storage.Client().bucket(bucket_name).blob(PIP_CONF)
+    blob = client.bucket(bucket_name).blob(PIP_CONF)
     current = blob.download_as_text() if blob.exists() else ""
     merged = merged_pip_conf(current, f"{index_url}simple/")
     if merged == current:

@@ -35,3 +35,57 @@ def read_env(path: Path) -> dict[str, str]:
             name, _, value = line[len("export "):].partition("=")
             env[name] = shlex.split(value)[0] if value else ""
     return env
+
+
+#: A GKE cluster as the JobSet operator hands it to its trigger (endpoint resolved).
+TRIGGER_CLUSTER = {"project_id": "p", "location": "us-east5", "cluster_name": "c", "use_dns_endpoint": True,
+           "cluster_url": "https://gke-1.us-east5.gke.goog", "ssl_ca_cert": None}
+
+
+def trigger_samples() -> dict[type, object]:
+    """One instance of every trigger the package defers on, built as its operator builds it."""
+    from tpu_rl import __version__
+    from tpu_rl.triggers.checkpoints import (
+        ConversionLockTrigger,
+        FinalTrainingCheckpointTrigger,
+        HfExportCompleteTrigger,
+        OrbaxStepCompleteTrigger,
+    )
+    from tpu_rl.triggers.gke import TpuPoolCreateTrigger
+    from tpu_rl.triggers.jobset import JobSetTrigger
+    from tpu_rl.triggers.triggerer import TriggererCheckTrigger
+
+    output = {"bucket": "b", "prefix": "m/max-text-format/x/0/", "deadline": 1.8e9}
+    instances = [
+        TriggererCheckTrigger(sent_by=__version__),
+        OrbaxStepCompleteTrigger(**output, items=["items"]),
+        ConversionLockTrigger(**output, items=["items"], lock_object="m/lock", holder={"run_id": "r"}, stale_after=60.0),
+        FinalTrainingCheckpointTrigger(**output, train_steps=50, checkpoint_period=10),
+        HfExportCompleteTrigger(**output, not_before="2026-12-01T00:00:00+00:00"),
+        TpuPoolCreateTrigger(operation_name="operation-1", project_id="p", location="us-east5",
+                             gcp_conn_id="google_cloud_default", pool_path="projects/p/locations/us-east5/clusters/c/nodePools/tpu",
+                             capacity_deadline=1.8e9),
+        JobSetTrigger(name="qwen-train-1", namespace="default", uid="u", log_replicated_job="pathways-head",
+                      log_container="pathways-head", cluster=TRIGGER_CLUSTER,
+                      training={"bucket": "b", "prefix": "m/rl/tensorboard/", "train_steps": 50}),
+    ]
+    return {type(instance): instance for instance in instances}
+
+
+#: Run by a fresh interpreter: imports each (classpath, kwargs) read from stdin as the triggerer does, and
+#: prints the module files and sys.path.
+TRIGGER_IMPORT_PROBE = """
+import json, sys
+try:
+    from airflow._shared.module_loading import import_string  # what the triggerer uses (3.3)
+except ImportError:  # Airflow 3.1
+    from airflow.utils.module_loading import import_string
+triggers = json.loads(sys.stdin.read())
+files = []
+for classpath, kwargs in triggers:
+    trigger = import_string(classpath)(**kwargs)
+    again = trigger.serialize()
+    assert json.loads(json.dumps(list(again))) == [classpath, kwargs], (classpath, again)
+    files.append(sys.modules[type(trigger).__module__].__file__)
+print(json.dumps({"files": files, "path": sys.path}))
+"""

@@ -56,3 +56,56 @@ def gcs_client(gcs_emulator_url, monkeypatch):
 @pytest.fixture
 def composer_bucket(gcs_client):
     return gcs_client.create_bucket(f"composer-{uuid.uuid4().hex[:12]}")
+
+
+def _pypiserver(packages):
+    """A real PyPI-compatible server (pypiserver, from the package index) serving ``packages``: twine uploads to
+    its root, pip reads its simple index. Anyone may upload (-a . -P .); nothing is fetched from PyPI."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).parent / "pypi-server"), "run", "-i", "127.0.0.1", "-p", str(port),
+                               "-a", ".", "-P", ".", "--disable-fallback", str(packages)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}simple/", timeout=2)
+            return server, url
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "pypiserver did not start"
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def python_repository(tmp_path):
+    """(URL, folder) of a repository standing in for the Artifact Registry Python repository, empty at the start."""
+    packages = tmp_path / "repository"
+    packages.mkdir()
+    server, url = _pypiserver(packages)
+    yield url, packages
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.fixture
+def public_index(tmp_path, monkeypatch):
+    """(URL of its simple index, folder) standing in for PyPI, the index pip reads besides the extra ones: the
+    deploy checks that it has no project of the distribution's name."""
+    import deploy_composer
+
+    packages = tmp_path / "public"
+    packages.mkdir()
+    server, url = _pypiserver(packages)
+    monkeypatch.setattr(deploy_composer, "PUBLIC_INDEX", f"{url}simple/")
+    yield f"{url}simple/", packages
+    server.terminate()
+    server.wait(10)

@@ -1,15 +1,20 @@
-"""scripts/deploy_composer.py against a real GCS emulator: the bucket ends up laid out the way Composer
-serves it (dags/ -> /home/airflow/gcs/dags, plugins/ -> .../plugins, data/ -> .../data), this package's
-stale files go and nobody else's do, caches and tests never ship, and a second deploy uploads nothing."""
+"""scripts/deploy_composer.py against real servers: a GCS emulator for the environment's bucket and pypiserver
+for the Artifact Registry Python repository. The wheel reaches the repository and the environment's pip
+configuration, the DAG files and programs reach dags/ (what Composer gives its DAG processor), nothing of other
+teams is touched, a programs file edited in the bucket is never lost, and a deploy killed half-way leaves
+nothing a later deploy does not own. The uploaded wheel installs, through that pip configuration, into a
+fresh virtualenv with the Composer image's pins, which then imports every trigger."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,169 +24,273 @@ _spec = importlib.util.spec_from_file_location("deploy_composer", REPO / "script
 deploy = sys.modules["deploy_composer"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(deploy)
 
-# What an earlier deploy of this package left: a DAG file it shipped (listed in its manifest) and a module.
-STALE = ["dags/old_dag.py", "plugins/tpu_rl/removed.py", "data/tpu_rl/include/examples/old.json"]
+PROGRAMS = "dags/maxtext_rl_tpu_programs.yaml"
+# What earlier deploys of this package left: a DAG file (in its manifest), the package and its plugin in
+# plugins/ (before the package was a distribution), an example under data/tpu_rl/.
+STALE = ["dags/old_dag.py", "plugins/tpu_rl/removed.py", "plugins/tpu_rl/config.py", "plugins/tpu_rl_run_view.py",
+         "data/tpu_rl/include/examples/old.json"]
 # Objects the deploy must leave alone in a shared environment: Composer's liveness DAG, other teams' DAGs,
 # plugins and data.
 FOREIGN = ["dags/airflow_monitoring.py", "dags/other_team_dag.py", "plugins/other_team/hooks.py",
            "data/run-output/metrics.json", "data/include/other_team.json"]
-OTHER_TEAM_IGNORE = "other_team/scratch/\n"
+OTHER_PIP_CONF = "[global]\nextra-index-url = https://europe-python.pkg.dev/other/team/simple/\ntimeout = 60\n"
 
 
-def _expected_objects(repo: Path) -> set[str]:
-    """Written from Composer's folder mapping, not from the script: every DAG file, every file of the tpu_rl
-    package (its sources and its data: the JobSet release it installs), every include asset."""
-    expected = {"dags/maxtext_rl_tpu.py", "dags/maxtext_rl_tpu_programs.py", "dags/maxtext_rl_tpu_reaper.py",
-                "plugins/.airflowignore", "plugins/tpu_rl_run_view.py",
-                "data/tpu_rl/deployed.json"}
-    expected |= {f"plugins/{p.relative_to(repo / 'plugins').as_posix()}" for p in (repo / "plugins/tpu_rl").rglob("*")
-                 if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
-    assert "plugins/tpu_rl/releases/jobset-v0.10.1.yaml" in expected
-    expected |= {f"data/tpu_rl/include/{p.relative_to(repo / 'include').as_posix()}"
-                 for p in (repo / "include").rglob("*") if p.is_file()}
-    return expected
+def test_a_project_of_the_same_name_on_pypi_stops_the_deploy_before_it_uploads(
+        gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path):
+    """pip prefers no index over another: with the repository as an extra index, PyPI's tpu-rl could be installed."""
+    url, packages = python_repository
+    shutil.copy(deploy.wheel_path(), public_index[1])
+
+    with pytest.raises(SystemExit, match="has a project named tpu-rl"):
+        _main_with_path(monkeypatch, tmp_path, "--bucket", composer_bucket.name, "--repository-url", url)
+    assert not list(packages.iterdir())
 
 
 @pytest.fixture
 def checkout(tmp_path) -> Path:
-    """A copy of the package folders with the caches a real checkout has after a test run."""
+    """A copy of what the deploy reads, with a programs file and the caches a real checkout has."""
     repo = tmp_path / "repo"
-    for folder in ("dags", "plugins", "include", "tests"):
+    for folder in ("dags", "include", "tests"):
         shutil.copytree(REPO / folder, repo / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    cache = repo / "plugins/tpu_rl/__pycache__"
-    cache.mkdir()
-    (cache / "config.cpython-312.pyc").write_bytes(b"\x00bytecode")
-    (repo / "plugins/tpu_rl/stray.pyc").write_bytes(b"\x00bytecode")
+    shutil.copy(repo / "include/examples/programs.yaml", repo / "include/programs.yaml")
     (repo / "dags/__pycache__").mkdir()
-    (repo / "dags/__pycache__/maxtext_rl_tpu.cpython-312.pyc").write_bytes(b"\x00bytecode")
+    (repo / "dags/__pycache__/maxtext_rl_tpu.cpython-311.pyc").write_bytes(b"\x00bytecode")
     return repo
 
 
 def _prefill(bucket) -> None:
     for name in STALE + FOREIGN:
         bucket.blob(name).upload_from_string(b"# left over from an earlier deploy\n")
-    bucket.blob("data/tpu_rl/deployed.json").upload_from_string(json.dumps(["dags/old_dag.py"]))
-    bucket.blob("plugins/.airflowignore").upload_from_string(OTHER_TEAM_IGNORE)
+    bucket.blob("data/tpu_rl/deployed.json").upload_from_string(
+        json.dumps(["dags/old_dag.py", "plugins/tpu_rl_run_view.py"]))  # an earlier deploy's manifest
 
 
 def _names(client, bucket) -> set[str]:
     return {blob.name for blob in client.list_blobs(bucket)}
 
 
+def _expected(repo: Path) -> set[str]:
+    """Written from Composer's folders, not from the script: the DAG files, the programs beside them, the manifest."""
+    return {"dags/maxtext_rl_tpu.py", "dags/maxtext_rl_tpu_programs.py", "dags/maxtext_rl_tpu_reaper.py", PROGRAMS,
+            "data/tpu_rl/deployed.json"}
+
+
 def test_deploy_gives_the_layout_composer_serves(gcs_client, composer_bucket, checkout, tmp_path):
     _prefill(composer_bucket)
 
-    result = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
-    print(f"first deploy: {result.summary()}")
+    result = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout), deployed_version="1.0.0")
 
-    names = _names(gcs_client, composer_bucket)
-    expected = _expected_objects(checkout)
-    assert names == expected | set(FOREIGN), "the bucket must hold the package, the others' files and nothing else"
+    assert _names(gcs_client, composer_bucket) == _expected(checkout) | set(FOREIGN)
     assert sorted(result.deleted) == sorted(STALE)
-    # Other teams' ignore patterns stay; ours keeps the plugin manager out of tpu_rl/.
-    assert composer_bucket.blob("plugins/.airflowignore").download_as_text().splitlines() == [
-        "other_team/scratch/", *[line for line in (checkout / "plugins/.airflowignore").read_text().splitlines()
-                                 if line.strip()]]
-    assert json.loads(composer_bucket.blob("data/tpu_rl/deployed.json").download_as_text()) == [
-        "dags/maxtext_rl_tpu.py", "dags/maxtext_rl_tpu_programs.py", "dags/maxtext_rl_tpu_reaper.py",
-        "plugins/tpu_rl_run_view.py"]
-    assert not [n for n in names if n.startswith("tests/") or "/tests/" in n], "tests/ shipped"
-    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")], "bytecode caches shipped"
+    manifest = json.loads(composer_bucket.blob("data/tpu_rl/deployed.json").download_as_text())
+    assert manifest["version"] == "1.0.0" and set(manifest["objects"]) == _expected(checkout) - {"data/tpu_rl/deployed.json"}
 
-    # What Composer's workers would see: the DAG file parses with tpu_rl imported from the bucket's plugins/.
-    gcs = tmp_path / "home-airflow-gcs"
-    for name in names:
-        if name.startswith(("dags/", "plugins/")):
-            target = gcs / name
+    # What Composer's DAG processor sees: dags/ alone parses into the package's DAGs and the programs'.
+    dags = tmp_path / "home-airflow-gcs" / "dags"
+    for name in _names(gcs_client, composer_bucket):
+        if name.startswith("dags/") and name not in {f"dags/{n}" for n in ("airflow_monitoring.py", "other_team_dag.py")}:
+            target = dags.parent / name
             target.parent.mkdir(parents=True, exist_ok=True)
             composer_bucket.blob(name).download_to_filename(str(target))
-    probe = (
-        "import sys, runpy; sys.path.insert(0, sys.argv[1]); "
-        "dag = runpy.run_path(sys.argv[2])['dag']; import tpu_rl; "
-        "assert tpu_rl.__file__.startswith(sys.argv[1]), tpu_rl.__file__; print(dag.dag_id, len(dag.tasks))"
-    )
-    out = subprocess.run([sys.executable, "-c", probe, str(gcs / "plugins"), str(gcs / "dags/maxtext_rl_tpu.py")],
-                         capture_output=True, text=True)
+    probe = ("import sys\nfrom airflow.dag_processing.dagbag import DagBag\nbag = DagBag(dag_folder=sys.argv[1])\n"
+             "assert not bag.import_errors, bag.import_errors\nprint(sorted(bag.dag_ids))")
+    env = {k: v for k, v in os.environ.items() if k != "TPU_RL_PROGRAMS"}
+    out = subprocess.run([sys.executable, "-c", probe, str(dags)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.startswith("maxtext_rl_tpu ")
+    assert "maxtext_rl_tpu_daily" in out.stdout and "'maxtext_rl_tpu'" in out.stdout
 
 
 def test_second_deploy_uploads_nothing_and_a_change_uploads_one_file(gcs_client, composer_bucket, checkout):
-    files = deploy.local_files(checkout)
-    first = deploy.sync(gcs_client, composer_bucket.name, files)
-    second = deploy.sync(gcs_client, composer_bucket.name, files)
-    print(f"first deploy: {first.summary()}; second deploy: {second.summary()}")
+    first = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
+    second = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
     assert (second.uploaded, second.deleted) == ([], [])
-    assert len(second.unchanged) == len(first.uploaded) == len(files) + 1  # with plugins/.airflowignore
+    assert len(second.unchanged) == len(first.uploaded) == 4
 
-    plan = checkout / "plugins/tpu_rl/plan.py"
-    plan.write_text(plan.read_text() + "\n# edited\n")
+    dag = checkout / "dags/maxtext_rl_tpu.py"
+    dag.write_text(dag.read_text() + "\n# edited\n")
     third = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
-    print(f"after editing plan.py: {third.summary()}")
-    assert (third.uploaded, third.deleted) == (["plugins/tpu_rl/plan.py"], [])
+    assert (third.uploaded, third.deleted) == (["dags/maxtext_rl_tpu.py"], [])
 
 
-def test_cli_with_a_bucket_syncs_without_gcloud(gcs_client, composer_bucket, monkeypatch, capsys, tmp_path):
-    _prefill(composer_bucket)
-    monkeypatch.setenv("PATH", str(tmp_path))  # no gcloud reachable: --bucket alone must not call it
+def test_a_programs_file_edited_in_the_bucket_is_kept_and_reported(gcs_client, composer_bucket, checkout):
+    deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
+    edited = b"programs: {}\n# edited in the console\n"
+    composer_bucket.blob(PROGRAMS).upload_from_string(edited)
 
-    assert deploy.main(["--bucket", composer_bucket.name, "--project", "test"]) == 0
+    kept = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
+    assert PROGRAMS in kept.kept and "edited in the bucket" in kept.kept[PROGRAMS]
+    assert PROGRAMS not in kept.uploaded and composer_bucket.blob(PROGRAMS).download_as_bytes() == edited
+    (checkout / "include/programs.yaml").unlink()  # gone from the repository: still not deleted without a word
+    still = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
+    assert PROGRAMS in still.kept and PROGRAMS not in still.deleted
 
-    out = capsys.readouterr().out
-    assert f"delete gs://{composer_bucket.name}/dags/old_dag.py" in out
-    assert _names(gcs_client, composer_bucket) == _expected_objects(REPO) | set(FOREIGN)
+    replaced = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout), replace_programs=True)
+    assert PROGRAMS in replaced.deleted and PROGRAMS not in _names(gcs_client, composer_bucket)
 
 
-def test_dry_run_prints_the_plan_and_changes_nothing(gcs_client, composer_bucket, monkeypatch, capsys, tmp_path):
-    _prefill(composer_bucket)
-    before = {b.name: b.md5_hash for b in gcs_client.list_blobs(composer_bucket)}
-    monkeypatch.setenv("PATH", str(tmp_path))
+def test_a_programs_file_someone_else_wrote_is_never_taken_over(gcs_client, composer_bucket, checkout):
+    composer_bucket.blob(PROGRAMS).upload_from_string(b"programs: {}\n")
 
-    deploy.main(["--env", "rl-env", "--location", "us-east5", "--project", "p1", "--bucket", composer_bucket.name,
-                 "--dry-run", "--update-pypi"])
+    result = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
 
-    out = capsys.readouterr().out
-    assert "gcloud composer environments describe rl-env --location us-east5 --project p1" in out
-    assert "gcloud composer environments update rl-env --location us-east5 --project p1 " \
-           "'--update-pypi-package=apache-airflow-providers-cncf-kubernetes>=" in out
-    assert f"would delete gs://{composer_bucket.name}/plugins/tpu_rl/removed.py" in out
-    assert {b.name: b.md5_hash for b in gcs_client.list_blobs(composer_bucket)} == before
+    assert "was not written by a deploy" in result.kept[PROGRAMS]
+    assert composer_bucket.blob(PROGRAMS).download_as_bytes() == b"programs: {}\n"
+
+
+def test_a_deploy_killed_half_way_leaves_nothing_a_later_deploy_does_not_own(gcs_client, composer_bucket, checkout,
+                                                                            monkeypatch):
+    from google.cloud.storage import Blob
+
+    (checkout / "dags/new_dag.py").write_text("# a DAG file added in this change\n")
+    upload = Blob.upload_from_string
+
+    def killed_after_the_new_file(blob, data, *args, **kwargs):
+        upload(blob, data, *args, **kwargs)
+        if blob.name == "dags/new_dag.py":
+            raise KeyboardInterrupt("the deploy is killed")
+
+    monkeypatch.setattr(Blob, "upload_from_string", killed_after_the_new_file)
+    with pytest.raises(KeyboardInterrupt):
+        deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
+    monkeypatch.setattr(Blob, "upload_from_string", upload)
+    assert "dags/new_dag.py" in _names(gcs_client, composer_bucket)
+
+    (checkout / "dags/new_dag.py").unlink()  # the change is reverted before the next deploy
+    result = deploy.sync(gcs_client, composer_bucket.name, deploy.local_files(checkout))
+    assert "dags/new_dag.py" in result.deleted and "dags/new_dag.py" not in _names(gcs_client, composer_bucket)
+
+
+def test_the_pip_configuration_keeps_what_other_teams_configured():
+    import configparser
+
+    merged = deploy.merged_pip_conf(OTHER_PIP_CONF, "https://us-east5-python.pkg.dev/p/rl/simple/")
+    config = configparser.ConfigParser()
+    config.read_string(merged)
+    assert config.get("global", "extra-index-url").split() == [
+        "https://europe-python.pkg.dev/other/team/simple/", "https://us-east5-python.pkg.dev/p/rl/simple/"]
+    assert config.get("global", "timeout") == "60"
+    assert deploy.merged_pip_conf(merged, "https://us-east5-python.pkg.dev/p/rl/simple/") == merged
+
+
+def _main_with_path(monkeypatch, tmp_path, *args: str) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert deploy.main(list(args)) == 0
 
 
 def _fake_gcloud(directory: Path, bucket: str, pypi: dict[str, str]) -> Path:
-    """A stand-in for the gcloud CLI only (GCS stays the emulator): answers describe, logs every call."""
+    """A stand-in for the gcloud CLI only (the bucket is the GCS emulator, the repository pypiserver): it
+    answers the describes (the repository does not exist yet) and logs every call."""
     log = directory / "gcloud.log"
-    describe = json.dumps({"config": {"dagGcsPrefix": f"gs://{bucket}/dags", "softwareConfig": {"pypiPackages": pypi}}})
+    describe = json.dumps({"config": {"dagGcsPrefix": f"gs://{bucket}/dags", "softwareConfig": {"pypiPackages": pypi},
+                                      "nodeConfig": {"serviceAccount": "composer-rl@p1.iam.gserviceaccount.com"}}})
     script = directory / "gcloud"
-    script.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$3\" in describe) echo '{describe}';; esac\n")
+    script.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$1 $2 $3\" in\n"
+                      f"  'composer environments describe') echo '{describe}';;\n"
+                      "  'artifacts repositories describe') exit 1;;\nesac\n")
     script.chmod(0o755)
     return log
 
 
-@pytest.mark.parametrize("installed, update_pypi", [("same", True), ("older", False), ("older", True)])
-def test_env_deploy_shows_the_package_diff_and_updates_only_when_asked(gcs_client, composer_bucket, monkeypatch,
-                                                                        capsys, tmp_path, installed, update_pypi):
-    """The update rebuilds the image and restarts Airflow: never by default; when asked, only the packages that
-    differ, each with --update-pypi-package (other packages of the environment stay)."""
-    pypi = {**deploy.parse_requirements(REPO / "requirements.txt"), "other-teams-package": "==1.2"}
-    if installed == "older":
-        pypi["apache-airflow-providers-google"] = ">=10.0.0"
-    log = _fake_gcloud(tmp_path, composer_bucket.name, pypi)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+def test_deploy_uploads_the_wheel_configures_pip_then_updates_the_package_then_the_dags(
+        gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path):
+    url, packages = python_repository
+    composer_bucket.blob(deploy.PIP_CONF).upload_from_string(OTHER_PIP_CONF)
+    log = _fake_gcloud(tmp_path, composer_bucket.name, {"other-teams-package": "==1.2"})
+    args = ["--env", "rl-env", "--location", "us-east5", "--project", "p1", "--repository", "rl-packages",
+            "--repository-url", url]
 
-    assert deploy.main(["--env", "rl-env", "--location", "us-east5", *(["--update-pypi"] if update_pypi else [])]) == 0
+    _main_with_path(monkeypatch, tmp_path, *args)
 
     out = capsys.readouterr().out
     calls = log.read_text().splitlines()
-    assert calls[0].startswith("composer environments describe rl-env --location us-east5")
-    updates = [c for c in calls if " update " in f" {c} "]
-    if installed == "same":
-        assert updates == [] and "already has every requirement" in out
-        return
-    assert "apache-airflow-providers-google: >=10.0.0 -> >=19.5.0" in out
-    wanted = ("composer environments update rl-env --location us-east5 "
-              "--update-pypi-package=apache-airflow-providers-google>=19.5.0")
-    assert updates == ([wanted] if update_pypi else [])
-    if not update_pypi:
-        assert "not updated" in out and "UPDATE_PYPI=1" in out
-    assert "dags/maxtext_rl_tpu.py" in _names(gcs_client, composer_bucket)
+    version = deploy.version()
+    assert calls == [
+        "composer environments describe rl-env --location us-east5 --project p1 "
+        "--format=json(config.dagGcsPrefix,config.nodeConfig.serviceAccount,config.softwareConfig.pypiPackages)",
+        "artifacts repositories describe rl-packages --location us-east5 --project p1",
+        "artifacts repositories create rl-packages --repository-format=python --location us-east5 --project p1 "
+        "--description=Python packages of Airflow environments (tpu-rl)",
+        "artifacts repositories add-iam-policy-binding rl-packages --location us-east5 --project p1 "
+        "--member=serviceAccount:composer-rl@p1.iam.gserviceaccount.com --role=roles/artifactregistry.reader",
+        f"composer environments update rl-env --location us-east5 --project p1 --update-pypi-package=tpu-rl=={version}",
+    ]
+    wheel = deploy.wheel_path()
+    assert (packages / wheel.name).read_bytes() == wheel.read_bytes()
+    assert deploy.published_sha256(url, wheel.name, None) == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    conf = composer_bucket.blob(deploy.PIP_CONF).download_as_text()
+    assert "https://europe-python.pkg.dev/other/team/simple/" in conf and f"{url}simple/" in conf
+    # The DAG files go after the environment installs the package they import.
+    assert out.index("--update-pypi-package") < out.index(f"upload gs://{composer_bucket.name}/dags/maxtext_rl_tpu.py")
+
+    # Deployed again: the same wheel is not uploaded twice; a changed one under the same version is refused.
+    _main_with_path(monkeypatch, tmp_path, *args)
+    assert "already has" in capsys.readouterr().out
+    other = tmp_path / "other" / wheel.name
+    other.parent.mkdir()
+    other.write_bytes(wheel.read_bytes() + b"\0")
+    monkeypatch.setattr(deploy, "wheel_path", lambda repo=REPO: other)
+    with pytest.raises(SystemExit, match="bump __version__"):
+        deploy.main(args)
+
+
+def test_dry_run_prints_every_step_and_changes_nothing(gcs_client, composer_bucket, python_repository, public_index,
+                                                      monkeypatch, capsys, tmp_path):
+    url, packages = python_repository
+    _prefill(composer_bucket)
+    before = {b.name: b.md5_hash for b in gcs_client.list_blobs(composer_bucket)}
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcloud: a dry run given the bucket needs none
+
+    deploy.main(["--env", "rl-env", "--location", "us-east5", "--project", "p1", "--repository", "rl-packages",
+                 "--bucket", composer_bucket.name, "--service-account", "sa@p1.iam.gserviceaccount.com", "--dry-run"])
+
+    out = capsys.readouterr().out
+    for step in ("would run: gcloud artifacts repositories create rl-packages --repository-format=python",
+                 "would run: gcloud artifacts repositories add-iam-policy-binding rl-packages",
+                 "--role=roles/artifactregistry.reader",
+                 "twine upload --non-interactive --repository-url https://us-east5-python.pkg.dev/p1/rl-packages/",
+                 f"would write gs://{composer_bucket.name}/config/pip/pip.conf",
+                 "extra-index-url = https://us-east5-python.pkg.dev/p1/rl-packages/simple/",
+                 f"--update-pypi-package=tpu-rl=={deploy.version()}",
+                 f"would upload gs://{composer_bucket.name}/dags/maxtext_rl_tpu.py",
+                 f"would delete gs://{composer_bucket.name}/plugins/tpu_rl/removed.py"):
+        assert step in out, step
+    assert {b.name: b.md5_hash for b in gcs_client.list_blobs(composer_bucket)} == before
+    assert not list(packages.iterdir())
+
+
+def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_trigger(
+        gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path):
+    """As Composer builds its image: pip with the environment's pip.conf (PyPI, plus the repository as an extra
+    index) installs tpu-rl==VERSION into an environment pinned like composer-3-airflow-3.1.7 (constraints-af31.txt),
+    and the result imports every trigger of the package from its serialised classpath."""
+    url, _ = python_repository
+    _main_with_path(monkeypatch, tmp_path, "--bucket", composer_bucket.name, "--repository-url", url)
+    pip_conf = tmp_path / "pip.conf"
+    composer_bucket.blob(deploy.PIP_CONF).download_to_filename(str(pip_conf))
+
+    venv = tmp_path / "composer-image"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "HOME": str(Path.home()), "PIP_CONFIG_FILE": str(pip_conf)}
+    install = subprocess.run([f"{venv}/bin/pip", "install", "-q", "-c", str(REPO / "constraints-af31.txt"),
+                              f"tpu-rl=={deploy.version()}"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert install.returncode == 0, install.stderr[-3000:]
+
+    from tpu_rl_testing import TRIGGER_IMPORT_PROBE
+
+    # As a worker of that environment serialises each trigger (its provider versions decide the keywords) ...
+    serialize = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tpu_rl_testing import trigger_samples; "
+                 "print(json.dumps([list(t.serialize()) for t in trigger_samples().values()]))")
+    worker = subprocess.run([f"{venv}/bin/python", "-c", serialize, str(REPO / "tests")], capture_output=True,
+                            text=True, env=env, cwd=tmp_path)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    # ... and its triggerer, with nothing of this repository on its path, imports and rebuilds them.
+    probe = subprocess.run([f"{venv}/bin/python", "-I", "-c", TRIGGER_IMPORT_PROBE],
+                           input=worker.stdout.strip().splitlines()[-1], capture_output=True, text=True,
+                           env=env, cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    files = json.loads(probe.stdout.strip().splitlines()[-1])["files"]
+    assert files and all(f.startswith(f"{venv}/lib/") for f in files)
+    versions = subprocess.run([f"{venv}/bin/python", "-c", "import airflow, tpu_rl; print(airflow.__version__, tpu_rl.__version__)"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout.split()
+    assert versions == ["3.1.7", deploy.version()]

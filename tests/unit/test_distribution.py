@@ -15,41 +15,9 @@ from pathlib import Path
 import pytest
 
 import tpu_rl
+from tpu_rl_testing import TRIGGER_IMPORT_PROBE, trigger_samples
 
 REPO = Path(__file__).resolve().parents[2]
-CLUSTER = {"project_id": "p", "location": "us-east5", "cluster_name": "c", "use_dns_endpoint": True,
-           "cluster_url": "https://gke-1.us-east5.gke.goog", "ssl_ca_cert": None}
-
-
-def _samples() -> dict[type, object]:
-    """One instance of every trigger the package defers on, built as its operator builds it."""
-    from tpu_rl.triggers.checkpoints import (
-        ConversionLockTrigger,
-        FinalTrainingCheckpointTrigger,
-        HfExportCompleteTrigger,
-        OrbaxStepCompleteTrigger,
-    )
-    from tpu_rl.triggers.gke import TpuPoolCreateTrigger
-    from tpu_rl.triggers.jobset import JobSetTrigger
-    from tpu_rl.triggers.triggerer import TriggererCheckTrigger
-
-    output = {"bucket": "b", "prefix": "m/max-text-format/x/0/", "deadline": 1.8e9}
-    instances = [
-        TriggererCheckTrigger(sent_by=tpu_rl.__version__),
-        OrbaxStepCompleteTrigger(**output, items=["items"]),
-        ConversionLockTrigger(**output, items=["items"], lock_object="m/lock", holder={"run_id": "r"}, stale_after=60.0),
-        FinalTrainingCheckpointTrigger(**output, train_steps=50, checkpoint_period=10),
-        HfExportCompleteTrigger(**output, not_before="2026-12-01T00:00:00+00:00"),
-        TpuPoolCreateTrigger(operation_name="operation-1", project_id="p", location="us-east5",
-                             gcp_conn_id="google_cloud_default", pool_path="projects/p/locations/us-east5/clusters/c/nodePools/tpu",
-                             capacity_deadline=1.8e9),
-        JobSetTrigger(name="qwen-train-1", namespace="default", uid="u", log_replicated_job="pathways-head",
-                      log_container="pathways-head", cluster=CLUSTER,
-                      training={"bucket": "b", "prefix": "m/rl/tensorboard/", "train_steps": 50}),
-    ]
-    return {type(instance): instance for instance in instances}
-
-
 def _package_triggers() -> set[type]:
     from airflow.triggers.base import BaseTrigger
 
@@ -65,28 +33,14 @@ def _package_triggers() -> set[type]:
 
 def test_every_trigger_of_the_package_has_a_sample_here():
     """A new trigger must be added to the import check below."""
-    assert _package_triggers() == set(_samples())
-
-
-PROBE = """
-import json, sys
-from airflow._shared.module_loading import import_string  # what the triggerer uses
-triggers = json.loads(sys.stdin.read())
-files = []
-for classpath, kwargs in triggers:
-    trigger = import_string(classpath)(**kwargs)
-    again = trigger.serialize()
-    assert json.loads(json.dumps(list(again))) == [classpath, kwargs], (classpath, again)
-    files.append(sys.modules[type(trigger).__module__].__file__)
-print(json.dumps({"files": files, "path": sys.path}))
-"""
+    assert _package_triggers() == set(trigger_samples())
 
 
 def test_every_trigger_classpath_imports_in_a_fresh_interpreter_with_only_the_wheel(tmp_path):
-    serialized = [trigger.serialize() for trigger in _samples().values()]
+    serialized = [trigger.serialize() for trigger in trigger_samples().values()]
     payload = json.dumps([[classpath, kwargs] for classpath, kwargs in serialized])
 
-    out = subprocess.run([sys.executable, "-I", "-c", PROBE], input=payload, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-I", "-c", TRIGGER_IMPORT_PROBE], input=payload, capture_output=True, text=True,
                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
 
     assert out.returncode == 0, out.stderr[-3000:]
