@@ -99,3 +99,17 @@ def test_the_view_is_as_closed_as_airflows_rest_api(airflow, finished_run):
     rest_api = status_of(f"{airflow.base_url}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
     assert status_of(view) == rest_api
     assert rest_api in (200, 401)  # 200 only where every request is an admin's
+
+
+def test_the_api_server_has_the_tab_and_the_provider_from_the_installed_distribution(airflow_stack):
+    """As on Cloud Composer 3: no plugins folder; the Training tab and the provider metadata come from the
+    wheel's entry points, with the distribution's version."""
+    import tpu_rl
+
+    plugins = airflow_stack.request("GET", "/api/v2/plugins")["plugins"]
+    (tab,) = [p for p in plugins if p["name"] == "tpu_rl_run_view"]
+    assert tab["source"].startswith(f"tpu-rl=={tpu_rl.__version__}: EntryPoint(") and "airflow.plugins" in tab["source"]
+    assert [v["name"] for v in tab["external_views"]] == ["Training"]
+    providers = airflow_stack.request("GET", "/api/v2/providers?limit=100")["providers"]
+    assert {"package_name": "tpu-rl", "version": tpu_rl.__version__} in [
+        {k: p[k] for k in ("package_name", "version")} for p in providers]

@@ -1,11 +1,15 @@
-"""Runs the Airflow CLI in an interpreter that cannot import ``tpu_rl``: an Airflow component as Cloud
-Composer 3 runs its triggerer when the package was given to it only in plugins/ (which that triggerer never
-gets). Usage: ``python tests/e2e/without_package.py triggerer``, in the stack's environment."""
+"""Runs the Airflow CLI in an interpreter without the distribution tpu-rl: neither its module nor its
+metadata (so no entry points), as Cloud Composer 3 runs its triggerer when the package was given to it only
+in plugins/ (which that triggerer never gets). Usage: ``python tests/e2e/without_package.py triggerer``, in
+the stack's environment."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 from importlib.abc import MetaPathFinder
+
+import importlib_metadata
 
 
 class _Absent(MetaPathFinder):
@@ -15,7 +19,16 @@ class _Absent(MetaPathFinder):
         return None
 
 
+def _without_tpu_rl(distributions):
+    def filtered(**kwargs):
+        return (d for d in distributions(**kwargs) if d.metadata["Name"] != "tpu-rl")
+
+    return filtered
+
+
 sys.meta_path.insert(0, _Absent())
+for _module in (importlib.metadata, importlib_metadata):  # Airflow reads entry points through either
+    _module.distributions = _without_tpu_rl(_module.distributions)
 sys.path[:] = [entry for entry in sys.path if not entry.endswith("/tests/e2e")]  # the script's own folder
 
 from airflow.__main__ import main  # noqa: E402
