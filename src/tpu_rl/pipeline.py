@@ -91,8 +91,9 @@ def build_pipeline(
 
 def _wire_tasks(exported_model: Asset) -> None:
     validate = ValidateRunConfigOperator(task_id="validate_config", retries=0)
-    # Before anything billable: a triggerer that cannot import the package fails the run here, naming the fix.
-    check_triggerer = TriggererCheckOperator(task_id="check_triggerer", retries=0)
+    # Before anything billable: a triggerer that cannot import the package fails the run here, naming the fix
+    # (without a retry: AirflowFailException). Its retries are for Airflow's own race on a quick trigger.
+    check_triggerer = TriggererCheckOperator(task_id="check_triggerer", retry_delay=timedelta(seconds=10))
     guard = EmptyOperator(task_id="guard")
     bucket = EnsureBucketOperator(task_id="ensure_bucket")
     create_cluster = CreateClusterOperator(task_id="create_cluster")

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tpu_rl import gke, manifests
+from tpu_rl import __version__, gke, manifests
 from tpu_rl.config import ConfigError, RunConfig
 from tpu_rl.run import DAG_ID, GcsLayout, RunIdentity
 
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(error, file=sys.stderr)
         return 2
+    print(f"# tpu-rl {__version__}: what run {args.run_id!r} of {args.dag_id} would submit")
     sys.stdout.write(render(config, RunIdentity(args.dag_id, args.run_id)))
     return 0
 

@@ -19,6 +19,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from tpu_rl import __version__
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import RunConfig
 from tpu_rl.preemption import describe_accounting
@@ -150,6 +151,7 @@ def render(page: RunPage) -> str:
         _links(page),
         "<h2>Settings</h2>",
         "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in page.settings) + "</table>",
+        f'<p class="note" id="version">tpu-rl {escape(__version__)}</p>',
     ]
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">" + reload
             + f"<title>Training: {escape(page.run_id)}</title><style>{_STYLE}</style></head><body>"

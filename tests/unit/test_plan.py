@@ -111,6 +111,9 @@ def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
     assert result.returncode == 0, result.stderr
     kinds = [d.get("kind") or d.get("gkeRequest") for d in yaml.safe_load_all(result.stdout)]
     assert kinds == ["CreateCluster", "CreateNodePool", "ServiceAccount", "Secret", "JobSet", "JobSet", "JobSet"]
+    import tpu_rl
+
+    assert result.stdout.startswith(f"# tpu-rl {tpu_rl.__version__}: ")  # which version of the package planned it
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**json.loads(good.read_text()), "topology": "7x9"}))

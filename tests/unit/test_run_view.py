@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import tpu_rl
 from tpu_rl import training_metrics as tm
 from tpu_rl.run import DAG_ID, RunIdentity
 from tpu_rl.run_scope import RunScope
@@ -104,6 +105,7 @@ def test_a_finished_run_shows_its_curves_evaluation_cost_and_outputs(tokens, eve
     assert curves_on(html) == {tag: expected[tag] for tag in (tm.REWARD_TAG, tm.LOSS_TAG, tm.KL_TAG)}
     assert [step for step, _ in expected[tm.LOSS_TAG]] == list(range(1, 21))
     assert 'id="final-step">20</strong>/20' in html
+    assert f'id="version">tpu-rl {tpu_rl.__version__}<' in html  # the package version that drew it
     assert re.search(r'id="evaluation-before">.*40\.0%.*8/20.*0\.4950', html)
     assert re.search(r'id="evaluation-after">.*60\.0%.*12/20.*0\.7000', html)
     # 90 minutes of a 64-chip slice at the default $2.70 per chip-hour.

@@ -29,7 +29,7 @@ def test_defers_on_the_packages_own_trigger_which_reports_the_triggerers_version
     trigger = deferred.value.trigger
     assert type(trigger) is TriggererCheckTrigger
     assert trigger.serialize() == ("tpu_rl.triggers.triggerer.TriggererCheckTrigger",
-                                   {"sent_by": tpu_rl.__version__, "hold_seconds": 3.0})
+                                   {"sent_by": tpu_rl.__version__, "hold_seconds": 10.0})
 
     async def first_event():
         return await anext(TriggererCheckTrigger(sent_by="x", hold_seconds=0).run())
@@ -38,6 +38,7 @@ def test_defers_on_the_packages_own_trigger_which_reports_the_triggerers_version
 
 
 def test_a_triggerer_without_the_package_fails_the_run_naming_the_fix():
+    """AirflowFailException: the task's retries (for Airflow's race on a quick trigger) are not spent on it."""
     with pytest.raises(AirflowFailException) as failed:
         _operator().resume_execution("__fail__", MISSING, {})
     message = str(failed.value)
