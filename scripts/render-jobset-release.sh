@@ -4,13 +4,13 @@
 # (`kustomize edit set image controller=...` in config/components/manager), then `make artifacts` runs
 # `kustomize build config/default`. The kustomize version is the one the module's Makefile pins, built
 # from the Go module proxy into the simulation's cache (never into git).
-#   scripts/render-jobset-release.sh v0.10.1   ->  plugins/tpu_rl/releases/jobset-v0.10.1.yaml
+#   scripts/render-jobset-release.sh v0.10.1   ->  src/tpu_rl/releases/jobset-v0.10.1.yaml
 set -euo pipefail
 version=${1:?usage: render-jobset-release.sh VERSION (e.g. v0.10.1)}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TPU_RL_SIM_CACHE:-$HOME/.cache/tpu-rl-sim}
 image=registry.k8s.io/jobset/jobset:$version
-out=$repo/plugins/tpu_rl/releases/jobset-$version.yaml
+out=$repo/src/tpu_rl/releases/jobset-$version.yaml
 export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
 
 mkdir -p "$cache"

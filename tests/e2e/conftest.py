@@ -13,6 +13,7 @@ At the end it stops only what it started.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -52,6 +53,17 @@ class AirflowStack(LocalAirflow):
     @property
     def client(self) -> LocalAirflow:
         return self
+
+    def script(self, *args: str, background: bool = False, log: Path | None = None):
+        """scripts/airflow-stack.sh with the environment the stack's components were started with (the
+        simulation's connections when it is up): ``stop triggerer``, ``start``, ``exec ...``."""
+        env = {**os.environ, **_sim_env()}
+        command = ["scripts/airflow-stack.sh", *args]
+        if background:
+            with open(log or os.devnull, "w") as out:
+                return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        return _run(shlex.join(command), env=env)
 
     def wait_for_healthy_dag(self, dag_id: str, timeout: float = 180) -> None:
         """Until the DAG is parsed, not stale, and its file has no import error (the dag-processor

@@ -8,8 +8,9 @@ these tests run before every other end-to-end test (marker ``e2e_first``).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
-import time
 import uuid
 
 import pytest
@@ -21,35 +22,27 @@ pytestmark = [pytest.mark.e2e, pytest.mark.e2e_first]
 DAG_ID = "maxtext_rl_tpu"
 
 
-def _stack(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["scripts/airflow-stack.sh", *args], cwd=REPO, capture_output=True, text=True, check=True)
-
-
 @pytest.fixture(scope="module")
 def failed_run(airflow):
     """(run id, conf, task instances) of one run that the triggerer without the package had to serve."""
     suffix = uuid.uuid4().hex[:6]
     conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-notrig-{suffix}",
             "gcs_bucket": f"tpu-rl-notrig-{suffix}"}
-    _stack("stop", "triggerer")
+    airflow.script("stop", "triggerer")
     log = REPO / ".airflow" / "stack" / "triggerer-without-package.log"
-    with log.open("w") as out:
-        triggerer = subprocess.Popen(["scripts/airflow-stack.sh", "exec", "python", "tests/e2e/without_package.py",
-                                      "triggerer"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+    triggerer = airflow.script("exec", "python", "tests/e2e/without_package.py", "triggerer", background=True, log=log)
     try:
         run_id = airflow.trigger(DAG_ID, conf, run_id=f"e2e__notrig__{suffix}")
         state = airflow.wait_for_run(DAG_ID, run_id, 600)
         assert state == "failed"
         yield run_id, conf, airflow.task_instances(DAG_ID, run_id), log.read_text()
     finally:
-        triggerer.terminate()
+        os.killpg(triggerer.pid, signal.SIGTERM)  # the triggerer and its trigger runner
         try:
             triggerer.wait(60)
         except subprocess.TimeoutExpired:
-            triggerer.kill()
-        _stack("start")
-        time.sleep(1)
+            os.killpg(triggerer.pid, signal.SIGKILL)
+        airflow.script("start")
 
 
 def test_the_run_fails_in_check_triggerer_naming_the_fix(airflow, failed_run):
