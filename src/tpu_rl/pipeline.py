@@ -36,7 +36,7 @@ from tpu_rl.operators.workloads import (
     MaxTextToHfOperator,
     TrainRlOperator,
 )
-from tpu_rl.params import trigger_params
+from tpu_rl.params import check_defaults, trigger_params
 from tpu_rl.sensors.checkpoints import (
     RunConvertedCheckpointSensor,
     RunFinalTrainingCheckpointSensor,
@@ -72,6 +72,11 @@ def build_pipeline(
     params = trigger_params()
     for name, value in (param_defaults or {}).items():
         params[name].value = value
+    if schedule is not None:
+        check_defaults(dag_id, params)
+    # The form is given to the DAG once its tasks exist: Airflow deep-copies the DAG's params into every
+    # operator it builds (63 copies of 68 Params a DAG, most of a program's parse time), and a task reads
+    # them from the DAG when it runs anyway. Given at construction, Airflow would also check them (above).
     with DAG(
         dag_id=dag_id,
         description=description,
@@ -81,11 +86,11 @@ def build_pipeline(
         catchup=catchup,
         max_active_runs=max_active_runs,
         is_paused_upon_creation=is_paused_upon_creation,
-        params=params,
         default_args=DEFAULT_ARGS,
         tags=tags or TAGS,
     ) as dag:
         _wire_tasks(exported_model_asset(dag_id))
+    dag.params.update(params)
     return dag
 
 

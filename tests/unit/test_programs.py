@@ -206,3 +206,30 @@ def test_a_dags_folder_as_deployed_parses_the_programs_beside_the_dag_file(tmp_p
     bag = DagBag(dag_folder=str(dags))
     assert bag.import_errors == {}
     assert set(bag.dag_ids) == set(yaml.safe_load(EXAMPLE.read_text())["programs"])
+
+
+def test_a_scheduled_pipeline_refuses_defaults_its_form_would_refuse():
+    """Airflow refuses a scheduled DAG whose param defaults fail their schema or leave a required one empty; the
+    pipeline checks the same before it hands the form to the DAG (after its tasks: see build_pipeline)."""
+    from tpu_rl.pipeline import build_pipeline
+
+    program = load_programs(EXAMPLE)[0]
+    with pytest.raises(ValueError, match=r"num_batches: 'many' is not valid: 'many' is not of type 'integer'"):
+        build_pipeline("p_bad", doc_md="", schedule="@daily", start_date=program.start_date,
+                       param_defaults={**program.params, "num_batches": "many"})
+    with pytest.raises(ValueError, match=r"project: required"):
+        build_pipeline("p_missing", doc_md="", schedule="@daily", start_date=program.start_date,
+                       param_defaults={k: v for k, v in program.params.items() if k != "project"})
+
+
+def test_programs_share_no_param_and_their_tasks_hold_no_copy_of_the_form():
+    """Each DAG gets its own Params (no mutable object shared between DAGs); the tasks read them from the DAG
+    when they run (Airflow's process_params), so they do not each carry a copy."""
+    from tpu_rl.pipeline import build_pipeline
+
+    daily, weekly = (build_pipeline(p.dag_id, doc_md="", schedule="@daily", start_date=p.start_date,
+                                    param_defaults=p.params) for p in load_programs(EXAMPLE))
+    assert daily.params.get_param("cluster_name") is not weekly.params.get_param("cluster_name")
+    assert daily.params["dataset_name"] == "openai/gsm8k" and weekly.params["dataset_name"] == "nvidia/OpenMathInstruct-2"
+    assert len(daily.params) == len(weekly.params) > 60
+    assert all(len(task.params) == 0 for task in daily.tasks)
