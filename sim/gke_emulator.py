@@ -323,19 +323,23 @@ class Emulator:
                                     f"clusters/{cluster.name}/nodePools/{pool_name}.")
 
     def running_ops(self, key):
-        return [{"name": n, "operation_type": self.c.Operation.Type(r["op"].operation_type).name}
+        return [{"name": n, "operation_type": self.c.Operation.Type(r["op"].operation_type).name, "pool": r["pool"]}
                 for n, r in self.operations.items()
                 if r["key"] == key and r["op"].status != self.c.Operation.Status.DONE]
 
     def new_op(self, key, kind, pool=None, **extra):
+        """An operation, its links naming the project by number as GKE's do (API reference Operation.self_link,
+        target_link: ``https://container.googleapis.com/v1/projects/123/locations/...``; every public output
+        seen shows the number), while the request named it by id."""
         c = self.c
         project, location, cname = key.split("/")
+        number = gke_rules.project_number(project)
         name = f"operation-{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}"
-        target = f"projects/{project}/locations/{location}/clusters/{cname}" + (f"/nodePools/{pool}" if pool else "")
+        target = f"projects/{number}/locations/{location}/clusters/{cname}" + (f"/nodePools/{pool}" if pool else "")
         op = c.Operation(
             name=name, zone=location, location=location, operation_type=c.Operation.Type[kind],
             status=c.Operation.Status.PENDING, start_time=now_iso(),
-            self_link=f"https://{HOST}/v1/projects/{project}/locations/{location}/operations/{name}",
+            self_link=f"https://{HOST}/v1/projects/{number}/locations/{location}/operations/{name}",
             target_link=f"https://{HOST}/v1/{target}",
         )
         self.operations[name] = {"op": op, "key": key, "pool": pool, "kind": kind, **extra}
@@ -429,11 +433,20 @@ class Emulator:
             pool = self.pool(key, rec["pool"])
             body = as_dict(pool)
         if fault:
-            message = self._stockout_message(key, body)
+            # GKE leaves the pool: in ERROR with no nodes, or RUNNING_WITH_ERROR ("created and is partially
+            # usable": API reference NodePool.Status) with the nodes it made, as after the IGM stockouts quoted in
+            # hashicorp/terraform-provider-google issue 3304 ('Nodepool "test" has status "RUNNING_WITH_ERROR"
+            # with message "...Not all instances running in IGM... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]"').
+            made = int(read_json(GKE_DIR / "faults.json", {}).get(fault, {}).get("nodes") or 0)
+            if made:
+                self._create_nodes(key, body, limit=made)
+            message = self._stockout_message(key, body, running=made)
             with self.lock:
                 pool = self.pool(key, rec["pool"])
-                pool.status = c.NodePool.Status.ERROR
+                pool.status = c.NodePool.Status.RUNNING_WITH_ERROR if made else c.NodePool.Status.ERROR
                 pool.status_message = message
+                pool.conditions = [c.StatusCondition(code=c.StatusCondition.Code.GCE_STOCKOUT, canonical_code=8,
+                                                     message=message)]
             self._finish(op_name, (8, message))  # RESOURCE_EXHAUSTED
             return
         if (body.get("config") or {}).get("flex_start"):
@@ -479,14 +492,14 @@ class Emulator:
         rec["nodes_created"] = False
         threading.Thread(target=create, name=f"{op_name}-nodes", daemon=True).start()
 
-    def _stockout_message(self, key, body: dict) -> str:
+    def _stockout_message(self, key, body: dict, running: int = 0) -> str:
         """GKE's text for a pool create that found no capacity (the operation's error, the pool's condition)."""
         zone = self._zones(key, body)[0]
         project = key.split("/")[0]
         count = self._node_count(key, body)
         return (
             f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S:.1f}s. Expected "
-            f"{count}, running 0, transitioning {count}. "
+            f"{count}, running {running}, transitioning {count - running}. "
             f"Current errors: [GCE_STOCKOUT]: Instance '{self._node_names(key, body)[0]}' creation failed: "
             f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "
             "the request.  '(resource type:compute)'."
@@ -590,11 +603,12 @@ class Emulator:
                 })
         return bodies
 
-    def _create_nodes(self, key, pool: dict):
+    def _create_nodes(self, key, pool: dict, limit: int | None = None):
+        """The pool's nodes (the first ``limit`` of them: a partial create)."""
         import urllib.error
 
         cp = self.control_plane(key)
-        for body in self._node_bodies(key, pool):
+        for body in self._node_bodies(key, pool)[:limit]:
             try:
                 cp.api("POST", "/api/v1/nodes", body)
             except urllib.error.HTTPError as e:
@@ -708,7 +722,7 @@ class Emulator:
             cluster_body = as_dict(cluster)
             gke_rules.check_node_pool(cluster_body, body, location, project, reservations(), DEFAULT_BOOT_DISK)
             gke_rules.check_node_pool_absent(name, pool.name, {p.name for p in cluster.node_pools})
-            gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool")
+            gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool", pool=pool.name)
             machine_type = body.get("config", {}).get("machine_type", "")
             if take_fault("reservation-missing", pool.name, machine_type):
                 affinity = body.get("config", {}).get("reservation_affinity") or {}
@@ -716,6 +730,8 @@ class Emulator:
                 zone = (body.get("locations") or list(cluster.locations) or ["?"])[0]
                 raise GkeError("NOT_FOUND", f'Google Compute Engine: reservation "{res}" not found for node pool '
                                             f'"{pool.name}" at zone "{zone}".')
+            if take_fault("quota", pool.name, machine_type):
+                raise GkeError("PERMISSION_DENIED", gke_rules.quota_message(body, location))
             fault = take_fault("stockout", pool.name, machine_type)
             held = take_fault("capacity-held", pool.name, machine_type)
             pool.status = c.NodePool.Status.PROVISIONING
@@ -743,7 +759,7 @@ class Emulator:
         key = f"{project}/{location}/{name}"
         with self.lock:
             pool = self.pool(key, pool_name)
-            gke_rules.check_no_running_operation(name, self.running_ops(key), "delete node pool")
+            gke_rules.check_no_running_operation(name, self.running_ops(key), "delete node pool", pool=pool_name)
             pool.status = self.c.NodePool.Status.STOPPING
             return self.new_op(key, "DELETE_NODE_POOL", pool=pool_name)
 

@@ -2,7 +2,10 @@
 
 A rule is a JSON object under its name:
   "kind"          "stockout": a matching node pool create is accepted, then its operation ends DONE with
-                  error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text, the pool in ERROR with no nodes;
+                  error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text, the pool in ERROR with no nodes,
+                  or, with "nodes" N > 0, in RUNNING_WITH_ERROR with N of its nodes (a partial create);
+                  "quota": a matching node pool create is refused at once with 403 PERMISSION_DENIED,
+                  "Insufficient regional quota to satisfy request" for the TPU family's quota;
                   "reservation-missing": a matching node pool create is refused at once with NOT_FOUND
                   'Google Compute Engine: reservation "R" not found for node pool "P" at zone "Z".'
                   "capacity-held": a matching pool's capacity comes only "seconds" after its create: the create
@@ -10,13 +13,14 @@ A rule is a JSON object under its name:
                   [GCE_STOCKOUT] text), then its nodes appear; a flex-start pool's create is done at once and
                   its nodes (the slice the autoscaler would add) appear after "seconds"
   "seconds"       for capacity-held: how long the capacity is held back
+  "nodes"         for stockout: how many of the pool's nodes GKE created before it ran out (default 0)
   "pool_prefix"   the node pool's name starts with it (absent: any pool)
   "machine_type"  the pool's machine type equals it (absent: any)
   "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
 
 CLI:
-  gke_faults.py set NAME --kind stockout|reservation-missing|capacity-held [--pool-prefix P] [--machine-type M]
-                [--times N] [--seconds S]
+  gke_faults.py set NAME --kind stockout|reservation-missing|capacity-held|quota [--pool-prefix P]
+                [--machine-type M] [--times N] [--seconds S] [--nodes N]
   gke_faults.py list
   gke_faults.py clear [NAME]
 """
@@ -29,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
-KINDS = ("stockout", "reservation-missing", "capacity-held")
+KINDS = ("stockout", "reservation-missing", "capacity-held", "quota")
 
 
 def path() -> Path:
@@ -53,14 +57,16 @@ def _rules():
         tmp.replace(p)
 
 
-def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None):
+def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None, nodes=None):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
     if (kind == "capacity-held") != (seconds is not None):
         raise ValueError("seconds is required by capacity-held, and only by it")
+    if nodes is not None and kind != "stockout":
+        raise ValueError("nodes is for stockout only")
     rule = {"kind": kind, "applied": 0}
     for field, value in (("pool_prefix", pool_prefix), ("machine_type", machine_type), ("times", times),
-                         ("seconds", seconds)):
+                         ("seconds", seconds), ("nodes", nodes)):
         if value is not None:
             rule[field] = value
     with _rules() as rules:
@@ -111,13 +117,14 @@ def main():
     s.add_argument("--machine-type")
     s.add_argument("--times", type=int)
     s.add_argument("--seconds", type=float)
+    s.add_argument("--nodes", type=int)
     sub.add_parser("list")
     c = sub.add_parser("clear")
     c.add_argument("name", nargs="?")
     args = parser.parse_args()
     if args.cmd == "set":
         print(json.dumps({args.name: set_fault(args.name, args.kind, args.pool_prefix, args.machine_type, args.times,
-                                                   args.seconds)}))
+                                                   args.seconds, args.nodes)}))
     elif args.cmd == "list":
         print(json.dumps(list_faults(), indent=1, sort_keys=True))
     else:

@@ -79,10 +79,15 @@ MACHINE_TYPES = {m.name: m for m in (
     MachineType("n4-standard-8", 8, 32),
     MachineType("n4-standard-32", 32, 128),
     MachineType("n4-standard-64", 64, 256),
+    # Compute Engine "General-purpose machine family": the N4 standard table ends at n4-standard-80 (80 vCPUs,
+    # 320 GB); the C4D standard table has c4d-standard-192 (192 vCPUs, 744 GB). Both are offered by the
+    # package (tpu_rl.machines.SHAPES, tests/unit/test_gke_rules.py checks every one is known here).
+    MachineType("n4-standard-80", 80, 320),
     MachineType("c4-standard-8", 8, 30),
     MachineType("c4-standard-96", 96, 360),
     MachineType("c4d-standard-32", 32, 124),
     MachineType("c4d-standard-96", 96, 372),
+    MachineType("c4d-standard-192", 192, 744),
 )}
 
 # Machine series that take only Hyperdisk (no Persistent Disk) boot disks. Source: Compute Engine "Machine
@@ -103,12 +108,33 @@ TPU_2D_TOPOLOGIES = {
 # Hyperdisk-only machine types is not documented there.
 DEFAULT_BOOT_DISK = "pd-balanced"
 
-REGION_ZONES_SUFFIXES = ("a", "b", "c", "d", "f")
+# The zones of the regions the emulator serves: those with TPU zones in Cloud TPU's "TPU regions and zones"
+# (v6e: us-central1-b, us-east1-d, us-east5-a/-b, europe-west4-a, asia-northeast1-b; v5e: us-central1-a,
+# us-south1-a, us-west1-c, us-west4-a; v5p: us-east5-a), each with the zones Compute Engine's "Regions and
+# zones" lists for it. A region missing here is refused rather than given zones it may not have.
+REGION_ZONES = {
+    "us-east5": ("a", "b", "c"),
+    "us-central1": ("a", "b", "c", "f"),
+    "us-east1": ("b", "c", "d"),
+    "us-south1": ("a", "b", "c"),
+    "us-west1": ("a", "b", "c"),
+    "us-west4": ("a", "b", "c"),
+    "europe-west4": ("a", "b", "c"),
+    "asia-northeast1": ("a", "b", "c"),
+}
 
 # The simulated project's number (in its Compute Engine default account and Workload Identity principals),
 # and the node annotation that carries a node's service account to the MaxText emulator's bucket checks.
 PROJECT_NUMBER = "100000000001"
 NODE_SERVICE_ACCOUNT_ANNOTATION = "sim.tpu-rl.dev/service-account"
+
+
+def project_number(project_id: str) -> str:
+    """The number of a project (GKE's operation links name it so): the simulated project's, or one derived
+    from any other id (stable, 12 digits)."""
+    if project_id == "tpu-rl-sim":
+        return PROJECT_NUMBER
+    return str(100000000000 + int.from_bytes(project_id.encode(), "big") % 899999999999)
 
 
 def machine(name: str) -> MachineType:
@@ -120,10 +146,14 @@ def machine(name: str) -> MachineType:
 
 
 def zones_of(region: str) -> list[str]:
-    """The zones the emulator knows for a region: <region>-a, -b, -c, -d, -f (us-east5 has a, b, c)."""
+    """The zones of a region (REGION_ZONES); a zone is its own only zone."""
     if region.count("-") != 1:  # a zone, not a region
         return [region]
-    return [f"{region}-{s}" for s in REGION_ZONES_SUFFIXES]
+    if region not in REGION_ZONES:
+        # Source: GKE's answer for a location it does not serve, e.g. 'Location "us-east9" is not found or
+        # access is unauthorized.' (wording after GKE's 404 for an unknown location)
+        raise GkeError("NOT_FOUND", f'Location "{region}" is not found or access is unauthorized.')
+    return [f"{region}-{s}" for s in REGION_ZONES[region]]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -458,6 +488,26 @@ def check_cluster(cluster: dict, region: str, project: str, reservations: set[st
 # --------------------------------------------------------------------------------------------------------------
 
 
+#: The Compute Engine quota TPU node pools of a machine series consume (GKE "Troubleshoot TPUs in GKE": on-demand
+#: and Spot TPU slice node pools need Compute Engine quota; Cloud TPU v6e: TPUS_PER_TPU_FAMILY; Compute Engine
+#: region quotas: TPU_LITE_PODSLICE_V5).
+TPU_QUOTA_METRICS = {"ct6e": "TPUS_PER_TPU_FAMILY", "ct5lp": "TPU_LITE_PODSLICE_V5", "ct5p": "TPU_V5P_PODSLICE",
+                     "ct4p": "TPU_V4_PODSLICE"}
+
+
+def quota_message(pool: dict, region: str) -> str:
+    """GKE's answer to a node pool create beyond quota: 403 at once, in the form GKE gives for a regional
+    quota (quoted in kaiwaehner/... issue 48: 'Error 403: (1) insufficient regional quota to satisfy request:
+    resource "CPUS": request requires '72.0' and is short '48.0'. project has a quota of '24.0' with '24.0'
+    available.'), here for the TPU family's quota the pool's chips count against. (wording after GKE's)"""
+    mt = machine((pool.get("config") or {}).get("machine_type", ""))
+    chips = mt.tpu_chips * int(pool.get("initial_node_count") or (pool.get("autoscaling") or {}).get("max_node_count") or 0)
+    metric = TPU_QUOTA_METRICS.get(mt.family, "TPUS")
+    return (f"Insufficient regional quota to satisfy request: resource \"{metric}\": request requires '{chips:.1f}' "
+            f"and is short '{chips:.1f}'. project has a quota of '0.0' with '0.0' available in region {region}. "
+            "View and manage quotas at https://console.cloud.google.com/iam-admin/quotas.")
+
+
 def check_cluster_absent(name: str, project: str, location: str, existing: set[str]) -> None:
     """Source: GKE answers a duplicate create with 409 ALREADY_EXISTS, e.g. "Already exists:
     projects/P/locations/L/clusters/C." (google.api_core.exceptions.AlreadyExists, as the operators expect). Wording ours after GKE's."""
@@ -465,19 +515,22 @@ def check_cluster_absent(name: str, project: str, location: str, existing: set[s
         raise GkeError("ALREADY_EXISTS", f"Already exists: projects/{project}/locations/{location}/clusters/{name}.")
 
 
-def check_no_running_operation(cluster_name: str, running: list[dict], action: str) -> None:
-    """A cluster delete, or a node pool create/delete, while another operation runs on the cluster.
-    Source: GKE docs "About node pools" / "Concurrent operations": node pool create/delete on the same cluster
-    are serialized, and GKE answers 400 FAILED_PRECONDITION; texts quoted in rancher/gke-operator PR 509
-    ("Cluster is running incompatible operation operation-1718024305921-fd4f65ea-....") and
-    hashicorp/terraform-provider-google issue 10366 ("Operation operation-... is currently deleting a node pool
-    for cluster default-cluster. Please wait and try again once it is done.").
-    https://cloud.google.com/kubernetes-engine/docs/concepts/node-pools#concurrent_operations
-    ``running``: the cluster's unfinished operations, dicts with name and operation_type.
+def check_no_running_operation(cluster_name: str, running: list[dict], action: str, pool: str | None = None) -> None:
+    """An operation GKE refuses because another one runs: a node pool's second operation, any operation while
+    a cluster-level one runs, a cluster-level one while any runs. Pool operations on different pools run side
+    by side. Sources: GKE "Add and manage node pools" ("You can manually create, update, or delete a node pool
+    while another node pool is already being created, updated, or deleted."); GKE "Troubleshoot concurrent
+    operations" ("In general, GKE only allows one cluster-level operation, or one operation per node pool, to
+    run at the same time", with the errors "Cluster is running incompatible operation OPERATION_NAME" and
+    "Operation OPERATION_NAME is currently ACTIONING cluster CLUSTER_NAME. Please wait and try again once it
+    is done"); 400 FAILED_PRECONDITION as in hashicorp/terraform-provider-google issue 10366.
+    ``running``: the cluster's unfinished operations, dicts with name, operation_type and pool (None for a
+    cluster-level one); ``pool``: the pool the refused operation would act on (None: the cluster).
     """
-    if not running:
+    blocking = [op for op in running if pool is None or op.get("pool") in (None, pool)]
+    if not blocking:
         return
-    op = running[0]
+    op = blocking[0]
     verb = {
         "CREATE_CLUSTER": "creating cluster",
         "DELETE_CLUSTER": "deleting cluster",

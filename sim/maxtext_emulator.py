@@ -35,7 +35,8 @@ preempted pod, which the kwok stage pod-fail turns into the pod's condition and 
 Stage contract (arguments read, `key=value` and `--flag=value`):
   to_maxtext      base_output_directory (required), scan_layers, checkpoint_storage_use_ocdbt/_zarr3,
                   model_name  ->  <base>/0/{items/, _CHECKPOINT_METADATA, commit_success.txt}
-  train_rl        base_output_directory, run_name (required), num_batches (4), rl.num_iterations (1),
+  train_rl        base_output_directory, run_name (required), num_batches (4), rl.num_iterations (1) or a
+                  flat num_iterations, train_fraction (1.0), num_epoch (1),
                   checkpoint_period (50), max_num_checkpoints_to_keep (10), num_test_batches (5),
                   batch_size (1), load_parameters_path (must exist when given)
                   ->  <base>/<run>/checkpoints/actor/<step>/{model_params/, optimizer_state/, ...}
@@ -381,11 +382,19 @@ def to_maxtext(client, args, flags, faults_):
     return [f"Conversion complete. Checkpoint saved to {out.url}/0"], out
 
 
+#: Lines the evaluation after training logs at least (more than a log tail of 100 lines holds).
+EVALUATION_LOG_LINES = 150
+
+
 def train_rl(client, args, flags, faults_):
     if args.get("load_parameters_path"):
         require_input(client, args["load_parameters_path"], "load_parameters_path")
     out = Bucket(client, args["base_output_directory"].rstrip("/") + "/" + args["run_name"])
-    train_steps = int(args.get("num_batches", 4)) * int(args.get("rl.num_iterations", 1))
+    # MaxText 0.2.4 configs/types.py (RLConfig): int(num_batches x rl.num_iterations x train_fraction x num_epoch);
+    # a flat num_iterations wins over rl.num_iterations (configs/pyconfig.py copies flat keys into the nested model).
+    iterations = int(args.get("num_iterations", args.get("rl.num_iterations", 1)))
+    train_steps = int(int(args.get("num_batches", 4)) * iterations * float(args.get("train_fraction", 1.0))
+                      * int(args.get("num_epoch", 1)))
     period = int(args.get("checkpoint_period", 50))
     keep = int(args.get("max_num_checkpoints_to_keep", 10))
     stop = min([train_steps] + [int(f.split("=")[1]) for f in faults_ if f.startswith("stop-at-step=")])
@@ -434,6 +443,10 @@ def train_rl(client, args, flags, faults_):
                          exit_code=143, disruption="TerminationByKubelet")
     lines.append("RL Training Completed Successfully!")
     if test_batches > 0:
+        # MaxText 0.2.4 train_rl.py prints its success line (810) before a whole second evaluation (812-827), whose
+        # vLLM engine logs as it goes: the success line is long out of a log's last lines when Post prints.
+        lines += [f"vLLM engine: processed prompt {i % test_prompts + 1}/{test_prompts} of evaluation pass "
+                  f"{i // test_prompts + 1}" for i in range(max(EVALUATION_LOG_LINES, test_prompts))]
         lines.append(evaluation_line("Post", seed, test_prompts, accuracy_after))
     return lines, out
 

@@ -244,7 +244,7 @@ class RunConfig:
 
     # Training
     run_name: str = _param("rl", "Training", "Run name", "run_name: folder of the run's checkpoints under the run's training output.", pattern=r"^[A-Za-z0-9_.-]+$")
-    num_batches: int = _param(50, "Training", "Batches", "num_batches: batches of prompts to train on; with rl.num_iterations it sets the planned steps.", minimum=1)
+    num_batches: int = _param(50, "Training", "Batches", "num_batches: batches of prompts to train on; the planned steps are num_batches x rl.num_iterations x train_fraction x num_epoch, as MaxText computes them.", minimum=1)
     batch_size: int = _param(4, "Training", "Batch size", "batch_size: prompts per batch; each gets rl.num_generations rollouts.", minimum=1)
     rollout_tensor_parallelism: int = _param(8, "Training", "Rollout tensor parallelism", "rollout_tensor_parallelism of the vLLM sampler; with expert parallelism it must divide the sampler chips.")
     rollout_expert_parallelism: int = _param(1, "Training", "Rollout expert parallelism", "rollout_expert_parallelism of the vLLM sampler.")
@@ -436,8 +436,14 @@ class RunConfig:
 
     @property
     def train_steps(self) -> int:
-        """Steps train_rl plans: num_batches * rl.num_iterations."""
-        return self.num_batches * int(self.extra_train_args.get("rl.num_iterations", 1))
+        """Steps train_rl plans, as MaxText 0.2.4 computes them (configs/types.py, RLConfig:
+        ``int(num_batches * rl.num_iterations * train_fraction * num_epoch)``, Tunix's ``max_steps``). A flat
+        ``num_iterations`` is accepted and wins over ``rl.num_iterations`` (pyconfig copies flat keys into the
+        nested model)."""
+        args = self.extra_train_args
+        iterations = args.get("num_iterations", args.get("rl.num_iterations", 1))
+        return int(self.num_batches * int(iterations) * float(args.get("train_fraction", 1.0))
+                   * int(args.get("num_epoch", 1)))
 
     @property
     def evaluation_batches(self) -> int:
@@ -575,7 +581,7 @@ def _validate(c: RunConfig):
     """Every problem of the config, rule group by rule group (always in the same order)."""
     for rules in (_validate_required, _validate_cloud_names, _validate_cluster_access, _validate_model,
                   _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice,
-                  _validate_interval_data, _validate_evaluation, _validate_notification):
+                  _validate_interval_data, _validate_planned_steps, _validate_evaluation, _validate_notification):
         yield from rules(c)
 
 
@@ -835,6 +841,28 @@ def _validate_notification(c: RunConfig):
     elif c.notify_to.strip() and not c.notify_conn_id.strip():
         yield Problem("notify_conn_id", "is empty, so nothing sends the summary to notify_to",
                       "name an SMTP connection, or clear notify_to")
+
+
+#: extra_train_args keys that change the planned steps, their type and bounds (MaxText 0.2.4 configs/types.py:
+#: RL.num_iterations ge=1, RLDataset.train_fraction gt=0 le=1, RLConfig.num_epoch ge=1).
+_STEP_KEYS = {"num_iterations": (int, 1, None), "rl.num_iterations": (int, 1, None),
+              "train_fraction": (float, 0.0, 1.0), "num_epoch": (int, 1, None)}
+
+
+def _validate_planned_steps(c: RunConfig):
+    """The keys MaxText computes the planned steps from are numbers it accepts, and the plan has a step."""
+    for key, (kind, low, high) in _STEP_KEYS.items():
+        if key not in c.extra_train_args:
+            continue
+        value = c.extra_train_args[key]
+        bad = isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value))
+        if bad or value < low or (kind is float and value == low) or (high is not None and value > high):
+            bounds = "above 0 and at most 1" if kind is float else f"a whole number of at least {low}"
+            yield Problem("extra_train_args", f"{key} is {value!r}", f"give {key} as {bounds}")
+            return
+    if c.train_steps < 1:
+        yield Problem("extra_train_args", "num_batches x iterations x train_fraction x num_epoch plans no step",
+                      "raise train_fraction or num_batches")
 
 
 def _validate_evaluation(c: RunConfig):

@@ -8,12 +8,12 @@ Each carries the run key as a resource label: teardown deletes only what its own
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from tpu_rl.config import RunConfig
 from tpu_rl.leases import cluster_lease_object
-from tpu_rl.machines import needs_gvnic, needs_hyperdisk
+from tpu_rl.machines import needs_hyperdisk
 from tpu_rl.run import RunIdentity
 from tpu_rl.vocabulary import (
     GKE_LABEL_KEEP,
@@ -29,10 +29,14 @@ SYSTEM_POOL = "system"
 SYSTEM_MACHINE_TYPE = "n2-standard-8"
 #: A node upgrade recreates the slice's hosts mid-run. GKE refuses to turn auto-upgrade off on a
 #: release-channel cluster ("Auto_upgrade cannot be false when release_channel REGULAR is set"), so, as
-#: the gke-tpu-v6e-advanced blueprint does, the cluster holds node and minor upgrades off with a
-#: maintenance exclusion of scope NO_MINOR_OR_NODE_UPGRADES (control-plane patches still apply).
+#: Cluster Toolkit's gke-tpu-v6e blueprints do (``maintenance_exclusions``: scope NO_MINOR_OR_NODE_UPGRADES,
+#: ``exclusion_end_time_behavior: UNTIL_END_OF_SUPPORT``), the cluster holds node and minor upgrades off until
+#: its version's end of support (control-plane patches still apply): a shared or kept cluster outlives any
+#: fixed end date.
 UPGRADE_EXCLUSION = "tpu-rl-no-node-upgrades"
-UPGRADE_EXCLUSION_DAYS = 30
+#: The daily maintenance window's start (GMT): Cluster Toolkit's gke-cluster module always sets one
+#: (``daily_maintenance_window``, variable ``maintenance_start_time``, default "09:00").
+MAINTENANCE_START = "09:00"
 
 
 def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str, Any]:
@@ -47,7 +51,10 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
         "description": owner_description(run, shared_lease_uri(config) if config.shares_cluster else None),
         "resource_labels": labels,
         "release_channel": {"channel": "REGULAR"},
-        "maintenance_policy": {"window": {"maintenance_exclusions": {UPGRADE_EXCLUSION: _upgrade_exclusion(now)}}},
+        "maintenance_policy": {"window": {
+            "daily_maintenance_window": {"start_time": MAINTENANCE_START},
+            "maintenance_exclusions": {UPGRADE_EXCLUSION: _upgrade_exclusion(now)},
+        }},
         "workload_identity_config": {"workload_pool": f"{config.project}.svc.id.goog"},
         "addons_config": {"gcs_fuse_csi_driver_config": {"enabled": True}},
         "network_config": {"datapath_provider": "ADVANCED_DATAPATH"},
@@ -102,11 +109,11 @@ def pool_owner(node_metadata: dict[str, str]) -> RunIdentity | None:
 
 
 def _upgrade_exclusion(now: datetime) -> dict[str, Any]:
-    start = now.replace(microsecond=0)
+    """From ``now`` until the end of support of the cluster's version; no end_time (Cluster Toolkit's module
+    requires exactly one of end_time and the end-time behavior)."""
     return {
-        "start_time": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "end_time": (start + timedelta(days=UPGRADE_EXCLUSION_DAYS)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
+        "start_time": now.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES", "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
     }
 
 
@@ -115,12 +122,14 @@ def _node_config(config: RunConfig, machine_type: str, run: RunIdentity | None =
         "machine_type": machine_type,
         "oauth_scopes": [CLOUD_PLATFORM_SCOPE],
         "workload_metadata_config": {"mode": "GKE_METADATA"},
+        # gVNIC on every pool, as Cluster Toolkit sets it on its system, CPU and TPU pools (gke-node-pool and
+        # gke-cluster: ``gvnic { enabled = image_type == "COS_CONTAINERD" }``, the default image) and xpk on
+        # every slice pool (``--enable-gvnic``); C4D machines have no other NIC.
+        "gvnic": {"enabled": True},
         **extra,
     }
     if needs_hyperdisk(machine_type):  # C4, C4D, N4 and TPU v6e hosts boot only from Hyperdisk
         node_config["disk_type"] = "hyperdisk-balanced"
-    if needs_gvnic(machine_type):
-        node_config["gvnic"] = {"enabled": True}
     if config.node_service_account:
         node_config["service_account"] = config.node_service_account
     if run is not None:
@@ -231,19 +240,78 @@ _NO_CAPACITY = ("stockout", "resource_exhausted", "resource pool exhausted", "re
                 "insufficient capacity", "does not have enough resources")
 
 
+def is_quota_error(message: str) -> bool:
+    """Whether GKE's message says the project lacks quota: GKE answers a create beyond quota at once with 403
+    "Insufficient regional quota to satisfy request: resource ..." or names it as Compute Engine does
+    ("Quota 'TPUS_PER_TPU_FAMILY' exceeded"); a pool's condition says GCE_QUOTA_EXCEEDED. RESOURCE_EXHAUSTED
+    alone may be either quota or capacity: only these words tell quota apart."""
+    lowered = message.lower()
+    return "quota" in lowered or "gce_quota_exceeded" in lowered
+
+
 def is_capacity_error(message: str) -> bool:
-    return any(word in message.lower() for word in _NO_CAPACITY)
+    """Whether GKE's message says the zone has no capacity now (and not that quota is short)."""
+    return not is_quota_error(message) and any(word in message.lower() for word in _NO_CAPACITY)
+
+
+def quota_reason(conditions: list[dict[str, Any]]) -> str | None:
+    """GKE's message when a node pool's ``conditions`` say quota is short (StatusCondition code
+    GCE_QUOTA_EXCEEDED: "Google Compute Engine quota was exceeded"); None otherwise."""
+    for condition in conditions:
+        if condition.get("code") == "GCE_QUOTA_EXCEEDED" or is_quota_error(condition.get("message") or ""):
+            return condition.get("message") or "GCE_QUOTA_EXCEEDED"
+    return None
 
 
 def capacity_wait_reason(conditions: list[dict[str, Any]]) -> str | None:
     """Why a node pool that is still being created waits for capacity, from its ``conditions`` (GKE API
     reference StatusCondition: code GCE_STOCKOUT "indicates that Google Compute Engine resources are
-    temporarily unavailable"; canonical_code RESOURCE_EXHAUSTED); None when nothing says so."""
+    temporarily unavailable"; canonical_code RESOURCE_EXHAUSTED, unless it is quota); None when nothing says so."""
+    if quota_reason(conditions) is not None:
+        return None
     for condition in conditions:
         if condition.get("code") == "GCE_STOCKOUT" or condition.get("canonical_code") == "RESOURCE_EXHAUSTED" \
                 or is_capacity_error(condition.get("message") or ""):
             return condition.get("message") or condition.get("code") or "no capacity"
     return None
+
+
+#: The Compute Engine quota that on-demand and Spot TPU node pools of a generation consume (GKE's "Troubleshoot
+#: TPUs in GKE": TPU slice node pools use Compute Engine API quota, not the Cloud TPU API's; Cloud TPU's v6e
+#: page: "Verify that your project has enough TPUS_PER_TPU_FAMILY quota"; the Compute Engine region quotas
+#: name v5e's TPU_LITE_PODSLICE_V5 and PREEMPTIBLE_TPU_LITE_PODSLICE_V5).
+TPU_QUOTAS = {
+    "v6e": ("TPUS_PER_TPU_FAMILY (dimension tpu_family CT6E)", "the preemptible TPU v6e quota"),
+    "v5litepod": ("TPU_LITE_PODSLICE_V5", "PREEMPTIBLE_TPU_LITE_PODSLICE_V5"),
+    "v5p": ("the TPU v5p chips quota", "the preemptible TPU v5p chips quota"),
+    "v4": ("the TPU v4 pod slice quota", "the preemptible TPU v4 pod slice quota"),
+}
+
+
+def quota_hint(config: RunConfig) -> str:
+    """What to ask for when GKE refuses a TPU pool for quota."""
+    standard, preemptible = TPU_QUOTAS.get(config.slice.generation.name, ("the TPU quota", "the preemptible TPU quota"))
+    quota = preemptible if config.capacity_type == "spot" else standard
+    return (f"fix: the project lacks Compute Engine quota for {config.chips} "
+            f"{config.tpu_type} chips in {config.region}: {quota}. GKE's TPU node pools use Compute Engine quota "
+            "(compute.googleapis.com), not the Cloud TPU API's (tpu.googleapis.com). Request it on the Quotas page "
+            "(IAM & Admin > Quotas & System Limits, service Compute Engine API; for v6e, Cloud TPU's page says to "
+            "contact Google Cloud support), or use capacity_type 'reservation': a reservation's chips need no quota. "
+            "Waiting does not help: capacity_wait_minutes does not apply")
+
+
+_TARGET = re.compile(r"/(?:locations|zones)/[^/]+/clusters/(?P<cluster>[^/]+)(?:/nodePools/(?P<pool>[^/]+))?(?:/node/[^/]+)?$")
+
+
+def operation_target(target_link: str) -> tuple[str, str | None] | None:
+    """(cluster, node pool or None) an operation acts on, from its ``target_link``; None for another target.
+
+    Only the location-relative part is read: GKE's operation links name the project by number
+    (``https://container.googleapis.com/v1/projects/123/locations/us-central1/clusters/c``, API reference
+    Operation.target_link), where the run knows its project by id; a link may say ``zones`` for
+    ``locations``, and a node pool repair targets one of its nodes (``.../nodePools/p/node/n``)."""
+    match = _TARGET.search(target_link)
+    return (match["cluster"], match["pool"]) if match else None
 
 
 def cluster_parent(config: RunConfig) -> str:

@@ -52,16 +52,10 @@ SHAPES = {
 #: Series that boot only from Hyperdisk (Compute Engine "Machine series comparison": C4, C4A, C4D, N4, and
 #: the TPU v6e hosts ct6e); a pd-* boot disk is refused.
 _HYPERDISK_ONLY = ("c4-", "c4a-", "c4d-", "n4-", "ct6e-")
-#: Series that need gVNIC (C4D: "Networking: gVNIC only").
-_GVNIC_ONLY = ("c4d-",)
 
 
 def needs_hyperdisk(machine_type: str) -> bool:
     return machine_type.startswith(_HYPERDISK_ONLY)
-
-
-def needs_gvnic(machine_type: str) -> bool:
-    return machine_type.startswith(_GVNIC_ONLY)
 
 
 def quantity_gib(quantity: str) -> float:

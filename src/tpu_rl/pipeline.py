@@ -32,6 +32,7 @@ from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
 from tpu_rl.operators.workloads import (
     XCOM_ATTEMPT_PREFIX,
     XCOM_SUBMITTED_AT,
+    XCOM_TRAINER_COMPLETED,
     HfToMaxTextOperator,
     MaxTextToHfOperator,
     TrainRlOperator,
@@ -137,7 +138,7 @@ def _wire_tasks(exported_model: Asset) -> None:
     )
     verify_training = RunFinalTrainingCheckpointSensor(
         task_id="verify_training",
-        trainer_log=f"{{{{ (ti.xcom_pull(task_ids='{train.task_id}') or {{}}).get('log_tail', []) | join('\\n') }}}}",
+        trainer_completed=f"{{{{ ti.xcom_pull(task_ids='{train.task_id}', key='{XCOM_TRAINER_COMPLETED}') }}}}",
         timeout=timedelta(minutes=30),
     )
 

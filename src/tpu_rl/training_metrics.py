@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpu_rl import event_files
+from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE
 
 if TYPE_CHECKING:
     from tpu_rl.config import RunConfig
@@ -133,13 +134,22 @@ class Evaluation:
         return cls(*(Score(**data[k]) if data.get(k) else None for k in ("before", "after")))
 
 
-def evaluation_kind(line: str) -> str | None:
-    """``Pre`` or ``Post`` when a log line is one of the trainer's evaluation lines, else None (cheap for the
-    lines that are not: a log follower asks this of every line)."""
+def kept_line_kind(line: str) -> str | None:
+    """What the run reads of a trainer's log line after the training, whatever scrolled between: ``Pre`` or
+    ``Post`` for its evaluation lines, ``Completed`` for its success line (MaxText 0.2.4 train_rl.py prints it
+    before the evaluation after training, which may print a lot); else None (cheap for the lines that are
+    not: a log follower asks this of every line)."""
+    if TRAINER_SUCCESS_LINE in line:
+        return "Completed"
     if " RL Training: " not in line:
         return None
     match = _EVALUATION_LINE.search(line)
     return match["when"] if match else None
+
+
+def trainer_completed(kept_lines: Iterable[str]) -> bool:
+    """Whether the kept lines hold the trainer's success line (a normal exit)."""
+    return any(TRAINER_SUCCESS_LINE in line for line in kept_lines)
 
 
 def parse_evaluation(log_lines: Iterable[str]) -> Evaluation | None:

@@ -131,6 +131,9 @@ def test_create_cluster_labels_it_with_the_run_and_waits_deferred(gke, created):
     assert {p.name for p in cluster.node_pools} == {"system", "cpu-np"}
     [exclusion] = cluster.maintenance_policy.window.maintenance_exclusions.values()
     assert exclusion.maintenance_exclusion_options.scope.name == "NO_MINOR_OR_NODE_UPGRADES"
+    assert exclusion.maintenance_exclusion_options.end_time_behavior.name == "UNTIL_END_OF_SUPPORT"
+    assert cluster.maintenance_policy.window.daily_maintenance_window.start_time == "09:00"
+    assert all(p.config.gvnic.enabled for p in cluster.node_pools)
 
 
 def test_the_pipeline_reaches_a_created_cluster_through_its_dns_endpoint(gke, created):
@@ -359,7 +362,7 @@ def test_a_stockout_fails_the_pool_create_with_what_to_do_and_a_retry_replaces_t
         assert "GCE_STOCKOUT" in str(failed.value)
         assert "fix: there is no v6e-16 capacity in us-east5-b now" in str(failed.value)
         # The capacity is back: a new try deletes the pool left in ERROR and creates it again.
-        assert len(run_operator(create, other.context())) == 1
+        assert len(run_operator(create, other.context())) == 2  # the delete, then the create
         assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
     finally:
         gke_faults.clear_faults("gke-test-stockout")
@@ -385,12 +388,97 @@ def test_a_pool_whose_create_still_waits_for_capacity_is_deleted_once_gke_lets_i
         delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
         waited = run_operator(delete, other.context())
         assert len(waited) == 2  # the create it waited for, then its own delete
-        assert "GKE refuses it while operation" in capsys.readouterr().out
+        # GKE names the project by number in its operation links; the run knows it by id.
+        assert f"GKE refuses to delete node pool {pool_name} while operation" in capsys.readouterr().out
         assert _hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}") == []
         with pytest.raises(NotFound):
             client.get_node_pool(name=f"{requests.cluster_path(config)}/nodePools/{pool_name}")
     finally:
         gke_faults.clear_faults("gke-test-held")
+
+
+def test_a_retry_waits_for_a_pool_still_provisioning_instead_of_adopting_it(gke, created, capsys):
+    """A try that ended while GKE still created its pool (a worker lost, say): the next try waits for that
+    create (PROVISIONING is not a slice training can use), then goes on."""
+    from google.cloud.container_v1 import NodePool
+
+    from tpu_rl import gke as requests
+    from tpu_rl.config import RunConfig
+
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])
+    config, pool_name = RunConfig.from_params(other.params), other.identity.tpu_pool_name(0)
+    gke_faults.set_fault("gke-test-provisioning", "capacity-held", pool_prefix=pool_name, seconds=5)
+    try:
+        client = gke.get_cluster_manager_client()
+        first = client.create_node_pool(parent=requests.cluster_path(config), node_pool=NodePool.from_json(
+            json.dumps(requests.tpu_node_pool(config, other.identity, 0))))
+        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        assert run_operator(create, other.context()) == [first.name]
+        assert f"Node pool {pool_name} is PROVISIONING: waiting for GKE's operation {first.name}" in capsys.readouterr().out
+        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
+    finally:
+        gke_faults.clear_faults("gke-test-provisioning")
+        run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context())
+
+
+def test_a_partly_created_pool_is_replaced_not_adopted(gke, created, capsys):
+    """A stockout can leave a pool RUNNING_WITH_ERROR with some of its hosts: training would wait for the
+    others forever. The next try deletes it and creates it whole."""
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])
+    pool_name = other.identity.tpu_pool_name(0)
+    gke_faults.set_fault("gke-test-partial", "stockout", pool_prefix=pool_name, times=1, nodes=2)
+    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    try:
+        with pytest.raises(AirflowFailException, match="GCE_STOCKOUT"):
+            run_operator(create, other.context())
+        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 2
+        assert len(run_operator(create, other.context())) == 2  # the delete of the partial pool, the new create
+        assert f"Node pool {pool_name} is RUNNING_WITH_ERROR" in capsys.readouterr().out
+        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
+    finally:
+        gke_faults.clear_faults("gke-test-partial")
+        run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context())
+
+
+def test_missing_quota_fails_at_once_naming_the_quota_and_creates_nothing(gke, created):
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"], capacity_wait_minutes=60)
+    pool_name = other.identity.tpu_pool_name(0)
+    gke_faults.set_fault("gke-test-quota", "quota", pool_prefix=pool_name)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AirflowFailException) as failed:
+            run_operator(cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL),
+                         other.context())
+        assert time.monotonic() - started < 30  # the hour of capacity wait is not spent on quota
+        message = str(failed.value)
+        assert "Insufficient regional quota" in message and "TPUS_PER_TPU_FAMILY" in message
+        assert "Compute Engine quota for 16 v6e-16 chips in us-east5" in message and "not the Cloud TPU API's" in message
+        assert pool_name not in {p.name for p in get_cluster(gke, run.params["cluster_name"]).node_pools}
+    finally:
+        gke_faults.clear_faults("gke-test-quota")
+
+
+def test_the_slices_of_a_run_are_created_and_deleted_side_by_side(gke, created):
+    """GKE runs operations on different node pools at once: N slices take about one create, not N."""
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"], cluster_nodepool_count=2)
+    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+    client = gke.get_cluster_manager_client()
+    try:
+        run_operator(create, other.context())
+        run_operator(delete, other.context())
+        pools = {other.identity.tpu_pool_name(i) for i in range(2)}
+        ops = [op for op in client.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
+               if (op.target_link.rsplit("/", 1)[-1] in pools)]
+        for kind in ("CREATE_NODE_POOL", "DELETE_NODE_POOL"):
+            first, second = sorted((op for op in ops if op.operation_type.name == kind), key=lambda op: op.start_time)
+            assert second.start_time < first.end_time, kind  # the second began before the first ended
+    finally:
+        run_operator(delete, other.context())
 
 
 def test_pool_teardown_never_touches_pools_it_did_not_create(gke, created):

@@ -37,7 +37,8 @@ def scripted_trigger(monkeypatch, answers, deadline):
     class Hook:
         async def get_operation(self, operation_name, project_id):
             current["status"], current["conditions"] = next(answers)
-            return SimpleNamespace(name=operation_name, status=current["status"])
+            return SimpleNamespace(name=operation_name, status=current["status"],
+                                   operation_type=Operation.Type.CREATE_NODE_POOL)
 
     async def conditions(hook, pool_path):
         assert pool_path == POOL_PATH
@@ -76,6 +77,29 @@ def test_the_wait_ends_at_the_capacity_deadline_with_gkes_reason(monkeypatch):
                                     "node_pool": "tpu-1a2b3c4d-0", "message": STOCKOUT["message"]}
 
 
+QUOTA = {"code": "GCE_QUOTA_EXCEEDED", "canonical_code": "RESOURCE_EXHAUSTED",
+         "message": "Quota 'TPUS_PER_TPU_FAMILY' exceeded. Limit: 0.0 in region us-east5."}
+
+
+def test_quota_is_not_a_stockout_the_wait_ends_at_once(monkeypatch):
+    """RESOURCE_EXHAUSTED can mean quota: waiting capacity_wait_minutes for quota that will not come wastes it."""
+    trigger = scripted_trigger(monkeypatch, [(RUNNING, [QUOTA]), (DONE, [])], deadline=time.time() + 3600)
+    assert first_event(trigger) == {"status": "quota", "operation_name": "operation-1",
+                                    "node_pool": "tpu-1a2b3c4d-0", "message": QUOTA["message"]}
+
+
+def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monkeypatch):
+    stocked_out_operation(monkeypatch, "Insufficient regional quota to satisfy request: resource \"TPUS_PER_TPU_FAMILY\": "
+                                       "request requires '64.0' and is short '64.0'. [GCE_QUOTA_EXCEEDED]")
+    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
+    with pytest.raises(AirflowFailException) as failed:
+        operator.operation_done(context(), {"status": "success", "operation_name": "operation-2"}, next_step=0,
+                                capacity_deadline=time.time() + 3600)  # plenty of wait left: still fails at once
+    message = str(failed.value)
+    assert "Compute Engine quota for 64 v6e-64 chips in us-east5: TPUS_PER_TPU_FAMILY (dimension tpu_family CT6E)" in message
+    assert "not the Cloud TPU API's" in message and "Waiting does not help" in message
+
+
 def test_a_slow_create_without_a_capacity_condition_is_not_given_up(monkeypatch):
     trigger = scripted_trigger(monkeypatch, [(RUNNING, []), (RUNNING, []), (DONE, [])], deadline=time.time() - 1)
     assert first_event(trigger)["status"] == "success"
@@ -97,13 +121,15 @@ def context():
             "run_id": "manual__capacity"}
 
 
-def stocked_out_operation(monkeypatch):
-    message = ("Google Compute Engine: Not all instances running in IGM. Current errors: [GCE_STOCKOUT]: "
-               "Instance 'gke-x' creation failed: The zone 'projects/my-project/zones/us-east5-b' does not have "
-               "enough resources available to fulfill the request.")
+STOCKOUT_ERROR = ("Google Compute Engine: Not all instances running in IGM. Current errors: [GCE_STOCKOUT]: "
+                  "Instance 'gke-x' creation failed: The zone 'projects/my-project/zones/us-east5-b' does not have "
+                  "enough resources available to fulfill the request.")
+
+
+def stocked_out_operation(monkeypatch, message=STOCKOUT_ERROR):
     operation = SimpleNamespace(name="operation-2", error=SimpleNamespace(code=8, message=message), status_message=message,
                                 operation_type=Operation.Type.CREATE_NODE_POOL,
-                                target_link=f"https://container.googleapis.com/v1/{POOL_PATH}")
+                                target_link=f"https://container.googleapis.com/v1/{POOL_PATH}".replace("my-project", "123456"))
     hook = SimpleNamespace(get_operation=lambda name, project_id: operation)
     monkeypatch.setattr(cluster_ops, "_cluster_hook", lambda config: hook)
 
@@ -160,3 +186,19 @@ def test_pool_conditions_are_read_with_their_enum_names():
             return Client()
 
     assert asyncio.run(node_pool_conditions(Hook(), POOL_PATH)) == [STOCKOUT]
+
+
+@pytest.mark.parametrize("link, target", [
+    # GKE's operation links name the project by number (API reference Operation.target_link)
+    ("https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl", ("qwen-rl", None)),
+    ("https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl/nodePools/tpu-0",
+     ("qwen-rl", "tpu-0")),
+    ("https://container.googleapis.com/v1/projects/123/zones/us-east5-b/clusters/qwen-rl/nodePools/tpu-0/node/n-1",
+     ("qwen-rl", "tpu-0")),
+    ("https://container.googleapis.com/v1/projects/123/locations/us-east5/clusters/qwen-rl-2/nodePools/tpu-0",
+     ("qwen-rl-2", "tpu-0")),
+])
+def test_an_operations_target_is_read_whatever_names_the_project(link, target):
+    from tpu_rl.gke import operation_target
+
+    assert operation_target(link) == target

@@ -129,6 +129,26 @@ def test_extra_train_args_cannot_override_own_params(tutorial_conf):
     assert config.train_steps == 100
 
 
+@pytest.mark.parametrize("extra, steps", [
+    ({}, 50),
+    ({"rl.num_iterations": 2}, 100),
+    ({"num_iterations": 3, "rl.num_iterations": 2}, 150),  # the flat key wins, as in MaxText's pyconfig
+    ({"train_fraction": 0.5}, 25),
+    ({"num_epoch": 2, "train_fraction": 0.5}, 50),
+    ({"num_epoch": 3, "rl.num_iterations": 2, "train_fraction": 0.7}, 210),
+])
+def test_planned_steps_are_computed_as_maxtext_computes_them(tutorial_conf, extra, steps):
+    """MaxText 0.2.4 configs/types.py: int(num_batches x rl.num_iterations x train_fraction x num_epoch). With
+    only the first two multiplied, progress, ETA and the final-step check would be wrong."""
+    assert RunConfig.from_params({**tutorial_conf, "extra_train_args": extra}).train_steps == steps
+
+
+@pytest.mark.parametrize("extra", [{"train_fraction": 0}, {"train_fraction": 1.5}, {"num_epoch": 0},
+                                   {"rl.num_iterations": "two"}, {"num_iterations": 1.5}])
+def test_step_keys_maxtext_would_refuse_are_refused(tutorial_conf, extra):
+    assert next(iter(extra)) in problems_for(tutorial_conf, extra_train_args=extra)["extra_train_args"]
+
+
 def test_all_problems_are_reported_at_once(tutorial_conf):
     problems = problems_for(tutorial_conf, topology="7x9", gcs_bucket="BAD", hbm_utilization_vllm=2)
     assert {"topology", "gcs_bucket", "hbm_utilization_vllm"} <= set(problems)

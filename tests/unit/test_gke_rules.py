@@ -238,16 +238,32 @@ def test_duplicates_already_exist():
     refused(rules.check_cluster, body, REGION, PROJECT, set())
 
 
-def test_concurrent_operation_refused():
-    running = [{"name": "operation-1-abc", "operation_type": "CREATE_NODE_POOL"}]
-    message = refused(rules.check_no_running_operation, "tpu-rl", running, "delete", code="FAILED_PRECONDITION")
+def test_concurrent_operations_refused_only_on_the_same_pool_or_the_cluster():
+    """GKE runs operations on different node pools side by side; it refuses a pool's second operation, any
+    operation during a cluster-level one, and a cluster-level one during any."""
+    creating = [{"name": "operation-1-abc", "operation_type": "CREATE_NODE_POOL", "pool": "tpu-0"}]
+    message = refused(rules.check_no_running_operation, "tpu-rl", creating, "delete node pool", "tpu-0",
+                      code="FAILED_PRECONDITION")
     assert message == ("Operation operation-1-abc is currently creating a node pool for cluster tpu-rl. "
                        "Please wait and try again once it is done.")
+    rules.check_no_running_operation("tpu-rl", creating, "create node pool", "tpu-1")  # another pool: allowed
+    refused(rules.check_no_running_operation, "tpu-rl", creating, "delete cluster", code="FAILED_PRECONDITION")
     message = refused(rules.check_no_running_operation, "tpu-rl",
-                      [{"name": "operation-2-def", "operation_type": "CREATE_CLUSTER"}], "delete",
-                      code="FAILED_PRECONDITION")
+                      [{"name": "operation-2-def", "operation_type": "CREATE_CLUSTER", "pool": None}],
+                      "create node pool", "tpu-1", code="FAILED_PRECONDITION")
     assert message == "Cluster is running incompatible operation operation-2-def."
-    rules.check_no_running_operation("tpu-rl", [], "delete")
+    rules.check_no_running_operation("tpu-rl", [], "delete cluster")
+
+
+def test_every_machine_type_the_package_offers_is_known_and_regions_have_their_real_zones():
+    from tpu_rl.machines import SHAPES
+    from tpu_rl.tpu import GENERATIONS
+
+    offered = set(SHAPES) | {m for g in GENERATIONS.values() for m in g.machine_types}
+    assert offered - set(rules.MACHINE_TYPES) == set()
+    assert rules.zones_of("us-east5") == ["us-east5-a", "us-east5-b", "us-east5-c"]
+    refused(rules.check_pool_locations, "us-east5", {"name": "p", "locations": ["us-east5-d"]})
+    refused(rules.zones_of, "us-east9", code="NOT_FOUND")
 
 
 def test_cluster_checks_its_pools():

@@ -125,7 +125,9 @@ def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
 
 def test_requests_gke_accepts_on_a_release_channel_cluster(tutorial_conf, run):
     """GKE refuses auto-upgrade or auto-repair off on a REGULAR channel cluster; upgrades are held off by a
-    maintenance exclusion instead, as the gke-tpu-v6e-advanced blueprint does."""
+    maintenance exclusion instead, as Cluster Toolkit's gke-tpu-v6e blueprints do: until the end of support of
+    the cluster's version (a shared or kept cluster outlives any fixed date), with the daily maintenance
+    window its gke-cluster module always sets."""
     from datetime import datetime, timezone
 
     config = RunConfig.from_params({**tutorial_conf, "tpu_pool_mode": "cluster"})
@@ -133,17 +135,19 @@ def test_requests_gke_accepts_on_a_release_channel_cluster(tutorial_conf, run):
     [(_, create)] = [(c, d) for c, d in plan_documents(config, run, now) if d.get("gkeRequest") == "CreateCluster"]
     cluster = create["cluster"]
     assert cluster["release_channel"] == {"channel": "REGULAR"}
-    [exclusion] = cluster["maintenance_policy"]["window"]["maintenance_exclusions"].values()
+    window = cluster["maintenance_policy"]["window"]
+    assert window["daily_maintenance_window"] == {"start_time": "09:00"}
+    [exclusion] = window["maintenance_exclusions"].values()
     assert exclusion == {
         "start_time": "2026-11-30T12:00:00Z",
-        "end_time": "2026-12-30T12:00:00Z",
-        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES"},
+        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES", "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
     }
     tpu_pools = [p for p in cluster["node_pools"] if p["config"]["machine_type"] == "ct6e-standard-4t"]
     assert tpu_pools and all(p["management"] == {"auto_repair": True, "auto_upgrade": True} for p in tpu_pools)
     cpu = next(p for p in cluster["node_pools"] if p["name"] == "cpu-np")["config"]
-    # C4D boots only from Hyperdisk and needs gVNIC.
-    assert (cpu["disk_type"], cpu["gvnic"]) == ("hyperdisk-balanced", {"enabled": True})
+    assert cpu["disk_type"] == "hyperdisk-balanced"  # C4D boots only from Hyperdisk
+    # gVNIC on every pool, as Cluster Toolkit and xpk create them (not only where the machine needs it).
+    assert all(p["config"]["gvnic"] == {"enabled": True} for p in cluster["node_pools"])
     assert all(p["config"]["service_account"] == config.node_service_account for p in cluster["node_pools"])
 
 

@@ -81,3 +81,23 @@ def test_a_shared_cluster_whose_lease_a_live_run_holds_is_kept_though_that_run_h
     ended = ReapOrphanedResourcesOperator._live_users([cluster], {**states, OTHER: "failed"},
                                                       {("p", "us-east5", "c"): (RUN, OTHER)})
     assert ended == {} and rp.decide(cluster, "success", NOW, timedelta(minutes=60)).reap
+
+
+def test_a_leaked_flex_start_slice_counts_the_chips_it_scales_to():
+    """A flex-start pool is created with initial_node_count 0 and autoscales to its slice: counting only its
+    initial nodes gave 0 chips, no alert and 0 chip-hours for a slice that may be billing."""
+    import json
+
+    from google.cloud.container_v1 import NodePool
+
+    from tpu_rl.config import RunConfig
+    from tpu_rl.gke import tpu_node_pool
+    from tpu_rl.operators.reaper import pool_chips
+    from tpu_rl.run import RunIdentity
+    from tpu_rl_testing import TUTORIAL_CONF
+
+    run = RunIdentity("maxtext_rl_tpu", "manual__1")
+    for capacity_type in ("flex_start", "on_demand", "spot"):
+        config = RunConfig.from_params({**TUTORIAL_CONF, "capacity_type": capacity_type})
+        pool = NodePool.from_json(json.dumps(tpu_node_pool(config, run, 0)))
+        assert pool_chips(pool) == 64, capacity_type

@@ -262,13 +262,18 @@ def gke_operation(kind: str, pool: str, end: str, cluster: str = TUTORIAL_CONF["
 
 
 def delete_pools_after_the_last_delete(monkeypatch, list_operations) -> dict:
+    from google.api_core.exceptions import NotFound
+
     from tpu_rl.operators import cluster
 
-    client = SimpleNamespace(list_operations=list_operations)
+    def gone(name):
+        raise NotFound(f"Not found: {name}.")
+
+    client = SimpleNamespace(list_operations=list_operations, delete_node_pool=gone)
     monkeypatch.setattr(cluster, "_cluster_hook", lambda config: SimpleNamespace(get_cluster_manager_client=lambda: client))
     ctx = context("delete_tpu_pools")
     operator = cluster.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
-    operator.submit(ctx, step=1)  # the last pool's delete is done
+    operator.submit(ctx)  # every pool's delete is done: GKE no longer knows them
     return ctx["ti"].xcoms
 
 

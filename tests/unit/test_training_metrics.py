@@ -295,10 +295,11 @@ def test_progress_of_the_current_attempt_after_a_restart_counts_from_its_writers
     assert tm.attempt_progress({}, 50, now=0) is None  # before the trainer wrote anything: no line
 
 
-def test_only_the_trainers_evaluation_lines_are_kept_while_its_log_streams():
-    assert tm.evaluation_kind(PRE) == "Pre" and tm.evaluation_kind(POST) == "Post"
-    assert tm.evaluation_kind("I1201 train_rl.py:700] step 3 loss 0.2") is None
-    assert tm.evaluation_kind("Post RL Training: pending") is None
+def test_only_the_trainers_evaluation_and_success_lines_are_kept_while_its_log_streams():
+    assert tm.kept_line_kind(PRE) == "Pre" and tm.kept_line_kind(POST) == "Post"
+    assert tm.kept_line_kind("W1201 train_rl.py:810] RL Training Completed Successfully!") == "Completed"
+    assert tm.kept_line_kind("I1201 train_rl.py:700] step 3 loss 0.2") is None
+    assert tm.kept_line_kind("Post RL Training: pending") is None
 
 
 def test_the_evaluation_goes_through_xcom_and_back_unchanged():
@@ -356,3 +357,29 @@ def test_a_summary_without_evaluation_says_so_instead_of_figures(tutorial_conf):
 
     assert "  evaluation   no evaluation: extra_train_args sets num_test_batches to 0" in summary.splitlines()
     assert "final step   47/50" in summary and "accuracy" not in summary
+
+
+def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_evaluation_prints():
+    """MaxText prints its success line before the evaluation after training, which logs as it goes: a log
+    tail of 100 lines loses it, and an early end on a checkpoint boundary would then count as interrupted."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tpu_rl.triggers.jobset import JobSetTrigger, _LogCursor, _Progress
+
+    lines = [PRE, "I1201 11:14:00.1 1 train_rl.py:810] RL Training Completed Successfully!",
+             *[f"vLLM engine: processed prompt {i}" for i in range(150)], POST]
+
+    class Hook:
+        async def follow_log(self, pod, namespace, container, since):
+            for i, text in enumerate(lines):
+                yield f"2026-12-01T11:14:{i // 100:02d}.{i % 100:02d}Z {text}"
+
+    trigger = JobSetTrigger(name="n", namespace="ns", uid="u", log_replicated_job="pathways-head",
+                            log_container="c", kubernetes_conn_id="k")
+    progress = _Progress(tail_lines=100)
+    asyncio.run(trigger._stream_log(Hook(), SimpleNamespace(name="head-0"), _LogCursor(), progress))
+    kept = list(progress.evaluation.values())
+    assert not any("Completed Successfully" in line for line in progress.tail)
+    assert tm.trainer_completed(kept) and tm.parse_evaluation(kept).after.correct == 12
+    assert not tm.trainer_completed([PRE, POST])

@@ -70,25 +70,14 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
             kwargs={"next_step": next_step},
         )
 
-    def _await_blocking_operation(self, config: RunConfig, client: Any, refused: Exception, step: int) -> None:
-        """GKE refused operation ``step`` because another operation runs on the cluster (the create of a pool
-        still waiting for capacity, say): waits for that one, deferred, then submits ``step`` again. Re-raises
-        the refusal when no operation runs (then it is not about concurrency)."""
-        cluster = gke.cluster_path(config)
-        running = [op for op in client.list_operations(parent=gke.cluster_parent(config)).operations
-                   if op.status.name in ("PENDING", "RUNNING")
-                   and (op.target_link.endswith(f"/{cluster}") or f"/{cluster}/" in op.target_link)]
-        if not running:
-            raise refused
-        blocking = running[0]
-        self.log.info("GKE refuses it while operation %s (%s %s) runs (%s): waiting for that one, then trying again",
-                      blocking.name, blocking.operation_type.name, blocking.target_link.rsplit("/", 1)[-1],
-                      getattr(refused, "message", refused))
-        self._await(config, blocking.name, next_step=step, method_name="blocking_operation_done")
-
-    def blocking_operation_done(self, context: Any, event: dict[str, Any], next_step: int, **wait: Any) -> None:
-        """Another operation ended, whatever its outcome (not ours to judge): submits ours again."""
-        self.submit(context, next_step, **wait)
+    @staticmethod
+    def _running_operation(client: Any, config: RunConfig, pool: str) -> Any:
+        """GKE's unfinished operation on a node pool of the run's cluster, or on the cluster itself (either makes
+        GKE refuse another operation on the pool), or None."""
+        return next((op for op in client.list_operations(parent=gke.cluster_parent(config)).operations
+                     if op.status.name in ("PENDING", "RUNNING")
+                     and gke.operation_target(op.target_link) in ((config.cluster_name, pool), (config.cluster_name, None))),
+                    None)
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         if event["status"] in ("failed", "error"):
@@ -261,6 +250,13 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     """Creates the run's TPU node pools just before training (tpu_pool_mode=per_run); otherwise checks
     that the cluster has the slice's nodes, so a missing slice fails here and not as a pending JobSet.
 
+    All pools at once: GKE runs operations on different node pools side by side ("Add and manage node
+    pools"; xpk creates up to 100 at once), so N slices take about one create. Each pass brings every pool a
+    step further and defers on one operation still in flight, then looks again: a missing pool is created; a
+    RUNNING one adopted; one still PROVISIONING (or RECONCILING, STOPPING) waited for through its operation;
+    one GKE created only partly or not at all (RUNNING_WITH_ERROR, ERROR: a stockout leaves either) deleted, to
+    be created again. A quota shortfall fails at once, naming the quota (no wait brings quota).
+
     While GKE has no capacity for a pool it waits, deferred, at most ``capacity_wait_minutes`` from the
     task's start: through a create that GKE holds (its reason logged about once a minute), and through a
     stockout that ends the create, after which it replaces the failed pool every
@@ -280,50 +276,78 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             return
         self.submit(context, 0, capacity_deadline=time.time() + 60 * config.capacity_wait_minutes)
 
-    def submit(self, context: Any, step: int, *, capacity_deadline: float = 0.0) -> None:
-        """``capacity_deadline``: POSIX time until which a pool without capacity is waited for (0, as for a
+    def submit(self, context: Any, step: int = 0, *, capacity_deadline: float = 0.0) -> None:
+        """One pass over the run's pools (``step`` is read by nothing: every pass looks at all of them).
+        ``capacity_deadline``: POSIX time until which a pool without capacity is waited for (0, as for a
         deferral made before capacity waits existed: not at all)."""
-        from google.api_core.exceptions import AlreadyExists
-        from google.cloud.container_v1 import NodePool
-
         from tpu_rl.triggers.gke import TpuPoolCreateTrigger
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
-        hook = _cluster_hook(config)
-        client = hook.get_cluster_manager_client()
-        for index in range(step, config.cluster_nodepool_count):
-            pool = NodePool.from_json(json.dumps(gke.tpu_node_pool(config, run, index)))
-            name = f"{gke.cluster_path(config)}/nodePools/{pool.name}"
-            try:
-                operation = client.create_node_pool(parent=gke.cluster_path(config), node_pool=pool)
-            except AlreadyExists:
-                existing = client.get_node_pool(name=name)
-                if existing.status != NodePool.Status.ERROR:
-                    self.log.info("Node pool %s already exists (%s): adopting it", pool.name, existing.status.name)
-                    continue
-                # An earlier create failed (a stockout leaves the pool in ERROR): replace it.
-                self.log.warning("Node pool %s is in ERROR (%s): deleting it to create it again", pool.name,
-                                 existing.status_message)
-                hook.wait_for_operation(client.delete_node_pool(name=name), project_id=config.project)
-                operation = client.create_node_pool(parent=gke.cluster_path(config), node_pool=pool)
-            self.log.info("Creating node pool %s (%s, %s: %s)", pool.name, config.compute_type,
-                          config.capacity_type, gke.capacity_fields(config))
-            self.defer(
-                trigger=TpuPoolCreateTrigger(
-                    operation_name=operation.name,
-                    project_id=config.project,
-                    location=config.region,
-                    gcp_conn_id=config.gcp_conn_id,
-                    poll_interval=self.poll_interval,
-                    pool_path=name,
-                    capacity_deadline=capacity_deadline,
-                ),
-                method_name="operation_done",
-                kwargs={"next_step": index + 1, "capacity_deadline": capacity_deadline},
-            )
+        client = _cluster_hook(config).get_cluster_manager_client()
+        in_flight = [(operation, pool) for index in range(config.cluster_nodepool_count)
+                     for operation, pool in [self._advance_pool(client, config, gke.tpu_node_pool(config, run, index))]
+                     if operation]
+        if not in_flight:
+            self.log.info("The run's %d TPU node pool(s) are RUNNING", config.cluster_nodepool_count)
+            return
+        operation, pool = in_flight[0]
+        self.defer(
+            trigger=TpuPoolCreateTrigger(
+                operation_name=operation,
+                project_id=config.project,
+                location=config.region,
+                gcp_conn_id=config.gcp_conn_id,
+                poll_interval=self.poll_interval,
+                pool_path=f"{gke.cluster_path(config)}/nodePools/{pool}",
+                capacity_deadline=capacity_deadline,
+            ),
+            method_name="operation_done",
+            kwargs={"next_step": 0, "capacity_deadline": capacity_deadline},
+        )
+
+    def _advance_pool(self, client: Any, config: RunConfig, body: dict[str, Any]) -> tuple[str | None, str]:
+        """Moves one pool towards RUNNING: (the operation to wait for, or None when it is RUNNING; its name)."""
+        from google.api_core.exceptions import AlreadyExists, GoogleAPICallError
+        from google.cloud.container_v1 import NodePool
+
+        name = body["name"]
+        path = f"{gke.cluster_path(config)}/nodePools/{name}"
+        try:
+            operation = client.create_node_pool(parent=gke.cluster_path(config),
+                                                node_pool=NodePool.from_json(json.dumps(body)))
+            self.log.info("Creating node pool %s (%s, %s: %s)", name, config.compute_type, config.capacity_type,
+                          gke.capacity_fields(config))
+            return operation.name, name
+        except AlreadyExists:
+            pass
+        except GoogleAPICallError as refused:  # GKE refuses a create beyond quota at once (403)
+            if gke.is_quota_error(str(refused.message)):
+                raise AirflowFailException(f"GKE refused TPU node pool {name}: {refused.message}; "
+                                           f"{gke.quota_hint(config)}") from None
+            raise
+        pool = client.get_node_pool(name=path)
+        status = pool.status.name
+        if status == "RUNNING":
+            self.log.info("Node pool %s already exists and is RUNNING: adopting it", name)
+            return None, name
+        if status in ("PROVISIONING", "RECONCILING", "STOPPING"):
+            operation = self._running_operation(client, config, name)
+            if operation is None:
+                raise AirflowException(f"Node pool {name} is {status} and GKE lists no operation on it; try again")
+            self.log.info("Node pool %s is %s: waiting for GKE's operation %s (%s)", name, status, operation.name,
+                          operation.operation_type.name)
+            return operation.name, name
+        # RUNNING_WITH_ERROR (partly created, as after a stockout) or ERROR: it would never have all its hosts.
+        self.log.warning("Node pool %s is %s (%s): deleting it to create it again", name, status,
+                         "; ".join(c.message for c in pool.conditions) or pool.status_message)
+        return client.delete_node_pool(name=path).name, name
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
+        if event["status"] == "quota":
+            config = self.bind_scope(context).config
+            raise AirflowFailException(f"GKE cannot create TPU node pool {event['node_pool']}: {event['message']}; "
+                                       f"{gke.quota_hint(config)}")
         if event["status"] == "capacity_timeout":
             config = self.bind_scope(context).config
             raise AirflowFailException(
@@ -337,7 +361,12 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
         config = self.bind_scope(context).config
-        pool = operation.target_link.rsplit("/", 1)[-1]
+        pool = (gke.operation_target(operation.target_link) or ("", "?"))[1]
+        if operation.operation_type.name != "CREATE_NODE_POOL":
+            raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) on node pool "
+                                   f"{pool} failed: {message}")
+        if gke.is_quota_error(message):
+            raise AirflowFailException(f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(config)}")
         if not gke.is_capacity_error(message):
             raise AirflowFailException(
                 f"GKE could not create TPU node pool {pool}: {message}; fix: see the message; delete_tpu_pools "
@@ -354,7 +383,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         self.defer(
             trigger=DateTimeTrigger(moment=datetime.fromtimestamp(retry_at, timezone.utc)),
             method_name="retry_after_stockout",
-            kwargs={"step": next_step - 1, "capacity_deadline": capacity_deadline},
+            kwargs={"step": 0, "capacity_deadline": capacity_deadline},
         )
 
     def retry_after_stockout(self, context: Any, event: Any, *, step: int, capacity_deadline: float) -> None:
@@ -398,26 +427,46 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
             return
         self.submit(context, 0)
 
-    def submit(self, context: Any, step: int) -> None:
+    def submit(self, context: Any, step: int = 0) -> None:
+        """One pass: asks GKE to delete every pool of the run at once (GKE runs operations on different pools
+        side by side) and defers on one deletion still in flight, then looks again; once none is left, gives
+        the capacity back and records the slices' TPU time. A pool GKE is still creating (its create held for
+        capacity after a timeout) cannot be deleted yet: its create is waited for, deferred. ``step`` is read
+        by nothing: every pass looks at all the pools."""
         from google.api_core.exceptions import FailedPrecondition, NotFound
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         client = _cluster_hook(config).get_cluster_manager_client()
-        for index in range(step, config.cluster_nodepool_count):
-            name = f"{gke.cluster_path(config)}/nodePools/{run.tpu_pool_name(index)}"
+        in_flight = []
+        for index in range(config.cluster_nodepool_count):
+            pool = run.tpu_pool_name(index)
+            name = f"{gke.cluster_path(config)}/nodePools/{pool}"
             try:
-                operation = client.delete_node_pool(name=name)
+                in_flight.append(client.delete_node_pool(name=name).name)
+                self.log.info("Deleting node pool %s", name)
             except NotFound:
-                self.log.info("Node pool %s does not exist: nothing to delete", name)
-                continue
-            except FailedPrecondition as refused:  # e.g. its create still waits for capacity after a timeout
-                self.log.info("Cannot delete node pool %s yet", name)
-                self._await_blocking_operation(config, client, refused, index)
-            self.log.info("Deleting node pool %s", name)
-            self._await(config, operation.name, next_step=index + 1)
+                self.log.info("Node pool %s does not exist (any more): nothing to delete", name)
+            except FailedPrecondition as refused:
+                blocking = self._running_operation(client, config, pool)
+                if blocking is None:
+                    raise
+                self.log.info("GKE refuses to delete node pool %s while operation %s (%s) runs (%s): waiting for it",
+                              pool, blocking.name, blocking.operation_type.name, refused.message)
+                in_flight.append(blocking.name)
+        if in_flight:
+            self._await(config, in_flight[0], next_step=0)
         release_capacity(config, run, self.log)
         self._record_slice_times(context)
+
+    def operation_failed(self, context: Any, operation: Any, message: str, next_step: int | None, **wait: Any) -> None:
+        """A deletion that failed fails the task (its retries delete again); another operation the pool waited
+        for (a create that ended in a stockout, say) is not ours to judge: look again."""
+        if operation.operation_type.name == "DELETE_NODE_POOL":
+            super().operation_failed(context, operation, message, next_step, **wait)
+        self.log.info("Operation %s (%s) ended (%s): deleting the pools again", operation.name,
+                      operation.operation_type.name, message)
+        self.submit(context, 0)
 
     def _record_slice_times(self, context: Any) -> None:
         """The TPU time is reported, never a reason to fail the teardown: an unreadable list is logged."""
@@ -430,11 +479,11 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         except Exception as error:
             self.log.warning("Could not list GKE's operations to count the slices' TPU time: %s", error)
             return
-        cluster_pools = f"/clusters/{config.cluster_name}/nodePools/"
         operations = [
-            {"type": op.operation_type.name, "pool": op.target_link.rsplit("/", 1)[-1], "end": op.end_time,
+            {"type": op.operation_type.name, "pool": target[1], "end": op.end_time,
              "failed": bool(op.error.code or op.status_message)}
-            for op in listed if cluster_pools in op.target_link
+            for op in listed
+            if (target := gke.operation_target(op.target_link)) and target[0] == config.cluster_name and target[1]
         ]
         times = gke.slice_times(operations, pools)
         for slice_ in times:

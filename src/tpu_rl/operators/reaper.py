@@ -33,8 +33,12 @@ def _time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def _pool_chips(pool) -> int:
-    return chips_per_host(pool.config.machine_type) * pool.initial_node_count * max(len(pool.locations), 1)
+def pool_chips(pool) -> int:
+    """The TPU chips a node pool holds or can hold: a flex-start (or any autoscaled) pool is created with no
+    node and scales to its whole slice, so its autoscaling maximum counts, per zone as its node count does."""
+    autoscaled = pool.autoscaling.max_node_count if pool.autoscaling.enabled else 0
+    per_zone = max(pool.initial_node_count, autoscaled)
+    return chips_per_host(pool.config.machine_type) * per_zone * max(len(pool.locations), 1)
 
 
 class ReapOrphanedResourcesOperator(BaseOperator):
@@ -101,9 +105,8 @@ class ReapOrphanedResourcesOperator(BaseOperator):
 
         client = GKEHook(gcp_conn_id=gcp_conn_id, location=location).get_cluster_manager_client()
         parent = f"projects/{project}/locations/{location}"
-        # A node pool has no creation time of its own: its create operation's start (keyed by the last
-        # segments of the target link, which may name the project by number).
-        pool_created = {tuple(op.target_link.split("/")[-3::2]): op.start_time
+        # A node pool has no creation time of its own: its create operation's start.
+        pool_created = {gke.operation_target(op.target_link): op.start_time
                         for op in client.list_operations(parent=parent).operations
                         if op.operation_type.name == "CREATE_NODE_POOL"}
         found, reachable = [], {}
@@ -117,7 +120,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                     continue
                 created = _time(pool_created.get((cluster.name, pool.name)) or cluster.create_time)
                 resource = rp.Resource(rp.NODE_POOL, pool.name, pool_owner, created, cluster=cluster.name,
-                                       chips=_pool_chips(pool), **base)
+                                       chips=pool_chips(pool), **base)
                 found.append(resource)
                 tpu_pools.append(resource)
             if owner is not None:

@@ -32,7 +32,7 @@ from tpu_rl.operators.training_record import (
 )
 from tpu_rl.preemption import XCOM_PREEMPTIONS, PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
-from tpu_rl.training_metrics import Evaluation, Score, describe_evaluation, parse_evaluation
+from tpu_rl.training_metrics import Evaluation, Score, describe_evaluation, parse_evaluation, trainer_completed
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
@@ -40,6 +40,8 @@ XCOM_ATTEMPT_PREFIX = "attempt_prefix"
 XCOM_SUBMITTED_AT = "submitted_at"
 #: XCom key of the training's evaluation before and after (``Evaluation.to_dict()``, or None).
 XCOM_EVALUATION = "evaluation"
+#: XCom key of ``train_rl``: whether the trainer printed its success line (a normal exit).
+XCOM_TRAINER_COMPLETED = "trainer_completed"
 
 
 class RunJobSetOperator(RunScoped, JobSetOperator):
@@ -258,9 +260,13 @@ class TrainRlOperator(RunJobSetOperator):
                              "train_steps": config.train_steps, "gcp_conn_id": config.gcp_conn_id}}
 
     def after_completed(self, context: Any, event: dict[str, Any]) -> None:
-        evaluation = self._with_baseline(parse_evaluation(event.get("evaluation_lines") or []))
+        kept = event.get("evaluation_lines") or []
+        evaluation = self._with_baseline(parse_evaluation(kept))
         self.log.info("%s", describe_evaluation(evaluation, self.scope.config))
         context["ti"].xcom_push(key=XCOM_EVALUATION, value=evaluation.to_dict() if evaluation else None)
+        # verify_training reads it: a run that ended on a checkpoint boundary before its planned steps is done
+        # only if the trainer said so (the line is kept however long the evaluation after it printed).
+        context["ti"].xcom_push(key=XCOM_TRAINER_COMPLETED, value=trainer_completed(kept))
 
     def _with_baseline(self, evaluation: Evaluation | None) -> Evaluation | None:
         """The attempt's evaluation with the run's figures before training: those of its first attempt, kept in

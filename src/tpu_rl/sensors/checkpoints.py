@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE, Verdict
+from tpu_rl.checkpoints import Verdict
 from tpu_rl.compat import AirflowSensorTimeout
 from tpu_rl.hooks import gcs
 from tpu_rl.hooks.gcs import GcsReader, GcsReadHook
@@ -149,14 +149,14 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
 
     :param train_steps: planned steps, ``num_batches * rl.num_iterations``.
     :param checkpoint_period: the run's ``checkpoint_period``.
-    :param trainer_log: the end of the trainer's log (templated): its success line proves a normal exit,
-        which tells an early end on a multiple of ``checkpoint_period`` from an interrupted run.
+    :param trainer_completed: whether the trainer printed its success line (templated; "True" when rendered):
+        a normal exit, which tells an early end on a multiple of ``checkpoint_period`` from an interrupted run.
 
     XCom return value: the final step (int), for the export's ``actor/<step>/model_params/``.
     """
 
     template_fields: Sequence[str] = (
-        *GcsOutputSensor.template_fields, "train_steps", "checkpoint_period", "trainer_log"
+        *GcsOutputSensor.template_fields, "train_steps", "checkpoint_period", "trainer_completed"
     )
 
     def __init__(
@@ -165,14 +165,14 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
         train_steps: int | str,
         checkpoint_period: int | str,
         items: Sequence[str] = ("model_params", "optimizer_state"),
-        trainer_log: str = "",
+        trainer_completed: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.train_steps = train_steps
         self.checkpoint_period = checkpoint_period
         self.items = list(items)
-        self.trainer_log = trainer_log
+        self.trainer_completed = trainer_completed
 
     def build_trigger(self, deadline: float) -> GcsOutputTrigger:
         from tpu_rl.triggers.checkpoints import FinalTrainingCheckpointTrigger
@@ -188,7 +188,7 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
             "train_steps": int(self.train_steps),
             "checkpoint_period": int(self.checkpoint_period),
             "items": self.items,
-            "trainer_completed": TRAINER_SUCCESS_LINE in (self.trainer_log or ""),
+            "trainer_completed": str(self.trainer_completed) == "True",
         }
 
     def result(self, event: dict[str, Any]) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
 from airflow.triggers.base import TriggerEvent
 
-from tpu_rl.gke import capacity_wait_reason
+from tpu_rl.gke import capacity_wait_reason, quota_reason
 from tpu_rl.hooks.cluster import node_pool_conditions
 
 #: The log says at most this often that the pool still waits for capacity.
@@ -54,7 +54,15 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
                 if operation.status == Operation.Status.DONE:
                     yield TriggerEvent({"status": "success", "operation_name": operation.name})
                     return
-                reason = capacity_wait_reason(await node_pool_conditions(hook, self.pool_path))
+                if operation.operation_type != Operation.Type.CREATE_NODE_POOL:  # a pool replaced or reconciled
+                    await asyncio.sleep(self.poll_interval)
+                    continue
+                conditions = await node_pool_conditions(hook, self.pool_path)
+                if (quota := quota_reason(conditions)) is not None:  # no wait brings quota
+                    yield TriggerEvent({"status": "quota", "operation_name": operation.name, "node_pool": pool,
+                                        "message": quota})
+                    return
+                reason = capacity_wait_reason(conditions)
                 if reason is not None:
                     if time.time() >= self.capacity_deadline:
                         yield TriggerEvent({"status": "capacity_timeout", "operation_name": operation.name,

@@ -22,7 +22,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from tpu_rl import jobset_status as st
 from tpu_rl.hooks.gcs import GcsReadHook
 from tpu_rl.hooks.jobset import AsyncJobSetHook, ClusterTarget
-from tpu_rl.training_metrics import evaluation_kind
+from tpu_rl.training_metrics import kept_line_kind
 from tpu_rl.triggers.training_progress import TrainingProgress
 
 #: Airflow 3.3 added BaseTrigger.on_kill, called when a user kills the deferred task.
@@ -46,7 +46,8 @@ class _Progress:
         self.kueue_note = ""
         self.log_idle = True
         self.pods_changed = asyncio.Event()
-        #: The last evaluation line of each kind (``Pre``, ``Post``) the log showed.
+        #: The last line of each kind the run reads after the training (``Pre``, ``Post``, ``Completed``: its
+        #: evaluation and success lines, ``training_metrics.kept_line_kind``) the log showed.
         self.evaluation: dict[str, str] = {}
         self.finished = asyncio.Event()
 
@@ -317,7 +318,7 @@ class JobSetTrigger(BaseTrigger):
                 if text is not None:
                     received = True
                     progress.tail.append(text)
-                    if kind := evaluation_kind(text):
+                    if kind := kept_line_kind(text):
                         progress.evaluation[kind] = text
                     self.log.info("[%s] %s", pod.name, text)
         except asyncio.CancelledError:
