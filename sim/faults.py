@@ -15,7 +15,7 @@ A rule is one data key of the ConfigMap (the rule's name) whose value is a JSON 
     "fail_attempts"   fail only while the JobSet restart attempt < N (annotation sim.tpu-rl.dev/fail-attempts)
     "maxtext_fault"   emulator faults, comma-separated (annotation sim.tpu-rl.dev/maxtext-fault), see
                       sim/maxtext_emulator.py: skip-commit, drop-leaf, drop-shard, no-index,
-                      stop-at-step=N, crash-at-step=N, preempt-at-step=N, eval-regression
+                      stop-at-step=N, crash-at-step=N, preempt-at-step=N, preempt-in-evaluation, eval-regression
     "run_seconds"     how long the pod runs before it exits
   "times"             how many workload attempts (JobSet name and uid + restart attempt, so a JobSet
                       submitted again under its name is a new one; or Job; or bare pod)

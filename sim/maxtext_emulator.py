@@ -27,6 +27,8 @@ Pod annotations read (on the pod template):
                                 preempt-at-step=N (the host is reclaimed after step N, as a Spot VM is: the saves
                                 up to N, the last one cut short with skip-commit; then the kubelet's SIGTERM, exit
                                 code 143, and the pod condition DisruptionTarget TerminationByKubelet),
+                                preempt-in-evaluation (the same preemption, after the training's final save and
+                                its success line, during the evaluation after training),
                                 eval-regression (the evaluation after training scores lower than before)
 Annotations written: sim.tpu-rl.dev/exit-at, /emulated (what was done), /fault-rule, /warnings, and
 exit-code / fail-attempts / run-seconds when a rule sets them; /disruption (a DisruptionTarget reason) for a
@@ -126,10 +128,12 @@ class PodFailure(Exception):
     """The emulated process fails: the pod gets this exit code (and, when its host was taken, a DisruptionTarget
     reason)."""
 
-    def __init__(self, message, exit_code=1, disruption=None):
+    def __init__(self, message, exit_code=1, disruption=None, lines=()):
         super().__init__(message)
         self.exit_code = exit_code
         self.disruption = disruption
+        #: What the process logged before it failed.
+        self.lines = list(lines)
 
 
 # ---------------------------------------------------------------- command parsing
@@ -409,7 +413,10 @@ def train_rl(client, args, flags, faults_):
              f"Loaded Hugging Face dataset {args.get('dataset_name', 'openai/gsm8k')} with split "
              f"{args.get('train_split', 'train')}" + (f" from {args['hf_train_files']}" if args.get("hf_train_files") else "")]
     if start:
-        lines.append(f"restored actor checkpoint at step {start}, resuming")
+        # Tunix's own line (tunix/sft/checkpoint_manager.py:293 at c4ec573), then the data fast-forward
+        # (rl_learner.py:400-407).
+        lines.append(f"Restored params from step: {start} in 1.234 seconds")
+        lines.append(f"Fast forwarded {start} micro-batches.")
     # Evaluation on num_test_batches * batch_size test prompts, before and after training; none with 0.
     seed = out.url
     test_prompts = test_batches * int(args.get("batch_size", 1))
@@ -442,6 +449,9 @@ def train_rl(client, args, flags, faults_):
         raise PodFailure(f"SIGTERM after step {end}: the host is shutting down (simulated Spot VM preemption)",
                          exit_code=143, disruption="TerminationByKubelet")
     lines.append("RL Training Completed Successfully!")
+    if "preempt-in-evaluation" in faults_:  # the host goes during the evaluation after training
+        raise PodFailure("SIGTERM during the evaluation after training: the host is shutting down (simulated Spot VM "
+                         "preemption)", exit_code=143, disruption="TerminationByKubelet", lines=lines)
     if test_batches > 0:
         # MaxText 0.2.4 train_rl.py prints its success line (810) before a whole second evaluation (812-827), whose
         # vLLM engine logs as it goes: the success line is long out of a log's last lines when Post prints.
@@ -632,7 +642,7 @@ class Emulator:
                 lines, out = globals()[stage](self.gcs, args, flags, maxtext_faults)
                 summary = f"{stage}: wrote {len(out.written)} objects under {out.url}"
         except PodFailure as e:
-            lines, summary = [f"ERROR: {e}"], f"{stage or 'pod'}: failed: {e}"
+            lines, summary = [*e.lines, f"ERROR: {e}"], f"{stage or 'pod'}: failed: {e}"
             if not fails:  # fail this attempt whatever the fault annotations say
                 patch[PREFIX + "exit-code"] = str(e.exit_code)
             if e.disruption:

@@ -296,28 +296,38 @@ SET_ASIDE_FOLDER = "_set_aside"
 class ResumePlan:
     """Where a resumed trainer starts, and the step folders above it that must not stay in its way.
 
-    :param resume_from: the newest complete step (0 when none: the trainer starts again from the base checkpoint).
-    :param set_aside: (step, why) for each newer folder that is not a complete step.
+    :param resume_from: the newest committed step (0 when none: the trainer starts again from the base checkpoint).
+    :param set_aside: (step, why) for each newer folder that is not committed.
+    :param committed_warnings: (step, why) when the step resumed from is committed but fails the leaf check.
     """
 
     resume_from: int
     set_aside: tuple[tuple[int, str], ...] = ()
+    committed_warnings: tuple[tuple[int, str], ...] = ()
+
+
+def is_committed(verdict: Verdict) -> bool:
+    """Whether an Orbax step folder's verdict found its ``commit_success.txt`` (whatever else it found)."""
+    return not any(problem.startswith(f"no {COMMIT_SUCCESS} ") for problem in verdict.problems)
 
 
 def plan_resume(newest_first: Iterable[tuple[int, Verdict]]) -> ResumePlan:
     """The resume point, from the verdicts of the step folders under ``checkpoints/actor/``, newest first.
 
-    Orbax (v0.12.3, ``path/step.py``: ``is_checkpoint_finalized``, ``checkpoint_steps``) lists a ``gs://`` step
-    folder only once it holds ``commit_success.txt``, and its next save of that step deletes the unfinished
-    folder first (maxtext.md): a folder half-written when the trainer was stopped is never restored, but its
-    partial save would vanish unseen and the final-step check would meet it. A folder with the marker whose
-    save is still not whole (:func:`check_orbax_step`) is what Orbax would restore, broken. Both are set aside;
-    older folders are not looked at.
+    Orbax (orbax-checkpoint 0.12.8 ``path/step.py``: ``_StandardNameFormat._build_metadata`` skips a step that
+    ``is_path_finalized`` rejects; on ``gs://`` that is a folder without ``commit_success.txt``, which
+    ``CommitFileTemporaryPath.finalize`` writes last) restores the newest committed step, and its next save of an
+    uncommitted step deletes the folder first: only those are set aside (kept for inspection; the final-step
+    check would otherwise meet them). A committed step whose leaves fail :func:`check_orbax_step` is still what
+    Orbax restores: the leaf layout the Pathways persistence path writes is not publicly documented, so such a
+    failure is a warning, never a reason to throw away a committed step (and its hours of training). Older
+    folders are not looked at.
     """
     set_aside = []
     for step, verdict in newest_first:
-        if verdict.complete:
-            return ResumePlan(step, tuple(set_aside))
+        if verdict.complete or is_committed(verdict):
+            warnings = () if verdict.complete else ((step, verdict.describe()),)
+            return ResumePlan(step, tuple(set_aside), warnings)
         set_aside.append((step, verdict.describe()))
     return ResumePlan(0, tuple(set_aside))
 

@@ -581,7 +581,8 @@ def _validate(c: RunConfig):
     """Every problem of the config, rule group by rule group (always in the same order)."""
     for rules in (_validate_required, _validate_cloud_names, _validate_cluster_access, _validate_model,
                   _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice,
-                  _validate_interval_data, _validate_planned_steps, _validate_evaluation, _validate_notification):
+                  _validate_interval_data, _validate_dataset, _validate_planned_steps, _validate_evaluation,
+                  _validate_notification):
         yield from rules(c)
 
 
@@ -798,6 +799,36 @@ def _axes_divide(c: RunConfig, side: str, kind: str, *fields: str, blame: int):
 #: The MaxText 0.2.4 keys that say what a run trains on (configs/base.yml, configs/post_train/rl.yml): a
 #: Hugging Face split, which takes slices such as train[0:200], or the data files of a partition.
 INTERVAL_DATA_KEYS = ("train_split", "hf_train_files")
+
+
+#: MaxText 0.2.4's recipe for a Hub dataset other than its default (trainers/post_train/rl/scripts/
+#: run_qwen3_30b_rl.sh): the training files and split, and the evaluation on the same dataset.
+DATASET_RECIPE = ("hf_train_files=hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet, "
+                  "train_split=train_1M, eval_dataset_name=nvidia/OpenMathInstruct-2")
+
+
+def _validate_dataset(c: RunConfig):
+    """What train_rl (MaxText 0.2.4 get_dataset, prepare_datasets) does with the dataset keys: without files it
+    loads ``dataset_name`` with ``hf_subset`` ('main' in rl.yml, GSM8K's config; OpenMathInstruct-2 has only
+    'default': "BuilderConfig 'main' not found"), and it evaluates on ``eval_dataset_name`` (GSM8K unless set);
+    with files, the split is the name of a parquet split, which refuses a slice such as train[0:200]."""
+    data = {**c.extra_train_args, **c.interval_data}
+    if c.dataset_name and c.dataset_name != MAXTEXT_DEFAULT_DATASET:
+        reasons = []
+        if not data.get("hf_train_files") and "hf_subset" not in data:
+            reasons.append(f"{c.dataset_name} alone is loaded with MaxText's hf_subset 'main' (GSM8K's config, which "
+                           "another dataset may not have: OpenMathInstruct-2 has only 'default')")
+        if c.evaluation_batches and "eval_dataset_name" not in data:
+            reasons.append(f"the model would be evaluated on {MAXTEXT_DEFAULT_DATASET}, MaxText's eval_dataset_name")
+        if reasons:
+            yield Problem("dataset_name", "; ".join(reasons),
+                          f"set extra_train_args (or interval_data) as MaxText's run_qwen3_30b_rl.sh does: {DATASET_RECIPE} "
+                          "(or give the dataset's hf_subset, and eval_dataset_name to evaluate on another set)")
+    split = data.get("train_split")
+    if data.get("hf_train_files") and isinstance(split, str) and "[" in split:
+        yield Problem("interval_data" if "train_split" in c.interval_data else "extra_train_args",
+                      f"train_split '{split}' is a slice, and with hf_train_files it names a parquet split, which "
+                      "refuses slices", "slice with train_split alone (a Hub split), or pick the interval's files with hf_train_files")
 
 
 def _validate_interval_data(c: RunConfig):

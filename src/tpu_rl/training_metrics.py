@@ -72,17 +72,28 @@ def merge_scalars(files: Mapping[str, Scalars]) -> Scalars:
     return {tag: sorted(points.items()) for tag, points in sorted(merged.items())}
 
 
-def attempt_progress(files: Mapping[str, Scalars], train_steps: int, now: float) -> str | None:
+def attempt_progress(files: Mapping[str, Scalars], train_steps: int, now: float,
+                     attempt_started: float | None = None) -> str | None:
     """:func:`progress_line` from the scalars of each event file (by file name); None before any file.
 
     The newest file is the trainer's current attempt: its writer's start gives the elapsed time, and the
-    step before its first logged loss the step it resumed from, so the ETA counts only its own steps.
+    step before its first logged loss the step it resumed from, so the ETA counts only its own steps. A file
+    whose writer started before ``attempt_started`` (POSIX seconds: when the current attempt was submitted)
+    is an earlier attempt's: until the current one writes its first file (minutes of loading the model), the
+    line gives the step reached and no ETA, which would be the earlier attempt's.
     """
     if not files:
         return None
     names = sorted(files)
     scalars = merge_scalars(files)
+    if attempt_started is not None and (event_file_started(names[-1]) or 0) < attempt_started:
+        losses = scalars.get(LOSS_TAG) or []
+        step = losses[-1][0] if losses else 0
+        return (f"step {step}/{train_steps} ({100 * step // train_steps}%) before this attempt, which has not "
+                "logged a step yet (it loads the model)")
     current, losses = files[names[-1]].get(LOSS_TAG), scalars.get(LOSS_TAG)
+    if current:  # the current attempt is where its own curve ends (an earlier one may have logged further)
+        scalars = {**scalars, LOSS_TAG: [(step, value) for step, value in losses if step <= current[-1][0]]}
     resumed_from = current[0][0] - 1 if current else (losses[-1][0] if losses else 0)
     started = event_file_started(names[-1])
     return progress_line(scalars, train_steps, now - started if started else 0.0, resumed_from)
@@ -134,13 +145,22 @@ class Evaluation:
         return cls(*(Score(**data[k]) if data.get(k) else None for k in ("before", "after")))
 
 
+#: Tunix's line when a trainer resumes from a checkpoint (tunix/sft/checkpoint_manager.py at the commit
+#: MaxText 0.2.4 pins, c4ec573, line 293: ``'Restored params from step: %d in %.3f seconds'``).
+_RESTORED_LINE = re.compile(r"Restored params from step: (?P<step>\d+)")
+
+
 def kept_line_kind(line: str) -> str | None:
     """What the run reads of a trainer's log line after the training, whatever scrolled between: ``Pre`` or
     ``Post`` for its evaluation lines, ``Completed`` for its success line (MaxText 0.2.4 train_rl.py prints it
-    before the evaluation after training, which may print a lot); else None (cheap for the lines that are
-    not: a log follower asks this of every line)."""
+    before the evaluation after training, which may print a lot), ``Restored`` when the attempt resumed from a
+    step (its ``Pre`` line then evaluates trained weights); else None (cheap for the lines that are not: a log
+    follower asks this of every line)."""
     if TRAINER_SUCCESS_LINE in line:
         return "Completed"
+    if "Restored params from step: " in line:
+        match = _RESTORED_LINE.search(line)
+        return "Restored" if match and int(match["step"]) > 0 else None
     if " RL Training: " not in line:
         return None
     match = _EVALUATION_LINE.search(line)
@@ -149,7 +169,12 @@ def kept_line_kind(line: str) -> str | None:
 
 def trainer_completed(kept_lines: Iterable[str]) -> bool:
     """Whether the kept lines hold the trainer's success line (a normal exit)."""
-    return any(TRAINER_SUCCESS_LINE in line for line in kept_lines)
+    return any(kept_line_kind(line) == "Completed" for line in kept_lines)
+
+
+def restored_a_step(kept_lines: Iterable[str]) -> bool:
+    """Whether the attempt whose kept lines these are resumed from a checkpoint step (not the run's start)."""
+    return any(kept_line_kind(line) == "Restored" for line in kept_lines)
 
 
 def parse_evaluation(log_lines: Iterable[str]) -> Evaluation | None:

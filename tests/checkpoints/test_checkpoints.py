@@ -288,6 +288,22 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
     stored = json.loads(bucket.blob(record).download_as_bytes())
     assert stored["evaluation_before"]["correct"] == 8 and stored["parameters"] == {"num_batches": 50}
 
+    # Another run whose first attempt's Pre line was never seen (a triggerer restarted after the kubelet rotated
+    # the log): the resumed attempt, which restored step 20, must not become "before".
+    ctx["run_id"] = "manual__2026-12-02T10:00:00+00:00"
+    train = TrainRlOperator(task_id="train_rl")
+    record = train.bind_scope(ctx).layout.training_record_object
+    put(bucket, record, {"parameters": {"num_batches": 50}})
+    with pytest.raises(JobSetFailedError):
+        train.execute_complete(ctx, {"status": "failed", "message": "exited 3", "evaluation_lines": [],
+                                     "name": "j", "namespace": "default", "uid": "u"})
+    train.after_completed(ctx, {"evaluation_lines": [
+        "I1202 11:00:00.1 1 checkpoint_manager.py:293] Restored params from step: 20 in 12.345 seconds",
+        line("Pre", 11), line("Post", 12)]})
+    evaluation = ctx["ti"].xcoms["evaluation"]
+    assert evaluation["before"] is None and evaluation["after"]["correct"] == 12
+    assert "evaluation_before" not in json.loads(bucket.blob(record).download_as_bytes())
+
 
 def test_publish_replaces_stale_files_and_emits_the_asset_event(bucket):
     write_hf_export(bucket, STAGING, shards=2)

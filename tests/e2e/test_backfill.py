@@ -177,7 +177,7 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
         if day != failing:  # completed intervals are left alone
             assert airflow.run(PROGRAM, runs[day]["dag_run_id"])["end_date"] == runs[day]["end_date"]
     log = airflow.task_log(PROGRAM, runs[failing]["dag_run_id"], "train_rl", again["train_rl"]["try_number"])
-    assert "restored actor checkpoint at step 2" in log, log[-3000:]
+    assert "Restored params from step: 2 in " in log, log[-3000:]
     assert_trained_on_its_slice(airflow, runs[failing]["dag_run_id"], again, failing)
     assert "4/commit_success.txt" in {b.name[len(actor):] for b in gcs.list_blobs(bucket, prefix=actor)}
     assert cluster_or_none(gke, CLUSTER) is None

@@ -31,6 +31,8 @@ SCENARIOS = {
     "spot": ({**SIM_CONF, "checkpoint_period": 8}, "preempt-at-step=30", 1),
     "budget": ({**SIM_CONF, "checkpoint_period": 10, "max_preemptions": 2}, "preempt-at-step=20", None),  # every one
     "halfstep": ({**SIM_CONF, "checkpoint_period": 10}, "preempt-at-step=30,skip-commit", 1),
+    # The host goes during the evaluation after training, after the final save and the success line.
+    "after_final": ({**SIM_CONF, "checkpoint_period": 10}, "preempt-in-evaluation", 1),
 }
 
 
@@ -76,7 +78,7 @@ def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_r
     assert ("preempted (DisruptionTarget TerminationByKubelet: TPU host maintenance or node shutdown, e.g. a Spot VM "
             "reclaimed (the kubelet terminated the pod); pod ") in log
     assert "at step 30: resuming from step 24 (preemption 1 of 3)" in log
-    assert "restored actor checkpoint at step 24, resuming" in log  # the trainer's own line
+    assert "Restored params from step: 24 in " in log  # the trainer's own line (Tunix)
 
     # The checkpoints prove the resume: the second attempt's event file starts right after step 24.
     events = sorted(n for n in names(gcs, layout, layout.tensorboard_prefix) if training_metrics.is_event_file(n))
@@ -125,10 +127,27 @@ def test_a_step_half_written_when_preempted_is_set_aside_and_the_resume_starts_f
     assert "actor/30/ is not a complete step (no commit_success.txt in actor/30/" in log
     assert f"{layout.uri(layout.set_aside_prefix)}{folder}/" in log
     assert "at step 30: resuming from step 20 (preemption 1 of 3)" in log
-    assert "restored actor checkpoint at step 20, resuming" in log
+    assert "Restored params from step: 20 in " in log
     # The resumed trainer saved step 30 again, whole, in the step folder the half-written one left free.
     assert "30/commit_success.txt" in names(gcs, layout, layout.actor_checkpoints_prefix)
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 50
     accounting = airflow.xcom(DAG_ID, run_id, "train_rl", XCOM_PREEMPTIONS)
     assert accounting["steps_recomputed"] == 10
     assert accounting["events"][0]["set_aside"] == [f"{layout.uri(layout.set_aside_prefix)}{folder}/"]
+
+
+def test_a_preemption_after_the_final_save_completes_the_training_without_resubmitting_it(airflow, gcs, preempted):
+    """Resubmitting would reload the 30B model and evaluate twice for nothing: the final step is committed."""
+    run_id, layout = preempted["after_final"]
+    assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"
+
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert tasks["train_rl"]["try_number"] == 1
+    log = train_log(airflow, run_id)
+    assert "Preempted after its final save (actor/50/ is the run's last step): the training is complete" in log
+    assert "resuming from step" not in log
+    events = [n for n in names(gcs, layout, layout.tensorboard_prefix) if training_metrics.is_event_file(n)]
+    assert len(events) == 1  # one trainer attempt: nothing was resubmitted
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 50
+    evaluation = airflow.xcom(DAG_ID, run_id, "train_rl", "evaluation")
+    assert evaluation["before"] and evaluation["after"] is None  # the evaluation after training was cut short

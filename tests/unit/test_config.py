@@ -279,3 +279,26 @@ def test_flex_start_is_refused_for_tpu_v4(tutorial_conf):
     assert problems["capacity_type"] == ("capacity_type: flex_start does not offer TPU v4; fix: use on_demand, spot or "
                                          "reservation, or a v5e, v5p or v6e slice.")
     assert RunConfig.from_params({**tutorial_conf, "capacity_type": "spot", **v4}).capacity_type == "spot"
+
+
+def test_a_hub_dataset_alone_is_refused_with_maxtexts_recipe(tutorial_conf):
+    """train_rl would load nvidia/OpenMathInstruct-2 with hf_subset 'main' (it has only 'default': "BuilderConfig
+    'main' not found") and evaluate on GSM8K; MaxText's run_qwen3_30b_rl.sh sets the files, the split and the
+    evaluation set together."""
+    problems = problems_for(tutorial_conf, dataset_name="nvidia/OpenMathInstruct-2")
+    assert "hf_subset 'main'" in problems["dataset_name"] and "run_qwen3_30b_rl.sh" in problems["dataset_name"]
+    recipe = {"hf_train_files": "hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet",
+              "train_split": "train_1M", "eval_dataset_name": "nvidia/OpenMathInstruct-2"}
+    RunConfig.from_params({**tutorial_conf, "dataset_name": "nvidia/OpenMathInstruct-2", "extra_train_args": recipe})
+    # Evaluating on another set is allowed when said so; not evaluating at all needs no evaluation set.
+    RunConfig.from_params({**tutorial_conf, "dataset_name": "nvidia/OpenMathInstruct-2",
+                           "extra_train_args": {**recipe, "eval_dataset_name": "openai/gsm8k"}})
+    RunConfig.from_params({**tutorial_conf, "dataset_name": "nvidia/OpenMathInstruct-2",
+                           "extra_train_args": {"hf_subset": "default", "num_test_batches": 0}})
+
+
+def test_a_split_slice_with_data_files_is_refused(tutorial_conf):
+    """With hf_train_files MaxText loads parquet files whose split is named by train_split: datasets refuses a
+    slice there ("Split name should match '^\\w+(\\.\\w+)*$'")."""
+    problems = problems_for(tutorial_conf, extra_train_args={"hf_train_files": "gs://b/p/*.parquet", "train_split": "train[0:200]"})
+    assert "refuses slices" in problems["extra_train_args"]

@@ -98,7 +98,9 @@ def module_invocations(config: RunConfig, run) -> list[tuple[str, list[str]]]:
     return found
 
 
-@pytest.fixture(params=[{}, {"dataset_name": "nvidia/OpenMathInstruct-2", "extra_train_args": {"rl.num_iterations": 2}}])
+@pytest.fixture(params=[{}, {"dataset_name": "nvidia/OpenMathInstruct-2", "extra_train_args": {
+    "rl.num_iterations": 2, "hf_train_files": "hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet",
+    "train_split": "train_1M", "eval_dataset_name": "nvidia/OpenMathInstruct-2"}}])
 def config(request, tutorial_conf) -> RunConfig:
     return RunConfig.from_params({**tutorial_conf, **request.param})
 

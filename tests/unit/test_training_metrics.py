@@ -383,3 +383,17 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
     assert not any("Completed Successfully" in line for line in progress.tail)
     assert tm.trainer_completed(kept) and tm.parse_evaluation(kept).after.correct == 12
     assert not tm.trainer_completed([PRE, POST])
+
+
+def test_the_eta_is_never_an_earlier_attempts_while_the_resumed_trainer_loads_the_model():
+    """A resumed trainer writes its first event file only after minutes of loading the 30B model: until then
+    the newest file is the preempted attempt's, whose ETA no longer holds."""
+    earlier = {"events.out.tfevents.1764583200.head-0": {tm.LOSS_TAG: [(s, 0.5) for s in range(1, 31)]}}
+    resubmitted_at, now = 1764583200 + 3600, 1764583200 + 3700
+
+    line = tm.attempt_progress(earlier, 50, now, attempt_started=resubmitted_at)
+    assert line == "step 30/50 (60%) before this attempt, which has not logged a step yet (it loads the model)"
+    assert "ETA" in tm.attempt_progress(earlier, 50, now)  # without the attempt's start, as before
+
+    resumed = {**earlier, "events.out.tfevents.1764586900.head-0": {tm.LOSS_TAG: [(s, 0.4) for s in range(25, 29)]}}
+    assert tm.attempt_progress(resumed, 50, resubmitted_at + 300, attempt_started=resubmitted_at).startswith("step 28/50")

@@ -180,7 +180,7 @@ async def training_state(
     for step in numbers:
         verdict = await probe_orbax_step(reader, f"{actor_prefix}{step}/", f"actor/{step}/", items)
         steps.append((step, verdict))
-        if verdict.complete:
+        if rules.is_committed(verdict):  # the step Orbax restores (rules.plan_resume)
             marker, _ = await reader.list(f"{actor_prefix}{step}/{rules.COMMIT_SUCCESS}")
             committed_at = marker[""].updated if "" in marker else None
             break

@@ -116,6 +116,12 @@ class JobSetOperator(BaseOperator):
         """More keywords for the JobSet's trigger (serialised with it)."""
         return {}
 
+    def after_failed(self, context: Context, event: dict[str, Any]) -> dict | None:
+        """Runs when the JobSet Failed, before the task fails: it may submit a replacement and defer (a resume),
+        or return the task's result (the work was done after all, e.g. with ``succeed``); None: the task fails
+        with the JobSet's failure."""
+        return None
+
     def after_completed(self, context: Context, event: dict[str, Any]) -> None:
         """Runs when the JobSet Completed, with the trigger's event (its ``evaluation_lines``, ``log_tail``);
         the event is empty when a Completed JobSet of an earlier try was adopted (nothing watched it)."""
@@ -243,17 +249,23 @@ class JobSetOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
         """The trigger's event: the JobSet Completed, Failed or was deleted; in every case it writes no more."""
         self.tracked = {k: event[k] for k in ("name", "namespace", "uid")}
+        if event["status"] == "failed" and (result := self.after_failed(context, event)) is not None:
+            return result
         try:
             if event["status"] != "success":
                 raise JobSetFailedError(event["message"])
-            self.log.info("%s", event["message"])
-            result = self._finish_success(
-                {"metadata": self.tracked, "status": {"restarts": event.get("restarts", 0)}}, event["log_tail"]
-            )
-            self.after_completed(context, event)
-            return result
+            return self.succeed(context, event)
         finally:
             self.after_jobset_ended(context)
+
+    def succeed(self, context: Context, event: dict[str, Any]) -> dict:
+        """The task's result for a JobSet whose work is done (its event): ``after_completed`` runs."""
+        self.log.info("%s", event["message"])
+        result = self._finish_success(
+            {"metadata": self.tracked, "status": {"restarts": event.get("restarts", 0)}}, event["log_tail"]
+        )
+        self.after_completed(context, event)
+        return result
 
     def _finish_success(self, jobset: dict, log_tail: list[str]) -> dict:
         meta = jobset["metadata"]

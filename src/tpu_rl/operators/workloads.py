@@ -32,7 +32,14 @@ from tpu_rl.operators.training_record import (
 )
 from tpu_rl.preemption import XCOM_PREEMPTIONS, PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
-from tpu_rl.training_metrics import Evaluation, Score, describe_evaluation, parse_evaluation, trainer_completed
+from tpu_rl.training_metrics import (
+    Evaluation,
+    Score,
+    describe_evaluation,
+    parse_evaluation,
+    restored_a_step,
+    trainer_completed,
+)
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
 #: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
@@ -261,18 +268,22 @@ class TrainRlOperator(RunJobSetOperator):
 
     def after_completed(self, context: Any, event: dict[str, Any]) -> None:
         kept = event.get("evaluation_lines") or []
-        evaluation = self._with_baseline(parse_evaluation(kept))
+        evaluation = self._with_baseline(parse_evaluation(kept), restored_a_step(kept))
         self.log.info("%s", describe_evaluation(evaluation, self.scope.config))
         context["ti"].xcom_push(key=XCOM_EVALUATION, value=evaluation.to_dict() if evaluation else None)
         # verify_training reads it: a run that ended on a checkpoint boundary before its planned steps is done
         # only if the trainer said so (the line is kept however long the evaluation after it printed).
         context["ti"].xcom_push(key=XCOM_TRAINER_COMPLETED, value=trainer_completed(kept))
 
-    def _with_baseline(self, evaluation: Evaluation | None) -> Evaluation | None:
+    def _with_baseline(self, evaluation: Evaluation | None, restored: bool) -> Evaluation | None:
         """The attempt's evaluation with the run's figures before training: those of its first attempt, kept in
-        the training record (a resumed attempt's ``Pre`` line evaluates the checkpoint it restored)."""
+        the training record. An attempt that ``restored`` a step (a retry, a clear, a preemption: its ``Pre``
+        line evaluates trained weights) never provides them, even when the first attempt's were lost (a
+        triggerer restarted after the kubelet rotated the log): then there are none, rather than wrong ones."""
         config, layout = self.scope.config, self.scope.layout
-        before = evaluation.before if evaluation else None
+        before = evaluation.before if evaluation and not restored else None
+        if evaluation and restored:
+            evaluation = Evaluation(before=None, after=evaluation.after)
         try:
             recorded = record_baseline(storage_client(config.gcp_conn_id), config.gcs_bucket,
                                        layout.training_record_object, asdict(before) if before else None)
@@ -292,19 +303,20 @@ class TrainRlOperator(RunJobSetOperator):
             config.gcp_conn_id,
         )
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict | None:
-        if event["status"] == "failed":  # A later attempt resumes: keep this one's figures before training.
-            self._with_baseline(parse_evaluation(event.get("evaluation_lines") or []))
-        if event["status"] == "failed" and event.get("preemption"):
-            return self._resume_after_preemption(context, event)
-        try:
-            return super().execute_complete(context, event)
-        finally:
-            self._push_accounting(context, None)
+    def after_failed(self, context: Any, event: dict[str, Any]) -> dict | None:
+        """A later attempt resumes: keep this one's figures before training. A preempted training is resumed
+        (or, when its final save was already done, is complete)."""
+        kept = event.get("evaluation_lines") or []
+        self._with_baseline(parse_evaluation(kept), restored_a_step(kept))
+        return self._resume_after_preemption(context, event) if event.get("preemption") else None
+
+    def after_jobset_ended(self, context: Any) -> None:
+        self._push_accounting(context, None)
 
     def _resume_after_preemption(self, context: Any, event: dict[str, Any]) -> dict | None:
         """Sets aside what is not whole, records the preemption, then resubmits and defers (or fails the task
-        once the run's budget is spent)."""
+        once the run's budget is spent). A training preempted after its final save (during the evaluation after
+        training, say) is complete: resubmitting it would reload the model and evaluate twice for nothing."""
         scope, config = self.scope, self.scope.config
         layout, client = scope.layout, storage_client(config.gcp_conn_id)
         state = GcsReadHook(config.gcp_conn_id).run_now(
@@ -313,6 +325,17 @@ class TrainRlOperator(RunJobSetOperator):
         )
         now = datetime.now(timezone.utc)
         plan = checkpoints.plan_resume(state.steps)
+        for step, why in plan.committed_warnings:
+            self.log.warning(
+                "actor/%d/ is committed (%s) but %s: Orbax restores a committed step, so the trainer resumes from it "
+                "(the leaf layout of Pathways' persistence is not documented)", step, checkpoints.COMMIT_SUCCESS, why)
+        if checkpoints.check_final_step(plan.resume_from, config.train_steps, config.checkpoint_period).complete:
+            self.log.warning("Preempted after its final save (actor/%d/ is the run's last step): the training is "
+                             "complete, not resubmitted.\n%s", plan.resume_from, event["message"])
+            try:
+                return self.succeed(context, {**event, "message": f"training complete at step {plan.resume_from}"})
+            finally:
+                self.after_jobset_ended(context)
         moved = [self._set_aside(client, step, why, now) for step, why in plan.set_aside]
         started = (context["ti"].xcom_pull(task_ids=self.task_id, key=XCOM_JOBSET) or {}).get("created")
         since = max(filter(None, [state.committed_at, parse_not_before(started)]), default=None)

@@ -365,7 +365,7 @@ class JobSetTrigger(BaseTrigger):
                     ended = progress.finished.is_set()
                     if training.due():
                         try:
-                            await training.report(reader, self.log)
+                            await training.report(reader, self.log, _created(progress.jobset))
                         except Exception as e:
                             self.log.warning("Could not read the training's event files under gs://%s/%s (%s: %s)",
                                              training.bucket, training.prefix, type(e).__name__, str(e)[:300])
@@ -434,6 +434,12 @@ def _sortable(stamp: str) -> str:
     that string order is time order."""
     head, _, frac = stamp.rstrip("Z").partition(".")
     return f"{head}.{frac.ljust(9, '0')}"
+
+
+def _created(obj: dict) -> float | None:
+    """When a Kubernetes object was created (POSIX seconds), or None before it was read."""
+    stamp = (obj.get("metadata") or {}).get("creationTimestamp")
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
 def _epoch(sortable: str) -> float:

@@ -63,11 +63,13 @@ class TrainingProgress:
             scalars = await asyncio.to_thread(read_scalars, [data])
             self.files[name] = _EventFile(stored.size, stored.updated, data, scalars)
 
-    async def report(self, reader: GcsReader, log: Any) -> None:
-        """Read what changed and log the progress line (nothing before the trainer wrote its first file)."""
+    async def report(self, reader: GcsReader, log: Any, attempt_started: float | None = None) -> None:
+        """Read what changed and log the progress line (nothing before the trainer wrote its first file).
+        ``attempt_started``: when the JobSet of the current attempt was created (POSIX seconds)."""
         started = time.monotonic()
         await self.refresh(reader)
-        line = attempt_progress({name: f.scalars for name, f in self.files.items()}, self.train_steps, time.time())
+        line = attempt_progress({name: f.scalars for name, f in self.files.items()}, self.train_steps, time.time(),
+                                attempt_started)
         if line:
             log.info("Training progress: %s", line)
             self.logged_at = started
