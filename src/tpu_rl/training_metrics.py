@@ -9,6 +9,7 @@ of the event files (``tpu_rl.event_files``: no TensorBoard).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -122,8 +123,13 @@ class Score:
     mean_reward: float
 
     def describe(self) -> str:
-        return (f"accuracy {self.accuracy:.1f}% ({self.correct:g}/{self.total}), partial {self.partial_accuracy:.1f}%, "
-                f"format {self.format_accuracy:.1f}%, mean reward {self.mean_reward:.4f}")
+        """Each percentage with the number of prompts behind it: on 20 prompts one prompt is 5 points."""
+        return (f"accuracy {self.accuracy:.1f}% ({self.correct:g}/{self.total}), partial {self.partial_accuracy:.1f}% "
+                f"({self._count(self.partial_accuracy)}/{self.total}), format {self.format_accuracy:.1f}% "
+                f"({self._count(self.format_accuracy)}/{self.total}), mean reward {self.mean_reward:.4f}")
+
+    def _count(self, percentage: float) -> str:
+        return f"{percentage * self.total / 100:.3g}"
 
 
 @dataclass(frozen=True)
@@ -219,10 +225,48 @@ def quality_gate(evaluation: Evaluation | None, config: RunConfig) -> list[str]:
     if config.require_no_regression:
         if before is None:
             reasons.append(f"require_no_regression: the trainer logged no 'Pre RL Training' line to compare with {figures}")
-        elif after.accuracy < before.accuracy:
-            reasons.append(f"accuracy fell from {before.accuracy:.1f}% before training to {after.accuracy:.1f}% after "
-                           f"(require_no_regression) {figures}")
+        elif (change := accuracy_change(before, after))[1] < 0:
+            reasons.append(f"accuracy fell from {before.accuracy:.1f}% ({before.correct:g}/{before.total}) to "
+                           f"{after.accuracy:.1f}% ({after.correct:g}/{after.total}), beyond chance: the 95% interval "
+                           f"of the change, {change[0]:+.1f} to {change[1]:+.1f} points (Newcombe's score interval "
+                           f"from the counts), lies below 0 (require_no_regression) {figures}")
     return reasons
+
+
+def regression_note(evaluation: Evaluation | None) -> str | None:
+    """Why a lower accuracy after training did not fail ``require_no_regression``, for the gate's log."""
+    before, after = (evaluation.before, evaluation.after) if evaluation else (None, None)
+    if not (before and after and after.accuracy < before.accuracy):
+        return None
+    low, high = accuracy_change(before, after)
+    return (f"accuracy fell from {before.accuracy:.1f}% ({before.correct:g}/{before.total}) to {after.accuracy:.1f}% "
+            f"({after.correct:g}/{after.total}), within chance: the 95% interval of the change is {low:+.1f} to "
+            f"{high:+.1f} points (with {before.total} prompts, one prompt moves accuracy by {100 / before.total:.1f}); "
+            "more test prompts (num_test_batches) narrow it")
+
+
+def wilson_interval(correct: float, total: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (as fractions); (0, 1) without prompts."""
+    if total <= 0:
+        return 0.0, 1.0
+    p = correct / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    spread = z / (1 + z * z / total) * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
+    return max(0.0, centre - spread), min(1.0, centre + spread)
+
+
+def accuracy_change(before: Score, after: Score) -> tuple[float, float]:
+    """The 95% interval of accuracy after minus accuracy before, in percentage points: Newcombe's hybrid score
+    interval for a difference of two proportions (Newcombe 1998, method 10), from the counts alone. The two
+    evaluations score the same prompts, which a paired test would use; the log gives only the totals, and the
+    unpaired interval is the wider, so a regression it finds is one."""
+    p1, p2 = before.correct / before.total, after.correct / after.total
+    l1, u1 = wilson_interval(before.correct, before.total)
+    l2, u2 = wilson_interval(after.correct, after.total)
+    difference = p2 - p1
+    low = difference - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2)
+    high = difference + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
+    return 100 * low, 100 * high
 
 
 # --- progress ----------------------------------------------------------------------------------------------

@@ -225,14 +225,29 @@ def gated(conf: dict, **gate) -> RunConfig:
     return RunConfig.from_params({**conf, **gate})
 
 
-def test_a_regression_fails_the_gate_with_both_sets_of_figures(tutorial_conf):
-    worse = POST.replace("corr=12", "corr=5").replace("accuracy=60.0%", "accuracy=25.0%", 1)
+def test_a_regression_fails_the_gate_only_beyond_chance_with_both_sets_of_figures(tutorial_conf):
+    """The same fall (40% -> 25%) fails on 200 prompts and passes on 20, where one prompt is 5 points."""
+    def lines(total):
+        before = PRE.replace("corr=8, total=20", f"corr={total * 2 // 5}, total={total}")
+        after = POST.replace("corr=12, total=20", f"corr={total // 4}, total={total}").replace("accuracy=60.0%", "accuracy=25.0%", 1)
+        return tm.parse_evaluation([before, after])
 
-    reasons = tm.quality_gate(tm.parse_evaluation([PRE, worse]), gated(tutorial_conf, require_no_regression=True))
+    config = gated(tutorial_conf, require_no_regression=True)
+    [reason] = tm.quality_gate(lines(200), config)
+    assert reason.startswith("accuracy fell from 40.0% (80/200) to 25.0% (50/200), beyond chance: the 95% interval of "
+                             "the change, -23.8 to -5.8 points")
+    assert "before training: accuracy 40.0% (80/200)" in reason and "after: accuracy 25.0% (50/200)" in reason
+    assert tm.quality_gate(lines(20), config) == []
+    assert "within chance" in tm.regression_note(lines(20))
 
-    assert len(reasons) == 1
-    assert reasons[0].startswith("accuracy fell from 40.0% before training to 25.0% after")
-    assert "before training: accuracy 40.0% (8/20)" in reasons[0] and "after: accuracy 25.0% (5/20)" in reasons[0]
+
+def test_the_change_interval_is_newcombes():
+    """Newcombe (1998), Table II, example (a): 56/70 vs 48/80, method 10 gives 0.0524 to 0.3339."""
+    def score(correct, total):
+        return tm.Score(correct, total, 100 * correct / total, 0, 0, 0)
+
+    low, high = tm.accuracy_change(score(48, 80), score(56, 70))
+    assert (round(low / 100, 4), round(high / 100, 4)) == (0.0524, 0.3339)
 
 
 def test_accuracy_below_the_minimum_fails_the_gate(tutorial_conf):
@@ -252,7 +267,8 @@ def test_a_gate_without_the_after_figures_fails_rather_than_passing(tutorial_con
     reasons = tm.quality_gate(tm.parse_evaluation([PRE]), gated(tutorial_conf, min_post_accuracy=50))
 
     assert reasons == ["the trainer logged no 'Post RL Training' line, so the quality gate cannot be checked "
-                       "(before training: accuracy 40.0% (8/20), partial 50.0%, format 95.0%, mean reward 0.4950; "
+                       "(before training: accuracy 40.0% (8/20), partial 50.0% (10/20), format 95.0% (19/20), "
+                       "mean reward 0.4950; "
                        "after: not logged)"]
 
 
@@ -342,8 +358,8 @@ def test_the_summary_names_step_evaluation_cost_and_model(tutorial_config):
     assert summary.splitlines() == [
         "Run summary",
         "  final step   50/50",
-        "  evaluation   before accuracy 40.0% (8/20), partial 50.0%, format 95.0%, mean reward 0.4950",
-        "               after  accuracy 60.0% (12/20), partial 70.0%, format 100.0%, mean reward 0.7000",
+        "  evaluation   before accuracy 40.0% (8/20), partial 50.0% (10/20), format 95.0% (19/20), mean reward 0.4950",
+        "               after  accuracy 60.0% (12/20), partial 70.0% (14/20), format 100.0% (20/20), mean reward 0.7000",
         "  TPU          64.0 chip-hours, about $172.80 at $2.70 per chip-hour, 1 slice(s)",
         "  preemptions  none",
         "  model        gs://b/m/hf-trained/r/",

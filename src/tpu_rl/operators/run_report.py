@@ -65,6 +65,8 @@ class QualityGateOperator(RunScoped, BaseOperator):
         scope = self.bind_scope(context)
         evaluation = TrainingFigures.of(context, scope).evaluation
         self.log.info("%s", tm.describe_evaluation(evaluation, scope.config))
+        if scope.config.require_no_regression and (note := tm.regression_note(evaluation)):
+            self.log.info("require_no_regression passes: %s", note)
         reasons = tm.quality_gate(evaluation, scope.config)
         if reasons:
             # The figures will not change on a retry: fail at once.
