@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tpu_rl import maxtext, training_metrics
+from tpu_rl import checkpoints, maxtext, training_metrics
 from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE
+from tpu_rl import config as config_module
 from tpu_rl.config import INTERVAL_DATA_KEYS, MAXTEXT_DEFAULT_TEST_BATCHES, SUPPORTED_MODELS, RunConfig
 from tpu_rl.plan import plan_documents
 from tpu_rl.run import DataInterval, GcsLayout
@@ -235,3 +236,57 @@ def test_a_programs_interval_data_reaches_the_keys_train_rl_loads_its_training_d
     rendered = {key: template.format(**interval.template_values(200)) for key, template in data.items()}
     assert {f"{key}={value}" for key, value in rendered.items()} <= set(train_args)
     assert set(data) <= set(INTERVAL_DATA_KEYS) and set(data) <= known_config_keys(maxtext.TRAIN_RL)
+
+
+# --- what the package relies on of the Tunix commit and the Orbax release the image runs ------------------
+
+#: The Tunix commit MaxText 0.2.4's post-training install pins (dependencies/extra_deps/post_train_github_deps.txt).
+#: It is on GitHub only, which this test cannot reach: every marker read from the Tunix 0.1.7 wheel below was
+#: found unchanged at this commit (docs/training-metrics.md has both line numbers).
+TUNIX_COMMIT = "c4ec573d29e4c3a3955b348256d464b119c8a6d1"
+ORBAX_VERSION = "0.12.8"
+
+
+def orbax(path: str) -> str:
+    return cached_wheel("orbax-checkpoint", ORBAX_VERSION).read(f"orbax/checkpoint/{path}").decode()
+
+
+def test_the_release_pins_the_tunix_commit_the_docs_name():
+    pins = wheel().read("dependencies/extra_deps/post_train_github_deps.txt").decode()
+    assert f"google-tunix @ https://github.com/google/tunix/archive/{TUNIX_COMMIT}.zip" in pins
+    assert TUNIX_COMMIT in (Path(__file__).resolve().parents[2] / "docs/training-metrics.md").read_text()
+
+
+def test_orbax_skips_a_step_without_its_commit_marker_and_writes_the_marker_last():
+    """What the set-aside and the final-step check rely on (checkpoints.plan_resume): on gs:// a step folder is
+    written in place, commit_success.txt last, and a folder without it is no step to restore."""
+    assert "COMMIT_SUCCESS_FILE = 'commit_success.txt'" in orbax("_src/path/atomicity_types.py")
+    assert checkpoints.COMMIT_SUCCESS == "commit_success.txt"
+    step = orbax("_src/path/step.py")
+    assert "if not is_path_finalized(" in step and "return None" in step.split("if not is_path_finalized(", 1)[1][:400]
+    atomicity = orbax("_src/path/atomicity.py")
+    assert "COMMIT_SUCCESS_FILE" in atomicity.split("class CommitFileTemporaryPath", 1)[1]
+    assert "return atomicity.CommitFileTemporaryPath" in orbax("_src/path/atomicity_defaults.py")
+
+
+def test_the_planned_steps_are_maxtexts():
+    """configs/types.py: train_steps = int(num_batches x rl.num_iterations x train_fraction x num_epoch)."""
+    source = read("configs/types.py")
+    assert "int(self.dataset.num_batches * self.rl.num_iterations * self.dataset.train_fraction * self.num_epoch)" in source
+
+
+def test_a_hub_dataset_is_loaded_with_hf_subset_and_the_recipe_sets_files_split_and_evaluation():
+    """What config._validate_dataset refuses and recommends."""
+    source = read("trainers/post_train/rl/train_rl.py")
+    assert "data = datasets.load_dataset(dataset_name, name=tmvp_config.hf_subset, split=split)" in source
+    rl = yaml.safe_load(read("configs/post_train/rl.yml"))
+    assert (rl["hf_subset"], rl["eval_dataset_name"]) == ("main", "openai/gsm8k")
+    recipe = read("trainers/post_train/rl/scripts/run_qwen3_30b_rl.sh")
+    for pair in config_module.DATASET_RECIPE.split(", "):
+        assert pair in recipe, pair
+
+
+def test_tunix_logs_the_step_it_restored():
+    """The line that tells an attempt that resumed (its Pre evaluation scores trained weights)."""
+    assert "'Restored params from step: %d in %.3f seconds'" in tunix("sft/checkpoint_manager.py")
+    assert training_metrics.kept_line_kind("I1 checkpoint_manager.py:293] Restored params from step: 40 in 1.2 seconds") == "Restored"
