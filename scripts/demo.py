@@ -9,9 +9,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from local_airflow import LocalAirflow, _time, stage_table  # noqa: E402
 
 DAG_ID = "maxtext_rl_tpu"
+#: How long the emulated trainer trains in the demo: long enough for train_rl's progress lines (one a minute)
+#: to show the training on its way, with an ETA, as the trainer's growing event file reaches the bucket.
+TRAINING_SECONDS = 150
 
 
 def main() -> int:
@@ -27,6 +31,7 @@ def main() -> int:
     airflow.unpause(DAG_ID)
     run_id = airflow.trigger(DAG_ID, conf)
     print(f"triggered {DAG_ID} run {run_id} with {args.conf}")
+    train_for(run_id, conf, TRAINING_SECONDS)
     started, last = time.monotonic(), None
 
     def progress(_state: str) -> None:
@@ -36,7 +41,10 @@ def main() -> int:
             print(f"  {time.monotonic() - started:6.0f} s  {', '.join(running) or '...'}", flush=True)
             last = running
 
-    state = airflow.wait_for_run(DAG_ID, run_id, args.timeout, on_poll=progress)
+    try:
+        state = airflow.wait_for_run(DAG_ID, run_id, args.timeout, on_poll=progress)
+    finally:
+        train_for(run_id, conf, None)
     instances = airflow.task_instances(DAG_ID, run_id)
     print(f"\nrun {run_id}: {state} in {time.monotonic() - started:.0f} s\n")
     print(stage_table(instances, airflow.upstream(DAG_ID)))
@@ -60,6 +68,21 @@ def main() -> int:
     print(f"  Hugging Face model:  {airflow.xcom(DAG_ID, run_id, 'publish_export')}")
     print(f"  base checkpoint:     {airflow.xcom(DAG_ID, run_id, 'verify_converted')}")
     return 0
+
+
+def train_for(run_id: str, conf: dict, seconds: float | None) -> None:
+    """Makes the simulation's trainer of this run train for ``seconds`` (a rule of sim/faults.py on its JobSet);
+    None removes the rule."""
+    from sim import faults
+    from tpu_rl.config import RunConfig
+    from tpu_rl.run import RunIdentity
+
+    api, rule = faults.core_api(), f"demo-training-{RunIdentity(DAG_ID, run_id).key}"
+    if seconds is None:
+        faults.clear_faults(api, rule)
+        return
+    jobset = RunIdentity(DAG_ID, run_id).jobset_name(RunConfig.from_params(conf).workload_prefix, "train")
+    faults.set_fault(api, rule, prefix=jobset, stage="train_rl", run_seconds=seconds)
 
 
 def tpu_time(conf: dict, run_id: str, instances: dict) -> str:

@@ -29,7 +29,8 @@ State: $SIM/gke/state.json (clusters, node pools, operations, control-plane slot
 emulator knows: $SIM/gke/reservations.json (a JSON list of names or projects/P/reservations/N; default
 none); capacity faults: $SIM/gke/faults.json (sim/gke_faults.py), read on each request. Durations:
 TPU_RL_SIM_GKE_CLUSTER_CREATE_SECONDS (3, after the control plane is ready), _POOL_CREATE_SECONDS (3),
-_DELETE_SECONDS (2), _PENDING_SECONDS (0.3). Validation: sim/gke_rules.py. See sim/README.md.
+_DELETE_SECONDS (2), _PENDING_SECONDS (0.3), _STOCKOUT_SECONDS (10: GKE's ~35 minutes of retrying a create for
+capacity, time-scaled). Validation: sim/gke_rules.py. See sim/README.md.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ PENDING_S = seconds("PENDING", "0.3")
 CLUSTER_CREATE_S = seconds("CLUSTER_CREATE", "3")
 POOL_CREATE_S = seconds("POOL_CREATE", "3")
 DELETE_S = seconds("DELETE", "2")
+#: How long a create GKE cannot get capacity for stays RUNNING while GKE retries, before it fails: about 35
+#: minutes on GKE (observed: "Not all instances running in IGM after 35m ... [GCE_STOCKOUT]", Cluster Toolkit PR
+#: 6278; retries about every 4 minutes, NVIDIA/aicr issue 2764), time-scaled here.
+STOCKOUT_S = seconds("STOCKOUT", "10")
 DEFAULT_BOOT_DISK = os.environ.get("TPU_RL_SIM_GKE_DEFAULT_BOOT_DISK", gke_rules.DEFAULT_BOOT_DISK)
 
 log = logging.getLogger("gke")
@@ -433,11 +438,13 @@ class Emulator:
             pool = self.pool(key, rec["pool"])
             body = as_dict(pool)
         if fault:
-            # GKE leaves the pool: in ERROR with no nodes, or RUNNING_WITH_ERROR ("created and is partially
+            # GKE keeps the create RUNNING while it retries, saying nothing of it in the pool (no source shows
+            # conditions filled during a create), then fails it and leaves the pool: in ERROR with no nodes, or RUNNING_WITH_ERROR ("created and is partially
             # usable": API reference NodePool.Status) with the nodes it made, as after the IGM stockouts quoted in
             # hashicorp/terraform-provider-google issue 3304 ('Nodepool "test" has status "RUNNING_WITH_ERROR"
             # with message "...Not all instances running in IGM... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]"').
             made = int(read_json(GKE_DIR / "faults.json", {}).get(fault, {}).get("nodes") or 0)
+            time.sleep(STOCKOUT_S)
             if made:
                 self._create_nodes(key, body, limit=made)
             message = self._stockout_message(key, body, running=made)
@@ -458,15 +465,9 @@ class Emulator:
             self._create_nodes_when_released(op_name)
             return
         if rec.get("held_until"):
-            # No capacity yet: GKE keeps the create running and says why in the pool's conditions.
-            with self.lock:
-                self.pool(key, rec["pool"]).conditions = [c.StatusCondition(
-                    code=c.StatusCondition.Code.GCE_STOCKOUT, canonical_code=8,
-                    message=self._stockout_message(key, body))]
-                self.save()
+            # No capacity yet: GKE keeps the create running while it retries (no source shows it saying why in
+            # the pool's conditions meanwhile), until the capacity comes.
             time.sleep(max(0.0, rec["held_until"] - time.time()))
-            with self.lock:
-                del self.pool(key, rec["pool"]).conditions[:]
         self._create_nodes(key, body)
         with self.lock:
             self.pool(key, rec["pool"]).status = c.NodePool.Status.RUNNING
@@ -498,7 +499,7 @@ class Emulator:
         project = key.split("/")[0]
         count = self._node_count(key, body)
         return (
-            f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S:.1f}s. Expected "
+            f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S + STOCKOUT_S:.1f}s. Expected "
             f"{count}, running {running}, transitioning {count - running}. "
             f"Current errors: [GCE_STOCKOUT]: Instance '{self._node_names(key, body)[0]}' creation failed: "
             f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "

@@ -1,16 +1,17 @@
 """Capacity faults of the GKE emulator (sim/gke_emulator.py): rules in $SIM/gke/faults.json, read on each request.
 
 A rule is a JSON object under its name:
-  "kind"          "stockout": a matching node pool create is accepted, then its operation ends DONE with
-                  error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text, the pool in ERROR with no nodes,
+  "kind"          "stockout": a matching node pool create is accepted and stays RUNNING while GKE retries
+                  (TPU_RL_SIM_GKE_STOCKOUT_SECONDS: GKE's ~35 minutes, time-scaled), nothing said in the pool
+                  meanwhile; then its operation ends DONE with error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text, the pool in ERROR with no nodes,
                   or, with "nodes" N > 0, in RUNNING_WITH_ERROR with N of its nodes (a partial create);
                   "quota": a matching node pool create is refused at once with 403 PERMISSION_DENIED,
                   "Insufficient regional quota to satisfy request" for the TPU family's quota;
                   "reservation-missing": a matching node pool create is refused at once with NOT_FOUND
                   'Google Compute Engine: reservation "R" not found for node pool "P" at zone "Z".'
                   "capacity-held": a matching pool's capacity comes only "seconds" after its create: the create
-                  operation stays RUNNING, the pool PROVISIONING with a GCE_STOCKOUT condition (GKE's
-                  [GCE_STOCKOUT] text), then its nodes appear; a flex-start pool's create is done at once and
+                  operation stays RUNNING, the pool PROVISIONING with no condition (no source shows GKE filling
+                  one during a create), then its nodes appear; a flex-start pool's create is done at once and
                   its nodes (the slice the autoscaler would add) appear after "seconds"
   "seconds"       for capacity-held: how long the capacity is held back
   "nodes"         for stockout: how many of the pool's nodes GKE created before it ran out (default 0)

@@ -334,17 +334,57 @@ def training_scalars(seed, train_steps, steps):
 def tensorboard_event_file(scalars):
     """One event file as MaxText's writer makes it (tensorboardX's SummaryWriter through metrax's
     TensorboardBackend): returns (file name, bytes)."""
+    name, data, _ = growing_event_file(scalars)
+    return name, data
+
+
+def growing_event_file(scalars):
+    """The event file and, for each step, how many of its bytes hold the steps up to it: a writer that flushed
+    after that step had written that prefix (records are appended, never rewritten). Returns (file name, bytes,
+    [(step, size)])."""
     import tempfile
 
     from tensorboardX import SummaryWriter
 
+    points = sorted((s, t, v) for t, values in scalars.items() for s, v in values)
     with tempfile.TemporaryDirectory() as folder:
         writer = SummaryWriter(logdir=folder)
-        for step, tag, value in sorted((s, t, v) for t, points in scalars.items() for s, v in points):
+        for step, tag, value in points:
             writer.add_scalar(tag, value, step)
         writer.close()
         (path,) = Path(folder).iterdir()
-        return path.name, path.read_bytes()
+        data = path.read_bytes()
+    ends, offset = [], 0
+    while offset + 12 <= len(data):  # TFRecord: uint64 length, uint32 crc, data, uint32 crc
+        offset += 16 + struct.unpack_from("<Q", data, offset)[0]
+        ends.append(offset)
+    sizes = {step: ends[i + 1] for i, (step, _, _) in enumerate(points)}  # ends[0]: the file_version record
+    return path.name, data, sorted(sizes.items())
+
+
+#: Below this many seconds of emulated training the event file is uploaded once, whole (the tests' trainings).
+GROWING_MIN_SECONDS = 20.0
+#: Flushes over an emulated training: tensorboardX flushes every 120 s (flush_secs) and metrax every log_period
+#: steps after 30 s, re-uploading the whole, longer file to GCS each time (tensorboardX's GCS record writer).
+GROWING_FLUSHES = 6
+
+
+def put_event_file(out, rel, data, sizes, duration):
+    """The event file in the bucket as a training of ``duration`` seconds writes it: nothing before its first
+    flush, then longer versions at each flush, whole just before the trainer exits."""
+    if duration < GROWING_MIN_SECONDS or not sizes:
+        out.put(rel, data)
+        return
+    import threading
+
+    def flush():
+        for n in range(1, GROWING_FLUSHES + 1):
+            time.sleep(duration * 0.9 / GROWING_FLUSHES)
+            reached = sizes[max(0, round(len(sizes) * n / GROWING_FLUSHES) - 1)][1]
+            out.bucket.blob(out.key(rel)).upload_from_string(data if n == GROWING_FLUSHES else data[:reached])
+
+    out.written.append(rel)
+    threading.Thread(target=flush, name=f"flush {rel}", daemon=True).start()
 
 
 def evaluation_line(when, seed, total, accuracy):
@@ -390,7 +430,7 @@ def to_maxtext(client, args, flags, faults_):
 EVALUATION_LOG_LINES = 150
 
 
-def train_rl(client, args, flags, faults_):
+def train_rl(client, args, flags, faults_, duration=0.0):
     if args.get("load_parameters_path"):
         require_input(client, args["load_parameters_path"], "load_parameters_path")
     out = Bucket(client, args["base_output_directory"].rstrip("/") + "/" + args["run_name"])
@@ -441,8 +481,8 @@ def train_rl(client, args, flags, faults_):
         out.delete_prefix(f"{actor}/{old}")
         lines.append(f"deleted old checkpoint {old} (keeping {keep})")
     trained = range(start + 1, end + (0 if crash else 1))
-    name, events = tensorboard_event_file(training_scalars(seed, train_steps, trained))
-    out.put(f"tensorboard/{name}", events)
+    name, events, sizes = growing_event_file(training_scalars(seed, train_steps, trained))
+    put_event_file(out, f"tensorboard/{name}", events, sizes, duration)
     if crash:
         raise PodFailure(f"training crashed at step {crash[0]} (simulated)")
     if preempt:
@@ -639,7 +679,9 @@ class Emulator:
             elif fails and not maxtext_faults:
                 summary = f"{stage}: nothing written (the pod fails before saving)"
             else:
-                lines, out = globals()[stage](self.gcs, args, flags, maxtext_faults)
+                # The trainer runs for the pod's run seconds: its event file grows over them.
+                timing = {"duration": float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))} if stage == "train_rl" else {}
+                lines, out = globals()[stage](self.gcs, args, flags, maxtext_faults, **timing)
                 summary = f"{stage}: wrote {len(out.written)} objects under {out.url}"
         except PodFailure as e:
             lines, summary = [*e.lines, f"ERROR: {e}"], f"{stage or 'pod'}: failed: {e}"

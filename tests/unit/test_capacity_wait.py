@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -29,15 +30,16 @@ STOCKOUT = {"code": "GCE_STOCKOUT", "canonical_code": "RESOURCE_EXHAUSTED",
                        "to fulfill the request."}
 
 
-def scripted_trigger(monkeypatch, answers, deadline):
-    """A trigger whose GKE answers (operation status, pool conditions) are taken from ``answers`` in turn."""
+def scripted_trigger(monkeypatch, answers, deadline, started="", create_seconds=900):
+    """A trigger whose GKE answers (operation status, pool conditions) are taken from ``answers`` in turn; the
+    operation started at ``started`` (RFC 3339)."""
     answers = iter(answers)
     current = {}
 
     class Hook:
         async def get_operation(self, operation_name, project_id):
             current["status"], current["conditions"] = next(answers)
-            return SimpleNamespace(name=operation_name, status=current["status"],
+            return SimpleNamespace(name=operation_name, status=current["status"], start_time=started,
                                    operation_type=Operation.Type.CREATE_NODE_POOL)
 
     async def conditions(hook, pool_path):
@@ -46,7 +48,8 @@ def scripted_trigger(monkeypatch, answers, deadline):
 
     monkeypatch.setattr(gke_triggers, "node_pool_conditions", conditions)
     trigger = TpuPoolCreateTrigger(operation_name="operation-1", project_id="my-project", location="us-east5",
-                                   poll_interval=0, pool_path=POOL_PATH, capacity_deadline=deadline)
+                                   poll_interval=0, pool_path=POOL_PATH, capacity_deadline=deadline,
+                                   create_seconds=create_seconds)
     monkeypatch.setattr(trigger, "_get_hook", lambda: Hook())
     return trigger
 
@@ -100,6 +103,18 @@ def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monk
     assert "not the Cloud TPU API's" in message and "Waiting does not help" in message
 
 
+def test_a_create_gke_holds_for_capacity_is_given_up_past_the_deadline_once_longer_than_a_create(monkeypatch):
+    """GKE keeps a create it has no capacity for RUNNING for about 35 minutes, saying nothing in the pool: a wait of
+    0 minutes ends once the create has run longer than a create with capacity, not after GKE's 35 minutes."""
+    long_ago = datetime.fromtimestamp(time.time() - 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    event = first_event(scripted_trigger(monkeypatch, [(RUNNING, [])], deadline=time.time() - 1, started=long_ago))
+    assert event["status"] == "capacity_timeout" and event["node_pool"] == "tpu-1a2b3c4d-0"
+    assert event["message"].startswith("GKE has been creating the pool for 17 minutes, longer than a create with capacity")
+    # Within the run's capacity wait, the same create is waited for.
+    trigger = scripted_trigger(monkeypatch, [(RUNNING, []), (DONE, [])], deadline=time.time() + 3600, started=long_ago)
+    assert first_event(trigger)["status"] == "success"
+
+
 def test_a_slow_create_without_a_capacity_condition_is_not_given_up(monkeypatch):
     trigger = scripted_trigger(monkeypatch, [(RUNNING, []), (RUNNING, []), (DONE, [])], deadline=time.time() - 1)
     assert first_event(trigger)["status"] == "success"
@@ -107,7 +122,7 @@ def test_a_slow_create_without_a_capacity_condition_is_not_given_up(monkeypatch)
 
 def test_the_trigger_survives_serialization():
     trigger = TpuPoolCreateTrigger(operation_name="operation-1", project_id="p", location="us-east5",
-                                   pool_path=POOL_PATH, capacity_deadline=123.0)
+                                   pool_path=POOL_PATH, capacity_deadline=123.0, create_seconds=60.0)
     path, kwargs = trigger.serialize()
     assert path == "tpu_rl.triggers.gke.TpuPoolCreateTrigger"
     assert TpuPoolCreateTrigger(**kwargs).serialize() == (path, kwargs)

@@ -413,3 +413,38 @@ def test_the_eta_is_never_an_earlier_attempts_while_the_resumed_trainer_loads_th
 
     resumed = {**earlier, "events.out.tfevents.1764586900.head-0": {tm.LOSS_TAG: [(s, 0.4) for s in range(25, 29)]}}
     assert tm.attempt_progress(resumed, 50, resubmitted_at + 300, attempt_started=resubmitted_at).startswith("step 28/50")
+
+
+def test_the_emulated_trainer_grows_its_event_file_as_the_real_one_flushes():
+    """Each version of the file the emulator uploads holds whole records up to a step: what a reader of the
+    growing file (the trigger's progress, the Training tab) sees of a real trainer between flushes."""
+    written = emulator.training_scalars(RUN, 50, range(1, 51))
+    name, data, sizes = emulator.growing_event_file(written)
+
+    assert [step for step, _ in sizes] == list(range(0, 51)) and sizes[-1][1] == len(data)  # rewards from step 0
+    for step, size in sizes[1::7]:
+        losses = tm.read_scalars([data[:size]])[tm.LOSS_TAG]
+        assert losses[-1][0] == step and len(losses) == step
+
+
+def test_the_emulated_training_uploads_growing_versions_then_the_whole_file():
+    """Over a training of some minutes: nothing before the first flush, longer versions, the whole file last."""
+    import time as clock
+
+    uploads = []
+
+    class Blob:
+        def upload_from_string(self, data):
+            uploads.append((clock.monotonic(), data))
+
+    out = type("Out", (), {"written": [], "key": lambda self, rel: rel,
+                           "bucket": type("B", (), {"blob": lambda self, key: Blob()})()})()
+    name, data, sizes = emulator.growing_event_file(emulator.training_scalars(RUN, 12, range(1, 13)))
+    started = clock.monotonic()
+    emulator.put_event_file(out, f"tensorboard/{name}", data, sizes, duration=20.0)
+    assert uploads == [] and out.written == [f"tensorboard/{name}"]  # nothing before the first flush
+    clock.sleep(19.5)
+    assert len(uploads) == emulator.GROWING_FLUSHES
+    lengths = [len(d) for _, d in uploads]
+    assert lengths == sorted(lengths) and lengths[-1] == len(data) and lengths[0] < len(data)
+    assert uploads[0][0] - started >= 2.5 and uploads[-1][0] - started <= 19
