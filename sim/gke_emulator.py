@@ -548,7 +548,7 @@ class Emulator:
         config = pool.get("config") or {}
         mt = gke_rules.machine(config.get("machine_type") or "e2-medium") \
             if (config.get("machine_type") or "e2-medium") in gke_rules.MACHINE_TYPES else gke_rules.MACHINE_TYPES["e2-standard-8"]
-        capacity, allocatable = gke_rules.node_resources(mt)
+        capacity, allocatable = gke_rules.node_resources(mt, int(config.get("disk_size_gb") or gke_rules.DEFAULT_DISK_GB))
         region = location if location.count("-") == 1 else location.rsplit("-", 1)[0]
         base_labels = {
             "cloud.google.com/gke-nodepool": pool["name"],

@@ -590,15 +590,27 @@ def reserved_cpu_millicores(cores: int) -> float:
     return reserved
 
 
-def node_resources(mt: MachineType) -> tuple[dict[str, str], dict[str, str]]:
-    """(capacity, allocatable) of a node of machine type ``mt``, as the kubelet reports them (Kubernetes quantities)."""
+#: GKE's default boot disk, GB (API reference NodeConfig.disk_size_gb: "If unspecified, the default disk size
+#: is 100GB").
+DEFAULT_DISK_GB = 100
+#: Local ephemeral storage a node leaves to pods, as a share of its boot disk's capacity: GKE's example output in
+#: "Plan GKE Standard node sizes" (a node of the default disk: capacity ephemeral-storage 98831908Ki,
+#: allocatable 47060071478 bytes: 46.5%). GKE's reservation grows slower than the disk; the share is kept for any
+#: size, which is conservative for larger disks.
+EPHEMERAL_ALLOCATABLE_SHARE = 47060071478 / (98831908 * 1024)
+
+
+def node_resources(mt: MachineType, disk_gb: int = DEFAULT_DISK_GB) -> tuple[dict[str, str], dict[str, str]]:
+    """(capacity, allocatable) of a node of machine type ``mt`` with a boot disk of ``disk_gb``, as the kubelet
+    reports them (Kubernetes quantities)."""
     memory = int(mt.memory_gb * GIB)
+    disk = int(disk_gb * 98831908 * 1024 / DEFAULT_DISK_GB)  # the filesystem of the example's 100 GB disk
     capacity = {"cpu": str(mt.vcpus), "memory": f"{memory // 1024}Ki", "pods": "110",
-                "ephemeral-storage": "100Gi"}
+                "ephemeral-storage": f"{disk // 1024}Ki"}
     cpu_alloc = mt.vcpus * 1000 - math.ceil(reserved_cpu_millicores(mt.vcpus))
     mem_alloc = memory - reserved_memory_bytes(memory) - EVICTION_THRESHOLD_BYTES
     allocatable = {"cpu": f"{cpu_alloc}m", "memory": f"{mem_alloc // 1024}Ki", "pods": "110",
-                   "ephemeral-storage": "90Gi"}
+                   "ephemeral-storage": str(int(disk * EPHEMERAL_ALLOCATABLE_SHARE))}
     if mt.tpu_chips:
         capacity["google.com/tpu"] = allocatable["google.com/tpu"] = str(mt.tpu_chips)
     return capacity, allocatable

@@ -9,6 +9,7 @@ fix, and runs before anything is created in the cloud.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import string
 from dataclasses import dataclass, field
@@ -36,6 +37,14 @@ SUPPORTED_MODELS = (
     "llama3.1-8b",
     "llama3.1-70b",
 )
+
+#: What converting a model downloads from Hugging Face, GB: MaxText's Qwen3-30B-A3B RL tutorial
+#: (docs/tutorials/posttraining/rl_qwen3_30b.md: "approximately 62 GB of free disk space to download its
+#: safetensors"); the others, the bf16 safetensors of their parameters (2 bytes each).
+HF_DOWNLOAD_GB = {
+    "qwen3-0.6b": 1.5, "qwen3-4b": 8.1, "qwen3-8b": 16.4, "qwen3-14b": 29.6, "qwen3-32b": 65.6,
+    "qwen3-30b-a3b": 62, "qwen3-30b-a3b-base": 62, "qwen3-235b-a22b": 470, "llama3.1-8b": 16.1, "llama3.1-70b": 141,
+}
 
 #: Where a created TPU pool's VMs come from; xpk offers the same four (``src/xpk/core/capacity.py``).
 CAPACITY_TYPES = ("on_demand", "reservation", "spot", "flex_start")
@@ -444,6 +453,19 @@ class RunConfig:
         iterations = args.get("num_iterations", args.get("rl.num_iterations", 1))
         return int(self.num_batches * int(iterations) * float(args.get("train_fraction", 1.0))
                    * int(args.get("num_epoch", 1)))
+
+    @property
+    def conversion_disk_gib(self) -> int:
+        """The local disk a conversion pod asks for: the Hugging Face download (MaxText's converter keeps it in the
+        Hugging Face cache, ``$HF_HOME``: convert_checkpoint.md), a fifth more, and 10 GiB for the cache's own
+        files."""
+        return math.ceil(HF_DOWNLOAD_GB.get(self.model_name, 62) * 1e9 / 2**30 * 1.2 + 10)
+
+    @property
+    def cpu_pool_disk_gb(self) -> int:
+        """A created CPU pool's boot disk: 500 GB, or enough for a conversion pod's disk where GKE leaves about
+        47% of a boot disk to pods (its "Plan GKE Standard node sizes" example)."""
+        return max(500, math.ceil(self.conversion_disk_gib * 2**30 / 1e9 / 0.45))
 
     @property
     def evaluation_batches(self) -> int:

@@ -153,7 +153,7 @@ def cpu_pool(config: RunConfig) -> dict[str, Any]:
         "name": config.cpu_pool_name,
         "initial_node_count": 1,
         "locations": [config.zone],
-        "config": _node_config(config, config.pw_cpu_machine_type, disk_size_gb=500),
+        "config": _node_config(config, config.pw_cpu_machine_type, disk_size_gb=config.cpu_pool_disk_gb),
         "autoscaling": {"enabled": True, "min_node_count": 0, "max_node_count": config.cpu_pool_max_nodes},
     }
 

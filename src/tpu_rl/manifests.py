@@ -327,14 +327,17 @@ def _conversion_jobset(
     else:
         container["env"].append(_env("HF_HOME", HF_CACHE_DIR))
         container["volumeMounts"] = [{"name": "hf-cache", "mountPath": HF_CACHE_DIR}]
-        resources = {"cpu": config.conversion_cpu, "memory": config.conversion_memory}
+        # The download goes to the emptyDir on the node's boot disk: ask for it, so that the pod goes to a node
+        # with the room (a default 100 GB boot disk leaves pods about 44 GiB) instead of being evicted half-way.
+        disk = f"{config.conversion_disk_gib}Gi"
+        resources = {"cpu": config.conversion_cpu, "memory": config.conversion_memory, "ephemeral-storage": disk}
         container["resources"] = {"requests": resources, "limits": dict(resources)}
         pod = {
             **_pod_identity(),  # as the Pathways head on the same pool
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 30,
             "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
-            "volumes": [{"name": "hf-cache", "emptyDir": {}}],
+            "volumes": [{"name": "hf-cache", "emptyDir": {"sizeLimit": disk}}],
         }
         hosts, pod_annotations = 1, {}
     pod["containers"] = [container]

@@ -309,10 +309,16 @@ def test_the_conversion_needs_bucket_get_besides_object_access(created, tmp_path
 def test_a_conversion_that_fits_no_cpu_pool_node_fails_before_it_is_submitted(created):
     run, _ = created
     # cpu-np is c4d-standard-96 here; pretend the run asks for more than any node has.
+    fits = {"cpu_pool_name": "cpu-np", "conversion_memory": "64Gi", "conversion_cpu": "8", "model_name": "qwen3-30b-a3b",
+            "conversion_disk_gib": 85, "cpu_pool_disk_gb": 500}
+    check = EnsureJobSetOperator(task_id="ensure_jobset")._check_cpu_pool
+    check(_hook_for(run), SimpleNamespace(**fits))
     with pytest.raises(AirflowFailException, match=r"conversion_memory: 400Gi does not fit on any node of the CPU pool 'cpu-np'"):
-        EnsureJobSetOperator(task_id="ensure_jobset")._check_cpu_pool(
-            _hook_for(run), SimpleNamespace(cpu_pool_name="cpu-np", conversion_memory="400Gi", conversion_cpu="8")
-        )
+        check(_hook_for(run), SimpleNamespace(**{**fits, "conversion_memory": "400Gi"}))
+    # The download goes to the node's disk: a pool whose nodes leave less of it to pods than the download needs.
+    with pytest.raises(AirflowFailException, match=r"asks for 300Gi of it, and no node of the CPU pool 'cpu-np' leaves "
+                                                   r"more than \d+Gi to pods; fix: give the pool a larger boot disk"):
+        check(_hook_for(run), SimpleNamespace(**{**fits, "conversion_disk_gib": 300}))
 
 
 def _hook_for(run):

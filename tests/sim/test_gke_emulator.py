@@ -174,10 +174,14 @@ def test_tpu_pool_create_then_delete_removes_its_nodes(hook, client, cluster):
                              "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}]},
                      placement_policy={"type": "COMPACT", "tpu_topology": "2x2"})
     op = client.create_node_pool(parent=CLUSTER_PATH, node_pool=body)
-    # GKE serializes node pool operations on a cluster.
+    # GKE runs one operation per node pool: not a second one on the same pool, while another pool's may run.
     with pytest.raises(FailedPrecondition, match=f"Operation {op.name} is currently creating a node pool"):
-        client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("second"))
+        client.delete_node_pool(name=f"{CLUSTER_PATH}/nodePools/tpu-v6e-4")
+    second = client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("second"))
+    assert "/projects/100000000001/" in op.target_link  # GKE's links name the project by number
     assert run_trigger(op.name)["status"] == "success"
+    assert wait_operation(client, second.name).error.code == 0
+    wait_operation(client, client.delete_node_pool(name=f"{CLUSTER_PATH}/nodePools/second").name)
     assert wait_operation(client, op.name).error.code == 0
     assert client.get_node_pool(name=f"{CLUSTER_PATH}/nodePools/tpu-v6e-4").status.name == "RUNNING"
     (node,) = kube_nodes(hook, "tpu-v6e-4")

@@ -195,3 +195,24 @@ def test_the_plan_shows_each_capacity_type_and_what_it_sets(tutorial_conf, run):
     comment, pool = pool_request(capacity_type="reservation", reservation="my-v6e")
     assert "capacity_type reservation: config.reservation_affinity SPECIFIC_RESERVATION 'my-v6e'" in comment
     assert pool["config"]["reservation_affinity"]["values"] == ["projects/my-project/reservations/my-v6e"]
+
+
+def test_the_conversion_asks_for_the_disk_its_download_needs(tutorial_conf, run):
+    """MaxText's converter downloads the model into the Hugging Face cache (an emptyDir on the node's boot disk):
+    62 GB for Qwen3-30B-A3B. Without a request the pod may land on a node without the room and be evicted."""
+    def conversion(**params):
+        config = RunConfig.from_params({**tutorial_conf, **params})
+        docs = plan_documents(config, run)
+        jobsets, _ = _by_kind(docs)
+        _, pod = _pod_spec(jobsets["hf2mt"], "main-job")
+        cluster = next(d for _, d in docs if d.get("gkeRequest") == "CreateCluster")["cluster"]
+        cpu_pool = next(p for p in cluster["node_pools"] if p["name"] == "cpu-np")
+        return pod, cpu_pool["config"]["disk_size_gb"]
+
+    pod, disk = conversion()
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"] == "80Gi"
+    assert pod["volumes"] == [{"name": "hf-cache", "emptyDir": {"sizeLimit": "80Gi"}}]
+    assert disk == 500
+    pod, disk = conversion(model_name="qwen3-235b-a22b")  # 470 GB of safetensors: a larger boot disk
+    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "536Gi" and disk == 1279

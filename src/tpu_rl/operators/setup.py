@@ -173,12 +173,20 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
             return
         memory = max(quantity_gib(n.status.allocatable["memory"]) for n in nodes)
         cpu = max(quantity_cpu(n.status.allocatable["cpu"]) for n in nodes)
-        self.log.info("CPU pool %s: largest node leaves %.1fGi and %.2f CPUs to pods", config.cpu_pool_name, memory, cpu)
+        disk = max(quantity_gib(n.status.allocatable.get("ephemeral-storage", "0")) for n in nodes)
+        self.log.info("CPU pool %s: largest node leaves %.1fGi, %.2f CPUs and %.0fGi of local disk to pods",
+                      config.cpu_pool_name, memory, cpu, disk)
         for problem in conversion_fit_problems(
             config, cpu, memory,
             where=f"any node of the CPU pool '{config.cpu_pool_name}'", larger="use a pool of larger machines",
         ):
             raise AirflowFailException(str(problem))
+        if disk < config.conversion_disk_gib:
+            raise AirflowFailException(
+                f"cpu_pool_name: the conversion downloads {config.model_name} to the node's disk and asks for "
+                f"{config.conversion_disk_gib}Gi of it, and no node of the CPU pool '{config.cpu_pool_name}' leaves "
+                f"more than {disk:.0f}Gi to pods; fix: give the pool a larger boot disk (e.g. gcloud container "
+                f"node-pools create ... --disk-size {config.cpu_pool_disk_gb}), or name another pool")
 
     def _check_local_queue(self, hook: Any, config: Any) -> None:
         from kubernetes.client import CustomObjectsApi
