@@ -218,6 +218,10 @@ def page(browser_context):
     page.close()
 
 
+#: How long the trained run's emulated trainer trains (its event file growing meanwhile).
+TRAINED_SECONDS = 80
+
+
 @pytest.fixture(scope="session")
 def training_runs(airflow_stack):
     """Two runs triggered at once and shared by the modules that read what a run reports
@@ -241,10 +245,13 @@ def training_runs(airflow_stack):
         "regressed": {**SIM_CONF, "require_no_regression": True},
     }
     run_ids = {name: f"e2e__metrics_{name}__{suffix}" for name in scenarios}
-    api, rule = faults.core_api(), f"e2e-metrics-regression-{suffix}"
+    api, rule, trains = faults.core_api(), f"e2e-metrics-regression-{suffix}", f"e2e-metrics-trains-{suffix}"
     regressed = RunIdentity(DAG_ID, run_ids["regressed"])
     faults.set_fault(api, rule, stage="train_rl", maxtext_fault="eval-regression",
                      prefix=regressed.jobset_name(SIM_CONF.get("workload_prefix", "qwen"), "train"))
+    # The trained run's trainer trains long enough for a progress line (one a minute) while its event file grows.
+    faults.set_fault(api, trains, stage="train_rl", run_seconds=TRAINED_SECONDS,
+                     prefix=RunIdentity(DAG_ID, run_ids["trained"]).jobset_name(SIM_CREATE_CONF.get("workload_prefix", "qwen"), "train"))
     try:
         for name, conf in scenarios.items():
             airflow_stack.trigger(DAG_ID, conf, run_id=run_ids[name])
@@ -252,3 +259,4 @@ def training_runs(airflow_stack):
                for name in scenarios}
     finally:
         faults.clear_faults(api, rule)
+        faults.clear_faults(api, trains)

@@ -36,10 +36,12 @@ def test_a_run_shows_progress_evaluation_cost_and_a_summary(airflow, runs):
     tasks = airflow.task_instances(DAG_ID, run_id)
     assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
 
-    # Progress, from the triggerer, in train_rl's log: the emulated trainer wrote all 4 steps at once.
+    # Progress, from the triggerer, in train_rl's log: the emulated trainer's event file grew over its run
+    # (TRAINED_SECONDS), so a line came while it trained, with an ETA, and one at the end.
     log = airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
     progress = [line for line in log.splitlines() if "Training progress: " in line]
     assert progress and "step 4/4 (100%)" in progress[-1] and "reward " in progress[-1], log[-3000:]
+    assert any("/4 (" in line and "step 4/4" not in line and "ETA" in line for line in progress[:-1]), progress
     assert "evaluation before training: accuracy" in log
 
     # The evaluation the trainer logged (5 test batches of 4 prompts), better after training.
