@@ -11,6 +11,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Asset
 
 from tpu_rl.config import CAPACITY_WAIT_MAX_MINUTES
+from tpu_rl.contract import EXPORT_ATTEMPT_PREFIX, EXPORT_SUBMITTED_AT, FINAL_STEP, TRAINER_COMPLETED, Task
 from tpu_rl.operators.cluster import (
     ClusterReadySensor,
     CreateClusterOperator,
@@ -30,9 +31,6 @@ from tpu_rl.operators.setup import (
 )
 from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
 from tpu_rl.operators.workloads import (
-    XCOM_ATTEMPT_PREFIX,
-    XCOM_SUBMITTED_AT,
-    XCOM_TRAINER_COMPLETED,
     HfToMaxTextOperator,
     MaxTextToHfOperator,
     TrainRlOperator,
@@ -96,73 +94,75 @@ def build_pipeline(
 
 
 def _wire_tasks(exported_model: Asset) -> None:
-    validate = ValidateRunConfigOperator(task_id="validate_config", retries=0)
+    validate = ValidateRunConfigOperator(task_id=Task.VALIDATE_CONFIG, retries=0)
     # Before anything billable: a triggerer that cannot import the package fails the run here, naming the fix
     # (without a retry: AirflowFailException). Its retries are for Airflow's own race on a quick trigger.
-    check_triggerer = TriggererCheckOperator(task_id="check_triggerer", retry_delay=timedelta(seconds=10))
-    guard = EmptyOperator(task_id="guard")
-    bucket = EnsureBucketOperator(task_id="ensure_bucket")
-    create_cluster = CreateClusterOperator(task_id="create_cluster")
+    check_triggerer = TriggererCheckOperator(task_id=Task.CHECK_TRIGGERER, retry_delay=timedelta(seconds=10))
+    guard = EmptyOperator(task_id=Task.GUARD)
+    bucket = EnsureBucketOperator(task_id=Task.ENSURE_BUCKET)
+    create_cluster = CreateClusterOperator(task_id=Task.CREATE_CLUSTER)
     wait_for_cluster = ClusterReadySensor(
-        task_id="wait_for_cluster", mode="reschedule", poke_interval=60, timeout=timedelta(hours=1)
+        task_id=Task.WAIT_FOR_CLUSTER, mode="reschedule", poke_interval=60, timeout=timedelta(hours=1)
     )
-    jobset = EnsureJobSetOperator(task_id="ensure_jobset")
-    token = CreateHfTokenSecretOperator(task_id="hf_token_secret")
+    jobset = EnsureJobSetOperator(task_id=Task.ENSURE_JOBSET)
+    token = CreateHfTokenSecretOperator(task_id=Task.HF_TOKEN_SECRET)
 
     # Skips when the shared base checkpoint is complete; else converts under a lock in the bucket, or waits
     # (deferred) while another run converts it.
-    hf_to_maxtext = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4))
+    hf_to_maxtext = HfToMaxTextOperator(task_id=Task.HF_TO_MAXTEXT, execution_timeout=timedelta(hours=4))
     verify_converted = RunConvertedCheckpointSensor(
-        task_id="verify_converted", trigger_rule="none_failed", timeout=timedelta(minutes=30)
+        task_id=Task.VERIFY_CONVERTED, trigger_rule="none_failed", timeout=timedelta(minutes=30)
     )
 
     # Fails the run before TPU pools exist; train_rl repeats the same check before every submission.
-    check_training_record = RunTrainingRecordCheckOperator(task_id="check_training_record")
+    check_training_record = RunTrainingRecordCheckOperator(task_id=Task.CHECK_TRAINING_RECORD)
     # Like guard for the cluster: a setup that succeeds, so delete_tpu_pools runs even when the create fails
     # half-way (a stockout leaves a pool in ERROR; with two slices, the first pool may exist).
-    pools_guard = EmptyOperator(task_id="tpu_pools_guard")
+    pools_guard = EmptyOperator(task_id=Task.TPU_POOLS_GUARD)
     # With a capacity_group: waits (rescheduled) until the group has the run's slices free, and takes them;
     # delete_tpu_pools gives them back. A week: a backfill's later intervals queue behind earlier trainings,
     # each of which may take train_rl's 72 h.
     wait_for_capacity = WaitForTpuCapacitySensor(
-        task_id="wait_for_tpu_capacity", mode="reschedule", poke_interval=30, timeout=timedelta(days=7)
+        task_id=Task.WAIT_FOR_TPU_CAPACITY, mode="reschedule", poke_interval=30, timeout=timedelta(days=7)
     )
     # Its timeout holds while it waits for capacity (capacity_wait_minutes, at most the maximum) and creates.
     create_tpu_pools = CreateTpuNodePoolsOperator(
-        task_id="create_tpu_pools", execution_timeout=timedelta(minutes=CAPACITY_WAIT_MAX_MINUTES, hours=2)
+        task_id=Task.CREATE_TPU_POOLS, execution_timeout=timedelta(minutes=CAPACITY_WAIT_MAX_MINUTES, hours=2)
     )
-    train = TrainRlOperator(task_id="train_rl", execution_timeout=timedelta(hours=72))
+    train = TrainRlOperator(task_id=Task.TRAIN_RL, execution_timeout=timedelta(hours=72))
     # The slice bills by the hour: when worker slots are short, its deletion is queued before any other task.
     delete_tpu_pools = DeleteTpuNodePoolsOperator(
-        task_id="delete_tpu_pools", priority_weight=SLICE_TEARDOWN_PRIORITY, weight_rule="absolute", **CLEANUP_RETRIES
+        task_id=Task.DELETE_TPU_POOLS,
+        priority_weight=SLICE_TEARDOWN_PRIORITY,
+        weight_rule="absolute",
+        **CLEANUP_RETRIES,
     )
     verify_training = RunFinalTrainingCheckpointSensor(
-        task_id="verify_training",
-        trainer_completed=f"{{{{ ti.xcom_pull(task_ids='{train.task_id}', key='{XCOM_TRAINER_COMPLETED}') }}}}",
+        task_id=Task.VERIFY_TRAINING,
+        trainer_completed=TRAINER_COMPLETED.template(),
         timeout=timedelta(minutes=30),
     )
 
     # Before anything is exported: a model that fails the run's quality gate is never published.
-    quality_gate = QualityGateOperator(task_id="quality_gate", execution_timeout=timedelta(minutes=10))
+    quality_gate = QualityGateOperator(task_id=Task.QUALITY_GATE, execution_timeout=timedelta(minutes=10))
     maxtext_to_hf = MaxTextToHfOperator(
-        task_id="maxtext_to_hf", step_task_id=verify_training.task_id, execution_timeout=timedelta(hours=4)
+        task_id=Task.MAXTEXT_TO_HF, step_task_id=FINAL_STEP.task, execution_timeout=timedelta(hours=4)
     )
-    export_attempt = f"ti.xcom_pull(task_ids='{maxtext_to_hf.task_id}', key='{{key}}')"
     verify_export = RunHfExportSensor(
-        task_id="verify_export",
-        prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
-        not_before="{{ " + export_attempt.format(key=XCOM_SUBMITTED_AT) + " }}",
+        task_id=Task.VERIFY_EXPORT,
+        prefix=EXPORT_ATTEMPT_PREFIX.template(),
+        not_before=EXPORT_SUBMITTED_AT.template(),
         timeout=timedelta(minutes=30),
     )
     publish_export = RunPublishHfExportOperator(
-        task_id="publish_export",
-        source_prefix="{{ " + export_attempt.format(key=XCOM_ATTEMPT_PREFIX) + " }}",
+        task_id=Task.PUBLISH_EXPORT,
+        source_prefix=EXPORT_ATTEMPT_PREFIX.template(),
         asset=exported_model,
-        final_step=f"{{{{ ti.xcom_pull(task_ids='{verify_training.task_id}') }}}}",
+        final_step=FINAL_STEP.template(),
     )
-    delete_cluster = DeleteClusterOperator(task_id="delete_cluster", **CLEANUP_RETRIES)
+    delete_cluster = DeleteClusterOperator(task_id=Task.DELETE_CLUSTER, **CLEANUP_RETRIES)
     # Runs when the work succeeded (its state is the work's outcome): logs the run's summary.
-    done = RunSummaryOperator(task_id="pipeline_done", execution_timeout=timedelta(minutes=10))
+    done = RunSummaryOperator(task_id=Task.PIPELINE_DONE, execution_timeout=timedelta(minutes=10))
 
     (
         validate >> check_triggerer >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token

@@ -12,9 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-#: XCom key of ``train_rl``'s preemption accounting (:func:`accounting`), for the run's summary.
-XCOM_PREEMPTIONS = "preemptions"
-
 
 @dataclass(frozen=True)
 class PreemptionRecord:

@@ -28,20 +28,17 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from tpu_rl import run_view
 from tpu_rl.config import ConfigError
-from tpu_rl.operators.cluster import XCOM_TPU_SLICES
-from tpu_rl.operators.run_report import DELETE_POOLS_TASK, FINAL_STEP_TASK, PUBLISH_TASK, TRAIN_TASK
-from tpu_rl.operators.workloads import XCOM_EVALUATION
-from tpu_rl.preemption import XCOM_PREEMPTIONS
+from tpu_rl.contract import FINAL_STEP, PUBLISHED_MODEL, SLICE_TIMES, TRAINING_EVALUATION, TRAINING_PREEMPTIONS, Pull
 from tpu_rl.run_scope import RunScope
 from tpu_rl.training_metrics import Scalars
 
-#: The XComs the page reads: (task, key).
+#: The XComs the page reads, by the names it gives them.
 XCOMS = {
-    "evaluation": (TRAIN_TASK, XCOM_EVALUATION),
-    "preemptions": (TRAIN_TASK, XCOM_PREEMPTIONS),
-    "slices": (DELETE_POOLS_TASK, XCOM_TPU_SLICES),
-    "final_step": (FINAL_STEP_TASK, "return_value"),
-    "model_uri": (PUBLISH_TASK, "return_value"),
+    "evaluation": TRAINING_EVALUATION,
+    "preemptions": TRAINING_PREEMPTIONS,
+    "slices": SLICE_TIMES,
+    "final_step": FINAL_STEP,
+    "model_uri": PUBLISHED_MODEL,
 }
 
 
@@ -76,11 +73,11 @@ def read_run(dag_id: str, run_id: str, session: SessionDep) -> RunRecord:
     rows = session.execute(
         select(XComModel.task_id, XComModel.key, XComModel.value).where(
             XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.map_index == -1,
-            XComModel.task_id.in_({task for task, _ in XCOMS.values()}),
+            XComModel.task_id.in_({pulled.task for pulled in XCOMS.values()}),
         )
     ).all()
-    stored = {(row.task_id, row.key): XComModel.deserialize_value(row) for row in rows}
-    xcoms = {name: stored[where] for name, where in XCOMS.items() if where in stored}
+    stored = {Pull(row.task_id, row.key): XComModel.deserialize_value(row) for row in rows}
+    xcoms = {name: stored[pulled] for name, pulled in XCOMS.items() if pulled in stored}
     context = {"params": params, "dag": dag, "run_id": run_id, "dag_run": dag_run,
                "data_interval_start": dag_run.data_interval_start, "data_interval_end": dag_run.data_interval_end}
     return RunRecord(RunScope.of(context), str(getattr(dag_run.state, "value", dag_run.state)), xcoms)

@@ -15,7 +15,7 @@ import pytest
 from sim import faults
 from tpu_rl import training_metrics
 from tpu_rl.config import RunConfig
-from tpu_rl.preemption import XCOM_PREEMPTIONS
+from tpu_rl.contract import XCOM_PREEMPTIONS
 from tpu_rl.run import GcsLayout, RunIdentity
 
 from tpu_rl_testing import SIM_CONF

@@ -23,6 +23,7 @@ from google.api_core.exceptions import NotFound
 from google.cloud.container_v1 import Cluster
 
 from sim import gke_faults
+from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.operators import cluster as cluster_ops
 from tpu_rl.operators.setup import EnsureJobSetOperator
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
@@ -349,7 +350,7 @@ def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):
     assert len(run_operator(delete, run.context())) == 1
     assert _hook_for(run).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}") == []
     # The slice's TPU time, from GKE's own operations: from its create's end to its delete's end.
-    [slice_] = run.ti.xcoms[cluster_ops.XCOM_TPU_SLICES]
+    [slice_] = run.ti.xcoms[XCOM_TPU_SLICES]
     assert slice_["pool"] == pool_name and slice_["nodes_from"] < slice_["nodes_gone"]
     # Deleting again (a retried teardown) finds nothing and succeeds.
     assert run_operator(delete, run.context()) == []

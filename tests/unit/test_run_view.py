@@ -176,8 +176,7 @@ def test_the_page_of_a_run_in_the_metadata_database_shows_its_xcoms(tokens, even
     except ImportError:  # Airflow 3.1
         from airflow.models.dagbag import DagBag
 
-    from tpu_rl.operators.cluster import XCOM_TPU_SLICES
-    from tpu_rl.operators.workloads import XCOM_EVALUATION
+    from tpu_rl.contract import XCOM_EVALUATION, XCOM_TPU_SLICES
     from tpu_rl.run_view_app import event_reader
     from tpu_rl.run_view_plugin import TpuRlRunViewPlugin
 

@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator, BaseSensorOperator
 from tpu_rl import gke
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
+from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.run import RunIdentity
@@ -409,8 +410,6 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             )
 
 
-#: XCom key of ``delete_tpu_pools``: when each slice the run created had its nodes (``gke.slice_times``).
-XCOM_TPU_SLICES = "tpu_slices"
 
 
 class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):

@@ -14,16 +14,14 @@ from airflow.sdk import BaseOperator
 
 from tpu_rl import training_metrics as tm
 from tpu_rl.compat import AirflowFailException
-from tpu_rl.operators.cluster import XCOM_TPU_SLICES
-from tpu_rl.operators.workloads import XCOM_EVALUATION
-from tpu_rl.preemption import XCOM_PREEMPTIONS, describe_accounting
+from tpu_rl.contract import FINAL_STEP, PUBLISHED_MODEL, SLICE_TIMES, TRAINING_EVALUATION, TRAINING_PREEMPTIONS, Pull
+from tpu_rl.preemption import describe_accounting
 from tpu_rl.run_scope import RunScope, RunScoped
 
-#: The pipeline's tasks whose XComs the report reads.
-TRAIN_TASK = "train_rl"
-DELETE_POOLS_TASK = "delete_tpu_pools"
-FINAL_STEP_TASK = "verify_training"
-PUBLISH_TASK = "publish_export"
+
+def pull(context: Any, what: Pull) -> Any:
+    """An XCom of the contract, from the task that pushed it."""
+    return context["ti"].xcom_pull(task_ids=what.task, key=what.key)
 
 
 @dataclass(frozen=True)
@@ -35,9 +33,8 @@ class TrainingFigures:
 
     @classmethod
     def of(cls, context: Any, scope: RunScope) -> TrainingFigures:
-        ti = context["ti"]
-        evaluation = tm.Evaluation.from_dict(ti.xcom_pull(task_ids=TRAIN_TASK, key=XCOM_EVALUATION))
-        slices = ti.xcom_pull(task_ids=DELETE_POOLS_TASK, key=XCOM_TPU_SLICES)
+        evaluation = tm.Evaluation.from_dict(pull(context, TRAINING_EVALUATION))
+        slices = pull(context, SLICE_TIMES)
         cost = tm.tpu_cost(slices, scope.config) if slices is not None and scope.config.tpu_pools_per_run else None
         return cls(evaluation, cost)
 
@@ -87,16 +84,15 @@ class RunSummaryOperator(RunScoped, BaseOperator):
 
     def execute(self, context: Any) -> str:
         scope = self.bind_scope(context)
-        ti = context["ti"]
         figures = TrainingFigures.of(context, scope)
-        final_step = ti.xcom_pull(task_ids=FINAL_STEP_TASK)
+        final_step = pull(context, FINAL_STEP)
         summary = tm.run_summary(
             final_step=int(final_step) if final_step is not None else None,
             evaluation=figures.evaluation,
             cost=figures.cost,
-            model_uri=ti.xcom_pull(task_ids=PUBLISH_TASK),
+            model_uri=pull(context, PUBLISHED_MODEL),
             config=scope.config,
-            preemptions=describe_accounting(ti.xcom_pull(task_ids=TRAIN_TASK, key=XCOM_PREEMPTIONS)),
+            preemptions=describe_accounting(pull(context, TRAINING_PREEMPTIONS)),
         )
         self.log.info("%s", summary)
         if scope.config.notify_conn_id:

@@ -23,6 +23,13 @@ from tpu_rl.hooks.gcs import (
     storage_client,
     training_state,
 )
+from tpu_rl.contract import (
+    XCOM_ATTEMPT_PREFIX,
+    XCOM_EVALUATION,
+    XCOM_PREEMPTIONS,
+    XCOM_SUBMITTED_AT,
+    XCOM_TRAINER_COMPLETED,
+)
 from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
 from tpu_rl.operators.training_record import (
     check_training_record,
@@ -30,7 +37,7 @@ from tpu_rl.operators.training_record import (
     record_preemption,
     recorded_preemptions,
 )
-from tpu_rl.preemption import XCOM_PREEMPTIONS, PreemptionRecord
+from tpu_rl.preemption import PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
 from tpu_rl.training_metrics import (
     Evaluation,
@@ -42,13 +49,6 @@ from tpu_rl.training_metrics import (
 )
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
 
-#: XCom keys of the export: where its attempt writes, and since when (older objects there are stale).
-XCOM_ATTEMPT_PREFIX = "attempt_prefix"
-XCOM_SUBMITTED_AT = "submitted_at"
-#: XCom key of the training's evaluation before and after (``Evaluation.to_dict()``, or None).
-XCOM_EVALUATION = "evaluation"
-#: XCom key of ``train_rl``: whether the trainer printed its success line (a normal exit).
-XCOM_TRAINER_COMPLETED = "trainer_completed"
 
 
 class RunJobSetOperator(RunScoped, JobSetOperator):
