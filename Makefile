@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test unit demo plan sim-up sim-down sim-status bench
+.PHONY: venv wheel test lint unit demo plan sim-up sim-down sim-status bench
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
@@ -41,6 +41,10 @@ test: venv
 # The whole pipeline on the simulated cluster through a local Airflow; KEEP_UI=1 leaves the UI up.
 demo: venv
 	scripts/demo.sh
+
+# The linter (its rules in pyproject.toml); make test runs it first.
+lint: venv
+	$(VENV)/bin/ruff check .
 
 # The tests that need only the metadata database (config, manifests, plan, DAG wiring, deploy files).
 unit: venv

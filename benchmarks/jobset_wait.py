@@ -17,10 +17,9 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +60,7 @@ class TaskInstanceStandIn:
 
     def __init__(self, name: str) -> None:
         self.dag_id, self.run_id, self.task_id, self.try_number, self.map_index = "bench", f"b__{name}", "train", 1, -1
-        self.start_date = datetime.now(timezone.utc)
+        self.start_date = datetime.now(UTC)
         self.xcoms: dict = {}
 
     def xcom_push(self, key, value):
@@ -78,13 +77,14 @@ def manifest(name: str, hosts: int, run_seconds: float) -> dict:
             "restartPolicy": "Never",
             "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice"},
             "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "workload-container", "image": "python:3.12", "command": ["/bin/bash", "-c", "true"],
-                            "resources": {"limits": {"google.com/tpu": "4"}}}],
+            "containers": [{"name": "workload-container", "image": "python:3.12",
+                            "command": ["/bin/bash", "-c", "true"], "resources": {"limits": {"google.com/tpu": "4"}}}],
         },
     }
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
-        "spec": {"failurePolicy": {"maxRestarts": 0}, "replicatedJobs": [{"name": "main-job", "replicas": 1, "template": {
+        "spec": {"failurePolicy": {"maxRestarts": 0},
+                 "replicatedJobs": [{"name": "main-job", "replicas": 1, "template": {
             "spec": {"parallelism": hosts, "completions": hosts, "backoffLimit": 0, "completionMode": "Indexed",
                      "template": pod}}}]},
     }
@@ -108,8 +108,8 @@ def main() -> None:
 
     import kubernetes.client
     import kubernetes_asyncio.client
-
     from airflow.sdk.exceptions import TaskDeferred
+
     from tpu_rl.operators.jobset import JobSetOperator
 
     counter = RequestCounter()

@@ -19,7 +19,7 @@ task, so alerting fires. Paused at creation: unpause it once `watch` lists your 
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
@@ -36,7 +36,7 @@ with DAG(
     description="Finds and removes what dead maxtext_rl_tpu runs left in GKE",
     doc_md=__doc__,
     schedule=SCHEDULE,
-    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
     is_paused_upon_creation=True,

@@ -36,7 +36,8 @@ def main() -> int:
 
     def progress(_state: str) -> None:
         nonlocal last
-        running = sorted(t for t, ti in airflow.task_instances(DAG_ID, run_id).items() if ti["state"] in ("running", "deferred", "up_for_reschedule"))
+        running = sorted(t for t, ti in airflow.task_instances(DAG_ID, run_id).items()
+                         if ti["state"] in ("running", "deferred", "up_for_reschedule"))
         if running != last:
             print(f"  {time.monotonic() - started:6.0f} s  {', '.join(running) or '...'}", flush=True)
             last = running
@@ -113,7 +114,8 @@ def tpu_time(conf: dict, run_id: str, instances: dict) -> str:
     slice_s, train_s = (slice_end - slice_start).total_seconds(), (train_end - train_start).total_seconds()
     return "\n".join([
         "TPU time (slice: its node pools' GKE operations; training: train_rl)",
-        f"  slice nodes  {slice_start:%H:%M:%S} -> {slice_end:%H:%M:%S}  {slice_s:7.1f} s  (pool create requested -> pool deleted)",
+        (f"  slice nodes  {slice_start:%H:%M:%S} -> {slice_end:%H:%M:%S}  {slice_s:7.1f} s  "
+         "(pool create requested -> pool deleted)"),
         f"  training     {train_start:%H:%M:%S} -> {train_end:%H:%M:%S}  {train_s:7.1f} s",
         f"  ratio        {slice_s / train_s:.2f} (TPU-slice time / training time)",
     ])

@@ -121,7 +121,8 @@ def sync(client, bucket_name: str, files: dict[str, Path], *, dry_run: bool = Fa
 
     programs = PROGRAMS[1]
     if programs in remote and remote[programs] not in manifest.get(programs, []) and not replace_programs:
-        source = "was edited in the bucket since the last deploy" if programs in manifest else "was not written by a deploy"
+        source = ("was edited in the bucket since the last deploy" if programs in manifest
+                  else "was not written by a deploy")
         result.kept[programs] = (f"{source}; kept. Copy it into {PROGRAMS[0]} to deploy it from here, or deploy "
                                  "with --replace-programs (REPLACE_PROGRAMS=1) to replace it")
         wanted.pop(programs, None)
@@ -265,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
     parser.add_argument("--repository", help="Artifact Registry Python repository for the wheel (created if missing)")
     parser.add_argument("--repository-location", help="the repository's region (default: the environment's)")
-    parser.add_argument("--repository-url", help="the repository's URL, when it is not Artifact Registry's for --repository")
+    parser.add_argument("--repository-url",
+                        help="the repository's URL, when it is not Artifact Registry's for --repository")
     parser.add_argument("--bucket", help="the environment's bucket; skips gcloud's describe")
     parser.add_argument("--service-account", help="the environment's service account; with --bucket")
     parser.add_argument("--replace-programs", action="store_true", help="replace a programs file edited in the bucket")
@@ -348,13 +350,13 @@ def upload(wheel: Path, index_url: str, token: str | None, run: Runner) -> None:
         print(f"{index_url} already has {wheel.name} (sha256 {local[:12]}...)")
         return
     if published:
-        raise SystemExit(f"{index_url} has another {wheel.name} (sha256 {published[:12]}..., this one {local[:12]}...): "
-                         "bump __version__ in src/tpu_rl/__init__.py, then deploy again")
+        raise SystemExit(f"{index_url} has another {wheel.name} (sha256 {published[:12]}..., "
+                         f"this one {local[:12]}...): bump __version__ in src/tpu_rl/__init__.py, then deploy again")
     # The token reaches twine through its environment, never its command line.
     env = {**os.environ, "TWINE_USERNAME": "oauth2accesstoken" if token else os.environ.get("TWINE_USERNAME", "upload"),
            "TWINE_PASSWORD": token or os.environ.get("TWINE_PASSWORD", "")}
-    run.change([sys.executable, "-m", "twine", "upload", "--non-interactive", "--repository-url", index_url, str(wheel)],
-               env=env)
+    run.change([sys.executable, "-m", "twine", "upload", "--non-interactive", "--repository-url", index_url,
+                str(wheel)], env=env)
 
 
 def pip_conf(client, bucket_name: str, index_url: str, run: Runner) -> None:

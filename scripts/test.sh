@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test: installs the browser, starts the metadata database and the simulated cluster when
+# Runs the linter, then every test: installs the browser, starts the metadata database and the simulated cluster when
 # they are not running (the e2e fixture starts the local Airflow stack), runs pytest on Airflow 3.3.2,
 # with the Composer-compatibility run on Airflow 3.1.7 beside it. Stops only what it started.
 set -euo pipefail
@@ -17,6 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+ruff check .  # the linter first: a style slip fails in seconds, not after the suite
 scripts/install-browser.sh
 out=$(scripts/postgres.sh start); echo "$out"
 [[ $out == started* ]] && started+=(postgres)

@@ -117,8 +117,10 @@ def register_webhooks():
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    jobsets = lambda ops: [{"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"],
-                            "operations": ops, "resources": ["jobsets"]}]
+    def jobsets(ops):
+        return [{"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "operations": ops,
+                 "resources": ["jobsets"]}]
+
     pods = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
     in_jobset = {"matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
     mutating = {

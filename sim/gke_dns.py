@@ -29,8 +29,8 @@ import json
 import logging
 import ssl
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger("gke.dns")
 
@@ -62,7 +62,7 @@ def ensure_public_ca(pki: Path) -> None:
     if not crt.exists():
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tpu-rl-sim public root (Google Trust Services)")])
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
                 .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
                 .not_valid_after(now + datetime.timedelta(days=3650))
@@ -96,7 +96,7 @@ def _region_certificate(pki: Path, location: str) -> tuple[Path, Path]:
     ca = x509.load_pem_x509_certificate((pki / "public-ca.crt").read_bytes())
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     wildcard = f"*.{location}.{DOMAIN}"
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, wildcard)]))
             .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -167,8 +167,7 @@ def serve(port: int, pki: Path, route: Callable[[str], Route | None], caller: Ca
     async def handle(reader, writer):
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError,
-                ssl.SSLError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ssl.SSLError):
             writer.close()
             return
         lines = head.decode("latin-1").split("\r\n")

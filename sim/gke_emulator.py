@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 from concurrent import futures
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -107,7 +107,7 @@ def as_dict(msg) -> dict:
 
 
 def now_iso():
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -411,7 +411,7 @@ class Emulator:
         with self.lock:
             pools = [(p.name, as_dict(p))
                      for p in self.clusters[key]["cluster"].node_pools]
-        for pool_name, pool in pools:
+        for _, pool in pools:
             self._create_nodes(key, pool)
         with self.lock:
             cluster = self.clusters[key]["cluster"]
@@ -439,10 +439,11 @@ class Emulator:
             body = as_dict(pool)
         if fault:
             # GKE keeps the create RUNNING while it retries, saying nothing of it in the pool (no source shows
-            # conditions filled during a create), then fails it and leaves the pool: in ERROR with no nodes, or RUNNING_WITH_ERROR ("created and is partially
-            # usable": API reference NodePool.Status) with the nodes it made, as after the IGM stockouts quoted in
-            # hashicorp/terraform-provider-google issue 3304 ('Nodepool "test" has status "RUNNING_WITH_ERROR"
-            # with message "...Not all instances running in IGM... [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]"').
+            # conditions filled during a create), then fails it and leaves the pool: in ERROR with no nodes, or
+            # RUNNING_WITH_ERROR ("created and is partially usable": API reference NodePool.Status) with the nodes it
+            # made, as after the IGM stockouts quoted in hashicorp/terraform-provider-google issue 3304 ('Nodepool
+            # "test" has status "RUNNING_WITH_ERROR" with message "...Not all instances running in IGM...
+            # [ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS]"').
             made = int(read_json(GKE_DIR / "faults.json", {}).get(fault, {}).get("nodes") or 0)
             time.sleep(STOCKOUT_S)
             if made:
@@ -499,8 +500,8 @@ class Emulator:
         project = key.split("/")[0]
         count = self._node_count(key, body)
         return (
-            f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S + STOCKOUT_S:.1f}s. Expected "
-            f"{count}, running {running}, transitioning {count - running}. "
+            f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S + STOCKOUT_S:.1f}s. "
+            f"Expected {count}, running {running}, transitioning {count - running}. "
             f"Current errors: [GCE_STOCKOUT]: Instance '{self._node_names(key, body)[0]}' creation failed: "
             f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "
             "the request.  '(resource type:compute)'."
@@ -547,8 +548,10 @@ class Emulator:
         project, location, cname = key.split("/")
         config = pool.get("config") or {}
         mt = gke_rules.machine(config.get("machine_type") or "e2-medium") \
-            if (config.get("machine_type") or "e2-medium") in gke_rules.MACHINE_TYPES else gke_rules.MACHINE_TYPES["e2-standard-8"]
-        capacity, allocatable = gke_rules.node_resources(mt, int(config.get("disk_size_gb") or gke_rules.DEFAULT_DISK_GB))
+            if (config.get("machine_type") or "e2-medium") in gke_rules.MACHINE_TYPES \
+            else gke_rules.MACHINE_TYPES["e2-standard-8"]
+        capacity, allocatable = gke_rules.node_resources(mt,
+                                                         int(config.get("disk_size_gb") or gke_rules.DEFAULT_DISK_GB))
         region = location if location.count("-") == 1 else location.rsplit("-", 1)[0]
         base_labels = {
             "cloud.google.com/gke-nodepool": pool["name"],
@@ -577,14 +580,16 @@ class Emulator:
                 base_labels["cloud.google.com/gke-tpu-topology"] = placement["tpu_topology"]
             taints.append({"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"})
         if placement.get("type") == "COMPACT":
-            base_labels["cloud.google.com/gke-placement-group"] = placement.get("policy_name") or f"{pool['name']}-placement"
+            base_labels["cloud.google.com/gke-placement-group"] = (placement.get("policy_name")
+                                                                   or f"{pool['name']}-placement")
         effects = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
         for t in config.get("taints") or []:
             taint = {"key": t["key"], "value": t.get("value", ""), "effect": effects.get(t.get("effect"), "NoSchedule")}
             if taint not in taints:
                 taints.append(taint)
         # A pool without a service account runs as the Compute Engine default account.
-        node_account = config.get("service_account") or f"{gke_rules.PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+        node_account = (config.get("service_account")
+                        or f"{gke_rules.PROJECT_NUMBER}-compute@developer.gserviceaccount.com")
         bodies, names = [], iter(self._node_names(key, pool))
         for zone in self._zones(key, pool):
             for _ in range(self._nodes_per_zone(pool)):
@@ -596,7 +601,8 @@ class Emulator:
                                                  # Who the node is to Google APIs (GKE: the metadata server);
                                                  # the MaxText emulator checks bucket access with it.
                                                  gke_rules.NODE_SERVICE_ACCOUNT_ANNOTATION: node_account,
-                                                 "container.googleapis.com/instance_id": str(int(hashlib.sha256(name.encode()).hexdigest()[:15], 16))},
+                                                 "container.googleapis.com/instance_id":
+                                                     str(int(hashlib.sha256(name.encode()).hexdigest()[:15], 16))},
                                  "labels": {**base_labels, "kubernetes.io/hostname": name,
                                             "topology.kubernetes.io/zone": zone}},
                     "spec": {"providerID": f"gce://{project}/{zone}/{name}", "taints": taints},
@@ -642,14 +648,16 @@ class Emulator:
             key = f"{project}/{location}/{cluster.name}"
             gke_rules.check_cluster_name(cluster.name)
             gke_rules.check_cluster_absent(cluster.name, project, location,
-                                           {k.split("/")[2] for k in self.clusters if k.startswith(f"{project}/{location}/")})
+                                           {k.split("/")[2] for k in self.clusters
+                                            if k.startswith(f"{project}/{location}/")})
             if not body.get("node_pools") and not body.get("initial_node_count"):
                 # GKE answers this for a Standard cluster without nodes (wording ours).
                 raise GkeError("INVALID_ARGUMENT", "Cluster.initial_node_count or Cluster.node_pools must be set.")
             gke_rules.check_cluster(body, location, project, reservations(), DEFAULT_BOOT_DISK)
             if body.get("initial_node_count"):  # the legacy form: one pool named default-pool
                 cluster.node_pools.append(c.NodePool(name="default-pool", initial_node_count=cluster.initial_node_count,
-                                                     config=cluster.node_config or c.NodeConfig(machine_type="e2-medium")))
+                                                     config=(cluster.node_config
+                                                             or c.NodeConfig(machine_type="e2-medium"))))
                 cluster.initial_node_count = 0
             slot = self.free_slot()
             cluster.status = c.Cluster.Status.PROVISIONING
@@ -674,7 +682,7 @@ class Emulator:
     def dns_route(self, host: str):
         """Where the cluster's DNS endpoint leads (sim/gke_dns.py)."""
         with self.lock:
-            for key, rec in self.clusters.items():
+            for rec in self.clusters.values():
                 cluster = rec["cluster"]
                 dns = cluster.control_plane_endpoints_config.dns_endpoint_config
                 if dns.endpoint != host:
@@ -752,7 +760,8 @@ class Emulator:
     def list_node_pools(self, req):
         project, location, name = parse_cluster(req.parent, req.project_id, req.zone, req.cluster_id)
         with self.lock:
-            return self.c.ListNodePoolsResponse(node_pools=list(self.cluster(f"{project}/{location}/{name}")["cluster"].node_pools))
+            return self.c.ListNodePoolsResponse(
+                node_pools=list(self.cluster(f"{project}/{location}/{name}")["cluster"].node_pools))
 
     def delete_node_pool(self, req):
         project, location, name, pool_name = parse_pool(req.name, req.project_id, req.zone, req.cluster_id,
@@ -805,7 +814,8 @@ def parse_cluster(name, project_id="", zone="", cluster_id=""):
 
 
 def parse_pool(name, project_id="", zone="", cluster_id="", pool_id=""):
-    got = _split(name, ["projects", "locations", "clusters", "nodePools"]) if name else [project_id, zone, cluster_id, pool_id]
+    got = (_split(name, ["projects", "locations", "clusters", "nodePools"]) if name
+           else [project_id, zone, cluster_id, pool_id])
     if not got or not all(got):
         raise GkeError("INVALID_ARGUMENT",
                        f'Invalid name "{name}": expected projects/*/locations/*/clusters/*/nodePools/*.')
@@ -1015,9 +1025,8 @@ def main():
     emulator.resume()
     log.info("GKE emulator: proxy 127.0.0.1:%d, gRPC/TLS 127.0.0.1:%d, DNS endpoints 127.0.0.1:%d, "
              "token http://127.0.0.1:%d/token", PROXY_PORT, GRPC_PORT, DNS_PORT, TOKEN_PORT)
-    import signal
-
     import faulthandler
+    import signal
 
     faulthandler.enable()
     stop = threading.Event()

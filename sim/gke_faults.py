@@ -3,8 +3,9 @@
 A rule is a JSON object under its name:
   "kind"          "stockout": a matching node pool create is accepted and stays RUNNING while GKE retries
                   (TPU_RL_SIM_GKE_STOCKOUT_SECONDS: GKE's ~35 minutes, time-scaled), nothing said in the pool
-                  meanwhile; then its operation ends DONE with error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text, the pool in ERROR with no nodes,
-                  or, with "nodes" N > 0, in RUNNING_WITH_ERROR with N of its nodes (a partial create);
+                  meanwhile; then its operation ends DONE with error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text,
+                  the pool in ERROR with no nodes, or, with "nodes" N > 0, in RUNNING_WITH_ERROR with N of its nodes
+                  (a partial create);
                   "quota": a matching node pool create is refused at once with 403 PERMISSION_DENIED,
                   "Insufficient regional quota to satisfy request" for the TPU family's quota;
                   "reservation-missing": a matching node pool create is refused at once with NOT_FOUND

@@ -262,7 +262,8 @@ def check_tpu_slice(pool: dict) -> None:
     # An autoscaled slice pool grows to its maximum at once, so GKE checks the maximum ("Maximum node count
     # 0 is not a valid size ...", quoted below); a fixed one its initial count.
     counted = "Maximum node count" if autoscaling.get("enabled") else "Node count"
-    nodes = int((autoscaling.get("max_node_count") if autoscaling.get("enabled") else pool.get("initial_node_count")) or 0)
+    nodes = int((autoscaling.get("max_node_count") if autoscaling.get("enabled") else pool.get("initial_node_count"))
+                or 0)
     if not topology:
         return  # single-host slices, one per node
     if not re.fullmatch(r"\d+x\d+(x\d+)?", topology):
@@ -287,7 +288,8 @@ def check_tpu_slice(pool: dict) -> None:
                    f"a {topology} slice of {mt.name} has {expected} nodes.")
     if expected > 1:
         if placement.get("type") != "COMPACT":
-            raise _bad(f"A multi-host TPU slice (topology {topology}) requires placement_policy.type COMPACT.")  # (wording ours)
+            raise _bad(f"A multi-host TPU slice (topology {topology}) requires "
+                       "placement_policy.type COMPACT.")  # (wording ours)
         if mt.tpu_chips != 4:
             raise _bad(f'Machine type "{mt.name}" cannot form a multi-host TPU slice; use the 4-chip machine '
                        "type.")  # (wording ours)
@@ -302,7 +304,8 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: set
     To target a SPECIFIC_RESERVATION by name, specify "compute.googleapis.com/reservation-name" as the key and
     specify the name of your reservation as its value.")
     https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig#ReservationAffinity ;
-    GKE docs "Consuming reserved zonal resources" https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations ;
+    GKE docs "Consuming reserved zonal resources"
+    https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations ;
     unknown reservation: GKE's 404 quoted in GoogleCloudPlatform/cluster-toolkit PR 5043: "Google Compute
     Engine: reservation "NAME" not found for node pool "POOL" at zone "ZONE"." (code NOT_FOUND).
     ``known_reservations`` holds reservation names (short) or projects/P/reservations/NAME paths.
@@ -501,7 +504,8 @@ def quota_message(pool: dict, region: str) -> str:
     resource "CPUS": request requires '72.0' and is short '48.0'. project has a quota of '24.0' with '24.0'
     available.'), here for the TPU family's quota the pool's chips count against. (wording after GKE's)"""
     mt = machine((pool.get("config") or {}).get("machine_type", ""))
-    chips = mt.tpu_chips * int(pool.get("initial_node_count") or (pool.get("autoscaling") or {}).get("max_node_count") or 0)
+    chips = mt.tpu_chips * int(pool.get("initial_node_count")
+                               or (pool.get("autoscaling") or {}).get("max_node_count") or 0)
     metric = TPU_QUOTA_METRICS.get(mt.family, "TPUS")
     return (f"Insufficient regional quota to satisfy request: resource \"{metric}\": request requires '{chips:.1f}' "
             f"and is short '{chips:.1f}'. project has a quota of '0.0' with '0.0' available in region {region}. "
@@ -510,7 +514,8 @@ def quota_message(pool: dict, region: str) -> str:
 
 def check_cluster_absent(name: str, project: str, location: str, existing: set[str]) -> None:
     """Source: GKE answers a duplicate create with 409 ALREADY_EXISTS, e.g. "Already exists:
-    projects/P/locations/L/clusters/C." (google.api_core.exceptions.AlreadyExists, as the operators expect). Wording ours after GKE's."""
+    projects/P/locations/L/clusters/C." (google.api_core.exceptions.AlreadyExists, as the operators expect). Wording
+    ours after GKE's."""
     if name in existing:
         raise GkeError("ALREADY_EXISTS", f"Already exists: projects/{project}/locations/{location}/clusters/{name}.")
 

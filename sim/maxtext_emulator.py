@@ -74,7 +74,7 @@ import sys
 import time
 import traceback
 import zlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -121,7 +121,7 @@ HANDLED = SIM / "run" / "maxtext-emulator-handled.txt"
 
 
 def log(msg):
-    print(f"{datetime.now(timezone.utc).isoformat(timespec='milliseconds')} {msg}", flush=True)
+    print(f"{datetime.now(UTC).isoformat(timespec='milliseconds')} {msg}", flush=True)
 
 
 class PodFailure(Exception):
@@ -393,8 +393,10 @@ def evaluation_line(when, seed, total, accuracy):
     corr = round(total * accuracy)
     partially = min(total, corr + rng.randint(0, max(1, total // 10)))
     formatted = min(total, max(partially, round(total * rng.uniform(0.85, 1.0))))
-    accuracy, partial_accuracy, format_accuracy = (n / total * 100 if total > 0 else 0 for n in (corr, partially, formatted))
-    mean_reward = (REWARDS["check_numbers"] * corr + REWARDS["match_format_exactly"] * formatted) / total if total else 0.0
+    accuracy, partial_accuracy, format_accuracy = (n / total * 100 if total > 0 else 0
+                                                   for n in (corr, partially, formatted))
+    mean_reward = (REWARDS["check_numbers"] * corr
+                   + REWARDS["match_format_exactly"] * formatted) / total if total else 0.0
     return (f"{when} RL Training: {corr=}, {total=}, {accuracy=}%, {partial_accuracy=}%,"
             f" {format_accuracy=}%, {mean_reward=:.4f}")
 
@@ -451,7 +453,8 @@ def train_rl(client, args, flags, faults_, duration=0.0):
     lines = [f"train_steps={train_steps} checkpoint_period={period}",
              # train_rl.get_dataset's line (MaxText 0.2.4 logs it with debug=true): what this run trains on.
              f"Loaded Hugging Face dataset {args.get('dataset_name', 'openai/gsm8k')} with split "
-             f"{args.get('train_split', 'train')}" + (f" from {args['hf_train_files']}" if args.get("hf_train_files") else "")]
+             f"{args.get('train_split', 'train')}" + (f" from {args['hf_train_files']}"
+                                                      if args.get("hf_train_files") else "")]
     if start:
         # Tunix's own line (tunix/sft/checkpoint_manager.py:293 at c4ec573), then the data fast-forward
         # (rl_learner.py:400-407).
@@ -640,8 +643,10 @@ class Emulator:
         labels, annotations = meta.labels or {}, dict(meta.annotations or {})
         ref = f"{meta.namespace}/{meta.name}"
         container = next((c for c in pod.spec.containers if c.name == "workload-container"), None)
-        stage, args, flags = parse_invocation((container.command or []) + (container.args or [])) if container else (None, {}, {})
-        workload = labels.get("jobset.sigs.k8s.io/jobset-name") or labels.get("batch.kubernetes.io/job-name") or meta.name
+        stage, args, flags = (parse_invocation((container.command or []) + (container.args or [])) if container
+                              else (None, {}, {}))
+        workload = (labels.get("jobset.sigs.k8s.io/jobset-name") or labels.get("batch.kubernetes.io/job-name")
+                    or meta.name)
         attempt = labels.get("jobset.sigs.k8s.io/restart-attempt")
         # A JobSet submitted again under the same name (a resumed training) is a new workload: its uid tells.
         incarnation = labels.get("jobset.sigs.k8s.io/jobset-uid", "")[:8]
@@ -680,7 +685,8 @@ class Emulator:
                 summary = f"{stage}: nothing written (the pod fails before saving)"
             else:
                 # The trainer runs for the pod's run seconds: its event file grows over them.
-                timing = {"duration": float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))} if stage == "train_rl" else {}
+                timing = ({"duration": float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))}
+                          if stage == "train_rl" else {})
                 lines, out = globals()[stage](self.gcs, args, flags, maxtext_faults, **timing)
                 summary = f"{stage}: wrote {len(out.written)} objects under {out.url}"
         except PodFailure as e:
@@ -697,7 +703,7 @@ class Emulator:
         # 3. release the pod: kwok's stages end it at exit-at
         effective = {**annotations, **patch}
         run_seconds = float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))
-        exit_at = datetime.now(timezone.utc) + timedelta(seconds=run_seconds)
+        exit_at = datetime.now(UTC) + timedelta(seconds=run_seconds)
         patch[PREFIX + "exit-at"] = exit_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         patch[PREFIX + "emulated"] = summary[:1000]
         if warnings:
@@ -805,7 +811,7 @@ class Emulator:
         meta = pod.metadata
         folder = SIM / "podlogs" / meta.namespace / meta.name
         folder.mkdir(parents=True, exist_ok=True)
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         entries = []
         for c in list(pod.spec.init_containers or []) + list(pod.spec.containers):
             body = [f"[simulated] {c.name} started on {pod.spec.node_name}"]

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from control_plane import CACHE, PKI, recorded_pid, spawn, terminate  # noqa: E402
+from control_plane import CACHE, PKI, spawn, terminate  # noqa: E402
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 POD_ROOT = "/run/pod"
@@ -209,7 +209,8 @@ class Container:
         for vol, mount_path, sub_path in self.volumes():
             # Files at the image's root (/controller_manager_config.yaml) are reached through --config.
             if not sub_path and mount_path.startswith("/tmp/"):
-                lines += [f"mkdir -p {q(mount_path)}", f"mount --bind {POD_ROOT}/volumes/{q(vol['name'])} {q(mount_path)}"]
+                lines += [f"mkdir -p {q(mount_path)}",
+                          f"mount --bind {POD_ROOT}/volumes/{q(vol['name'])} {q(mount_path)}"]
         return "\n".join(lines + ['exec "$@"'])
 
     # process ----------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ def expected_shards(names: Iterable[str], index: bytes | None) -> tuple[list[str
     named = set(weight_map.values())
     matches = [_SHARD_NAME.fullmatch(n) for n in named]
     if not all(matches):
-        odd = sorted(n for n, m in zip(named, matches) if not m)
+        odd = sorted(n for n, m in zip(named, matches, strict=True) if not m)
         return [], Verdict((f"{HF_INDEX} names shards outside the model-0000i-of-0000N pattern: {odd}",))
     totals = {int(m.group(2)) for m in matches}
     if len(totals) != 1:

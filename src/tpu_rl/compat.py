@@ -39,7 +39,7 @@ except ImportError:  # Airflow 3.1 (Composer 3): the timetable is core's
 def cron_expression(timetable: object) -> str:
     """A cron timetable's expression (3.3's SDK definition names it ``expression``, 3.1's core class
     ``_expression``)."""
-    return getattr(timetable, "expression", None) or getattr(timetable, "_expression")
+    return getattr(timetable, "expression", None) or timetable._expression
 
 
 __all__ = [

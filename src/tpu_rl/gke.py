@@ -17,8 +17,8 @@ from tpu_rl.machines import needs_hyperdisk
 from tpu_rl.run import RunIdentity
 from tpu_rl.vocabulary import (
     GKE_LABEL_KEEP,
-    GKE_LABEL_SHARED,
     GKE_LABEL_RUN_KEY,
+    GKE_LABEL_SHARED,
     GKE_METADATA_DAG_ID,
     GKE_METADATA_RUN_ID,
     TPU_TAINT_KEY,
@@ -113,7 +113,8 @@ def _upgrade_exclusion(now: datetime) -> dict[str, Any]:
     requires exactly one of end_time and the end-time behavior)."""
     return {
         "start_time": now.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES", "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
+        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES",
+                                          "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
     }
 
 
@@ -300,7 +301,8 @@ def quota_hint(config: RunConfig) -> str:
             "Waiting does not help: capacity_wait_minutes does not apply")
 
 
-_TARGET = re.compile(r"/(?:locations|zones)/[^/]+/clusters/(?P<cluster>[^/]+)(?:/nodePools/(?P<pool>[^/]+))?(?:/node/[^/]+)?$")
+_TARGET = re.compile(r"/(?:locations|zones)/[^/]+/clusters/(?P<cluster>[^/]+)"
+                     r"(?:/nodePools/(?P<pool>[^/]+))?(?:/node/[^/]+)?$")
 
 
 def operation_target(target_link: str) -> tuple[str, str | None] | None:

@@ -17,7 +17,8 @@ from typing import Any
 
 from tpu_rl import maxtext
 from tpu_rl.config import RunConfig
-from tpu_rl.run import GcsLayout, RunIdentity
+from tpu_rl.layout import GcsLayout
+from tpu_rl.run import RunIdentity
 from tpu_rl.vocabulary import (
     CONVERSION_JOB,
     COORDINATOR_LABEL,
@@ -146,7 +147,8 @@ class PathwaysWiring:
 
     def sidecar_env(self) -> list[dict[str, Any]]:
         """The env of the head's two sidecars."""
-        return [_env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS), *_tutorial_env(), _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL)]
+        return [_env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS), *_tutorial_env(),
+                _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL)]
 
 
 def pathways_proxy_container(config: RunConfig, wiring: PathwaysWiring) -> dict[str, Any]:
@@ -214,7 +216,8 @@ def pathways_head_pod(config: RunConfig, run: RunIdentity, wiring: PathwaysWirin
         **_pod_identity(),
         "restartPolicy": "Never",
         "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
-        "initContainers": [pathways_proxy_container(config, wiring), pathways_resource_manager_container(config, wiring)],
+        "initContainers": [pathways_proxy_container(config, wiring),
+                           pathways_resource_manager_container(config, wiring)],
         "containers": [pathways_trainer_container(config, run, wiring)],
     }
 
@@ -366,7 +369,8 @@ def _failure_policy(max_restarts: int, restart_strategy: str | None = None) -> d
     policy: dict[str, Any] = {"maxRestarts": max_restarts}
     if restart_strategy:
         policy["restartStrategy"] = restart_strategy
-    policy["rules"] = [{"name": "FailJobSetOnPodFailurePolicy", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
+    policy["rules"] = [{"name": "FailJobSetOnPodFailurePolicy", "action": "FailJobSet",
+                        "onJobFailureReasons": ["PodFailurePolicy"]}]
     return policy
 
 
@@ -408,7 +412,9 @@ def _tpu_placement(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
         },
         "affinity": {
             "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": expressions}]
+                }
             }
         },
         "tolerations": [{"key": TPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass
 
 from tpu_rl.config import RunConfig
-from tpu_rl.run import GcsLayout
+from tpu_rl.layout import GcsLayout
 
 TO_MAXTEXT = "maxtext.checkpoint_conversion.to_maxtext"
 TRAIN_RL = "maxtext.trainers.post_train.rl.train_rl"

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG, Asset
+from airflow.sdk import DAG, Asset, BaseOperator
 
 from tpu_rl.config import CAPACITY_WAIT_MAX_MINUTES
 from tpu_rl.contract import EXPORT_ATTEMPT_PREFIX, EXPORT_SUBMITTED_AT, FINAL_STEP, TRAINER_COMPLETED, Task
@@ -94,6 +94,27 @@ def build_pipeline(
 
 
 def _wire_tasks(exported_model: Asset) -> None:
+    guard, cluster_setups = _cluster_tasks()
+    verify_converted = _conversion_tasks(after=cluster_setups[-1])
+    train, verify_training, delete_tpu_pools = _training_tasks(after=verify_converted)
+    publish_export = _export_tasks(exported_model, after=verify_training)
+    delete_cluster = DeleteClusterOperator(task_id=Task.DELETE_CLUSTER, **CLEANUP_RETRIES)
+    # Runs when the work succeeded (its state is the work's outcome): logs the run's summary.
+    done = RunSummaryOperator(task_id=Task.PIPELINE_DONE, execution_timeout=timedelta(minutes=10))
+
+    publish_export >> [delete_cluster, done]
+    # publish_export waits for the slices to be gone, so its Asset event carries their TPU time.
+    train >> delete_tpu_pools >> [delete_cluster, publish_export]
+    # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
+    # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).
+    # Everything the workloads need from the cluster is a setup, so clearing a stage re-runs it (each adopts
+    # or skips what exists) after a teardown removed the cluster or, in an existing one, the run's Secret.
+    delete_cluster.as_teardown(setups=[guard, *cluster_setups], on_failure_fail_dagrun=True)
+
+
+def _cluster_tasks() -> tuple[EmptyOperator, list[BaseOperator]]:
+    """From the config's validation to the run's Secret on a ready cluster: the guard, and the cluster's setups
+    (the last one: what the workloads wait for)."""
     validate = ValidateRunConfigOperator(task_id=Task.VALIDATE_CONFIG, retries=0)
     # Before anything billable: a triggerer that cannot import the package fails the run here, naming the fix
     # (without a retry: AirflowFailException). Its retries are for Airflow's own race on a quick trigger.
@@ -106,14 +127,25 @@ def _wire_tasks(exported_model: Asset) -> None:
     )
     jobset = EnsureJobSetOperator(task_id=Task.ENSURE_JOBSET)
     token = CreateHfTokenSecretOperator(task_id=Task.HF_TOKEN_SECRET)
+    validate >> check_triggerer >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
+    return guard, [create_cluster, wait_for_cluster, jobset, token]
 
+
+def _conversion_tasks(after: BaseOperator) -> BaseOperator:
+    """The shared base checkpoint, converted or found: its check is what training waits for."""
     # Skips when the shared base checkpoint is complete; else converts under a lock in the bucket, or waits
     # (deferred) while another run converts it.
     hf_to_maxtext = HfToMaxTextOperator(task_id=Task.HF_TO_MAXTEXT, execution_timeout=timedelta(hours=4))
     verify_converted = RunConvertedCheckpointSensor(
         task_id=Task.VERIFY_CONVERTED, trigger_rule="none_failed", timeout=timedelta(minutes=30)
     )
+    after >> hf_to_maxtext >> verify_converted
+    return verify_converted
 
+
+def _training_tasks(after: BaseOperator) -> tuple[BaseOperator, BaseOperator, BaseOperator]:
+    """The slice's setup, the training and its teardown, and the final checkpoint's check: (train_rl,
+    verify_training, delete_tpu_pools)."""
     # Fails the run before TPU pools exist; train_rl repeats the same check before every submission.
     check_training_record = RunTrainingRecordCheckOperator(task_id=Task.CHECK_TRAINING_RECORD)
     # Like guard for the cluster: a setup that succeeds, so delete_tpu_pools runs even when the create fails
@@ -142,7 +174,13 @@ def _wire_tasks(exported_model: Asset) -> None:
         trainer_completed=TRAINER_COMPLETED.template(),
         timeout=timedelta(minutes=30),
     )
+    after >> check_training_record >> pools_guard >> wait_for_capacity >> create_tpu_pools >> train >> verify_training
+    delete_tpu_pools.as_teardown(setups=[pools_guard, wait_for_capacity, create_tpu_pools])
+    return train, verify_training, delete_tpu_pools
 
+
+def _export_tasks(exported_model: Asset, after: BaseOperator) -> BaseOperator:
+    """The quality gate, the export to Hugging Face's format, its check and its publication (returned)."""
     # Before anything is exported: a model that fails the run's quality gate is never published.
     quality_gate = QualityGateOperator(task_id=Task.QUALITY_GATE, execution_timeout=timedelta(minutes=10))
     maxtext_to_hf = MaxTextToHfOperator(
@@ -160,23 +198,5 @@ def _wire_tasks(exported_model: Asset) -> None:
         asset=exported_model,
         final_step=FINAL_STEP.template(),
     )
-    delete_cluster = DeleteClusterOperator(task_id=Task.DELETE_CLUSTER, **CLEANUP_RETRIES)
-    # Runs when the work succeeded (its state is the work's outcome): logs the run's summary.
-    done = RunSummaryOperator(task_id=Task.PIPELINE_DONE, execution_timeout=timedelta(minutes=10))
-
-    (
-        validate >> check_triggerer >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
-        >> hf_to_maxtext >> verify_converted
-        >> check_training_record >> pools_guard >> wait_for_capacity >> create_tpu_pools >> train >> verify_training
-        >> quality_gate >> maxtext_to_hf >> verify_export >> publish_export >> [delete_cluster, done]
-    )
-    # publish_export waits for the slices to be gone, so its Asset event carries their TPU time.
-    train >> delete_tpu_pools >> [delete_cluster, publish_export]
-    delete_tpu_pools.as_teardown(setups=[pools_guard, wait_for_capacity, create_tpu_pools])
-    # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
-    # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).
-    # Everything the workloads need from the cluster is a setup, so clearing a stage re-runs it (each adopts
-    # or skips what exists) after a teardown removed the cluster or, in an existing one, the run's Secret.
-    delete_cluster.as_teardown(
-        setups=[guard, create_cluster, wait_for_cluster, jobset, token], on_failure_fail_dagrun=True
-    )
+    after >> quality_gate >> maxtext_to_hf >> verify_export >> publish_export
+    return publish_export

@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 
 from tpu_rl import __version__, gke, manifests
 from tpu_rl.config import ConfigError, RunConfig
-from tpu_rl.run import DAG_ID, GcsLayout, RunIdentity
+from tpu_rl.layout import GcsLayout
+from tpu_rl.run import DAG_ID, RunIdentity
 
 
 def plan_documents(
@@ -21,7 +22,7 @@ def plan_documents(
 ) -> list[tuple[str, dict[str, Any]]]:
     """(comment, document) pairs in the order the DAG submits them; ``now`` (default: now) is when the
     cluster's upgrade exclusion starts."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     layout = GcsLayout(config, run)
     docs: list[tuple[str, dict[str, Any]]] = []
     capacity = f"capacity_type {config.capacity_type}: {gke.capacity_fields(config)}"
@@ -30,7 +31,8 @@ def plan_documents(
         docs.append(
             (
                 f"GKE: create the cluster (deleted at the end of the run){with_pools}",
-                {"gkeRequest": "CreateCluster", "parent": gke.cluster_parent(config), "cluster": gke.cluster_body(config, run, now)},
+                {"gkeRequest": "CreateCluster", "parent": gke.cluster_parent(config),
+                 "cluster": gke.cluster_body(config, run, now)},
             )
         )
     if config.tpu_pools_per_run:
@@ -38,21 +40,31 @@ def plan_documents(
             docs.append(
                 (
                     f"GKE: create TPU node pool {i} before training (deleted right after it); {capacity}",
-                    {"gkeRequest": "CreateNodePool", "parent": gke.cluster_path(config), "nodePool": gke.tpu_node_pool(config, run, i)},
+                    {"gkeRequest": "CreateNodePool", "parent": gke.cluster_path(config),
+                     "nodePool": gke.tpu_node_pool(config, run, i)},
                 )
             )
-    docs.append(("ServiceAccount of the workload pods (created when absent)", manifests.workload_service_account(config)))
+    docs.append(
+        ("ServiceAccount of the workload pods (created when absent)", manifests.workload_service_account(config))
+    )
     docs.append(
         (
-            f"Secret: {manifests.HF_TOKEN_KEY} from Airflow connection '{config.hf_token_conn_id}' at run time (value never shown)",
+            f"Secret: {manifests.HF_TOKEN_KEY} from Airflow connection '{config.hf_token_conn_id}' at run time "
+            "(value never shown)",
             manifests.hf_token_secret(config, run),
         )
     )
-    docs.append(("HF -> MaxText conversion (skipped when its output is already complete)", manifests.hf_to_maxtext_jobset(config, run)))
+    docs.append(
+        (
+            "HF -> MaxText conversion (skipped when its output is already complete)",
+            manifests.hf_to_maxtext_jobset(config, run),
+        )
+    )
     docs.append(("RL training on Pathways", manifests.training_jobset(config, run)))
     docs.append(
         (
-            f"MaxText -> HF export; the step is resolved from the final checkpoint at run time (shown: the planned {config.train_steps})",
+            f"MaxText -> HF export; the step is resolved from the final checkpoint at run time "
+            f"(shown: the planned {config.train_steps})",
             manifests.maxtext_to_hf_jobset(config, run, config.train_steps, layout.export_attempt_prefix(1)),
         )
     )

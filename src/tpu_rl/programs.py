@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,8 @@ def parse_program(source: str, dag_id: Any, body: Any) -> Program:
     if not _DAG_ID.fullmatch(name) or name in RESERVED_DAG_IDS:
         problems.append(f"dag id: '{name}' must be letters, digits, '_', '.', '-', and not one of the package's "
                         f"own DAGs ({', '.join(RESERVED_DAG_IDS)})")
-    problems += [f"{key}: is not a field of a program; fix: use {', '.join(FIELDS)}" for key in body if key not in FIELDS]
+    problems += [f"{key}: is not a field of a program; fix: use {', '.join(FIELDS)}"
+                 for key in body if key not in FIELDS]
 
     schedule = body.get("schedule")
     if not _is_schedule(schedule):
@@ -134,12 +135,12 @@ def parse_program(source: str, dag_id: Any, body: Any) -> Program:
                         f"({', '.join(CRON_PRESETS)}); fix: use e.g. '@daily' or '0 6 * * 1'")
     start = body.get("start_date")
     if isinstance(start, date) and not isinstance(start, datetime):
-        start = datetime(start.year, start.month, start.day, tzinfo=timezone.utc)
+        start = datetime(start.year, start.month, start.day, tzinfo=UTC)
     if not isinstance(start, datetime):
         problems.append(f"start_date: {start!r} is not a date; fix: write it as a YAML date, unquoted: "
                         "start_date: 2026-11-01")
     elif start.tzinfo is None:
-        start = start.replace(tzinfo=timezone.utc)
+        start = start.replace(tzinfo=UTC)
     catchup = body.get("catchup", False)
     if not isinstance(catchup, bool):
         problems.append(f"catchup: {catchup!r} must be true or false")
@@ -151,7 +152,8 @@ def parse_program(source: str, dag_id: Any, body: Any) -> Program:
     capacity = body.get("capacity")
     if capacity is not None:
         if not isinstance(capacity, dict) or set(capacity) - {"group", "slices"} or "group" not in capacity:
-            problems.append("capacity: must be {group: <name>, slices: <count>}; fix: e.g. {group: v6e-64-us-east5, slices: 1}")
+            problems.append("capacity: must be {group: <name>, slices: <count>}; "
+                            "fix: e.g. {group: v6e-64-us-east5, slices: 1}")
         else:
             params.update(capacity_group=capacity["group"], capacity_slices=capacity.get("slices", 1))
     if "data" in body:

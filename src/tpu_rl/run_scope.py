@@ -1,7 +1,7 @@
 """The run's scope: what one task execution of a DAG run works with, resolved once from the task's context.
 
 :class:`RunScope` holds the run's params and identity, and derives from them, once, the validated
-:class:`~tpu_rl.config.RunConfig`, the :class:`~tpu_rl.run.GcsLayout` and the cluster to reach. The config
+:class:`~tpu_rl.config.RunConfig`, the :class:`~tpu_rl.layout.GcsLayout` and the cluster to reach. The config
 is rebuilt in every task from the run's params (deterministic, and nothing passes through XCom).
 
 :class:`RunScoped` gives it to the pipeline's operators and sensors (in the manner of the Google
@@ -20,7 +20,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from tpu_rl.config import RunConfig
-from tpu_rl.run import DataInterval, GcsLayout, RunIdentity, training_record
+from tpu_rl.layout import GcsLayout, training_record
+from tpu_rl.run import DataInterval, RunIdentity
 
 if TYPE_CHECKING:
     from tpu_rl.hooks.jobset import ClusterTarget

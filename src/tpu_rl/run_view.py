@@ -22,8 +22,8 @@ from urllib.parse import quote
 from tpu_rl import __version__
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import RunConfig
+from tpu_rl.layout import GcsLayout
 from tpu_rl.preemption import describe_accounting
-from tpu_rl.run import GcsLayout
 
 #: The curves shown, in order, with their titles.
 CURVES = {tm.REWARD_TAG: "Reward (batch mean)", tm.LOSS_TAG: "Policy loss", tm.KL_TAG: "KL to the reference model"}
@@ -150,7 +150,8 @@ def render(page: RunPage) -> str:
         "<h2>Outputs</h2>",
         _links(page),
         "<h2>Settings</h2>",
-        "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in page.settings) + "</table>",
+        "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>"
+                            for k, v in page.settings) + "</table>",
         f'<p class="note" id="version">tpu-rl {escape(__version__)}</p>',
     ]
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">" + reload
@@ -228,7 +229,8 @@ def _evaluation(page: RunPage) -> str:
             continue
         rows.append(f'<tr id="evaluation-{when}"><th>{when} training</th>'
                     f'<td class="num">{score.accuracy:.1f}%</td><td class="num">{score.correct:g}/{score.total}</td>'
-                    f'<td class="num">{score.partial_accuracy:.1f}%</td><td class="num">{score.format_accuracy:.1f}%</td>'
+                    f'<td class="num">{score.partial_accuracy:.1f}%</td>'
+                    f'<td class="num">{score.format_accuracy:.1f}%</td>'
                     f'<td class="num">{score.mean_reward:.4f}</td></tr>')
     return f'<table id="evaluation">{header}{"".join(rows)}</table>'
 
@@ -249,7 +251,8 @@ def _links(page: RunPage) -> str:
         if link.uri is None:
             rows.append(f"<tr><th>{escape(link.label)}</th><td class=\"note\">{escape(link.note)}</td></tr>")
             continue
-        console = (f' (<a href="{escape(link.console_url)}" target="_blank" rel="noopener noreferrer">Cloud Console</a>)'
+        console = (f' (<a href="{escape(link.console_url)}" target="_blank" rel="noopener noreferrer">'
+                   'Cloud Console</a>)'
                    if link.console_url else "")
         rows.append(f"<tr><th>{escape(link.label)}</th><td><code>{escape(link.uri)}</code>{console}</td></tr>")
     return '<table id="outputs">' + "".join(rows) + "</table>"

@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import HTMLResponse
-
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+
 from tpu_rl import run_view
 from tpu_rl.config import ConfigError
 from tpu_rl.contract import FINAL_STEP, PUBLISHED_MODEL, SLICE_TIMES, TRAINING_EVALUATION, TRAINING_PREEMPTIONS, Pull
@@ -55,11 +55,10 @@ class RunRecord:
 def read_run(dag_id: str, run_id: str, session: SessionDep) -> RunRecord:
     """The run from the metadata database; 404 for a run that does not exist, or of a DAG that is not the
     pipeline's."""
-    from sqlalchemy import select
-
     from airflow.models.dagbag import DBDagBag
     from airflow.models.dagrun import DagRun
     from airflow.models.xcom import XComModel
+    from sqlalchemy import select
 
     dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if dag_run is None:
@@ -119,7 +118,8 @@ def create_app() -> FastAPI:
         try:
             config, layout = scope.config, scope.layout
         except ConfigError as error:
-            return HTMLResponse(run_view.render_message(f"{scope.run.run_id}: the run's params fail validation", str(error)))
+            return HTMLResponse(run_view.render_message(f"{scope.run.run_id}: the run's params fail validation",
+                                                        str(error)))
         files = await read_events(layout.bucket, layout.tensorboard_prefix, config.gcp_conn_id)
         xcoms = run.xcoms
         final_step = xcoms.get("final_step")

@@ -224,7 +224,8 @@ def quality_gate(evaluation: Evaluation | None, config: RunConfig) -> list[str]:
                        f"{config.min_post_accuracy:g}% {figures}")
     if config.require_no_regression:
         if before is None:
-            reasons.append(f"require_no_regression: the trainer logged no 'Pre RL Training' line to compare with {figures}")
+            reasons.append("require_no_regression: the trainer logged no 'Pre RL Training' line to compare with "
+                           f"{figures}")
         elif (change := accuracy_change(before, after))[1] < 0:
             reasons.append(f"accuracy fell from {before.accuracy:.1f}% ({before.correct:g}/{before.total}) to "
                            f"{after.accuracy:.1f}% ({after.correct:g}/{after.total}), beyond chance: the 95% interval "
@@ -316,7 +317,8 @@ def cost_line(hours: float, price_per_chip_hour: float) -> str:
     """E.g. ``133.3 chip-hours, about $359.91 at $2.70 per chip-hour``; a price of 0 shows the hours only."""
     if not price_per_chip_hour:
         return f"{hours:.1f} chip-hours (no price: tpu_price_per_chip_hour is 0)"
-    return f"{hours:.1f} chip-hours, about ${hours * price_per_chip_hour:,.2f} at ${price_per_chip_hour:.2f} per chip-hour"
+    return (f"{hours:.1f} chip-hours, about ${hours * price_per_chip_hour:,.2f} at ${price_per_chip_hour:.2f} "
+            "per chip-hour")
 
 
 def tpu_cost(slices: Sequence[Mapping[str, str]], config: RunConfig) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def gcs_emulator(tmp_path_factory):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"fake-gcs-server did not start; see {workdir / 'server.log'}")
+                    raise RuntimeError(f"fake-gcs-server did not start; see {workdir / 'server.log'}") from None
                 time.sleep(0.1)
         os.environ["STORAGE_EMULATOR_HOST"] = url
         os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"] = ANONYMOUS_CONNECTION

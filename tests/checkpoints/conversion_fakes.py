@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import copy
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 from tpu_rl.config import RunConfig
-from tpu_rl.run import GcsLayout, RunIdentity
+from tpu_rl.layout import GcsLayout
+from tpu_rl.run import RunIdentity
 
 DAG_ID = "maxtext_rl_tpu"
 
@@ -38,7 +39,7 @@ class FakeTi:
 
     def __init__(self, run_id: str, task_id: str, try_number: int = 1) -> None:
         self.dag_id, self.run_id, self.task_id, self.try_number = DAG_ID, run_id, task_id, try_number
-        self.start_date = datetime.now(timezone.utc)
+        self.start_date = datetime.now(UTC)
         self.xcom: dict[str, Any] = {}
 
     def xcom_push(self, key: str, value: Any) -> None:
@@ -73,7 +74,7 @@ class InMemoryJobSets:
     def create_jobset(self, body: dict, namespace: str) -> dict:
         body = copy.deepcopy(body)
         body["metadata"].update(
-            uid=str(uuid.uuid4()), creationTimestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            uid=str(uuid.uuid4()), creationTimestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         )
         body["status"] = {}
         self.jobsets[(namespace, body["metadata"]["name"])] = body

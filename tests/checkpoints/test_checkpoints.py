@@ -10,14 +10,14 @@ import asyncio
 import importlib
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
-
 from checkpoint_writers import put, write_hf_export, write_orbax_step
+
 from tpu_rl.operators.publish import PublishHfExportOperator
 from tpu_rl.operators.training_record import TrainingRecordCheckOperator
 from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
@@ -48,7 +48,8 @@ async def run_sensor(sensor, expect_deferral=None):
 
 
 def converted_sensor(bucket, **kwargs):
-    return OrbaxCheckpointSensor(task_id="verify_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/", timeout=0, **kwargs)
+    return OrbaxCheckpointSensor(task_id="verify_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/", timeout=0,
+                                 **kwargs)
 
 
 def training_sensor(bucket, train_steps=50, checkpoint_period=20):
@@ -156,7 +157,7 @@ def export_sensor(bucket, **kwargs):
 
 
 async def test_complete_export_is_accepted(bucket):
-    started = datetime.now(timezone.utc).isoformat()
+    started = datetime.now(UTC).isoformat()
     write_hf_export(bucket, STAGING, shards=3)
     assert await run_sensor(export_sensor(bucket, not_before=started)) == f"gs://{bucket.name}/{STAGING}"
 
@@ -192,7 +193,7 @@ async def test_export_without_index_yet(bucket):
 async def test_stale_index_from_an_earlier_attempt(bucket):
     write_hf_export(bucket, STAGING, shards=3)  # The earlier attempt.
     await asyncio.sleep(0.05)
-    started = datetime.now(timezone.utc).isoformat()
+    started = datetime.now(UTC).isoformat()
     write_hf_export(bucket, STAGING, shards=3, index=False)  # This attempt died before the index.
     with pytest.raises(AirflowSensorTimeout) as error:
         await run_sensor(export_sensor(bucket, not_before=started))
@@ -254,9 +255,9 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
     with the model the run started from, kept in the training record by the first attempt's end."""
     from types import SimpleNamespace
 
-    from tpu_rl_testing import TUTORIAL_CONF
     from tpu_rl.operators.jobset import JobSetFailedError
     from tpu_rl.operators.workloads import TrainRlOperator
+    from tpu_rl_testing import TUTORIAL_CONF
 
     def line(when, correct):
         return (f"{when} RL Training: corr={correct}, total=20, accuracy={correct * 5:.1f}%, partial_accuracy=50.0%, "

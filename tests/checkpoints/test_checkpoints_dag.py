@@ -11,14 +11,14 @@ from functools import cached_property
 import pytest
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Asset, task
-
 from checkpoint_writers import write_hf_export, write_orbax_step
 from conversion_fakes import InMemoryJobSets, jobset_event, layout, run_conf
+
 from tpu_rl.operators.jobset import XCOM_JOBSET
 from tpu_rl.operators.publish import PublishHfExportOperator
+from tpu_rl.operators.workloads import HfToMaxTextOperator
 from tpu_rl.sensors.checkpoints import HfExportSensor, OrbaxCheckpointSensor
 from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
-from tpu_rl.operators.workloads import HfToMaxTextOperator
 
 pytestmark = [pytest.mark.checkpoints, pytest.mark.usefixtures("metadata_db")]
 
@@ -102,7 +102,8 @@ def build_dag(bucket, asset):
             not_before="{{ " + attempt.format("submitted_at") + " }}", poke_interval=1, timeout=60,
         )
         publish = PublishHfExportOperator(
-            task_id="publish_export", bucket=bucket.name, source_prefix="{{ " + attempt.format("attempt_prefix") + " }}",
+            task_id="publish_export", bucket=bucket.name,
+            source_prefix="{{ " + attempt.format("attempt_prefix") + " }}",
             destination_prefix=FINAL, asset=asset, final_step="50", source_run=f"gs://{bucket.name}/m/trained/run/",
         )
         hf_to_maxtext >> verify_converted >> maxtext_to_hf() >> verify_export >> publish
@@ -115,7 +116,6 @@ def _sync_to_db(dag):
     """dag.test() runs only serialized DAGs of a bundle; this one lives in a test module, so write it."""
     from airflow.dag_processing.collection import update_dag_parsing_results_in_db
     from airflow.serialization.serialized_objects import LazyDeserializedDAG
-
     from airflow.utils.session import create_session
 
     with create_session() as session:

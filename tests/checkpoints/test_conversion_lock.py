@@ -21,14 +21,14 @@ import time
 from datetime import timedelta
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred, TaskDeferralTimeout
-
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferralTimeout, TaskDeferred
 from checkpoint_writers import put, write_orbax_step
 from conversion_fakes import InMemoryJobSets, context, jobset_event, layout
+
 from tpu_rl.operators.jobset import JobSetFailedError
+from tpu_rl.operators.workloads import HfToMaxTextOperator, TrainRlOperator
 from tpu_rl.triggers.checkpoints import ConversionLockTrigger
 from tpu_rl.triggers.jobset import JobSetTrigger
-from tpu_rl.operators.workloads import HfToMaxTextOperator, TrainRlOperator
 
 pytestmark = pytest.mark.checkpoints
 
@@ -41,7 +41,8 @@ class Run:
     def __init__(self, bucket, run_id: str, cluster: InMemoryJobSets, try_number: int = 1) -> None:
         self.bucket, self.cluster = bucket, cluster
         self.context = context(bucket.name, run_id, "hf_to_maxtext", try_number)
-        self.op = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4), lock_poll_interval=0.2)
+        self.op = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4),
+                                      lock_poll_interval=0.2)
         self.op.hook = cluster  # The JobSetOperator's hook, replaced by the in-memory API (see the module doc).
 
     def execute(self) -> TaskDeferred:
@@ -209,7 +210,7 @@ def test_train_rl_adopting_a_running_jobset_does_not_check(bucket):
 
 
 def test_the_dag_task_and_train_rl_record_the_same_typed_parameters(bucket):
-    from tpu_rl.run import training_record
+    from tpu_rl.layout import training_record
     from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
 
     ctx = context(bucket.name, RUN_A, "check_training_record")

@@ -71,8 +71,8 @@ def _pypiserver(packages):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).parent / "pypi-server"), "run", "-i", "127.0.0.1", "-p", str(port),
-                               "-a", ".", "-P", ".", "--disable-fallback", str(packages)],
+    server = subprocess.Popen([str(Path(sys.executable).parent / "pypi-server"), "run", "-i", "127.0.0.1",
+                               "-p", str(port), "-a", ".", "-P", ".", "--disable-fallback", str(packages)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 30

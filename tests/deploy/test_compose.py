@@ -59,7 +59,8 @@ def _under_read_only_mount(service: str, path: str) -> bool:
 def test_the_official_services_are_all_there():
     expected = {"postgres", "redis", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
                 "airflow-worker", "airflow-triggerer", "airflow-init"}
-    assert expected <= set(SERVICES), f"missing: {expected - set(SERVICES)} (no triggerer = deferred tasks never resume)"
+    assert expected <= set(SERVICES), (f"missing: {expected - set(SERVICES)} "
+                                       "(no triggerer = deferred tasks never resume)")
 
 
 @pytest.mark.parametrize("service", AIRFLOW)
@@ -148,7 +149,7 @@ def test_init_migrates_and_workers_wait_for_the_api_server():
 def test_repo_paths_exist():
     """A missing source is created by Docker as an empty root-owned directory: the DAG silently vanishes."""
     for service in SERVICES:
-        for target, (source, _) in _mounts(service).items():
+        for source, _ in _mounts(service).values():
             if source.startswith("./") and source != "./logs":  # logs/ is output, created by airflow-init
                 assert (REPO / source).exists(), f"{service}: {source} does not exist in the repo"
 

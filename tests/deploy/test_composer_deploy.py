@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -84,12 +83,14 @@ def test_deploy_gives_the_layout_composer_serves(gcs_client, composer_bucket, ch
     assert _names(gcs_client, composer_bucket) == _expected(checkout) | set(FOREIGN)
     assert sorted(result.deleted) == sorted(STALE)
     manifest = json.loads(composer_bucket.blob("data/tpu_rl/deployed.json").download_as_text())
-    assert manifest["version"] == "1.0.0" and set(manifest["objects"]) == _expected(checkout) - {"data/tpu_rl/deployed.json"}
+    assert (manifest["version"] == "1.0.0"
+            and set(manifest["objects"]) == _expected(checkout) - {"data/tpu_rl/deployed.json"})
 
     # What Composer's DAG processor sees: dags/ alone parses into the package's DAGs and the programs'.
     dags = tmp_path / "home-airflow-gcs" / "dags"
     for name in _names(gcs_client, composer_bucket):
-        if name.startswith("dags/") and name not in {f"dags/{n}" for n in ("airflow_monitoring.py", "other_team_dag.py")}:
+        if name.startswith("dags/") and name not in {f"dags/{n}" for n in ("airflow_monitoring.py",
+                                                                           "other_team_dag.py")}:
             target = dags.parent / name
             target.parent.mkdir(parents=True, exist_ok=True)
             composer_bucket.blob(name).download_to_filename(str(target))
@@ -291,6 +292,7 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
     assert probe.returncode == 0, probe.stderr[-3000:]
     files = json.loads(probe.stdout.strip().splitlines()[-1])["files"]
     assert files and all(f.startswith(f"{venv}/lib/") for f in files)
-    versions = subprocess.run([f"{venv}/bin/python", "-c", "import airflow, tpu_rl; print(airflow.__version__, tpu_rl.__version__)"],
+    versions = subprocess.run([f"{venv}/bin/python", "-c",
+                               "import airflow, tpu_rl; print(airflow.__version__, tpu_rl.__version__)"],
                               capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout.split()
     assert versions == ["3.1.7", deploy.version()]

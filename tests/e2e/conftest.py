@@ -160,7 +160,8 @@ def gcs():
     from google.cloud import storage
 
     endpoint = read_env(REPO / ".sim/airflow.env")["STORAGE_EMULATOR_HOST"]
-    return storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})
+    return storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials(),
+                          client_options={"api_endpoint": endpoint})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -251,7 +252,8 @@ def training_runs(airflow_stack):
                      prefix=regressed.jobset_name(SIM_CONF.get("workload_prefix", "qwen"), "train"))
     # The trained run's trainer trains long enough for a progress line (one a minute) while its event file grows.
     faults.set_fault(api, trains, stage="train_rl", run_seconds=TRAINED_SECONDS,
-                     prefix=RunIdentity(DAG_ID, run_ids["trained"]).jobset_name(SIM_CREATE_CONF.get("workload_prefix", "qwen"), "train"))
+                     prefix=RunIdentity(DAG_ID, run_ids["trained"]).jobset_name(
+                         SIM_CREATE_CONF.get("workload_prefix", "qwen"), "train"))
     try:
         for name, conf in scenarios.items():
             airflow_stack.trigger(DAG_ID, conf, run_id=run_ids[name])

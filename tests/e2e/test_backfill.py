@@ -19,14 +19,14 @@ import json
 import subprocess
 import time
 import uuid
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 
 from scripts.local_airflow import stage_table
 from sim import faults
 from tpu_rl.run import RunIdentity
-
 from tpu_rl_testing import REPO, SMALL_SLICE, cluster_or_none
 
 pytestmark = pytest.mark.e2e
@@ -50,8 +50,8 @@ def stack_cli(*args: str) -> str:
 def days() -> list[datetime]:
     """The three latest complete intervals: unpausing the program then creates no other run (the scheduler's
     next interval is the latest, already in the backfill)."""
-    yesterday = datetime.now(timezone.utc).date() - timedelta(days=1)
-    return [datetime.combine(yesterday - timedelta(days=n), datetime.min.time(), timezone.utc) for n in (2, 1, 0)]
+    yesterday = datetime.now(UTC).date() - timedelta(days=1)
+    return [datetime.combine(yesterday - timedelta(days=n), datetime.min.time(), UTC) for n in (2, 1, 0)]
 
 
 def interval_run(day: datetime) -> RunIdentity:
@@ -130,7 +130,7 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
 
     # Capacity 1: the slices' lifetimes never overlap.
     spans = sorted(slice_span(tasks[day]) for day in days())
-    assert all(earlier[1] <= later[0] for earlier, later in zip(spans, spans[1:])), spans
+    assert all(earlier[1] <= later[0] for earlier, later in pairwise(spans)), spans
     # The base checkpoint is converted by one run; the others find it (skipped).
     assert sorted(tasks[day]["hf_to_maxtext"]["state"] for day in days()) == ["skipped", "skipped", "success"]
 

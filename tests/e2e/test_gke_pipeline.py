@@ -16,7 +16,6 @@ import pytest
 
 from sim import gke_faults
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
-
 from tpu_rl_testing import GKE_PARENT as PARENT
 from tpu_rl_testing import SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
 
@@ -34,7 +33,8 @@ def runs(airflow, gke):
     suffix = uuid.uuid4().hex[:6]
     scenarios = {
         # From nothing: cluster, JobSet, two slices (two pools), training across both.
-        "two_slices": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-new-{suffix}", "cluster_nodepool_count": 2},
+        "two_slices": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-new-{suffix}",
+                       "cluster_nodepool_count": 2},
         # No v6e capacity in the zone when the pool is created.
         "stockout": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-stockout-{suffix}"},
         # A cluster someone else created, with a pool of theirs: adopted, used, left as it was.
@@ -136,7 +136,8 @@ def test_a_stockout_fails_the_run_says_what_to_do_and_leaves_nothing(airflow, gk
     tasks = airflow.task_instances(DAG_ID, run_id)
     assert state == "failed"
     create = tasks["create_tpu_pools"]
-    assert (create["state"], create["try_number"]) == ("failed", 1)  # not retried: capacity does not come back in a minute
+    # not retried: capacity does not come back in a minute
+    assert (create["state"], create["try_number"]) == ("failed", 1)
     assert tasks["train_rl"]["state"] == "upstream_failed"
     assert tasks["delete_tpu_pools"]["state"] == "success" and tasks["delete_cluster"]["state"] == "success"
     log = airflow.task_log(DAG_ID, run_id, "create_tpu_pools", 1)
@@ -188,7 +189,8 @@ def test_a_flex_start_pool_is_created_empty_and_the_training_waits_for_its_slice
     # only once the nodes existed.
     assert tasks["train_rl"]["try_number"] == 1
     layout = RunScope(conf, RunIdentity(DAG_ID, run_id)).layout
-    started = [training_metrics.event_file_started(b.name) for b in gcs.list_blobs(layout.bucket, prefix=layout.tensorboard_prefix)
+    started = [training_metrics.event_file_started(b.name)
+               for b in gcs.list_blobs(layout.bucket, prefix=layout.tensorboard_prefix)
                if training_metrics.is_event_file(b.name)]
     nodes_from = _time(tasks["create_tpu_pools"]["start_date"]).timestamp() + HELD_SECONDS
     assert started and min(started) >= nodes_from - 2, (started, nodes_from)

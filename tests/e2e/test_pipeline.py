@@ -13,7 +13,6 @@ import pytest
 
 from sim import faults
 from tpu_rl.run import RunIdentity
-
 from tpu_rl_testing import SIM_CONF
 
 pytestmark = pytest.mark.e2e
@@ -121,7 +120,7 @@ def test_two_concurrent_runs_do_not_collide(airflow, gcs, two_runs):
     assert [state for _, state in two_runs] == ["success", "success"]
     published = [airflow.xcom(DAG_ID, run_id, "publish_export") for run_id in run_ids]
     assert published[0] != published[1]
-    for run_id, uri in zip(run_ids, published):
+    for run_id, uri in zip(run_ids, published, strict=True):
         assert RunIdentity(DAG_ID, run_id).slug in uri
         prefix = uri.split("/", 3)[3]
         assert "model.safetensors.index.json" in objects(gcs, SIM_CONF["gcs_bucket"], prefix)

@@ -16,8 +16,8 @@ from sim import faults
 from tpu_rl import training_metrics
 from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_PREEMPTIONS
-from tpu_rl.run import GcsLayout, RunIdentity
-
+from tpu_rl.layout import GcsLayout
+from tpu_rl.run import RunIdentity
 from tpu_rl_testing import SIM_CONF
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -17,7 +17,6 @@ from sim import faults
 from tpu_rl import gke as gke_bodies
 from tpu_rl.config import RunConfig
 from tpu_rl.run import RunIdentity
-
 from tpu_rl_testing import GKE_PARENT, REPO, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
 
 pytestmark = pytest.mark.e2e
@@ -85,7 +84,7 @@ def test_the_reaper_removes_what_a_lost_run_left_and_nothing_else(airflow, gke, 
     # A cluster of a run long gone that asked to keep it: the pipeline's own request body.
     kept_conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": kept_name, "keep_cluster": True}
     _create(gke, gke_bodies.cluster_body(RunConfig.from_params(kept_conf), RunIdentity(DAG_ID, f"gone__{suffix}"),
-                                         datetime.now(timezone.utc)))
+                                         datetime.now(UTC)))
     # A cluster someone else made: no marks of this package.
     _create(gke, {"name": foreign_name, "release_channel": {"channel": "REGULAR"},
                   "node_pools": [{"name": "default-pool", "initial_node_count": 1,
@@ -96,7 +95,8 @@ def test_the_reaper_removes_what_a_lost_run_left_and_nothing_else(airflow, gke, 
     try:
         # Training that lasts: the fault switch of the run's new cluster, set before its slice exists.
         _wait(lambda: (c := cluster_or_none(gke, lost_name)) and c.status.name == "RUNNING", 300, "no cluster")
-        kubeconfig = REPO / ".sim/gke/clusters" / f"{SIM_CREATE_CONF['project']}-{SIM_CREATE_CONF['region']}-{lost_name}/kubeconfig"
+        kubeconfig = REPO / ".sim/gke/clusters" / (f"{SIM_CREATE_CONF['project']}-{SIM_CREATE_CONF['region']}-"
+                                                   f"{lost_name}/kubeconfig")
         faults.set_fault(faults.core_api(str(kubeconfig)), "long-training", stage="train_rl", run_seconds=900)
         _wait(lambda: airflow.task_instances(DAG_ID, run_id).get("train_rl", {}).get("state") == "deferred", 600,
               "train_rl never deferred")

@@ -3,9 +3,9 @@ simulated run of the pipeline that created its cluster and TPU pool (so it has a
 
 The page's curves must hold exactly the scalars of the run's event files in the simulation's GCS emulator,
 and its evaluation, chip-hours and cost the run's XComs. Screenshots of the run page and of the tab are kept
-as test artifacts in test-artifacts/ (TPU_RL_TEST_ARTIFACTS names another folder). The view is as closed as Airflow's REST API: a forged token is refused, and an
-anonymous request gets what the REST API gives it (refused, unless the stack makes everyone an admin, as
-scripts/airflow-stack.sh does for the local UI).
+as test artifacts in test-artifacts/ (TPU_RL_TEST_ARTIFACTS names another folder). The view is as closed as
+Airflow's REST API: a forged token is refused, and an anonymous request gets what the REST API gives it
+(refused, unless the stack makes everyone an admin, as scripts/airflow-stack.sh does for the local UI).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from playwright.sync_api import expect
 from tpu_rl import training_metrics as tm
 from tpu_rl.run import DAG_ID, RunIdentity
 from tpu_rl.run_scope import RunScope
-
 from tpu_rl_testing import REPO
 
 pytestmark = pytest.mark.e2e

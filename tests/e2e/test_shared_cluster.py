@@ -12,7 +12,6 @@ import pytest
 from scripts.local_airflow import stage_table
 from sim import faults
 from tpu_rl.run import RunIdentity
-
 from tpu_rl_testing import SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
 
 pytestmark = pytest.mark.e2e
@@ -71,7 +70,8 @@ def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow,
     # each order of ending is likely; whichever run ends first, the cluster must outlive it.
     scenarios = {}
     for order in ("creator-held", "joiner-held"):
-        conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_mode": "shared", "cluster_name": f"tpu-rl-sh-{order[0]}-{token}"}
+        conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_mode": "shared",
+                "cluster_name": f"tpu-rl-sh-{order[0]}-{token}"}
         creator, joiner = (f"e2e__shared__{order}__{role}__{token}" for role in ("creator", "joiner"))
         held_trainings(creator if order == "creator-held" else joiner)
         airflow.trigger(DAG_ID, conf, run_id=creator)

@@ -19,8 +19,11 @@ import pytest
 from playwright.sync_api import Locator, Page, expect
 
 from scripts.local_airflow import AirflowApiError
-from tpu_rl.config import SECTIONS, field_specs
+from tpu_rl.config import field_specs
 from tpu_rl.run import DAG_ID
+
+#: The form's sections, in the order the user sees them.
+SECTIONS = ("Cloud", "Cluster", "TPU slice", "Model", "Training", "Evaluation and cost", "Advanced")
 
 pytestmark = pytest.mark.e2e
 # The UI renders slowly on a busy 2-core machine: wait for what should show, up to 30 s.

@@ -7,7 +7,7 @@ import asyncio
 import os
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ class StandInTaskInstance:
     def __init__(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> None:
         self.dag_id, self.run_id, self.task_id, self.try_number = dag_id, run_id, task_id, try_number
         self.map_index = -1
-        self.start_date = datetime.now(timezone.utc)
+        self.start_date = datetime.now(UTC)
         self.xcoms: dict[str, Any] = {}
 
     def xcom_push(self, key: str, value: Any) -> None:

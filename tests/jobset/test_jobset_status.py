@@ -17,7 +17,8 @@ def jobset(conditions=(), restarts=0, replicated=("main-job",), suspend=False, r
         "spec": {
             "suspend": suspend,
             "replicatedJobs": [
-                {"name": n, "template": {"spec": {"template": {"spec": {"containers": [{"name": "workload-container"}]}}}}}
+                {"name": n,
+                 "template": {"spec": {"template": {"spec": {"containers": [{"name": "workload-container"}]}}}}}
                 for n in replicated
             ],
         },
@@ -25,7 +26,8 @@ def jobset(conditions=(), restarts=0, replicated=("main-job",), suspend=False, r
     }
 
 
-def pod(name, *, rj="main-job", attempt=0, node="tpu-node-3", phase="Failed", exit_code=None, disruption=None, ready=False):
+def pod(name, *, rj="main-job", attempt=0, node="tpu-node-3", phase="Failed", exit_code=None, disruption=None,
+        ready=False):
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     if disruption:
         conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": "m"})
@@ -44,7 +46,8 @@ def pod(name, *, rj="main-job", attempt=0, node="tpu-node-3", phase="Failed", ex
 
 FAILED = {
     "type": "Failed", "status": "True", "reason": "ReachedMaxRestarts",
-    "message": "jobset failed due to reaching max number of restarts (first failed job: qwen-hf2mt-1a2b3c4d-main-job-0)",
+    "message": ("jobset failed due to reaching max number of restarts "
+                "(first failed job: qwen-hf2mt-1a2b3c4d-main-job-0)"),
 }
 
 
@@ -82,7 +85,8 @@ def test_disruption_is_maintenance_and_missing_node_is_host_loss():
         jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", disruption="TerminationByKubelet"))]
     )
     assert "TPU host maintenance or preemption" in maintenance
-    lost = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", exit_code=137))], lost_nodes=["tpu-node-3"])
+    lost = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", exit_code=137))],
+                              lost_nodes=["tpu-node-3"])
     assert "TPU host lost (node gone: tpu-node-3)" in lost
     assert "host lost: its node no longer exists" in lost
     gc = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", disruption="DeletionByPodGC"))])

@@ -150,7 +150,8 @@ def test_tpu_node_deleted_mid_run_is_host_loss(sim):
     lost = {}
 
     def delete_node():
-        pods = sim.wait("pods running", lambda: [p for p in sim.pods(name) if p.status.phase == "Running"][1:] and sim.pods(name))
+        pods = sim.wait("pods running",
+                        lambda: [p for p in sim.pods(name) if p.status.phase == "Running"][1:] and sim.pods(name))
         lost["node"] = pods[0].spec.node_name
         sim.core.delete_node(lost["node"])
 
@@ -192,7 +193,7 @@ def test_kill_deletes_the_jobset(sim):
             op.on_kill()
         else:
             asyncio.run(deferred.value.trigger.on_kill())
-        sim.wait(f"JobSet deleted by the {path}'s on_kill", lambda: not sim.jobsets(name), timeout=60)
+        sim.wait(f"JobSet deleted by the {path}'s on_kill", lambda name=name: not sim.jobsets(name), timeout=60)
 
 
 def test_delete_on_kill_false_keeps_the_jobset(sim):
@@ -215,7 +216,8 @@ def test_suspended_jobset_is_reported_then_runs_when_admitted(sim, capfd):
     manifest["spec"]["suspend"] = True
 
     def admit():
-        sim.wait("the suspension to be reported", lambda: "suspended (waiting for Kueue admission" in capfd.readouterr().out,
+        sim.wait("the suspension to be reported",
+                 lambda: "suspended (waiting for Kueue admission" in capfd.readouterr().out,
                  timeout=30)
         sim.custom.patch_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name,
                                                   {"spec": {"suspend": False}})

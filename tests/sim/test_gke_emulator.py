@@ -221,7 +221,8 @@ def test_stockout_fault_fails_the_pool_operation(hook, client, cluster):
 
 def test_operations_are_listed(client, cluster):
     ops = client.list_operations(parent=PARENT).operations
-    mine = [o for o in ops if o.target_link.endswith(f"/clusters/{CLUSTER}") or f"/clusters/{CLUSTER}/" in o.target_link]
+    mine = [o for o in ops
+            if o.target_link.endswith(f"/clusters/{CLUSTER}") or f"/clusters/{CLUSTER}/" in o.target_link]
     assert {o.operation_type.name for o in mine} >= {"CREATE_CLUSTER", "CREATE_NODE_POOL", "DELETE_NODE_POOL"}
     assert all(o.status.name == "DONE" for o in mine)
 
@@ -242,7 +243,7 @@ def test_dns_endpoint_refuses_user_traffic_unless_the_cluster_allows_it(hook, cl
 
     target = dict(project_id=PROJECT, location=REGION, cluster_name=cluster, gcp_conn_id="google_cloud_default")
     with pytest.raises(AirflowFailException, match="control_plane_endpoint: .*--enable-dns-access"):
-        JobSetHook(ClusterTarget(**target, use_dns_endpoint=True)).gke_endpoint
+        _ = JobSetHook(ClusterTarget(**target, use_dns_endpoint=True)).gke_endpoint
     # Through the IP endpoint the same cluster answers.
     assert JobSetHook(ClusterTarget(**target)).list_nodes("cloud.google.com/gke-nodepool=system")
 

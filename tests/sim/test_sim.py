@@ -14,7 +14,8 @@ import pytest
 
 from tpu_rl import manifests
 from tpu_rl.config import RunConfig
-from tpu_rl.run import GcsLayout, RunIdentity
+from tpu_rl.layout import GcsLayout
+from tpu_rl.run import RunIdentity
 
 pytestmark = pytest.mark.sim
 
@@ -147,8 +148,10 @@ def test_pathways_jobset_is_admitted_placed_and_completes(sim, config, converted
     for path, value in webhook_defaults(body):  # what JobSet's mutating webhook adds when absent
         assert lookup(created, path) == value, path
 
-    running_workers = lambda: [p for p in sim.pods(name)
-                               if p.status.phase == "Running" and p.spec.containers[0].name == "pathways-worker"]
+    def running_workers():
+        return [p for p in sim.pods(name)
+                if p.status.phase == "Running" and p.spec.containers[0].name == "pathways-worker"]
+
     workers = sim.wait("16 running Pathways workers", lambda: len(running_workers()) == 16 and running_workers(),
                        timeout=60)
     nodes = {p.spec.node_name for p in workers}
@@ -347,7 +350,9 @@ def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(
     pool, names = spare_pool
     name = f"sim-host-{uuid.uuid4().hex[:6]}"
     sim.create_jobset(two_host_jobset(name, pool))
-    running = lambda: [p for p in sim.pods(name) if p.status.phase == "Running"]
+    def running():
+        return [p for p in sim.pods(name) if p.status.phase == "Running"]
+
     sim.wait("both pods running", lambda: len(running()) == 2, timeout=60)
     victim = next(p for p in running() if p.spec.node_name == names[1])
     getattr(hosts, how)(sim.core, names[1])
@@ -366,7 +371,9 @@ def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(
     assert condition.reason == reason
     sim.wait("the JobSet to restart", lambda: sim.get_jobset(name)["status"].get("restarts") == 1, timeout=30)
     # attempt 1: one pod runs on the surviving host; the lost host's pod cannot be placed until it is back
-    attempt1 = lambda: [p for p in sim.pods(name) if p.metadata.labels["jobset.sigs.k8s.io/restart-attempt"] == "1"]
+    def attempt1():
+        return [p for p in sim.pods(name) if p.metadata.labels["jobset.sigs.k8s.io/restart-attempt"] == "1"]
+
     sim.wait("attempt 1 with one pod running, one pending", lambda: sorted(
         p.status.phase for p in attempt1()) == ["Pending", "Running"], timeout=30)
     sim.delete_jobset(name)

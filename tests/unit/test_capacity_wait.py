@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -92,24 +92,27 @@ def test_quota_is_not_a_stockout_the_wait_ends_at_once(monkeypatch):
 
 
 def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monkeypatch):
-    stocked_out_operation(monkeypatch, "Insufficient regional quota to satisfy request: resource \"TPUS_PER_TPU_FAMILY\": "
+    stocked_out_operation(monkeypatch, "Insufficient regional quota to satisfy request: "
+                                       "resource \"TPUS_PER_TPU_FAMILY\": "
                                        "request requires '64.0' and is short '64.0'. [GCE_QUOTA_EXCEEDED]")
     operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
     with pytest.raises(AirflowFailException) as failed:
         operator.operation_done(context(), {"status": "success", "operation_name": "operation-2"}, next_step=0,
                                 capacity_deadline=time.time() + 3600)  # plenty of wait left: still fails at once
     message = str(failed.value)
-    assert "Compute Engine quota for 64 v6e-64 chips in us-east5: TPUS_PER_TPU_FAMILY (dimension tpu_family CT6E)" in message
+    assert ("Compute Engine quota for 64 v6e-64 chips in us-east5: TPUS_PER_TPU_FAMILY (dimension tpu_family CT6E)"
+            in message)
     assert "not the Cloud TPU API's" in message and "Waiting does not help" in message
 
 
 def test_a_create_gke_holds_for_capacity_is_given_up_past_the_deadline_once_longer_than_a_create(monkeypatch):
     """GKE keeps a create it has no capacity for RUNNING for about 35 minutes, saying nothing in the pool: a wait of
     0 minutes ends once the create has run longer than a create with capacity, not after GKE's 35 minutes."""
-    long_ago = datetime.fromtimestamp(time.time() - 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    long_ago = datetime.fromtimestamp(time.time() - 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     event = first_event(scripted_trigger(monkeypatch, [(RUNNING, [])], deadline=time.time() - 1, started=long_ago))
     assert event["status"] == "capacity_timeout" and event["node_pool"] == "tpu-1a2b3c4d-0"
-    assert event["message"].startswith("GKE has been creating the pool for 17 minutes, longer than a create with capacity")
+    assert event["message"].startswith("GKE has been creating the pool for 17 minutes, "
+                                       "longer than a create with capacity")
     # Within the run's capacity wait, the same create is waited for.
     trigger = scripted_trigger(monkeypatch, [(RUNNING, []), (DONE, [])], deadline=time.time() + 3600, started=long_ago)
     assert first_event(trigger)["status"] == "success"
@@ -142,9 +145,10 @@ STOCKOUT_ERROR = ("Google Compute Engine: Not all instances running in IGM. Curr
 
 
 def stocked_out_operation(monkeypatch, message=STOCKOUT_ERROR):
-    operation = SimpleNamespace(name="operation-2", error=SimpleNamespace(code=8, message=message), status_message=message,
-                                operation_type=Operation.Type.CREATE_NODE_POOL,
-                                target_link=f"https://container.googleapis.com/v1/{POOL_PATH}".replace("my-project", "123456"))
+    operation = SimpleNamespace(name="operation-2", error=SimpleNamespace(code=8, message=message),
+                                status_message=message, operation_type=Operation.Type.CREATE_NODE_POOL,
+                                target_link=f"https://container.googleapis.com/v1/{POOL_PATH}".replace(
+                                    "my-project", "123456"))
     hook = SimpleNamespace(get_operation=lambda name, project_id: operation)
     monkeypatch.setattr(cluster_ops, "_cluster_hook", lambda config: hook)
 
@@ -205,7 +209,8 @@ def test_pool_conditions_are_read_with_their_enum_names():
 
 @pytest.mark.parametrize("link, target", [
     # GKE's operation links name the project by number (API reference Operation.target_link)
-    ("https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl", ("qwen-rl", None)),
+    ("https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl",
+     ("qwen-rl", None)),
     ("https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl/nodePools/tpu-0",
      ("qwen-rl", "tpu-0")),
     ("https://container.googleapis.com/v1/projects/123/zones/us-east5-b/clusters/qwen-rl/nodePools/tpu-0/node/n-1",

@@ -1,5 +1,7 @@
 """Validation: every bad value is refused with a message naming the field and the fix."""
 
+from datetime import UTC
+
 import pytest
 
 from tpu_rl.config import ConfigError, RunConfig
@@ -30,10 +32,12 @@ def test_derived_values_of_the_tutorial_slice(tutorial_config):
 
 
 def test_other_generations_derive_their_own_shape(tutorial_conf):
-    v5p = RunConfig.from_params({**tutorial_conf, "tpu_type": "v5p-128", "topology": "4x4x4", "compute_type": "ct5p-hightpu-4t"})
+    v5p = RunConfig.from_params({**tutorial_conf, "tpu_type": "v5p-128", "topology": "4x4x4",
+                                 "compute_type": "ct5p-hightpu-4t"})
     assert (v5p.chips, v5p.hosts_per_slice, v5p.slice.pathways_instance_type) == (64, 16, "tpuv5:4x4x4")
     v6e_16 = RunConfig.from_params(
-        {**tutorial_conf, "tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2, "ici_expert_parallelism": 2}
+        {**tutorial_conf, "tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2,
+         "ici_expert_parallelism": 2}
     )
     assert (v6e_16.chips, v6e_16.hosts_per_slice) == (16, 4)
 
@@ -103,7 +107,8 @@ def test_kubernetes_connection_needs_an_existing_cluster_and_pools(tutorial_conf
     problems = problems_for(tutorial_conf, kubernetes_conn_id="sim")
     assert "cluster_mode" in problems["kubernetes_conn_id"]
     assert "'existing'" in problems["tpu_pool_mode"]
-    RunConfig.from_params({**tutorial_conf, "kubernetes_conn_id": "sim", "cluster_mode": "existing", "tpu_pool_mode": "existing"})
+    RunConfig.from_params({**tutorial_conf, "kubernetes_conn_id": "sim", "cluster_mode": "existing",
+                           "tpu_pool_mode": "existing"})
 
 
 def test_unknown_model_and_unknown_param(tutorial_conf):
@@ -155,7 +160,8 @@ def test_all_problems_are_reported_at_once(tutorial_conf):
 
 
 def test_training_record_holds_typed_values(tutorial_config):
-    from tpu_rl.run import GcsLayout, RunIdentity, training_record
+    from tpu_rl.layout import GcsLayout, training_record
+    from tpu_rl.run import RunIdentity
 
     record = training_record(tutorial_config)
     assert record["num_batches"] == 50 and record["batch_size"] == 4 and record["train_steps"] == 50
@@ -183,10 +189,12 @@ def test_conversion_on_tpu_with_per_run_pools_is_refused(tutorial_conf):
 def test_conversion_must_fit_a_cpu_pool_node(tutorial_conf):
     # The blueprint's cpu-np is n4-standard-64: 256 GB, of which GKE leaves about 226Gi to pods.
     problems = problems_for(tutorial_conf, pw_cpu_machine_type="n4-standard-64", conversion_memory="256Gi")
-    assert problems["conversion_memory"].startswith("conversion_memory: 256Gi does not fit on one n4-standard-64 node (227Gi")
+    assert problems["conversion_memory"].startswith(
+        "conversion_memory: 256Gi does not fit on one n4-standard-64 node (227Gi")
     problems = problems_for(tutorial_conf, pw_cpu_machine_type="n4-standard-32", conversion_cpu="40")
     assert "fix: request at most 31" in problems["conversion_cpu"]
-    assert RunConfig.from_params({**tutorial_conf, "pw_cpu_machine_type": "n4-standard-64"}).conversion_memory == "200Gi"
+    assert RunConfig.from_params(
+        {**tutorial_conf, "pw_cpu_machine_type": "n4-standard-64"}).conversion_memory == "200Gi"
 
 
 def test_only_shipped_jobset_releases_are_installed(tutorial_conf):
@@ -217,19 +225,20 @@ def test_v5p_topologies_gke_refuses(tutorial_conf):
 def test_choices_are_checked_outside_the_form(tutorial_conf):
     """The plan command and the REST API bypass the form's enum: the config refuses a value it cannot act on."""
     problems = problems_for(tutorial_conf, control_plane_endpoint="public", cluster_mode="reuse")
-    assert problems["control_plane_endpoint"] == "control_plane_endpoint: 'public' is not one of its choices; fix: use 'dns' or 'ip'."
+    assert problems["control_plane_endpoint"] == (
+        "control_plane_endpoint: 'public' is not one of its choices; fix: use 'dns' or 'ip'.")
     assert "cluster_mode" in problems
 
 
 def test_a_created_cluster_is_reached_through_its_dns_endpoint_unless_ip_is_asked(tutorial_conf):
     """Composer 3 has no fixed egress address for authorized networks: the DNS endpoint is the default."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from tpu_rl.gke import cluster_body
     from tpu_rl.hooks.cluster import cluster_target
     from tpu_rl.run import RunIdentity
 
-    run, now = RunIdentity("maxtext_rl_tpu", "manual__1"), datetime(2026, 12, 1, tzinfo=timezone.utc)
+    run, now = RunIdentity("maxtext_rl_tpu", "manual__1"), datetime(2026, 12, 1, tzinfo=UTC)
     config = RunConfig.from_params(tutorial_conf)
     assert cluster_body(config, run, now)["control_plane_endpoints_config"] == {
         "dns_endpoint_config": {"allow_external_traffic": True}}
@@ -300,5 +309,6 @@ def test_a_hub_dataset_alone_is_refused_with_maxtexts_recipe(tutorial_conf):
 def test_a_split_slice_with_data_files_is_refused(tutorial_conf):
     """With hf_train_files MaxText loads parquet files whose split is named by train_split: datasets refuses a
     slice there ("Split name should match '^\\w+(\\.\\w+)*$'")."""
-    problems = problems_for(tutorial_conf, extra_train_args={"hf_train_files": "gs://b/p/*.parquet", "train_split": "train[0:200]"})
+    problems = problems_for(tutorial_conf, extra_train_args={"hf_train_files": "gs://b/p/*.parquet",
+                                                             "train_split": "train[0:200]"})
     assert "refuses slices" in problems["extra_train_args"]

@@ -8,6 +8,7 @@ run's final state are Airflow's own, from ``dag.test()`` on the PostgreSQL metad
 from datetime import timedelta
 
 import pytest
+
 try:
     from airflow.dag_processing.dagbag import DagBag
 except ImportError:  # Airflow 3.1 (Composer 3); later versions moved DagBag to airflow.dag_processing
@@ -43,7 +44,8 @@ def test_the_training_tab_loads_from_the_installed_distribution_without_importin
 
     probe = (
         "from airflow import plugins_manager as pm; from airflow import settings; import os, sys; "
-        "plugins = pm._get_plugins()[0] if hasattr(pm, '_get_plugins') else (pm.ensure_plugins_loaded() or pm.plugins); "
+        "plugins = pm._get_plugins()[0] if hasattr(pm, '_get_plugins') "
+        "else (pm.ensure_plugins_loaded() or pm.plugins); "
         "print(os.listdir(settings.PLUGINS_FOLDER)); "
         "print([(p.name, str(p.source)) for p in plugins]); "
         "print(sorted(m for m in sys.modules if m.startswith('tpu_rl.') or m == 'fastapi')); "
@@ -63,8 +65,9 @@ def test_the_training_tab_loads_from_the_installed_distribution_without_importin
 def test_the_provider_metadata_lists_the_version_hooks_and_extra_links():
     """The UI's Providers page and every component's providers manager read the entry point
     ``apache_airflow_provider``: the distribution, its one version, and the JobSet task's extra links."""
-    import tpu_rl
     from airflow.providers_manager import ProvidersManager
+
+    import tpu_rl
 
     manager = ProvidersManager()
     info = manager.providers["tpu-rl"]
@@ -174,7 +177,8 @@ def run_with_failure(dag, failing: str | None):
         ("delete_cluster", "failed", ["publish_export", "pipeline_done"], []),
         (None, "success", ["delete_tpu_pools", "delete_cluster", "pipeline_done"], []),
     ],
-    ids=["triggerer check fails", "create fails", "pool create fails", "training fails", "gate fails", "teardown fails", "all succeed"],
+    ids=["triggerer check fails", "create fails", "pool create fails", "training fails", "gate fails", "teardown fails",
+         "all succeed"],
 )
 def test_teardown_wiring(dag, failing, run_state, must_run, must_not_run):
     state, tasks = run_with_failure(dag, failing)

@@ -40,8 +40,8 @@ def test_every_trigger_classpath_imports_in_a_fresh_interpreter_with_only_the_wh
     serialized = [trigger.serialize() for trigger in trigger_samples().values()]
     payload = json.dumps([[classpath, kwargs] for classpath, kwargs in serialized])
 
-    out = subprocess.run([sys.executable, "-I", "-c", TRIGGER_IMPORT_PROBE], input=payload, capture_output=True, text=True,
-                         cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    out = subprocess.run([sys.executable, "-I", "-c", TRIGGER_IMPORT_PROBE], input=payload, capture_output=True,
+                         text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
 
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])

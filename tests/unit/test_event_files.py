@@ -23,7 +23,8 @@ def _write(tmp_path: Path, form: str = "simple_value") -> bytes:
 
     folder = tmp_path / form
     points = [(tag, value, step) for step in range(1, 6)
-              for tag, value, step in (("actor/train/loss", 1.0 / step, step), ("rewards/train/sum", step * 0.25 - 3, step - 1))]
+              for tag, value, step in (("actor/train/loss", 1.0 / step, step),
+                                       ("rewards/train/sum", step * 0.25 - 3, step - 1))]
     if form == "simple_value":
         from tensorboardX import SummaryWriter
 
@@ -101,7 +102,8 @@ def test_the_package_reads_event_files_without_tensorboard():
     must read (not only import) without it."""
     probe = (
         "import sys, tpu_rl.training_metrics as tm, sim_writer; "
-        "print(len(tm.read_scalars([sim_writer.data()])), sorted(m for m in sys.modules if m.startswith('tensorboard')))"
+        "print(len(tm.read_scalars([sim_writer.data()])), "
+        "sorted(m for m in sys.modules if m.startswith('tensorboard')))"
     )
     writer = "import base64\ndef data():\n    return base64.b64decode(%r)\n"
     import base64

@@ -13,6 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
 
+from datetime import UTC
+
 import gke_rules as rules  # noqa: E402
 from gke_rules import GkeError  # noqa: E402
 
@@ -61,7 +63,8 @@ def test_auto_upgrade_off_on_release_channel_refused_auto_repair_off_accepted():
     rules.check_management_with_release_channel(cluster(release_channel={"channel": "UNSPECIFIED"}), pool)
     rules.check_management_with_release_channel(cluster(), {k: v for k, v in pool.items() if k != "management"})
     # Auto-repair may be off on a channel cluster (flex-start needs it off).
-    rules.check_management_with_release_channel(cluster(), tpu_pool(management={"auto_repair": False, "auto_upgrade": True}))
+    rules.check_management_with_release_channel(cluster(),
+                                                tpu_pool(management={"auto_repair": False, "auto_upgrade": True}))
 
 
 @pytest.mark.parametrize("name", ["1abc", "Abc", "abc-", "a_b", "a" * 41, ""])
@@ -90,13 +93,16 @@ def test_tpu_node_count_must_match_topology():
 
 
 def test_tpu_topology_must_exist_for_generation():
-    assert "7x9" in refused(rules.check_tpu_slice, tpu_pool(placement_policy={"type": "COMPACT", "tpu_topology": "7x9"}))
+    assert "7x9" in refused(rules.check_tpu_slice,
+                            tpu_pool(placement_policy={"type": "COMPACT", "tpu_topology": "7x9"}))
     # v5p/v4 are 3D: 2x2x2 is a v5p topology, 8x8 is not.
     v5p = tpu_pool(config={"machine_type": "ct5p-hightpu-4t"}, initial_node_count=2,
                    placement_policy={"type": "COMPACT", "tpu_topology": "2x2x2"})
     rules.check_tpu_slice(v5p)
-    rules.check_tpu_slice({**v5p, "initial_node_count": 48, "placement_policy": {"type": "COMPACT", "tpu_topology": "4x4x12"}})
-    refused(rules.check_tpu_slice, {**v5p, "initial_node_count": 12, "placement_policy": {"type": "COMPACT", "tpu_topology": "2x4x6"}})
+    rules.check_tpu_slice({**v5p, "initial_node_count": 48,
+                           "placement_policy": {"type": "COMPACT", "tpu_topology": "4x4x12"}})
+    refused(rules.check_tpu_slice, {**v5p, "initial_node_count": 12,
+                                    "placement_policy": {"type": "COMPACT", "tpu_topology": "2x4x6"}})
     refused(rules.check_tpu_slice, {**v5p, "placement_policy": {"type": "COMPACT", "tpu_topology": "8x8"}})
 
 
@@ -218,7 +224,8 @@ def test_hyperdisk_only_machine_types_refuse_pd(machine_type):
 
 
 def test_c4d_refuses_gvnic_off():
-    refused(rules.check_gvnic, {"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": False}}})
+    refused(rules.check_gvnic,
+            {"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": False}}})
     rules.check_gvnic({"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": True}}})
     rules.check_gvnic({"name": "p", "config": {"machine_type": "n2-standard-8", "gvnic": {"enabled": False}}})
 
@@ -307,7 +314,8 @@ def test_allocatable_follows_gke_reservations():
         {},
         {"tpu_pool_mode": "cluster"},
         {"cluster_nodepool_count": 2, "capacity_type": "reservation", "reservation": "my-v6e-reservation"},
-        {"tpu_type": "v5p-256", "topology": "4x4x8", "compute_type": "ct5p-hightpu-4t", "pw_cpu_machine_type": "n4-standard-64"},
+        {"tpu_type": "v5p-256", "topology": "4x4x8", "compute_type": "ct5p-hightpu-4t",
+         "pw_cpu_machine_type": "n4-standard-64"},
         {"capacity_type": "spot"},
         {"capacity_type": "flex_start"},
         {"capacity_type": "flex_start", "tpu_pool_mode": "cluster", "cluster_nodepool_count": 2},
@@ -320,17 +328,16 @@ def test_every_request_the_pipeline_makes_passes_gkes_rules(overrides):
     the rules: this fails for the auto_upgrade=false pools of a REGULAR-channel cluster, a pd-* boot disk
     on C4D or ct6e, a pool outside the region, a non-compact multi-host slice, a Spot or flex-start pool
     GKE would refuse."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from tpu_rl import gke
     from tpu_rl.config import RunConfig
     from tpu_rl.run import RunIdentity
-
     from tpu_rl_testing import TUTORIAL_CONF
 
     config = RunConfig.from_params({**TUTORIAL_CONF, "project": PROJECT, **overrides})
     run = RunIdentity("maxtext_rl_tpu", "manual__rules")
-    cluster = gke.cluster_body(config, run, datetime(2026, 11, 30, tzinfo=timezone.utc))
+    cluster = gke.cluster_body(config, run, datetime(2026, 11, 30, tzinfo=UTC))
     reservations = {config.reservation} if config.reservation else set()
     rules.check_cluster(cluster, REGION, PROJECT, reservations)
     for index in range(config.cluster_nodepool_count):

@@ -16,7 +16,6 @@ from google.cloud.container_v1 import Cluster, NodePool
 
 from tpu_rl.config import RunConfig
 from tpu_rl.plan import plan_documents
-
 from tpu_rl_testing import REPO
 
 KUBERNETES_VERSION = "1.34.0"
@@ -66,7 +65,8 @@ def unknown_fields(obj, schema: dict, path: str = "") -> list[str]:
         properties = schema.get("properties")
         if properties is None:
             extra = schema.get("additionalProperties")
-            return [p for k, v in obj.items() for p in unknown_fields(v, extra, f"{path}.{k}")] if isinstance(extra, dict) else []
+            return ([p for k, v in obj.items() for p in unknown_fields(v, extra, f"{path}.{k}")]
+                    if isinstance(extra, dict) else [])
         found = []
         for key, value in obj.items():
             if key not in properties:
@@ -102,7 +102,8 @@ def test_pod_templates_secret_and_service_account_match_the_kubernetes_schema(pl
     assert len(objects) == 2
     for jobset in (d for d in plan if d.get("kind") == "JobSet"):
         for job in jobset["spec"]["replicatedJobs"]:
-            objects.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job["name"]}, "spec": job["template"]["spec"]})
+            objects.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job["name"]},
+                            "spec": job["template"]["spec"]})
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -110,10 +111,12 @@ def test_pod_templates_secret_and_service_account_match_the_kubernetes_schema(pl
 def test_unknown_fields_are_caught():
     """The checker itself: a misspelt field in a pod template is reported."""
     schema = jobset_schema()
-    bad = {"spec": {"replicatedJobs": [{"name": "x", "template": {"spec": {"template": {"spec": {"nodeSelecter": {}}}}}}]}}
+    bad = {"spec": {"replicatedJobs": [{"name": "x",
+                                        "template": {"spec": {"template": {"spec": {"nodeSelecter": {}}}}}}]}}
     assert unknown_fields(bad, schema) == [".spec.replicatedJobs[0].template.spec.template.spec.nodeSelecter"]
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "strngData": {}}, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "strngData": {}},
+                                     KUBERNETES_VERSION, strict=True)
 
 
 def test_gke_bodies_parse_as_container_v1_types(plan):

@@ -8,19 +8,20 @@ import shlex
 import subprocess
 import sys
 import zipfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tpu_rl import checkpoints, maxtext, training_metrics
+from tpu_rl import checkpoints, config_rules, maxtext, training_metrics
 from tpu_rl.checkpoints import TRAINER_SUCCESS_LINE
-from tpu_rl import config as config_module
-from tpu_rl.config import INTERVAL_DATA_KEYS, MAXTEXT_DEFAULT_TEST_BATCHES, SUPPORTED_MODELS, RunConfig
+from tpu_rl.config import RunConfig
+from tpu_rl.config_rules import INTERVAL_DATA_KEYS, MAXTEXT_DEFAULT_TEST_BATCHES, SUPPORTED_MODELS
+from tpu_rl.layout import GcsLayout
 from tpu_rl.plan import plan_documents
-from tpu_rl.run import DataInterval, GcsLayout
+from tpu_rl.run import DataInterval
 
 MAXTEXT_VERSION = "0.2.4"
 #: The Tunix release MaxText 0.2.4 requires (its wheel: google-tunix>=0.1.7), and the metrics library Tunix
@@ -37,8 +38,8 @@ def cached_wheel(project: str, version: str) -> zipfile.ZipFile:
     wheels = list(folder.glob("*.whl"))
     if not wheels:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-             f"{project}=={version}", "-d", str(folder)],
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.12", f"{project}=={version}", "-d", str(folder)],
             check=True,
         )
         wheels = list(folder.glob("*.whl"))
@@ -159,8 +160,10 @@ def test_the_release_requires_the_tunix_and_metrax_read_here():
 
 def test_event_files_are_where_the_layout_looks(tutorial_config, run):
     """tensorboard_dir is <base_output_directory>/<run_name>/tensorboard/, and train_rl logs there."""
-    assert 'tensorboard_dir = os.path.join(self.base_output_directory, self.run_name, "tensorboard", "")' in read("configs/types.py")
-    assert re.search(r"MetricsLoggerOptions\(\s*log_dir=trainer_config.tensorboard_dir", read("trainers/post_train/rl/train_rl.py"))
+    assert ('tensorboard_dir = os.path.join(self.base_output_directory, self.run_name, "tensorboard", "")'
+            in read("configs/types.py"))
+    assert re.search(r"MetricsLoggerOptions\(\s*log_dir=trainer_config.tensorboard_dir",
+                     read("trainers/post_train/rl/train_rl.py"))
     layout = GcsLayout(tutorial_config, run)
     args = dict(maxtext.train_rl(tutorial_config, layout).config)
     assert layout.uri(layout.tensorboard_prefix) == f"{args['base_output_directory']}{args['run_name']}/tensorboard/"
@@ -184,7 +187,8 @@ def test_the_tags_read_are_the_ones_tunix_writes():
     assert '_calculate_scalar_reward_log_metrics(rewards, prefix="rewards")' in reward_manager
     assert training_metrics.REWARD_TAG == "rewards/train/sum"
     assert 'actor_config.metrics_prefix = "actor"' in tunix("rl/rl_cluster.py")
-    assert 'self.metrics_logger.log(self.metrics_prefix, "loss", loss, self._mode, step)' in tunix("sft/peft_trainer.py")
+    assert ('self.metrics_logger.log(self.metrics_prefix, "loss", loss, self._mode, step)'
+            in tunix("sft/peft_trainer.py"))
     assert training_metrics.LOSS_TAG == "actor/train/loss"
     assert '"kl": np.mean,' in tunix("rl/grpo/grpo_learner.py")
     assert training_metrics.KL_TAG == "actor/train/kl"
@@ -211,7 +215,8 @@ def test_the_evaluation_lines_of_this_release_are_parsed(when):
 
 def test_evaluation_runs_around_training_only_with_test_batches():
     source = read("trainers/post_train/rl/train_rl.py")
-    pre, success, post = (source.index(text) for text in ('f"Pre RL Training', f'"{TRAINER_SUCCESS_LINE}"', 'f"Post RL Training'))
+    pre, success, post = (source.index(text)
+                          for text in ('f"Pre RL Training', f'"{TRAINER_SUCCESS_LINE}"', 'f"Post RL Training'))
     assert pre < success < post
     for at in (pre, post):
         assert source.rfind("if trainer_config.num_test_batches > 0:", 0, at) > source.rfind("\n  max_logging", 0, at)
@@ -229,7 +234,7 @@ def test_a_programs_interval_data_reaches_the_keys_train_rl_loads_its_training_d
     assert source.count("data_files=trainer_config.hf_train_files,") >= 2
     assert 'datasets.load_dataset(\n        "parquet",\n        data_files={split: data_files},' in source
 
-    interval = DataInterval(datetime(2026, 11, 3, tzinfo=timezone.utc), datetime(2026, 11, 4, tzinfo=timezone.utc), 2)
+    interval = DataInterval(datetime(2026, 11, 3, tzinfo=UTC), datetime(2026, 11, 4, tzinfo=UTC), 2)
     config = RunConfig.from_params({**tutorial_conf, "interval_data": data, "examples_per_interval": 200})
     [train_args] = [args for module, args in module_invocations(config.for_interval(interval), run)
                     if module == maxtext.TRAIN_RL]
@@ -272,21 +277,23 @@ def test_orbax_skips_a_step_without_its_commit_marker_and_writes_the_marker_last
 def test_the_planned_steps_are_maxtexts():
     """configs/types.py: train_steps = int(num_batches x rl.num_iterations x train_fraction x num_epoch)."""
     source = read("configs/types.py")
-    assert "int(self.dataset.num_batches * self.rl.num_iterations * self.dataset.train_fraction * self.num_epoch)" in source
+    assert ("int(self.dataset.num_batches * self.rl.num_iterations * self.dataset.train_fraction * self.num_epoch)"
+            in source)
 
 
 def test_a_hub_dataset_is_loaded_with_hf_subset_and_the_recipe_sets_files_split_and_evaluation():
-    """What config._validate_dataset refuses and recommends."""
+    """What config_rules._validate_dataset refuses and recommends."""
     source = read("trainers/post_train/rl/train_rl.py")
     assert "data = datasets.load_dataset(dataset_name, name=tmvp_config.hf_subset, split=split)" in source
     rl = yaml.safe_load(read("configs/post_train/rl.yml"))
     assert (rl["hf_subset"], rl["eval_dataset_name"]) == ("main", "openai/gsm8k")
     recipe = read("trainers/post_train/rl/scripts/run_qwen3_30b_rl.sh")
-    for pair in config_module.DATASET_RECIPE.split(", "):
+    for pair in config_rules.DATASET_RECIPE.split(", "):
         assert pair in recipe, pair
 
 
 def test_tunix_logs_the_step_it_restored():
     """The line that tells an attempt that resumed (its Pre evaluation scores trained weights)."""
     assert "'Restored params from step: %d in %.3f seconds'" in tunix("sft/checkpoint_manager.py")
-    assert training_metrics.kept_line_kind("I1 checkpoint_manager.py:293] Restored params from step: 40 in 1.2 seconds") == "Restored"
+    assert training_metrics.kept_line_kind(
+        "I1 checkpoint_manager.py:293] Restored params from step: 40 in 1.2 seconds") == "Restored"

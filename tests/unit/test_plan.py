@@ -3,13 +3,13 @@
 import json
 import subprocess
 import sys
+from datetime import UTC
 
 import yaml
 
 from tpu_rl.config import RunConfig
 from tpu_rl.plan import plan_documents, render
 from tpu_rl.run import RunIdentity
-
 from tpu_rl_testing import REPO
 
 
@@ -81,7 +81,8 @@ def test_no_token_anywhere_in_the_plan(tutorial_config, run):
             for container in pod.get("containers", []) + pod.get("initContainers", []):
                 for env in container.get("env", []):
                     if env["name"] == "HF_TOKEN":
-                        assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "HF_TOKEN"}
+                        assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"],
+                                                                    "key": "HF_TOKEN"}
 
 
 def test_every_workload_pod_runs_as_the_packages_service_account_without_a_token(tutorial_config, run):
@@ -107,7 +108,8 @@ def test_names_are_stable_for_a_run_and_distinct_between_runs(tutorial_config):
 def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
     good = tmp_path / "good.json"
     good.write_text((REPO / "include/examples/tutorial.json").read_text())
-    result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(good)], capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(good)], capture_output=True, text=True,
+                            cwd=REPO)
     assert result.returncode == 0, result.stderr
     kinds = [d.get("kind") or d.get("gkeRequest") for d in yaml.safe_load_all(result.stdout)]
     assert kinds == ["CreateCluster", "CreateNodePool", "ServiceAccount", "Secret", "JobSet", "JobSet", "JobSet"]
@@ -117,7 +119,8 @@ def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**json.loads(good.read_text()), "topology": "7x9"}))
-    result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(bad)], capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(bad)], capture_output=True, text=True,
+                            cwd=REPO)
     assert result.returncode != 0
     assert result.stdout == ""
     assert "topology: '7x9' is not a v6e topology" in result.stderr
@@ -128,10 +131,10 @@ def test_requests_gke_accepts_on_a_release_channel_cluster(tutorial_conf, run):
     maintenance exclusion instead, as Cluster Toolkit's gke-tpu-v6e blueprints do: until the end of support of
     the cluster's version (a shared or kept cluster outlives any fixed date), with the daily maintenance
     window its gke-cluster module always sets."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     config = RunConfig.from_params({**tutorial_conf, "tpu_pool_mode": "cluster"})
-    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     [(_, create)] = [(c, d) for c, d in plan_documents(config, run, now) if d.get("gkeRequest") == "CreateCluster"]
     cluster = create["cluster"]
     assert cluster["release_channel"] == {"channel": "REGULAR"}
@@ -140,7 +143,8 @@ def test_requests_gke_accepts_on_a_release_channel_cluster(tutorial_conf, run):
     [exclusion] = window["maintenance_exclusions"].values()
     assert exclusion == {
         "start_time": "2026-11-30T12:00:00Z",
-        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES", "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
+        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES",
+                                          "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
     }
     tpu_pools = [p for p in cluster["node_pools"] if p["config"]["machine_type"] == "ct6e-standard-4t"]
     assert tpu_pools and all(p["management"] == {"auto_repair": True, "auto_upgrade": True} for p in tpu_pools)
@@ -155,7 +159,8 @@ def test_every_workload_pod_reaches_gcs_as_the_node_service_account(tutorial_con
     """Pods without hostNetwork on GKE_METADATA nodes act as their Kubernetes service account's Workload
     Identity principal, which has no bucket access."""
     jobsets, _ = _by_kind(plan_documents(tutorial_config, run))
-    for stage, replicated_job in (("hf2mt", "main-job"), ("mt2hf", "main-job"), ("train", "pathways-head"), ("train", "worker")):
+    for stage, replicated_job in (("hf2mt", "main-job"), ("mt2hf", "main-job"), ("train", "pathways-head"),
+                                  ("train", "worker")):
         _, pod = _pod_spec(jobsets[stage], replicated_job)
         assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet"), (stage, replicated_job)
 
@@ -166,7 +171,8 @@ def test_pathways_containers_match_cluster_toolkit(tutorial_config, run):
     worker_job, worker = _pod_spec(train, "worker")
     _, head = _pod_spec(train, "pathways-head")
     for container in [*head["initContainers"], *head["containers"], *worker["containers"]]:
-        assert {"name": "ABSL_FLAGS", "value": "--pathways_pipe_unreachable_timeout=60s"} in container["env"], container["name"]
+        assert ({"name": "ABSL_FLAGS", "value": "--pathways_pipe_unreachable_timeout=60s"}
+                in container["env"]), container["name"]
     assert worker_job["template"]["spec"]["backoffLimit"] == 16 * 4
 
 

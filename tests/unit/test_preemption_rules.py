@@ -1,7 +1,7 @@
 """Preemptions: which failures count, the budget of resumes, what they cost, and which step folders are set
 aside before a resume (pure rules; the end-to-end scenarios are in tests/e2e/test_preemption.py)."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -9,8 +9,8 @@ from tpu_rl import checkpoints as ck
 from tpu_rl import jobset_status as st
 from tpu_rl import preemption as pr
 from tpu_rl.config import RunConfig
-from tpu_rl.run import GcsLayout, RunIdentity
-
+from tpu_rl.layout import GcsLayout
+from tpu_rl.run import RunIdentity
 from tpu_rl_testing import SIM_CONF
 
 NAME = "qwen-train-1a2b3c4d"
@@ -28,7 +28,8 @@ def failed_jobset(first_failed=FIRST_FAILED_HEAD, restarts=0):
 
 
 def pod(name, *, rj="pathways-head", attempt=0, node="cpu-np-0", exit_code=None, disruption=None, reason=""):
-    conditions = [{"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": "m"}] if disruption else []
+    conditions = [{"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": "m"}] \
+        if disruption else []
     statuses = [{"name": "workload-container", "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}}] \
         if exit_code is not None else []
     status = {"phase": "Failed", "conditions": conditions, "containerStatuses": statuses}
@@ -47,7 +48,8 @@ def test_a_preempted_tpu_worker_makes_the_trainers_crash_a_preemption():
     pods = [pod("head", exit_code=1), pod("worker-3", rj="worker", node="tpu-3", exit_code=143,
                                           disruption="TerminationByKubelet")]
     found = st.preemption(failed_jobset(), pods)
-    assert found == {"reason": "DisruptionTarget TerminationByKubelet: " + st.DISRUPTION_REASONS["TerminationByKubelet"],
+    assert found == {"reason": ("DisruptionTarget TerminationByKubelet: "
+                                + st.DISRUPTION_REASONS["TerminationByKubelet"]),
                      "pod": "worker-3", "node": "tpu-3"}
     assert "Spot VM" in found["reason"]
 
@@ -116,7 +118,7 @@ def test_accounting_counts_preemptions_time_lost_and_steps_recomputed():
 
 
 def test_time_lost_runs_from_the_last_complete_checkpoint_to_the_resume():
-    saved = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    saved = datetime(2026, 1, 1, tzinfo=UTC)
     assert pr.seconds_lost(saved, saved + timedelta(minutes=3)) == 180.0
     assert pr.seconds_lost(None, saved) == 0.0
 
@@ -157,7 +159,7 @@ def test_a_complete_newest_step_sets_nothing_aside_and_no_step_means_the_base_ch
 def test_set_aside_steps_go_outside_the_checkpoint_managers_folder():
     config = RunConfig.from_params(SIM_CONF)
     layout = GcsLayout(config, RunIdentity("maxtext_rl_tpu", "manual__1"))
-    destination = layout.set_aside_prefix + ck.set_aside_folder(30, datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc))
+    destination = layout.set_aside_prefix + ck.set_aside_folder(30, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
     assert not destination.startswith(layout.actor_checkpoints_prefix)
     assert destination == layout.actor_checkpoints_prefix.removesuffix("actor/") + "_set_aside/30-20260102T030405Z/"
     assert not ck.step_numbers(["_set_aside/"])  # never a step to Orbax or to the final-step check

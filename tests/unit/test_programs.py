@@ -1,20 +1,21 @@
 """Recurring programs: declarations checked at parse time, one run per data interval, and the leases that let
 runs share a cluster and a group of TPU capacity."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import yaml
 
 from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.layout import GcsLayout, training_record
 from tpu_rl.leases import Holder, Lease
 from tpu_rl.maxtext import train_rl
 from tpu_rl.programs import ProgramError, load_programs, parse_program
-from tpu_rl.run import DataInterval, GcsLayout, RunIdentity, training_record
+from tpu_rl.run import DataInterval, RunIdentity
 from tpu_rl_testing import REPO, TUTORIAL_CONF
 
 EXAMPLE = REPO / "include/examples/programs.yaml"
-DAY = DataInterval(datetime(2026, 11, 3, tzinfo=timezone.utc), datetime(2026, 11, 4, tzinfo=timezone.utc), 2)
+DAY = DataInterval(datetime(2026, 11, 3, tzinfo=UTC), datetime(2026, 11, 4, tzinfo=UTC), 2)
 
 
 def example_body() -> dict:
@@ -24,7 +25,7 @@ def example_body() -> dict:
 def test_the_shipped_example_declares_a_daily_program_with_capacity_and_data():
     program = {p.dag_id: p for p in load_programs(EXAMPLE)}["maxtext_rl_tpu_daily"]
     assert (program.dag_id, program.schedule, program.max_active_runs) == ("maxtext_rl_tpu_daily", "@daily", 3)
-    assert program.start_date == datetime(2026, 11, 1, tzinfo=timezone.utc)
+    assert program.start_date == datetime(2026, 11, 1, tzinfo=UTC)
     config = RunConfig.from_params(program.params)
     assert (config.capacity_group, config.capacity_slices, config.cluster_mode) == ("v6e-64-us-east5", 1, "shared")
     assert config.interval_data == {"train_split": "train[{first}:{stop}]"}
@@ -156,7 +157,7 @@ def test_a_shared_cluster_names_its_lease_and_its_creator_in_its_description():
 
     config = RunConfig.from_params({**TUTORIAL_CONF, "cluster_mode": "shared"})
     run = RunIdentity("daily", "scheduled__2026-11-30T00:00:00+00:00")
-    description = gke.cluster_body(config, run, datetime(2026, 12, 1, tzinfo=timezone.utc))["description"]
+    description = gke.cluster_body(config, run, datetime(2026, 12, 1, tzinfo=UTC))["description"]
     assert gke.cluster_owner(description) == run
     assert gke.cluster_lease_uri(description) == (
         f"gs://{config.gcs_bucket}/tpu-rl/leases/cluster/{config.project}-{config.region}-{config.cluster_name}.json")
@@ -230,6 +231,7 @@ def test_programs_share_no_param_and_their_tasks_hold_no_copy_of_the_form():
     daily, weekly = (build_pipeline(p.dag_id, doc_md="", schedule="@daily", start_date=p.start_date,
                                     param_defaults=p.params) for p in load_programs(EXAMPLE))
     assert daily.params.get_param("cluster_name") is not weekly.params.get_param("cluster_name")
-    assert daily.params["dataset_name"] == "openai/gsm8k" and weekly.params["dataset_name"] == "nvidia/OpenMathInstruct-2"
+    assert (daily.params["dataset_name"] == "openai/gsm8k"
+            and weekly.params["dataset_name"] == "nvidia/OpenMathInstruct-2")
     assert len(daily.params) == len(weekly.params) > 60
     assert all(len(task.params) == 0 for task in daily.tasks)

@@ -1,6 +1,6 @@
 """The reaper's decisions (tpu_rl.reaper) and the ownership marks it reads from what the pipeline creates."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from tpu_rl import gke, manifests
 from tpu_rl import reaper as rp
@@ -8,7 +8,7 @@ from tpu_rl.config import RunConfig
 from tpu_rl.run import RunIdentity
 from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP
 
-NOW = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 RUN = RunIdentity("maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00")
 OTHER = RunIdentity("maxtext_rl_tpu", "scheduled__2026-12-01T11:00:00+00:00")
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import struct
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
 import maxtext_emulator as emulator  # noqa: E402
 
 DAG_ID, RUN_ID = "maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00"
-PRE = "Pre RL Training: corr=8, total=20, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950"
-POST = "Post RL Training: corr=5, total=20, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, mean_reward=0.3400"
+PRE = ("Pre RL Training: corr=8, total=20, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, "
+       "mean_reward=0.4950")
+POST = ("Post RL Training: corr=5, total=20, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, "
+        "mean_reward=0.3400")
 SLICES = [{"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
 
 
@@ -78,7 +80,7 @@ class GrowingBucket:
 
     def __init__(self, data: bytes, name: str) -> None:
         self.full, self.name, self.size = data, name, 0
-        self.updated = datetime(2026, 12, 1, tzinfo=timezone.utc)
+        self.updated = datetime(2026, 12, 1, tzinfo=UTC)
         self.lists, self.reads, self.bytes_read = 0, 0, 0
 
     def flush_to(self, size: int) -> None:
@@ -148,8 +150,10 @@ def test_train_rl_points_its_trigger_at_the_runs_event_files_and_pushes_the_eval
 
 
 #: The same fall in accuracy as PRE -> POST, on 200 test prompts: beyond chance.
-PRE_200 = "Pre RL Training: corr=80, total=200, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950"
-POST_200 = "Post RL Training: corr=50, total=200, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, mean_reward=0.3400"
+PRE_200 = ("Pre RL Training: corr=80, total=200, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, "
+           "mean_reward=0.4950")
+POST_200 = ("Post RL Training: corr=50, total=200, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, "
+            "mean_reward=0.3400")
 
 
 def test_a_regression_fails_the_gate_without_retry_with_both_sets_of_figures():
@@ -232,7 +236,8 @@ def summary_context(**params: Any) -> dict:
 
 def test_the_last_task_logs_and_returns_the_summary_and_sends_nothing_by_default(monkeypatch):
     sent = []
-    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify", lambda self, ctx: sent.append(self))
+    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify",
+                        lambda self, ctx: sent.append(self))
 
     summary = RunSummaryOperator(task_id="pipeline_done").execute(summary_context())
 
@@ -242,7 +247,8 @@ def test_the_last_task_logs_and_returns_the_summary_and_sends_nothing_by_default
 
 def test_the_summary_is_mailed_through_the_configured_connection(monkeypatch):
     sent = []
-    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify", lambda self, ctx: sent.append(self))
+    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify",
+                        lambda self, ctx: sent.append(self))
 
     summary = RunSummaryOperator(task_id="pipeline_done").execute(
         summary_context(notify_conn_id="smtp_team", notify_to="ml@example.com"))
@@ -286,7 +292,8 @@ def delete_pools_after_the_last_delete(monkeypatch, list_operations) -> dict:
         raise NotFound(f"Not found: {name}.")
 
     client = SimpleNamespace(list_operations=list_operations, delete_node_pool=gone)
-    monkeypatch.setattr(cluster, "_cluster_hook", lambda config: SimpleNamespace(get_cluster_manager_client=lambda: client))
+    monkeypatch.setattr(cluster, "_cluster_hook",
+                        lambda config: SimpleNamespace(get_cluster_manager_client=lambda: client))
     ctx = context("delete_tpu_pools")
     operator = cluster.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
     operator.submit(ctx)  # every pool's delete is done: GKE no longer knows them

@@ -1,8 +1,8 @@
-"""The run's Training tab (tpu_rl.run_view_plugin, registered through the entry point airflow.plugins): its app answered through FastAPI's test client with
-Airflow's own authentication (the simple auth manager's JWTs), the run read from a fixture or (last test)
-from a run of the pipeline's DAG in the metadata database, and its event files written by the MaxText
-emulator with tensorboardX. tests/unit also runs on Airflow 3.1.7 (make test-compat), so both versions'
-api-server modules are exercised."""
+"""The run's Training tab (tpu_rl.run_view_plugin, registered through the entry point airflow.plugins): its app
+answered through FastAPI's test client with Airflow's own authentication (the simple auth manager's JWTs),
+the run read from a fixture or (last test) from a run of the pipeline's DAG in the metadata database, and
+its event files written by the MaxText emulator with tensorboardX. tests/unit also runs on Airflow 3.1.7
+(make test-compat), so both versions' api-server modules are exercised."""
 
 from __future__ import annotations
 

@@ -3,10 +3,9 @@ MaxText's writer, the trainer's evaluation lines, the progress line, the TPU cos
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -47,7 +46,7 @@ def test_the_emulated_curves_move_like_a_training_run():
     assert [step for step, _ in curves[tm.LOSS_TAG]] == list(range(1, 51))  # one scalar per update
     assert [step for step, _ in curves[tm.REWARD_TAG]] == list(range(0, 50))  # the learner's 0-based step
     assert sum(reward[-10:]) > sum(reward[:10]) + 1.5  # rising...
-    assert any(later < earlier for earlier, later in zip(reward, reward[1:]))  # ...noisily
+    assert any(later < earlier for earlier, later in pairwise(reward))  # ...noisily
     assert sum(loss[-10:]) < sum(loss[:10]) / 2
     assert curves[tm.KL_TAG]
 
@@ -83,8 +82,10 @@ def test_evaluation_lines_are_read_from_the_trainers_log():
 
 def test_evaluation_lines_with_pass_at_1_scores_or_no_test_prompts():
     """eval_mode pass_at_1 makes corr a float; an empty test set gives the int 0 for every accuracy."""
-    fractional = "Pre RL Training: corr=7.5, total=20, accuracy=37.5%, partial_accuracy=40.0%, format_accuracy=90.0%, mean_reward=-0.1250"
-    empty = "Post RL Training: corr=0, total=0, accuracy=0%, partial_accuracy=0%, format_accuracy=0%, mean_reward=0.0000"
+    fractional = ("Pre RL Training: corr=7.5, total=20, accuracy=37.5%, partial_accuracy=40.0%, format_accuracy=90.0%, "
+                  "mean_reward=-0.1250")
+    empty = ("Post RL Training: corr=0, total=0, accuracy=0%, partial_accuracy=0%, format_accuracy=0%, "
+             "mean_reward=0.0000")
 
     evaluation = tm.parse_evaluation([fractional, empty])
 
@@ -204,7 +205,7 @@ def test_progress_before_the_first_step_and_at_the_end():
 
 
 def test_chip_hours_count_every_slice_from_its_nodes_present_to_gone():
-    t0 = datetime(2026, 12, 1, 10, tzinfo=timezone.utc)
+    t0 = datetime(2026, 12, 1, 10, tzinfo=UTC)
     slices = [(t0, t0 + timedelta(hours=2, minutes=5)), (t0 + timedelta(hours=1), t0 + timedelta(hours=1, minutes=30))]
 
     hours = tm.chip_hours(slices, chips_per_slice=64)
@@ -229,7 +230,8 @@ def test_a_regression_fails_the_gate_only_beyond_chance_with_both_sets_of_figure
     """The same fall (40% -> 25%) fails on 200 prompts and passes on 20, where one prompt is 5 points."""
     def lines(total):
         before = PRE.replace("corr=8, total=20", f"corr={total * 2 // 5}, total={total}")
-        after = POST.replace("corr=12, total=20", f"corr={total // 4}, total={total}").replace("accuracy=60.0%", "accuracy=25.0%", 1)
+        after = (POST.replace("corr=12, total=20", f"corr={total // 4}, total={total}")
+                 .replace("accuracy=60.0%", "accuracy=25.0%", 1))
         return tm.parse_evaluation([before, after])
 
     config = gated(tutorial_conf, require_no_regression=True)
@@ -359,7 +361,8 @@ def test_the_summary_names_step_evaluation_cost_and_model(tutorial_config):
         "Run summary",
         "  final step   50/50",
         "  evaluation   before accuracy 40.0% (8/20), partial 50.0% (10/20), format 95.0% (19/20), mean reward 0.4950",
-        "               after  accuracy 60.0% (12/20), partial 70.0% (14/20), format 100.0% (20/20), mean reward 0.7000",
+        ("               after  accuracy 60.0% (12/20), partial 70.0% (14/20), format 100.0% (20/20), "
+         "mean reward 0.7000"),
         "  TPU          64.0 chip-hours, about $172.80 at $2.70 per chip-hour, 1 slice(s)",
         "  preemptions  none",
         "  model        gs://b/m/hf-trained/r/",
@@ -412,7 +415,8 @@ def test_the_eta_is_never_an_earlier_attempts_while_the_resumed_trainer_loads_th
     assert "ETA" in tm.attempt_progress(earlier, 50, now)  # without the attempt's start, as before
 
     resumed = {**earlier, "events.out.tfevents.1764586900.head-0": {tm.LOSS_TAG: [(s, 0.4) for s in range(25, 29)]}}
-    assert tm.attempt_progress(resumed, 50, resubmitted_at + 300, attempt_started=resubmitted_at).startswith("step 28/50")
+    assert tm.attempt_progress(resumed, 50, resubmitted_at + 300,
+                               attempt_started=resubmitted_at).startswith("step 28/50")
 
 
 def test_the_emulated_trainer_grows_its_event_file_as_the_real_one_flushes():

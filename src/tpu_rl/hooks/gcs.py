@@ -24,7 +24,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from tpu_rl import checkpoints as rules
@@ -45,7 +45,7 @@ def parse_not_before(text: str | None) -> datetime | None:
     if not text:
         return None
     moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 # -- reading a bucket ----------------------------------------------------------------------------------
@@ -334,7 +334,7 @@ class LockState:
     written: datetime
 
     def age(self) -> float:
-        return (datetime.now(timezone.utc) - self.written).total_seconds()
+        return (datetime.now(UTC) - self.written).total_seconds()
 
     def stale_after(self, default: float) -> float:
         """The holder's own limit (``stale_after_seconds``), else ``default``."""
@@ -417,7 +417,7 @@ class GcsLock:
                 data = blob.download_as_bytes(if_generation_match=blob.generation)
             except (NotFound, PreconditionFailed):  # released or replaced between the two reads
                 continue
-            written = blob.updated or blob.time_created or datetime.now(timezone.utc)
+            written = blob.updated or blob.time_created or datetime.now(UTC)
             return LockState(parse_lock_holder(data), int(blob.generation), written)
         raise AirflowException(f"{self.uri} keeps changing while read")
 
@@ -426,7 +426,7 @@ class GcsLock:
 
         document = {
             **self.owner,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "stale_after_seconds": int(self.stale_after),
         }
         try:

@@ -396,7 +396,8 @@ class AsyncJobSetHook(LoggingMixin):
         )
         return listing.get("items", [])
 
-    async def _watch(self, path: str, *, field_selector: str = "", label_selector: str = "") -> AsyncIterator[tuple[str, dict]]:
+    async def _watch(self, path: str, *, field_selector: str = "",
+                     label_selector: str = "") -> AsyncIterator[tuple[str, dict]]:
         """Events (type, object) of a collection, forever: a list first (each item as ADDED), then a
         watch from its resourceVersion that reconnects where it left off, and lists again when the
         server has forgotten that version (410 Gone). Objects gone during a relist come as DELETED.
@@ -439,7 +440,7 @@ class AsyncJobSetHook(LoggingMixin):
                 if e.status != 410:
                     raise
                 resource_version = ""
-            except (asyncio.TimeoutError, OSError, aiohttp.ClientError) as e:
+            except (TimeoutError, OSError, aiohttp.ClientError) as e:
                 # The apiserver restarting, a dropped or half-open connection.
                 self.log.info("Watch of %s interrupted (%s); reconnecting", path, type(e).__name__)
                 await asyncio.sleep(2)
@@ -467,7 +468,8 @@ class AsyncJobSetHook(LoggingMixin):
             if pending:
                 yield pending
 
-    async def follow_log(self, pod: str, namespace: str, container: str, since_seconds: int | None) -> AsyncIterator[str]:
+    async def follow_log(self, pod: str, namespace: str, container: str,
+                         since_seconds: int | None) -> AsyncIterator[str]:
         """Lines ``<RFC3339 timestamp> <text>`` of a container's log, followed until it exits or the
         stream is reopened after LOG_STREAM_SECONDS (the caller reconnects)."""
         import aiohttp
@@ -479,7 +481,7 @@ class AsyncJobSetHook(LoggingMixin):
         try:
             async for line in self._stream_lines(f"{_pods_path(namespace)}/{pod}/log", query, timeout):
                 yield line.decode("utf-8", "replace")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
 
 

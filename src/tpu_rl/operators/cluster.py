@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
@@ -20,10 +20,10 @@ from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
-from tpu_rl.run import RunIdentity
-from tpu_rl.run_scope import RunScoped
 from tpu_rl.leases import Holder, Lease, LeaseChange, cluster_lease_object, holder_has_ended
 from tpu_rl.operators.leases import dag_run_state, expired_note, lease_store, now_text, release_capacity
+from tpu_rl.run import RunIdentity
+from tpu_rl.run_scope import RunScoped
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
 OPERATION_POLL_SECONDS = 10
@@ -77,7 +77,8 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         GKE refuse another operation on the pool), or None."""
         return next((op for op in client.list_operations(parent=gke.cluster_parent(config)).operations
                      if op.status.name in ("PENDING", "RUNNING")
-                     and gke.operation_target(op.target_link) in ((config.cluster_name, pool), (config.cluster_name, None))),
+                     and gke.operation_target(op.target_link) in ((config.cluster_name, pool),
+                                                                  (config.cluster_name, None))),
                     None)
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
@@ -123,14 +124,15 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         if not config.creates_cluster:
-            self.log.info("cluster_mode is 'existing': using cluster %s, which this run will not delete", config.cluster_name)
+            self.log.info("cluster_mode is 'existing': using cluster %s, which this run will not delete",
+                          config.cluster_name)
             return
         hook = _cluster_hook(config)
         if config.shares_cluster and not self._join_lease(context, hook):
             return
         try:
             operation = hook.create_cluster(
-                cluster=gke.cluster_body(config, run, datetime.now(timezone.utc)),
+                cluster=gke.cluster_body(config, run, datetime.now(UTC)),
                 project_id=config.project,
                 wait_to_complete=False,
             )
@@ -148,8 +150,8 @@ class CreateClusterOperator(_AwaitsGkeOperations):
 
     def _join_lease(self, context: Any, hook: Any) -> bool:
         """Joins the shared cluster's lease; False (after deferring) while its last holder deletes it."""
-        from google.api_core.exceptions import NotFound
         from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+        from google.api_core.exceptions import NotFound
 
         config, run, ti = self.scope.config, self.scope.run, context["ti"]
         try:
@@ -231,7 +233,8 @@ class ClusterReadySensor(RunScoped, BaseSensorOperator):
             from kubernetes.client import VersionApi
 
             version = VersionApi(kubernetes_hook_for(config).api_client).get_code()
-            self.log.info("Cluster behind connection '%s' answers: Kubernetes %s", config.kubernetes_conn_id, version.git_version)
+            self.log.info("Cluster behind connection '%s' answers: Kubernetes %s", config.kubernetes_conn_id,
+                          version.git_version)
             return True
         try:
             cluster = _cluster_hook(config).get_cluster(name=config.cluster_name, project_id=config.project)
@@ -367,7 +370,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) on node pool "
                                    f"{pool} failed: {message}")
         if gke.is_quota_error(message):
-            raise AirflowFailException(f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(config)}")
+            raise AirflowFailException(f"GKE could not create TPU node pool {pool}: {message}; "
+                                       f"{gke.quota_hint(config)}")
         if not gke.is_capacity_error(message):
             raise AirflowFailException(
                 f"GKE could not create TPU node pool {pool}: {message}; fix: see the message; delete_tpu_pools "
@@ -380,9 +384,9 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             )
         self.log.warning("No capacity for node pool %s (GKE: %s); creating it again in %.0f s (waiting until %s)",
                          pool, message, self.capacity_retry_interval,
-                         datetime.fromtimestamp(capacity_deadline, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+                         datetime.fromtimestamp(capacity_deadline, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"))
         self.defer(
-            trigger=DateTimeTrigger(moment=datetime.fromtimestamp(retry_at, timezone.utc)),
+            trigger=DateTimeTrigger(moment=datetime.fromtimestamp(retry_at, UTC)),
             method_name="retry_after_stockout",
             kwargs={"step": 0, "capacity_deadline": capacity_deadline},
         )
@@ -399,7 +403,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         )
 
     def _check_slice_nodes(self, config: RunConfig) -> None:
-        selector = f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},{TPU_TOPOLOGY_LABEL}={config.topology}"
+        selector = (f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},"
+                    f"{TPU_TOPOLOGY_LABEL}={config.topology}")
         nodes = JobSetHook(self.scope.cluster_target).list_nodes(selector)
         needed = config.hosts_per_slice * config.cluster_nodepool_count
         self.log.info("Found %d nodes with %s (the training needs %d)", len(nodes), selector, needed)
@@ -486,7 +491,8 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         ]
         times = gke.slice_times(operations, pools)
         for slice_ in times:
-            self.log.info("TPU slice %s: nodes from %s to %s", slice_["pool"], slice_["nodes_from"], slice_["nodes_gone"])
+            self.log.info("TPU slice %s: nodes from %s to %s", slice_["pool"], slice_["nodes_from"],
+                          slice_["nodes_gone"])
         context["ti"].xcom_push(key=XCOM_TPU_SLICES, value=times)
 
 
@@ -520,7 +526,8 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
             return
         if owner != run.key and not config.shares_cluster:
             self.log.warning(
-                "Cluster %s was created by run key %s, not by this run (%s): leaving it", config.cluster_name, owner, run.key
+                "Cluster %s was created by run key %s, not by this run (%s): leaving it",
+                config.cluster_name, owner, run.key,
             )
             return
         operation = hook.delete_cluster(name=config.cluster_name, project_id=config.project, wait_to_complete=False)

@@ -11,7 +11,7 @@ given back after its node pools are deleted, so the group never holds more slice
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator
@@ -35,7 +35,7 @@ def dag_run_state(ti: Any, run: RunIdentity) -> str:
 
 
 def now_text() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 class LeaseStore:
@@ -139,4 +139,5 @@ def release_capacity(config: Any, run: RunIdentity, log: Any) -> None:
     store = capacity_store(config)
     change = store.change(lambda lease: LeaseChange(lease.without(run.key), lease.find(run.key)))
     if change.result is not None:
-        log.info("Gave back %d slice(s) to capacity group '%s' (%s)", change.result.slices, config.capacity_group, store.uri)
+        log.info("Gave back %d slice(s) to capacity group '%s' (%s)", change.result.slices, config.capacity_group,
+                 store.uri)

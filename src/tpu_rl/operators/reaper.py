@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -53,7 +53,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     def execute(self, context: Any) -> list[dict]:
         params = context["params"]
         watch, grace, delete = self._settings(params)
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         resources, clusters = [], {}
         for where in watch:
             project, location = where.split("/")
@@ -208,7 +208,8 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 continue
             try:
                 if r.kind == rp.JOBSET:
-                    JobSetHook(targets[(r.project, r.location, r.cluster)]).delete_jobset(r.name, r.namespace, uid=r.uid)
+                    JobSetHook(targets[(r.project, r.location, r.cluster)]).delete_jobset(
+                        r.name, r.namespace, uid=r.uid)
                 elif r.kind == rp.SECRET:
                     JobSetHook(targets[(r.project, r.location, r.cluster)]).delete_secret(r.name, r.namespace)
                 elif r.kind == rp.NODE_POOL:

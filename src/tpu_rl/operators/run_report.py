@@ -1,8 +1,9 @@
 """What a run reports of its training: the quality gate before the export, the figures the published Asset
 event carries, and the summary its last task prints (and sends, with a notifier connection).
 
-The figures come from the XComs of the tasks that saw them: ``train_rl`` (the evaluation, the preemptions), ``delete_tpu_pools``
-(when each slice's nodes existed), ``verify_training`` (the final step), ``publish_export`` (the model's URI).
+The figures come from the XComs of the tasks that saw them: ``train_rl`` (the evaluation, the preemptions),
+``delete_tpu_pools`` (when each slice's nodes existed), ``verify_training`` (the final step), ``publish_export``
+(the model's URI).
 """
 
 from __future__ import annotations

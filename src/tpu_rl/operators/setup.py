@@ -11,7 +11,8 @@ from airflow.sdk import BaseOperator
 
 from tpu_rl import __version__
 from tpu_rl.compat import AirflowException, AirflowFailException
-from tpu_rl.config import ConfigError, conversion_fit_problems
+from tpu_rl.config import ConfigError
+from tpu_rl.config_rules import conversion_fit_problems
 from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
@@ -229,7 +230,8 @@ class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
         account = workload_service_account(config)
         try:
             core.create_namespaced_service_account(config.namespace, account)
-            self.log.info("Created ServiceAccount %s/%s for the workloads", config.namespace, account["metadata"]["name"])
+            self.log.info("Created ServiceAccount %s/%s for the workloads", config.namespace,
+                          account["metadata"]["name"])
         except ApiException as error:
             if error.status != 409:  # it exists: shared by the runs of the namespace
                 raise

@@ -130,7 +130,7 @@ class TrainingRecordCheckOperator(BaseOperator):
 
 
 class RunTrainingRecordCheckOperator(RunScoped, TrainingRecordCheckOperator):
-    """``check_training_record`` of the DAG: the run's bucket, record object and :func:`~tpu_rl.run.training_record`
+    """``check_training_record`` of the DAG: the run's bucket, record object and :func:`~tpu_rl.layout.training_record`
     (typed values), filled in when the task renders, so the Rendered Template view shows them."""
 
     def __init__(self, **kwargs: Any) -> None:

@@ -7,13 +7,20 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
 from tpu_rl import checkpoints, manifests, preemption
 from tpu_rl import jobset_status as st
 from tpu_rl.compat import AirflowException, AirflowFailException, AirflowSkipException
+from tpu_rl.contract import (
+    XCOM_ATTEMPT_PREFIX,
+    XCOM_EVALUATION,
+    XCOM_PREEMPTIONS,
+    XCOM_SUBMITTED_AT,
+    XCOM_TRAINER_COMPLETED,
+)
 from tpu_rl.hooks.gcs import (
     GcsLock,
     GcsReadHook,
@@ -22,13 +29,6 @@ from tpu_rl.hooks.gcs import (
     parse_not_before,
     storage_client,
     training_state,
-)
-from tpu_rl.contract import (
-    XCOM_ATTEMPT_PREFIX,
-    XCOM_EVALUATION,
-    XCOM_PREEMPTIONS,
-    XCOM_SUBMITTED_AT,
-    XCOM_TRAINER_COMPLETED,
 )
 from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
 from tpu_rl.operators.training_record import (
@@ -48,7 +48,6 @@ from tpu_rl.training_metrics import (
     trainer_completed,
 )
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
-
 
 
 class RunJobSetOperator(RunScoped, JobSetOperator):
@@ -321,9 +320,10 @@ class TrainRlOperator(RunJobSetOperator):
         layout, client = scope.layout, storage_client(config.gcp_conn_id)
         state = GcsReadHook(config.gcp_conn_id).run_now(
             config.gcs_bucket,
-            lambda reader: training_state(reader, layout.actor_checkpoints_prefix, layout.tensorboard_prefix, self.items),
+            lambda reader: training_state(reader, layout.actor_checkpoints_prefix, layout.tensorboard_prefix,
+                                          self.items),
         )
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         plan = checkpoints.plan_resume(state.steps)
         for step, why in plan.committed_warnings:
             self.log.warning(
@@ -354,7 +354,8 @@ class TrainRlOperator(RunJobSetOperator):
         if not resumed:
             self._push_accounting(context, records)
             raise AirflowFailException(
-                f"{preemption.budget_spent_message(record, config.max_preemptions, plan.resume_from)}\n{event['message']}"
+                f"{preemption.budget_spent_message(record, config.max_preemptions, plan.resume_from)}\n"
+                f"{event['message']}"
             )
         self.log.warning("%s", preemption.resume_message(record, config.max_preemptions))
         self.log.info("The preempted attempt:\n%s", event["message"])

@@ -177,7 +177,8 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
     def build_trigger(self, deadline: float) -> GcsOutputTrigger:
         from tpu_rl.triggers.checkpoints import FinalTrainingCheckpointTrigger
 
-        return FinalTrainingCheckpointTrigger(self.bucket, self.prefix, **self._rule(), **self._trigger_kwargs(deadline))
+        return FinalTrainingCheckpointTrigger(self.bucket, self.prefix, **self._rule(),
+                                              **self._trigger_kwargs(deadline))
 
     def output_check(self) -> OutputCheck:
         return partial(gcs.final_training_step, prefix=self.prefix, **self._rule())

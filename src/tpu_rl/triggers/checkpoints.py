@@ -80,7 +80,7 @@ class GcsOutputTrigger(BaseTrigger):
         while True:
             try:
                 verdict, found = await self.check()
-            except (ClientError, asyncio.TimeoutError) as error:
+            except (TimeoutError, ClientError) as error:
                 verdict, found = Verdict((f"could not read {self.uri}: {error!r}",)), {}
             if verdict.complete:
                 yield TriggerEvent({"status": "complete", "uri": self.uri, **found})

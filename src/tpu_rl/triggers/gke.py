@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
@@ -32,8 +32,8 @@ CREATE_SECONDS = 15 * 60
 
 class TpuPoolCreateTrigger(GKEOperationTrigger):
     """The provider's operation wait (same events: ``success`` once the operation is DONE, ``error``), plus
-    ``capacity_timeout`` (with the pool's name as ``node_pool``, GKE's reason as ``message``) when the pool still waits for capacity at
-    ``capacity_deadline``.
+    ``capacity_timeout`` (with the pool's name as ``node_pool``, GKE's reason as ``message``) when the pool still
+    waits for capacity at ``capacity_deadline``.
 
     :param pool_path: ``projects/P/locations/L/clusters/C/nodePools/N``.
     :param capacity_deadline: POSIX time after which a pool that waits for capacity is given up.
@@ -84,7 +84,7 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
                                             "node_pool": pool, "message": reason})
                         return
                     if logged_at is None or time.monotonic() - logged_at >= CAPACITY_LOG_SECONDS:
-                        until = datetime.fromtimestamp(self.capacity_deadline, timezone.utc)
+                        until = datetime.fromtimestamp(self.capacity_deadline, UTC)
                         self.log.info("Node pool %s waits for TPU capacity (GKE: %s); waiting until %s",
                                       pool, reason, until.strftime("%Y-%m-%d %H:%M:%S UTC"))
                         logged_at = time.monotonic()
@@ -99,4 +99,4 @@ def _started(start_time: str) -> float:
     if not start_time:
         return time.time()
     head = start_time.rstrip("Z").split(".")[0]
-    return datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp()
+    return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp()

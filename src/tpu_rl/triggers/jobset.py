@@ -14,7 +14,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -187,9 +187,8 @@ class JobSetTrigger(BaseTrigger):
     async def _task_left_deferred(self) -> bool:
         """Before Airflow 3.3 a cancelled trigger cannot tell a user's kill from a triggerer restart:
         the task's state can (the provider triggers' ``safe_to_cancel``)."""
-        from asgiref.sync import sync_to_async
-
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+        from asgiref.sync import sync_to_async
 
         ti = self.task_instance
         if ti is None:
@@ -394,7 +393,8 @@ class JobSetTrigger(BaseTrigger):
             restarts=st.restarts(final),
         )
         if condition.get("type") == st.COMPLETED:
-            return {**event, "status": "success", "message": f"JobSet {self.ref} completed: {condition.get('message', '')}"}
+            return {**event, "status": "success",
+                    "message": f"JobSet {self.ref} completed: {condition.get('message', '')}"}
         lost = await self._lost_nodes(hook, progress)
         message = st.explain_failure(final, progress.pods.values(), lost, event["log_tail"], progress.log_pod)
         preemption = st.preemption(final, progress.pods.values(), lost)
@@ -443,4 +443,4 @@ def _created(obj: dict) -> float | None:
 
 
 def _epoch(sortable: str) -> float:
-    return datetime.fromisoformat(sortable.partition(".")[0]).replace(tzinfo=timezone.utc).timestamp()
+    return datetime.fromisoformat(sortable.partition(".")[0]).replace(tzinfo=UTC).timestamp()

@@ -53,7 +53,8 @@ class TrainingProgress:
         listing, _ = await reader.list(self.prefix)
         for name, stored in sorted(listing.items()):
             known = self.files.get(name)
-            if not is_event_file(name) or not stored.size or (known and (known.size, known.updated) == (stored.size, stored.updated)):
+            if (not is_event_file(name) or not stored.size
+                    or (known and (known.size, known.updated) == (stored.size, stored.updated))):
                 continue
             if known and stored.size > known.size:
                 data = known.data + await reader.read(self.prefix + name, known.size, stored.size - 1)

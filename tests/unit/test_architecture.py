@@ -1,0 +1,71 @@
+"""The package's structure as docs/architecture.md states it: a pure core that loads without Airflow or a cloud
+client (what the plan command and the DAG file's parse rely on), no import circle, short functions."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import tpu_rl
+
+PACKAGE = Path(tpu_rl.__file__).parent
+#: The core: params in, typed values and plain dicts out.
+CORE = ("config", "config_rules", "contract", "tpu", "machines", "run", "layout", "maxtext", "manifests", "gke",
+        "checkpoints", "jobset_status", "preemption", "jobset_release", "reaper", "leases", "programs", "vocabulary",
+        "plan", "training_metrics", "event_files")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("tpu_rl", *path.relative_to(PACKAGE).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """Every package module a module imports: at the top, inside functions and for type checking alike."""
+    named = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            named |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        elif isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+    return named & known
+
+
+def test_the_core_loads_without_airflow_or_a_cloud_client():
+    probe = (
+        "import sys; before = set(sys.modules); "
+        + "; ".join(f"import tpu_rl.{name}" for name in CORE)
+        + "; print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True)
+    loaded = set(ast.literal_eval(out.stdout.strip()))
+    assert "tpu_rl" in loaded
+    assert loaded.isdisjoint({"airflow", "google", "kubernetes", "kubernetes_asyncio", "fastapi", "aiohttp"})
+
+
+def test_no_module_of_the_package_imports_itself_back_through_others():
+    found = modules()
+    graph = {name: imports_of(path, set(found)) - {name, "tpu_rl"} for name, path in found.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in graph[start] - seen:
+            seen.add(nxt)
+            if nxt == goal or reaches(nxt, goal, seen):
+                return True
+        return False
+
+    circles = sorted(name for name in graph if reaches(name, name, set()))
+    assert circles == []
+
+
+def test_no_function_of_the_package_is_longer_than_60_lines():
+    long = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in modules().values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60
+    ]
+    assert long == []
