@@ -455,7 +455,8 @@ class Emulator:
                 pool.status_message = message
                 pool.conditions = [c.StatusCondition(code=c.StatusCondition.Code.GCE_STOCKOUT, canonical_code=8,
                                                      message=message)]
-            self._finish(op_name, (8, message))  # RESOURCE_EXHAUSTED
+                # one change: the pool's failure shows with its operation's end, never while it runs
+                self._finish(op_name, (8, message))  # RESOURCE_EXHAUSTED
             return
         if (body.get("config") or {}).get("flex_start"):
             # GKE creates a flex-start pool empty: the operation is done and the slice comes later, when there

@@ -82,7 +82,8 @@ def _create_foreign_cluster(gke, name: str) -> str:
         "node_pools": [
             {"name": "default-pool", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}},
             {"name": "cpu-np", "initial_node_count": 1, "locations": [SIM_CREATE_CONF["zone"]],
-             "config": {"machine_type": "n4-standard-64", "disk_type": "hyperdisk-balanced",
+             # a pool made for conversions: a boot disk that holds the model's download
+             "config": {"machine_type": "n4-standard-64", "disk_type": "hyperdisk-balanced", "disk_size_gb": 500,
                         "service_account": SIM_CREATE_CONF["node_service_account"],
                         "workload_metadata_config": {"mode": "GKE_METADATA"}}},
         ],

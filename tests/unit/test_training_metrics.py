@@ -150,9 +150,11 @@ def test_the_emulated_trainer_evaluates_around_training_and_writes_its_curves():
     assert [step for step, _ in tm.read_scalars([events])[tm.LOSS_TAG]] == list(range(1, 11))
 
 
-def test_the_emulators_fault_makes_the_trained_model_worse_and_no_test_batches_no_evaluation():
+def test_the_emulators_fault_makes_the_trained_model_worse_and_no_test_batches_no_evaluation(tutorial_conf):
     regressed = tm.parse_evaluation(emulated_training("eval-regression")[0])
     assert regressed.after.accuracy < regressed.before.accuracy
+    gated = RunConfig.from_params({**tutorial_conf, "require_no_regression": True})
+    assert "beyond chance" in tm.quality_gate(regressed, gated)[0]  # the e2e scenario's gate fails
 
     assert tm.parse_evaluation(emulated_training(num_test_batches="0")[0]) is None
 

@@ -103,7 +103,7 @@ class JobSetTrigger(BaseTrigger):
     :param delete_on_kill: delete the JobSet when a user marks the deferred task failed or clears it.
     :param training: for the training, where its event files are (see
         :class:`~tpu_rl.triggers.training_progress.TrainingProgress`): its progress is logged at most once
-        per interval, and once more when it ended if no line was logged in the last interval.
+        per interval, and once more when it ended if the trainer wrote more since (the step it got to).
     :param connection: instead of ``cluster``, the keywords a trigger serialised before ``cluster`` existed
         named it by (``kubernetes_conn_id``, or ``cluster_url``, ``ssl_ca_cert``, ``gcp_conn_id``,
         ``use_dns_endpoint``): a task deferred across a deploy resumes its wait.
@@ -354,17 +354,18 @@ class JobSetTrigger(BaseTrigger):
                 last_line, last_time = line, now
 
     async def _report_training(self, progress: _Progress) -> None:
-        """The training's progress line at most once per interval while it runs, and once more when it ended
-        unless a line was logged in the last interval. A failed read is logged and tried at the next one:
-        progress only informs."""
+        """The training's progress line at most once per interval while it runs, and once more when it ended if
+        the event files grew since the last line (the step it got to). A failed read is logged and tried at the
+        next one: progress only informs."""
         training = TrainingProgress(self.training)
         try:
             async with GcsReadHook(training.gcp_conn_id).reader(training.bucket) as reader:
                 while True:
                     ended = progress.finished.is_set()
-                    if training.due():
+                    if ended or training.due():
                         try:
-                            await training.report(reader, self.log, _created(progress.jobset))
+                            await training.report(reader, self.log, _created(progress.jobset),
+                                                  only_news=ended and not training.due())
                         except Exception as e:
                             self.log.warning("Could not read the training's event files under gs://%s/%s (%s: %s)",
                                              training.bucket, training.prefix, type(e).__name__, str(e)[:300])

@@ -42,6 +42,8 @@ class TrainingProgress:
         self.interval = float(source.get("interval") or PROGRESS_INTERVAL_SECONDS)
         self.files: dict[str, _EventFile] = {}
         self.logged_at: float | None = None
+        #: The event files' sizes when the last line was logged.
+        self.logged_sizes: dict[str, int] = {}
 
     def due(self) -> bool:
         """Whether a line may be logged now: none in the last ``interval`` (less a second: the event loop may
@@ -64,13 +66,18 @@ class TrainingProgress:
             scalars = await asyncio.to_thread(read_scalars, [data])
             self.files[name] = _EventFile(stored.size, stored.updated, data, scalars)
 
-    async def report(self, reader: GcsReader, log: Any, attempt_started: float | None = None) -> None:
+    async def report(self, reader: GcsReader, log: Any, attempt_started: float | None = None,
+                     only_news: bool = False) -> None:
         """Read what changed and log the progress line (nothing before the trainer wrote its first file).
-        ``attempt_started``: when the JobSet of the current attempt was created (POSIX seconds)."""
+        ``attempt_started``: when the JobSet of the current attempt was created (POSIX seconds); ``only_news``:
+        log only if the event files grew since the last line."""
         started = time.monotonic()
         await self.refresh(reader)
+        sizes = {name: f.size for name, f in self.files.items()}
+        if only_news and sizes == self.logged_sizes:
+            return
         line = attempt_progress({name: f.scalars for name, f in self.files.items()}, self.train_steps, time.time(),
                                 attempt_started)
         if line:
             log.info("Training progress: %s", line)
-            self.logged_at = started
+            self.logged_at, self.logged_sizes = started, sizes
