@@ -3,7 +3,8 @@
 One JSON document per shared thing lists its holders: the runs using it now, each with the TPU slices it
 holds and since when. Every run reads and rewrites the whole document with a generation precondition
 (``operators/leases.py``), so concurrent runs never lose each other's entries; this module is the pure
-part: admitting a holder under a limit, removing one, and expiring the holders whose run has ended.
+part: the protocol's decisions (a run joins or leaves a shared cluster, takes or gives back capacity), each a
+function of the lease, the run and Airflow's run states that returns a typed :class:`LeaseChange`.
 
 The expiry rule, for a run that crashed without leaving: a holder is dropped when Airflow says its DAG
 run has ended (success or failed) or no longer exists, the same rule the reaper applies (``reaper.py``).
@@ -16,9 +17,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Generic, TypeVar
 
 from tpu_rl.reaper import ENDED_STATES, MISSING
 from tpu_rl.run import RunIdentity
+
+R = TypeVar("R")
 
 #: The object prefix of every lease document in the run's bucket.
 LEASES_PREFIX = "tpu-rl/leases/"
@@ -120,11 +124,90 @@ class Lease:
         return replace(self, holders=tuple(h for h in self.holders if h.key not in dropped)), ended
 
 
+#: Airflow's state of a run (a DAG run state, or ``MISSING``), asked by the expiry rule.
+RunState = Callable[[RunIdentity], str]
+
+
 @dataclass
-class LeaseChange:
-    """What one read-modify-write of a lease decided: the lease to write (None: write nothing) and a result
-    for the caller."""
+class LeaseChange(Generic[R]):
+    """What one read-modify-write of a lease decided: the lease to write (None: write nothing), what it means for
+    the caller (typed by the decision), and notes for the log (the holders that expired)."""
 
     lease: Lease | None
-    result: object = None
+    result: R
     notes: list[str] = field(default_factory=list)
+
+
+def expired_notes(expired: list[Holder]) -> list[str]:
+    return [f"lease of {h.describe()} expired: its run has ended or is gone" for h in expired]
+
+
+# -- a shared cluster's lease ---------------------------------------------------------------------------
+
+
+def join_cluster(lease: Lease, me: Holder, state: RunState, cluster_exists: bool) -> LeaseChange[Lease | None]:
+    """A run joins a shared cluster's lease (result: the lease it is in), or waits (result None) while the last
+    run to leave is still deleting the cluster. A closing lease whose deleting run ended without deleting is
+    taken over."""
+    lease, expired = lease.expire(state, keep=me.key)
+    notes = expired_notes(expired)
+    if lease.closing and cluster_exists and not lease.find(me.key):
+        if not lease.closing_expired(state):
+            return LeaseChange(lease if expired else None, None, notes)
+        notes.append(f"{lease.closer.describe()} left the cluster to delete it and its run has ended "
+                     "without deleting it: this run takes the cluster over")
+    joined = lease.admit(me)
+    return LeaseChange(joined, joined, notes)
+
+
+@dataclass(frozen=True)
+class Leaving:
+    """What a run leaving a shared cluster's lease found: whether it held it, and the live runs still in it."""
+
+    held: bool
+    still_used_by: tuple[Holder, ...]
+
+    @property
+    def last(self) -> bool:
+        """This run was the lease's last holder: it deletes the cluster (or keeps it with keep_cluster)."""
+        return self.held and not self.still_used_by
+
+
+def leave_cluster(lease: Lease, me: Holder, state: RunState, closing: bool) -> LeaseChange[Leaving]:
+    """A run leaves a shared cluster's lease. The last to leave marks the lease closing, with itself as the
+    closer, when it deletes the cluster (``closing``), so a run joining meanwhile waits for the delete. A retry
+    of the closer's own delete counts as the last again."""
+    retrying_delete = lease.closing and (lease.closer is None or lease.closer.key == me.key)
+    if not lease.find(me.key) and not retrying_delete:
+        return LeaseChange(None, Leaving(held=False, still_used_by=lease.holders))
+    lease, expired = lease.expire(state, keep=me.key)
+    lease = lease.without(me.key)
+    if lease.holders:
+        return LeaseChange(lease, Leaving(True, lease.holders), expired_notes(expired))
+    return LeaseChange(lease.closed_by(me) if closing else lease, Leaving(True, ()), expired_notes(expired))
+
+
+def drop_holder(lease: Lease, key: str) -> LeaseChange[Holder | None]:
+    """The lease without the run ``key`` (result: its entry, None when it held none)."""
+    return LeaseChange(lease.without(key), lease.find(key))
+
+
+# -- a capacity group's lease ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CapacityTaken:
+    """A run's try to take its slices of a capacity group: whether it holds them now, and the group's lease."""
+
+    taken: bool
+    lease: Lease
+
+
+def take_capacity(lease: Lease, me: Holder, limit: int, state: RunState) -> LeaseChange[CapacityTaken]:
+    """Admits the run's slices (``me.slices``) while the group's holders leave room under ``limit``; a run that
+    holds them already keeps them. Holders whose run has ended are dropped first."""
+    lease, expired = lease.expire(state, keep=me.key)
+    admitted = lease.admit(me, limit)
+    if admitted is None:
+        return LeaseChange(lease if expired else None, CapacityTaken(False, lease), expired_notes(expired))
+    return LeaseChange(admitted, CapacityTaken(True, admitted), expired_notes(expired))

@@ -67,9 +67,9 @@ class RunScope:
 
     @cached_property
     def cluster_target(self) -> ClusterTarget:
-        from tpu_rl.hooks.cluster import cluster_target
+        from tpu_rl.hooks.jobset import ClusterTarget
 
-        return cluster_target(self.config)
+        return ClusterTarget.for_run(self.config)
 
     @cached_property
     def training_record(self) -> dict[str, Any]:

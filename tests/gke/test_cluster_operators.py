@@ -329,10 +329,9 @@ def test_a_conversion_that_fits_no_cpu_pool_node_fails_before_it_is_submitted(cr
 
 def _hook_for(run):
     from tpu_rl.config import RunConfig
-    from tpu_rl.hooks.cluster import cluster_target
-    from tpu_rl.hooks.jobset import JobSetHook
+    from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
 
-    return JobSetHook(cluster_target(RunConfig.from_params(run.params)))
+    return JobSetHook(ClusterTarget.for_run(RunConfig.from_params(run.params)))
 
 
 def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):
@@ -558,7 +557,7 @@ def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_del
     without deleting it (its delete kept failing) does not hold the next run back for ever."""
     from tpu_rl.config import RunConfig
     from tpu_rl.hooks.gcs import storage_client
-    from tpu_rl.leases import Holder, LeaseChange
+    from tpu_rl.leases import Holder, leave_cluster
 
     first = Run(cluster_mode="shared", keep_cluster=True)
     name = first.params["cluster_name"]
@@ -575,8 +574,8 @@ def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_del
 
         # The second run left to delete the cluster; its delete never happened and its run is still going.
         store = cluster_ops.cluster_lease(RunConfig.from_params(second.params))
-        store.change(lambda lease: LeaseChange(lease.without(second.identity.key).closed_by(
-            Holder.of(second.identity, "2026-12-01T00:00:00+00:00"))))
+        leaving = Holder.of(second.identity, "2026-12-01T00:00:00+00:00")
+        store.change(lambda lease: leave_cluster(lease, leaving, lambda run: "running", closing=True))
         third = Run(cluster_name=name, cluster_mode="shared")
         third.ti.run_states[second.run_id] = "running"
         with pytest.raises(TaskDeferred) as deferred:

@@ -13,6 +13,7 @@ import pytest
 from google.cloud.container_v1 import Operation
 
 from tpu_rl.compat import AirflowFailException
+from tpu_rl.hooks.gke import GkeApiHook
 from tpu_rl.operators import cluster as cluster_ops
 from tpu_rl.triggers import gke as gke_triggers
 from tpu_rl.triggers.gke import TpuPoolCreateTrigger
@@ -75,9 +76,16 @@ def test_a_pool_held_for_capacity_is_waited_for_with_gkes_reason_in_the_log(monk
 
 
 def test_the_wait_ends_at_the_capacity_deadline_with_gkes_reason(monkeypatch):
-    trigger = scripted_trigger(monkeypatch, [(RUNNING, [STOCKOUT])], deadline=time.time() - 1)
+    trigger = scripted_trigger(monkeypatch, [(RUNNING, [STOCKOUT]), (RUNNING, [STOCKOUT])], deadline=time.time() - 1)
     assert first_event(trigger) == {"status": "capacity_timeout", "operation_name": "operation-1",
                                     "node_pool": "tpu-1a2b3c4d-0", "message": STOCKOUT["message"]}
+
+
+def test_a_create_gke_ended_while_the_pool_was_read_is_reported_done_for_its_error_to_be_read(monkeypatch):
+    """The pool's stockout condition and the operation's end come together: read between the two, the operation's
+    own error (a stockout, or something else) is what the task reports."""
+    trigger = scripted_trigger(monkeypatch, [(RUNNING, [STOCKOUT]), (DONE, [STOCKOUT])], deadline=time.time() - 1)
+    assert first_event(trigger) == {"status": "success", "operation_name": "operation-1"}
 
 
 QUOTA = {"code": "GCE_QUOTA_EXCEEDED", "canonical_code": "RESOURCE_EXHAUSTED",
@@ -109,7 +117,8 @@ def test_a_create_gke_holds_for_capacity_is_given_up_past_the_deadline_once_long
     """GKE keeps a create it has no capacity for RUNNING for about 35 minutes, saying nothing in the pool: a wait of
     0 minutes ends once the create has run longer than a create with capacity, not after GKE's 35 minutes."""
     long_ago = datetime.fromtimestamp(time.time() - 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    event = first_event(scripted_trigger(monkeypatch, [(RUNNING, [])], deadline=time.time() - 1, started=long_ago))
+    event = first_event(scripted_trigger(monkeypatch, [(RUNNING, []), (RUNNING, [])], deadline=time.time() - 1,
+                                         started=long_ago))
     assert event["status"] == "capacity_timeout" and event["node_pool"] == "tpu-1a2b3c4d-0"
     assert event["message"].startswith("GKE has been creating the pool for 17 minutes, "
                                        "longer than a create with capacity")
@@ -149,8 +158,7 @@ def stocked_out_operation(monkeypatch, message=STOCKOUT_ERROR):
                                 status_message=message, operation_type=Operation.Type.CREATE_NODE_POOL,
                                 target_link=f"https://container.googleapis.com/v1/{POOL_PATH}".replace(
                                     "my-project", "123456"))
-    hook = SimpleNamespace(get_operation=lambda name, project_id: operation)
-    monkeypatch.setattr(cluster_ops, "_cluster_hook", lambda config: hook)
+    monkeypatch.setattr(GkeApiHook, "get_operation", lambda self, name: operation)
 
 
 def test_a_stockout_within_the_wait_creates_the_pool_again_later_deferred(monkeypatch):
@@ -190,19 +198,19 @@ def test_pool_conditions_are_read_with_their_enum_names():
     """canonical_code is a google.rpc.Code number in the API types, code a proto-plus enum."""
     from google.cloud.container_v1 import NodePool, StatusCondition
 
-    from tpu_rl.hooks.cluster import node_pool_conditions
+    from tpu_rl.hooks.gke import node_pool_conditions
 
     pool = NodePool(name="tpu-1a2b3c4d-0", conditions=[StatusCondition(
         code=StatusCondition.Code.GCE_STOCKOUT, canonical_code=8, message=STOCKOUT["message"])])
 
     class Client:
-        async def get_node_pool(self, name):
+        def get_node_pool(self, name):
             assert name == POOL_PATH
             return pool
 
-    class Hook:
-        async def _get_client(self):
-            return Client()
+    class Hook:  # the provider's GKEAsyncHook: its sync hook holds the client
+        async def get_sync_hook(self):
+            return SimpleNamespace(get_cluster_manager_client=Client)
 
     assert asyncio.run(node_pool_conditions(Hook(), POOL_PATH)) == [STOCKOUT]
 

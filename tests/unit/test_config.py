@@ -235,17 +235,17 @@ def test_a_created_cluster_is_reached_through_its_dns_endpoint_unless_ip_is_aske
     from datetime import datetime
 
     from tpu_rl.gke import cluster_body
-    from tpu_rl.hooks.cluster import cluster_target
+    from tpu_rl.hooks.jobset import ClusterTarget
     from tpu_rl.run import RunIdentity
 
     run, now = RunIdentity("maxtext_rl_tpu", "manual__1"), datetime(2026, 12, 1, tzinfo=UTC)
     config = RunConfig.from_params(tutorial_conf)
     assert cluster_body(config, run, now)["control_plane_endpoints_config"] == {
         "dns_endpoint_config": {"allow_external_traffic": True}}
-    assert cluster_target(config).use_dns_endpoint
+    assert ClusterTarget.for_run(config).use_dns_endpoint
     ip = RunConfig.from_params({**tutorial_conf, "control_plane_endpoint": "ip"})
     assert "control_plane_endpoints_config" not in cluster_body(ip, run, now)
-    assert not cluster_target(ip).use_dns_endpoint
+    assert not ClusterTarget.for_run(ip).use_dns_endpoint
 
 
 def test_reservation_goes_with_capacity_type_reservation(tutorial_conf):

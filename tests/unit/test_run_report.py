@@ -284,16 +284,11 @@ def gke_operation(kind: str, pool: str, end: str, cluster: str = TUTORIAL_CONF["
 
 
 def delete_pools_after_the_last_delete(monkeypatch, list_operations) -> dict:
-    from google.api_core.exceptions import NotFound
-
+    from tpu_rl.hooks.gke import GkeApiHook
     from tpu_rl.operators import cluster
 
-    def gone(name):
-        raise NotFound(f"Not found: {name}.")
-
-    client = SimpleNamespace(list_operations=list_operations, delete_node_pool=gone)
-    monkeypatch.setattr(cluster, "_cluster_hook",
-                        lambda config: SimpleNamespace(get_cluster_manager_client=lambda: client))
+    monkeypatch.setattr(GkeApiHook, "delete_node_pool", lambda self, cluster, pool: None)  # gone: nothing to delete
+    monkeypatch.setattr(GkeApiHook, "list_operations", lambda self: list_operations())
     ctx = context("delete_tpu_pools")
     operator = cluster.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
     operator.submit(ctx)  # every pool's delete is done: GKE no longer knows them
@@ -306,14 +301,14 @@ def test_delete_tpu_pools_counts_the_runs_slice_from_gkes_operations(monkeypatch
            gke_operation("DELETE_NODE_POOL", pool, "2026-12-01T11:30:00Z"),
            gke_operation("DELETE_NODE_POOL", pool, "2026-12-01T12:00:00Z", cluster="another-cluster")]
 
-    xcoms = delete_pools_after_the_last_delete(monkeypatch, lambda parent: SimpleNamespace(operations=ops))
+    xcoms = delete_pools_after_the_last_delete(monkeypatch, lambda: ops)
 
     assert xcoms["delete_tpu_pools", "tpu_slices"] == [
         {"pool": pool, "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
 
 
 def test_a_slice_time_that_cannot_be_read_never_fails_the_teardown(monkeypatch, capsys):
-    def unavailable(parent):
+    def unavailable():
         raise RuntimeError("503 the service is unavailable")
 
     xcoms = delete_pools_after_the_last_delete(monkeypatch, unavailable)
@@ -385,4 +380,14 @@ def test_no_more_than_one_progress_line_an_interval_even_when_the_training_ends(
 
     lines = training_trigger_lines(monkeypatch, bucket, [], ends_after=0.5)
 
-    assert len(lines) == 1 and bucket.lists == 1
+    assert len(lines) == 1 and bucket.lists == 2  # the read at the end found nothing new: no second line
+
+
+def test_a_training_that_ends_within_an_interval_of_its_last_line_shows_where_it_got_to(monkeypatch):
+    bucket = full_event_file()
+    bucket.flush_to(len(bucket.full) // 2)  # half-way at the first read
+
+    lines = training_trigger_lines(monkeypatch, bucket, [(0.2, len(bucket.full))], ends_after=0.5)
+
+    assert len(lines) == 2 and lines[-1].startswith("Training progress: step 30/30 (100%)")
+    assert "step 30/30" not in lines[0]

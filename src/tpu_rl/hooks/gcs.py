@@ -9,6 +9,8 @@
 - :func:`object_sizes`, :func:`delete_objects` and :func:`rewrite_object` are what publishing the export
   does (with a ``google.cloud.storage.Client`` from :func:`storage_client`); :func:`move_folder` sets a step
   folder aside before a resume, and :func:`training_state` reads what a preempted training left.
+- :class:`GcsJsonObject` is a small JSON object several runs write at once (a lease, the training record, the
+  lock): written only while the generation it was read at is current.
 - :class:`GcsLock` is the cross-run lock on a shared conversion, and :func:`parse_lock_holder` and
   :class:`LockState` the one reading of a lock object (its JSON, its age, when it counts as stale), for
   the lock and for the trigger that waits on it.
@@ -241,42 +243,95 @@ def storage_client(
     return GCSHook(gcp_conn_id=gcp_conn_id, impersonation_chain=impersonation_chain).get_conn()
 
 
-def read_or_create_json(client: Any, bucket: str, name: str, document: Any) -> tuple[bool, Any]:
-    """``(False, its JSON)`` when ``gs://<bucket>/<name>`` exists; else ``(True, None)`` after writing
-    ``document`` there, only if it is still absent (``if_generation_match=0``)."""
-    from google.api_core.exceptions import NotFound
+@dataclass(frozen=True)
+class StoredJson:
+    """One generation of a JSON object: its bytes, its generation, when it was written (the server's clock)."""
 
-    blob = client.bucket(bucket).blob(name)
-    try:
-        return False, json.loads(blob.download_as_bytes())
-    except NotFound:
-        blob.upload_from_string(
-            json.dumps(document, indent=2, sort_keys=True),
-            content_type="application/json",
-            if_generation_match=0,
-        )
-        return True, None
+    data: bytes
+    generation: int
+    written: datetime
+
+    def document(self) -> Any:
+        return json.loads(self.data)
 
 
-def update_json(client: Any, bucket: str, name: str, change: Callable[[Any], Any], attempts: int = 5) -> Any:
-    """Rewrites the JSON object ``gs://<bucket>/<name>`` with ``change(document)`` only if nobody wrote it in
-    between (``if_generation_match``), reading again after a conflict. Returns the document written."""
-    from google.api_core.exceptions import PreconditionFailed
+class GcsJsonObject:
+    """A small JSON object several runs (and Composer components) may write at once: read with its generation,
+    written only while that generation is still current (``if_generation_match``; 0: only while absent), so
+    of two writers one wins and the other reads again. The lease documents, the training record and the
+    conversion lock are such objects.
 
-    blob = client.bucket(bucket).blob(name)
-    for _ in range(attempts):
-        blob.reload()
-        document = change(json.loads(blob.download_as_bytes(if_generation_match=blob.generation)))
+    :param client: a ``google.cloud.storage.Client`` (:func:`storage_client`).
+    """
+
+    def __init__(self, client: Any, bucket: str, name: str) -> None:
+        self.client, self.bucket, self.name = client, bucket, name
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.name}"
+
+    def read(self, attempts: int = 5) -> StoredJson | None:
+        """Its current generation, or None when it does not exist. The download asks for the generation the
+        metadata named, so the bytes and the generation belong together."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        for _ in range(attempts):
+            blob = self.client.bucket(self.bucket).get_blob(self.name)
+            if blob is None:
+                return None
+            try:
+                data = blob.download_as_bytes(if_generation_match=blob.generation)
+            except (NotFound, PreconditionFailed):  # deleted or replaced between the two reads
+                continue
+            return StoredJson(data, int(blob.generation), blob.updated or blob.time_created or datetime.now(UTC))
+        raise AirflowException(f"{self.uri} keeps changing while read")
+
+    def write(self, document: Any, generation: int) -> bool:
+        """Writes ``document`` (JSON text as it is, anything else serialised) if the object is still at
+        ``generation`` (0: still absent); False when another writer came first (or deleted it)."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        text = document if isinstance(document, str) else json.dumps(document, indent=2, sort_keys=True)
         try:
-            blob.upload_from_string(
-                json.dumps(document, indent=2, sort_keys=True),
-                content_type="application/json",
-                if_generation_match=blob.generation,
+            self.client.bucket(self.bucket).blob(self.name).upload_from_string(
+                text, content_type="application/json", if_generation_match=generation
             )
-            return document
-        except PreconditionFailed:
-            continue
-    raise AirflowException(f"gs://{bucket}/{name} kept changing while it was updated ({attempts} attempts)")
+            return True
+        except (PreconditionFailed, NotFound):
+            return False
+
+    def delete(self, generation: int) -> bool:
+        """Deletes it if it is still at ``generation``; False when it changed or is gone."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        try:
+            self.client.bucket(self.bucket).blob(self.name).delete(if_generation_match=generation)
+            return True
+        except (NotFound, PreconditionFailed):
+            return False
+
+    def read_or_create(self, document: Any) -> tuple[bool, Any]:
+        """``(False, its JSON)`` when it exists; else ``(True, None)`` once ``document`` is written there."""
+        for _ in range(5):
+            stored = self.read()
+            if stored is not None:
+                return False, stored.document()
+            if self.write(document, generation=0):
+                return True, None
+        raise AirflowException(f"{self.uri} keeps changing while it is created")
+
+    def update(self, change: Callable[[Any], Any], attempts: int = 5) -> Any:
+        """Rewrites the existing object with ``change(its JSON)``, reading and changing again after another
+        writer came first. Returns the document written."""
+        for _ in range(attempts):
+            stored = self.read()
+            if stored is None:
+                raise AirflowException(f"{self.uri} does not exist")
+            document = change(stored.document())
+            if self.write(document, stored.generation):
+                return document
+        raise AirflowException(f"{self.uri} kept changing while it was updated ({attempts} attempts)")
 
 
 # -- publishing: a folder's objects copied server-side -----------------------------------------------------
@@ -388,55 +443,30 @@ class GcsLock:
     IDENTITY = ("dag_id", "run_id", "task_id")
 
     def __init__(self, client: Any, bucket: str, name: str, owner: Mapping[str, Any], stale_after: float, log: Any):
-        self.client = client
-        self.bucket = bucket
-        self.name = name
+        self.object = GcsJsonObject(client, bucket, name)
         self.owner = dict(owner)
         self.stale_after = stale_after
         self.log = log
 
     @property
     def uri(self) -> str:
-        return f"gs://{self.bucket}/{self.name}"
-
-    def _blob(self) -> Any:
-        return self.client.bucket(self.bucket).blob(self.name)
+        return self.object.uri
 
     def is_ours(self, state: LockState) -> bool:
         return all(state.holder.get(k) == self.owner[k] for k in self.IDENTITY)
 
     def read(self) -> LockState | None:
         """The lock's current generation, or None when nobody holds it."""
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
-        for _ in range(5):
-            blob = self.client.bucket(self.bucket).get_blob(self.name)
-            if blob is None:
-                return None
-            try:
-                data = blob.download_as_bytes(if_generation_match=blob.generation)
-            except (NotFound, PreconditionFailed):  # released or replaced between the two reads
-                continue
-            written = blob.updated or blob.time_created or datetime.now(UTC)
-            return LockState(parse_lock_holder(data), int(blob.generation), written)
-        raise AirflowException(f"{self.uri} keeps changing while read")
+        stored = self.object.read()
+        return None if stored is None else LockState(parse_lock_holder(stored.data), stored.generation, stored.written)
 
     def _write(self, if_generation_match: int) -> bool:
-        from google.api_core.exceptions import PreconditionFailed
-
         document = {
             **self.owner,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "stale_after_seconds": int(self.stale_after),
         }
-        try:
-            self._blob().upload_from_string(
-                json.dumps(document, indent=2), content_type="application/json",
-                if_generation_match=if_generation_match,
-            )
-            return True
-        except PreconditionFailed:
-            return False
+        return self.object.write(document, if_generation_match)
 
     def acquire(self) -> tuple[bool, LockState | None]:
         """``(True, None)`` when this task holds the lock now; ``(False, state)`` when another holds it."""
@@ -468,14 +498,8 @@ class GcsLock:
 
     def release(self) -> bool:
         """Delete the lock if this task (any try) holds it; True if it was deleted."""
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
         state = self.read()
-        if state is None or not self.is_ours(state):
-            return False
-        try:
-            self._blob().delete(if_generation_match=state.generation)
-        except (NotFound, PreconditionFailed):
+        if state is None or not self.is_ours(state) or not self.object.delete(state.generation):
             return False
         self.log.info("Released %s", self.uri)
         return True

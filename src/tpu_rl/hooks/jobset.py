@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.utils.log.logging_mixin import LoggingMixin
 
@@ -31,6 +31,9 @@ from tpu_rl.vocabulary import (
     KUEUE_VERSION,
     KUEUE_WORKLOADS,
 )
+
+if TYPE_CHECKING:
+    from tpu_rl.config import RunConfig
 
 #: A watch request lasts this long on the server before we reconnect from the last resourceVersion:
 #: bounded, so a half-open connection is noticed and GKE tokens are refreshed.
@@ -85,6 +88,14 @@ class ClusterTarget:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterTarget:
         return cls(**data)
+
+    @classmethod
+    def for_run(cls, config: RunConfig) -> ClusterTarget:
+        """The run's cluster: its Kubernetes connection when it names one, else its GKE cluster."""
+        if config.kubernetes_conn_id:
+            return cls(kubernetes_conn_id=config.kubernetes_conn_id, gcp_conn_id=config.gcp_conn_id)
+        return cls(project_id=config.project, location=config.region, cluster_name=config.cluster_name,
+                   gcp_conn_id=config.gcp_conn_id, use_dns_endpoint=config.uses_dns_endpoint)
 
 
 class JobSetHook(LoggingMixin):
@@ -248,6 +259,51 @@ class JobSetHook(LoggingMixin):
         secrets = CoreV1Api(api).list_secret_for_all_namespaces(label_selector=label_selector).items
         return ([{"metadata": j["metadata"]} for j in jobsets],
                 [{"metadata": api.sanitize_for_serialization(s.metadata)} for s in secrets])
+
+    def server_version(self) -> str:
+        """The cluster's Kubernetes version (its API server answers)."""
+        from kubernetes.client import VersionApi
+
+        return VersionApi(self.kube_hook.get_conn()).get_code().git_version
+
+    def has_custom_object(self, group: str, version: str, plural: str, name: str, namespace: str) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def create_service_account(self, body: dict, namespace: str) -> bool:
+        """False if it exists (it is shared by the runs of the namespace)."""
+        from kubernetes.client import CoreV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            CoreV1Api(self.kube_hook.get_conn()).create_namespaced_service_account(namespace, body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    def put_secret(self, body: dict, namespace: str) -> bool:
+        """Creates the Secret, or replaces the one of that name; True when it was created."""
+        from kubernetes.client import CoreV1Api
+        from kubernetes.client.exceptions import ApiException
+
+        core = CoreV1Api(self.kube_hook.get_conn())
+        try:
+            core.create_namespaced_secret(namespace, body)
+            return True
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        core.replace_namespaced_secret(body["metadata"]["name"], namespace, body)
+        return False
 
     def delete_secret(self, name: str, namespace: str) -> bool:
         """False if it was already gone."""

@@ -7,7 +7,6 @@ GKE operations are awaited by the Google provider's ``GKEOperationTrigger`` (def
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,10 +17,10 @@ from tpu_rl import gke
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_TPU_SLICES
-from tpu_rl.hooks.cluster import kubernetes_hook_for
+from tpu_rl.hooks.gke import GkeApiHook
 from tpu_rl.hooks.jobset import JobSetHook
-from tpu_rl.leases import Holder, Lease, LeaseChange, cluster_lease_object, holder_has_ended
-from tpu_rl.operators.leases import dag_run_state, expired_note, lease_store, now_text, release_capacity
+from tpu_rl.leases import Holder, cluster_lease_object, drop_holder, holder_has_ended, join_cluster, leave_cluster
+from tpu_rl.operators.leases import dag_run_state, lease_store, now_text, release_capacity
 from tpu_rl.run import RunIdentity
 from tpu_rl.run_scope import RunScoped
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
@@ -31,10 +30,9 @@ OPERATION_POLL_SECONDS = 10
 CAPACITY_RETRY_SECONDS = 120
 
 
-def _cluster_hook(config: RunConfig):
-    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
-
-    return GKEHook(gcp_conn_id=config.gcp_conn_id, location=config.region)
+def gke_api(config: RunConfig) -> GkeApiHook:
+    """The GKE API of the run's project and region."""
+    return GkeApiHook(config.gcp_conn_id, config.project, config.region)
 
 
 class _AwaitsGkeOperations(RunScoped, BaseOperator):
@@ -71,23 +69,13 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
             kwargs={"next_step": next_step},
         )
 
-    @staticmethod
-    def _running_operation(client: Any, config: RunConfig, pool: str) -> Any:
-        """GKE's unfinished operation on a node pool of the run's cluster, or on the cluster itself (either makes
-        GKE refuse another operation on the pool), or None."""
-        return next((op for op in client.list_operations(parent=gke.cluster_parent(config)).operations
-                     if op.status.name in ("PENDING", "RUNNING")
-                     and gke.operation_target(op.target_link) in ((config.cluster_name, pool),
-                                                                  (config.cluster_name, None))),
-                    None)
-
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         if event["status"] in ("failed", "error"):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
         # The provider's trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
         # a missing reservation) DONE with an error: read it.
         config = self.bind_scope(context).config
-        operation = _cluster_hook(config).get_operation(event["operation_name"], project_id=config.project)
+        operation = gke_api(config).get_operation(event["operation_name"])
         if operation.error.code or operation.status_message:
             message = operation.error.message or operation.status_message
             self.operation_failed(context, operation, message, next_step=next_step, **wait)
@@ -119,25 +107,21 @@ class CreateClusterOperator(_AwaitsGkeOperations):
     CLOSING_POLL_SECONDS = 30
 
     def execute(self, context: Any, event: Any = None) -> None:
-        from google.api_core.exceptions import AlreadyExists
-
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         if not config.creates_cluster:
             self.log.info("cluster_mode is 'existing': using cluster %s, which this run will not delete",
                           config.cluster_name)
             return
-        hook = _cluster_hook(config)
+        hook = gke_api(config)
         if config.shares_cluster and not self._join_lease(context, hook):
             return
-        try:
-            operation = hook.create_cluster(
-                cluster=gke.cluster_body(config, run, datetime.now(UTC)),
-                project_id=config.project,
-                wait_to_complete=False,
-            )
-        except AlreadyExists:
-            cluster = hook.get_cluster(name=config.cluster_name, project_id=config.project)
+        operation = hook.create_cluster(gke.cluster_body(config, run, datetime.now(UTC)))
+        if operation is None:
+            cluster = hook.get_cluster(config.cluster_name)
+            if cluster is None:
+                raise AirflowException(f"GKE said cluster {config.cluster_name} exists, then that it does not (being "
+                                       "deleted?): a retry creates it")
             self._check_adoptable(context, cluster)
             owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY, "none")
             self.log.info(
@@ -145,35 +129,18 @@ class CreateClusterOperator(_AwaitsGkeOperations):
                 config.cluster_name, cluster.status.name, owner, run.key,
             )
             return
-        self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation.name)
-        self._await(config, operation.name)
+        self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation)
+        self._await(config, operation)
 
-    def _join_lease(self, context: Any, hook: Any) -> bool:
+    def _join_lease(self, context: Any, hook: GkeApiHook) -> bool:
         """Joins the shared cluster's lease; False (after deferring) while its last holder deletes it."""
         from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
-        from google.api_core.exceptions import NotFound
 
         config, run, ti = self.scope.config, self.scope.run, context["ti"]
-        try:
-            hook.get_cluster(name=config.cluster_name, project_id=config.project)
-            cluster_exists = True
-        except NotFound:
-            cluster_exists = False
-
-        def decide(lease: Lease) -> LeaseChange:
-            state = lambda r: dag_run_state(ti, r)  # noqa: E731
-            lease, expired = lease.expire(state, keep=run.key)
-            notes = expired_note(expired)
-            if lease.closing and cluster_exists and not lease.find(run.key):
-                if not lease.closing_expired(state):
-                    return LeaseChange(lease if expired else None, None, notes)
-                notes.append(f"{lease.closer.describe()} left the cluster to delete it and its run has ended "
-                             "without deleting it: this run takes the cluster over")
-            joined = lease.admit(Holder.of(run, now_text()))
-            return LeaseChange(joined, joined, notes)
-
+        cluster_exists = hook.get_cluster(config.cluster_name) is not None
+        me = Holder.of(run, now_text())
         store = cluster_lease(config)
-        change = store.change(decide)
+        change = store.change(lambda lease: join_cluster(lease, me, lambda r: dag_run_state(ti, r), cluster_exists))
         for note in change.notes:
             self.log.warning("%s (%s)", note, store.uri)
         if change.result is None:  # the lease is closing
@@ -190,7 +157,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         config, run = self.scope.config, self.scope.run
         shared = cluster.resource_labels.get(GKE_LABEL_SHARED) == "true"
         if config.shares_cluster and not shared:
-            cluster_lease(config).change(lambda lease: LeaseChange(lease.without(run.key)))
+            cluster_lease(config).change(lambda lease: drop_holder(lease, run.key))
             raise AirflowFailException(
                 f"cluster_name: cluster {config.cluster_name} exists and is not a shared cluster (it is another "
                 "run's, or not this package's); fix: use another cluster_name, or cluster_mode 'existing' to use "
@@ -199,7 +166,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         if config.shares_cluster:
             recorded, mine = gke.cluster_lease_uri(cluster.description), gke.shared_lease_uri(config)
             if recorded and recorded != mine:
-                cluster_lease(config).change(lambda lease: LeaseChange(lease.without(run.key)))
+                cluster_lease(config).change(lambda lease: drop_holder(lease, run.key))
                 raise AirflowFailException(
                     f"gcs_bucket: shared cluster {config.cluster_name} keeps its lease at {recorded}, and this run's "
                     f"would be {mine}: its runs could not see this one and would delete the cluster under it; fix: "
@@ -226,23 +193,18 @@ class ClusterReadySensor(RunScoped, BaseSensorOperator):
     """Waits until the cluster is RUNNING (even one that already existed) and its API answers."""
 
     def poke(self, context: Any) -> bool:
-        from google.api_core.exceptions import NotFound
-
-        config = self.bind_scope(context).config
+        scope = self.bind_scope(context)
+        config = scope.config
         if config.kubernetes_conn_id:
-            from kubernetes.client import VersionApi
-
-            version = VersionApi(kubernetes_hook_for(config).api_client).get_code()
-            self.log.info("Cluster behind connection '%s' answers: Kubernetes %s", config.kubernetes_conn_id,
-                          version.git_version)
+            version = JobSetHook(scope.cluster_target).server_version()
+            self.log.info("Cluster behind connection '%s' answers: Kubernetes %s", config.kubernetes_conn_id, version)
             return True
-        try:
-            cluster = _cluster_hook(config).get_cluster(name=config.cluster_name, project_id=config.project)
-        except NotFound:
+        cluster = gke_api(config).get_cluster(config.cluster_name)
+        if cluster is None:
             raise AirflowFailException(
                 f"cluster_name: no cluster '{config.cluster_name}' in {config.project}/{config.region}; fix: "
                 "set cluster_mode to 'create', or name an existing cluster."
-            ) from None
+            )
         status = cluster.status.name
         if status in ("ERROR", "DEGRADED", "STOPPING"):
             raise AirflowFailException(f"Cluster {config.cluster_name} is {status}: {cluster.status_message}")
@@ -288,9 +250,9 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
-        client = _cluster_hook(config).get_cluster_manager_client()
+        hook = gke_api(config)
         in_flight = [(operation, pool) for index in range(config.cluster_nodepool_count)
-                     for operation, pool in [self._advance_pool(client, config, gke.tpu_node_pool(config, run, index))]
+                     for operation, pool in [self._advance_pool(hook, config, gke.tpu_node_pool(config, run, index))]
                      if operation]
         if not in_flight:
             self.log.info("The run's %d TPU node pool(s) are RUNNING", config.cluster_nodepool_count)
@@ -310,33 +272,29 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             kwargs={"next_step": 0, "capacity_deadline": capacity_deadline},
         )
 
-    def _advance_pool(self, client: Any, config: RunConfig, body: dict[str, Any]) -> tuple[str | None, str]:
+    def _advance_pool(self, hook: GkeApiHook, config: RunConfig, body: dict[str, Any]) -> tuple[str | None, str]:
         """Moves one pool towards RUNNING: (the operation to wait for, or None when it is RUNNING; its name)."""
-        from google.api_core.exceptions import AlreadyExists, GoogleAPICallError
-        from google.cloud.container_v1 import NodePool
+        from google.api_core.exceptions import GoogleAPICallError
 
-        name = body["name"]
-        path = f"{gke.cluster_path(config)}/nodePools/{name}"
+        name, cluster = body["name"], config.cluster_name
         try:
-            operation = client.create_node_pool(parent=gke.cluster_path(config),
-                                                node_pool=NodePool.from_json(json.dumps(body)))
-            self.log.info("Creating node pool %s (%s, %s: %s)", name, config.compute_type, config.capacity_type,
-                          gke.capacity_fields(config))
-            return operation.name, name
-        except AlreadyExists:
-            pass
+            operation = hook.create_node_pool(cluster, body)
         except GoogleAPICallError as refused:  # GKE refuses a create beyond quota at once (403)
             if gke.is_quota_error(str(refused.message)):
                 raise AirflowFailException(f"GKE refused TPU node pool {name}: {refused.message}; "
                                            f"{gke.quota_hint(config)}") from None
             raise
-        pool = client.get_node_pool(name=path)
+        if operation is not None:
+            self.log.info("Creating node pool %s (%s, %s: %s)", name, config.compute_type, config.capacity_type,
+                          gke.capacity_fields(config))
+            return operation, name
+        pool = hook.get_node_pool(cluster, name)
         status = pool.status.name
         if status == "RUNNING":
             self.log.info("Node pool %s already exists and is RUNNING: adopting it", name)
             return None, name
         if status in ("PROVISIONING", "RECONCILING", "STOPPING"):
-            operation = self._running_operation(client, config, name)
+            operation = hook.running_operation(cluster, name)
             if operation is None:
                 raise AirflowException(f"Node pool {name} is {status} and GKE lists no operation on it; try again")
             self.log.info("Node pool %s is %s: waiting for GKE's operation %s (%s)", name, status, operation.name,
@@ -345,7 +303,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         # RUNNING_WITH_ERROR (partly created, as after a stockout) or ERROR: it would never have all its hosts.
         self.log.warning("Node pool %s is %s (%s): deleting it to create it again", name, status,
                          "; ".join(c.message for c in pool.conditions) or pool.status_message)
-        return client.delete_node_pool(name=path).name, name
+        deleting = hook.delete_node_pool(cluster, name)
+        return (deleting, name) if deleting else self._advance_pool(hook, config, body)  # gone meanwhile: create
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         if event["status"] == "quota":
@@ -437,27 +396,30 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         the capacity back and records the slices' TPU time. A pool GKE is still creating (its create held for
         capacity after a timeout) cannot be deleted yet: its create is waited for, deferred. ``step`` is read
         by nothing: every pass looks at all the pools."""
-        from google.api_core.exceptions import FailedPrecondition, NotFound
+        from google.api_core.exceptions import FailedPrecondition
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
-        client = _cluster_hook(config).get_cluster_manager_client()
+        hook = gke_api(config)
         in_flight = []
         for index in range(config.cluster_nodepool_count):
             pool = run.tpu_pool_name(index)
-            name = f"{gke.cluster_path(config)}/nodePools/{pool}"
+            name = hook.pool_path(config.cluster_name, pool)
             try:
-                in_flight.append(client.delete_node_pool(name=name).name)
-                self.log.info("Deleting node pool %s", name)
-            except NotFound:
-                self.log.info("Node pool %s does not exist (any more): nothing to delete", name)
+                operation = hook.delete_node_pool(config.cluster_name, pool)
             except FailedPrecondition as refused:
-                blocking = self._running_operation(client, config, pool)
+                blocking = hook.running_operation(config.cluster_name, pool)
                 if blocking is None:
                     raise
                 self.log.info("GKE refuses to delete node pool %s while operation %s (%s) runs (%s): waiting for it",
                               pool, blocking.name, blocking.operation_type.name, refused.message)
                 in_flight.append(blocking.name)
+                continue
+            if operation is None:
+                self.log.info("Node pool %s does not exist (any more): nothing to delete", name)
+            else:
+                self.log.info("Deleting node pool %s", name)
+                in_flight.append(operation)
         if in_flight:
             self._await(config, in_flight[0], next_step=0)
         release_capacity(config, run, self.log)
@@ -477,9 +439,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         config, run = self.scope.config, self.scope.run
         pools = [run.tpu_pool_name(i) for i in range(config.cluster_nodepool_count)]
         try:
-            listed = _cluster_hook(config).get_cluster_manager_client().list_operations(
-                parent=gke.cluster_parent(config)
-            ).operations
+            listed = gke_api(config).list_operations()
         except Exception as error:
             self.log.warning("Could not list GKE's operations to count the slices' TPU time: %s", error)
             return
@@ -501,8 +461,6 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
     run's token Secret instead. GKE refuses deletes while another operation runs: retries handle that."""
 
     def execute(self, context: Any) -> None:
-        from google.api_core.exceptions import NotFound
-
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         if not config.creates_cluster:
@@ -514,10 +472,9 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if config.keep_cluster:
             self.log.warning("keep_cluster is set: cluster %s stays up and keeps costing money", config.cluster_name)
             return
-        hook = _cluster_hook(config)
-        try:
-            cluster = hook.get_cluster(name=config.cluster_name, project_id=config.project)
-        except NotFound:
+        hook = gke_api(config)
+        cluster = hook.get_cluster(config.cluster_name)
+        if cluster is None:
             self.log.info("Cluster %s does not exist: nothing to delete", config.cluster_name)
             return
         owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY)
@@ -530,10 +487,10 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
                 config.cluster_name, owner, run.key,
             )
             return
-        operation = hook.delete_cluster(name=config.cluster_name, project_id=config.project, wait_to_complete=False)
+        operation = hook.delete_cluster(config.cluster_name)
         if operation is not None:
-            self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation.name)
-            self._await(config, operation.name)
+            self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation)
+            self._await(config, operation)
 
     def _leave_lease(self, context: Any, closing: bool) -> bool:
         """Leaves the shared cluster's lease; True when no live run holds it any more. With ``closing`` this
@@ -541,24 +498,15 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         joining now waits for the delete; without it (keep_cluster) the cluster stays, free to join."""
         config, run, ti = self.scope.config, self.scope.run, context["ti"]
         me = Holder.of(run, now_text())
-
-        def decide(lease: Lease) -> LeaseChange:
-            retrying_delete = lease.closing and (lease.closer is None or lease.closer.key == run.key)
-            if not lease.find(run.key) and not retrying_delete:
-                return LeaseChange(None, lease.holders or ("nobody: this run does not hold it",))
-            lease, expired = lease.expire(lambda r: dag_run_state(ti, r), keep=run.key)
-            lease = lease.without(run.key)
-            if lease.holders:
-                return LeaseChange(lease, lease.holders, expired_note(expired))
-            return LeaseChange(lease.closed_by(me) if closing else lease, (), expired_note(expired))
-
         store = cluster_lease(config)
-        change = store.change(decide)
+        change = store.change(lambda lease: leave_cluster(lease, me, lambda r: dag_run_state(ti, r), closing))
         for note in change.notes:
             self.log.warning("%s (%s)", note, store.uri)
-        if change.result:
+        leaving = change.result
+        if not leaving.last:
+            users = "; ".join(h.describe() for h in leaving.still_used_by)
             self.log.info("Shared cluster %s stays: still used by %s", config.cluster_name,
-                          "; ".join(h if isinstance(h, str) else h.describe() for h in change.result))
+                          users if leaving.held else f"{users or 'nobody'}: this run does not hold it")
             return False
         self.log.info("This run is the last of shared cluster %s's lease (%s)%s", config.cluster_name, store.uri,
                       ": deleting the cluster" if closing else "")

@@ -17,7 +17,8 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 
 from tpu_rl.compat import AirflowException
-from tpu_rl.leases import Holder, Lease, LeaseChange, lease_object
+from tpu_rl.hooks import gcs
+from tpu_rl.leases import Holder, Lease, LeaseChange, drop_holder, lease_object, take_capacity
 from tpu_rl.reaper import MISSING
 from tpu_rl.run import RunIdentity
 from tpu_rl.run_scope import RunScoped
@@ -43,55 +44,34 @@ class LeaseStore:
     change it at once, one writes and the other reads again and decides again."""
 
     def __init__(self, client: Any, bucket: str, name: str) -> None:
-        self.client, self.bucket, self.name = client, bucket, name
+        self.object = gcs.GcsJsonObject(client, bucket, name)
 
     @property
     def uri(self) -> str:
-        return f"gs://{self.bucket}/{self.name}"
+        return self.object.uri
 
     def read(self) -> tuple[Lease, int]:
         """The lease and its generation (0: no document yet)."""
-        from google.api_core.exceptions import NotFound
-
-        blob = self.client.bucket(self.bucket).get_blob(self.name)
-        if blob is None:
-            return Lease(), 0
-        try:
-            return Lease.parse(blob.download_as_bytes(if_generation_match=blob.generation)), int(blob.generation)
-        except NotFound:
-            return Lease(), 0
+        stored = self.object.read()
+        return (Lease(), 0) if stored is None else (Lease.parse(stored.data), stored.generation)
 
     def change(self, decide: Callable[[Lease], LeaseChange]) -> LeaseChange:
-        from google.api_core.exceptions import NotFound, PreconditionFailed
-
         for _ in range(LEASE_WRITE_ATTEMPTS):
             lease, generation = self.read()
             change = decide(lease)
-            if change.lease is None or change.lease == lease:
+            if change.lease is None or change.lease == lease or self.object.write(change.lease.dump(), generation):
                 return change
-            try:
-                self.client.bucket(self.bucket).blob(self.name).upload_from_string(
-                    change.lease.dump(), content_type="application/json", if_generation_match=generation
-                )
-                return change
-            except (PreconditionFailed, NotFound):
-                continue  # another run changed it first: decide again on what it wrote
+            # another run changed it first: decide again on what it wrote
         raise AirflowException(f"{self.uri} keeps changing: could not update it")
 
 
 def lease_store(config: Any, name: str) -> LeaseStore:
     """The lease object ``name`` in the run's bucket."""
-    from tpu_rl.hooks import gcs
-
     return LeaseStore(gcs.storage_client(config.gcp_conn_id), config.gcs_bucket, name)
 
 
 def capacity_store(config: Any) -> LeaseStore:
     return lease_store(config, lease_object("capacity", config.capacity_group))
-
-
-def expired_note(expired: list[Holder]) -> list[str]:
-    return [f"lease of {h.describe()} expired: its run has ended or is gone" for h in expired]
 
 
 class WaitForTpuCapacitySensor(RunScoped, BaseSensorOperator):
@@ -107,23 +87,16 @@ class WaitForTpuCapacitySensor(RunScoped, BaseSensorOperator):
             return True
         ti = context["ti"]
         me = Holder.of(run, now_text(), config.cluster_nodepool_count)
-
-        def decide(lease: Lease) -> LeaseChange:
-            lease, expired = lease.expire(lambda r: dag_run_state(ti, r), keep=run.key)
-            admitted = lease.admit(me, config.capacity_slices)
-            if admitted is None:
-                return LeaseChange(lease if expired else None, lease, expired_note(expired))
-            return LeaseChange(admitted, None, expired_note(expired))
-
         store = capacity_store(config)
-        change = store.change(decide)
+        change = store.change(
+            lambda lease: take_capacity(lease, me, config.capacity_slices, lambda r: dag_run_state(ti, r)))
         for note in change.notes:
             self.log.warning("%s (%s)", note, store.uri)
-        if change.result is None:
+        if change.result.taken:
             self.log.info("Holding %d of the %d slice(s) of capacity group '%s' (%s)", me.slices,
                           config.capacity_slices, config.capacity_group, store.uri)
             return True
-        held: Lease = change.result
+        held = change.result.lease
         self.log.info(
             "Waiting for TPU capacity: group '%s' has %d slice(s), %d held by %s; this run needs %d",
             config.capacity_group, config.capacity_slices, held.slices,
@@ -137,7 +110,7 @@ def release_capacity(config: Any, run: RunIdentity, log: Any) -> None:
     if not config.capacity_limited:
         return
     store = capacity_store(config)
-    change = store.change(lambda lease: LeaseChange(lease.without(run.key), lease.find(run.key)))
+    change = store.change(lambda lease: drop_holder(lease, run.key))
     if change.result is not None:
         log.info("Gave back %d slice(s) to capacity group '%s' (%s)", change.result.slices, config.capacity_group,
                  store.uri)

@@ -20,6 +20,7 @@ from airflow.sdk import BaseOperator
 from tpu_rl import gke
 from tpu_rl import reaper as rp
 from tpu_rl.compat import AirflowFailException
+from tpu_rl.hooks.gke import GkeApiHook
 from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
 from tpu_rl.operators.leases import dag_run_state
 from tpu_rl.run import RunIdentity
@@ -101,16 +102,12 @@ class ReapOrphanedResourcesOperator(BaseOperator):
 
     def _gke_resources(self, project: str, location: str, gcp_conn_id: str):
         """This package's clusters and node pools in one location; the clusters whose Kubernetes API to read."""
-        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
-
-        client = GKEHook(gcp_conn_id=gcp_conn_id, location=location).get_cluster_manager_client()
-        parent = f"projects/{project}/locations/{location}"
+        hook = GkeApiHook(gcp_conn_id, project, location)
         # A node pool has no creation time of its own: its create operation's start.
         pool_created = {gke.operation_target(op.target_link): op.start_time
-                        for op in client.list_operations(parent=parent).operations
-                        if op.operation_type.name == "CREATE_NODE_POOL"}
+                        for op in hook.list_operations() if op.operation_type.name == "CREATE_NODE_POOL"}
         found, reachable = [], {}
-        for cluster in client.list_clusters(parent=parent).clusters:
+        for cluster in hook.list_clusters():
             base = {"project": project, "location": location}
             owner = gke.cluster_owner(cluster.description)
             tpu_pools = []
@@ -192,8 +189,6 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     # --- deletion -------------------------------------------------------------------------------------
     def _delete(self, decisions: list[rp.Decision], targets: dict, gcp_conn_id: str) -> list[rp.Decision]:
         """Kubernetes objects first, then pools of clusters that stay, then clusters (their pools go with them)."""
-        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
-
         reaped_clusters = {(d.resource.project, d.resource.location, d.resource.name)
                            for d in decisions if d.reap and d.resource.kind == rp.CLUSTER}
         order = {rp.JOBSET: 0, rp.SECRET: 1, rp.NODE_POOL: 2, rp.CLUSTER: 3}
@@ -213,11 +208,9 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 elif r.kind == rp.SECRET:
                     JobSetHook(targets[(r.project, r.location, r.cluster)]).delete_secret(r.name, r.namespace)
                 elif r.kind == rp.NODE_POOL:
-                    GKEHook(gcp_conn_id=gcp_conn_id, location=r.location).get_cluster_manager_client() \
-                        .delete_node_pool(name=r.path)
+                    GkeApiHook(gcp_conn_id, r.project, r.location).delete_node_pool(r.cluster, r.name)
                 else:
-                    GKEHook(gcp_conn_id=gcp_conn_id, location=r.location).delete_cluster(
-                        name=r.name, project_id=r.project, wait_to_complete=False)
+                    GkeApiHook(gcp_conn_id, r.project, r.location).delete_cluster(r.name)
             except Exception as e:  # noqa: BLE001 - the next reaper run tries again; the report says why
                 self.log.warning("Could not delete %s %s: %s", r.kind, r.path, str(e)[:300])
                 result.append(dataclasses.replace(d, reason=f"{d.reason}; delete failed: {str(e)[:120]}"))

@@ -13,7 +13,6 @@ from tpu_rl import __version__
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError
 from tpu_rl.config_rules import conversion_fit_problems
-from tpu_rl.hooks.cluster import kubernetes_hook_for
 from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
 from tpu_rl.machines import quantity_cpu, quantity_gib
@@ -190,21 +189,13 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
                 f"node-pools create ... --disk-size {config.cpu_pool_disk_gb}), or name another pool")
 
     def _check_local_queue(self, hook: Any, config: Any) -> None:
-        from kubernetes.client import CustomObjectsApi
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            CustomObjectsApi(hook.kube_hook.get_conn()).get_namespaced_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, config.namespace, KUEUE_LOCALQUEUES, config.kueue_queue_name
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        if not hook.has_custom_object(KUEUE_GROUP, KUEUE_VERSION, KUEUE_LOCALQUEUES, config.kueue_queue_name,
+                                      config.namespace):
             raise AirflowFailException(
                 f"kueue_queue_name: no Kueue LocalQueue '{config.kueue_queue_name}' in namespace "
                 f"'{config.namespace}'; fix: install Kueue with a ClusterQueue covering {TPU_RESOURCE}, cpu and "
                 "memory and create the LocalQueue, or clear kueue_queue_name."
-            ) from None
+            )
 
 
 class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
@@ -214,8 +205,6 @@ class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
 
     def execute(self, context: Any) -> None:
         from airflow.sdk import BaseHook
-        from kubernetes.client import CoreV1Api
-        from kubernetes.client.exceptions import ApiException
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
@@ -226,21 +215,11 @@ class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
                 "Hugging Face token in the connection's password field."
             )
         secret = hf_token_secret(config, run, token)
-        core = CoreV1Api(kubernetes_hook_for(config).api_client)
+        hook = JobSetHook(scope.cluster_target)
         account = workload_service_account(config)
-        try:
-            core.create_namespaced_service_account(config.namespace, account)
+        if hook.create_service_account(account, config.namespace):
             self.log.info("Created ServiceAccount %s/%s for the workloads", config.namespace,
                           account["metadata"]["name"])
-        except ApiException as error:
-            if error.status != 409:  # it exists: shared by the runs of the namespace
-                raise
-        name = secret["metadata"]["name"]
-        try:
-            core.create_namespaced_secret(config.namespace, secret)
-            self.log.info("Created Secret %s/%s from connection '%s'", config.namespace, name, config.hf_token_conn_id)
-        except ApiException as error:
-            if error.status != 409:
-                raise
-            core.replace_namespaced_secret(name, config.namespace, secret)
-            self.log.info("Updated Secret %s/%s from connection '%s'", config.namespace, name, config.hf_token_conn_id)
+        created = hook.put_secret(secret, config.namespace)
+        self.log.info("%s Secret %s/%s from connection '%s'", "Created" if created else "Updated", config.namespace,
+                      secret["metadata"]["name"], config.hf_token_conn_id)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from tpu_rl.checkpoints import training_record_changes
-from tpu_rl.compat import AirflowFailException
+from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.hooks import gcs
 from tpu_rl.preemption import PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
@@ -44,7 +44,7 @@ def check_training_record(
     uri = f"gs://{bucket}/{record_object}"
     current = json.loads(json.dumps(dict(parameters)))  # As it reads back from JSON.
     client = gcs.storage_client(gcp_conn_id, impersonation_chain)
-    created, stored = gcs.read_or_create_json(client, bucket, record_object, {"parameters": current})
+    created, stored = gcs.GcsJsonObject(client, bucket, record_object).read_or_create({"parameters": current})
     if created:
         log.info("Recorded the run's training parameters in %s", uri)
         return uri
@@ -60,7 +60,7 @@ def check_training_record(
 
 def recorded_preemptions(client: Any, bucket: str, record_object: str) -> list[PreemptionRecord]:
     """The preemptions the run's record holds (none in a record written before preemptions were counted)."""
-    document = json.loads(client.bucket(bucket).blob(record_object).download_as_bytes())
+    document = _read_record(client, bucket, record_object)
     return [PreemptionRecord.from_json(entry) for entry in document.get(PREEMPTIONS_KEY, [])]
 
 
@@ -71,14 +71,14 @@ def record_preemption(client: Any, bucket: str, record_object: str, record: Pree
         document.setdefault(PREEMPTIONS_KEY, []).append(record.to_json())
         return document
 
-    document = gcs.update_json(client, bucket, record_object, add)
+    document = gcs.GcsJsonObject(client, bucket, record_object).update(add)
     return [PreemptionRecord.from_json(entry) for entry in document[PREEMPTIONS_KEY]]
 
 
 def record_baseline(client: Any, bucket: str, record_object: str, before: Mapping[str, Any] | None) -> dict | None:
     """The run's evaluation before training: the one recorded, else ``before`` (an attempt's ``Pre`` figures),
     which is then recorded. None while no attempt has logged one."""
-    stored = json.loads(client.bucket(bucket).blob(record_object).download_as_bytes()).get(BASELINE_KEY)
+    stored = _read_record(client, bucket, record_object).get(BASELINE_KEY)
     if stored or not before:
         return stored
 
@@ -86,7 +86,14 @@ def record_baseline(client: Any, bucket: str, record_object: str, before: Mappin
         document.setdefault(BASELINE_KEY, dict(before))
         return document
 
-    return gcs.update_json(client, bucket, record_object, add)[BASELINE_KEY]
+    return gcs.GcsJsonObject(client, bucket, record_object).update(add)[BASELINE_KEY]
+
+
+def _read_record(client: Any, bucket: str, record_object: str) -> dict:
+    stored = gcs.GcsJsonObject(client, bucket, record_object).read()
+    if stored is None:
+        raise AirflowException(f"gs://{bucket}/{record_object}: the run's training record is missing")
+    return stored.document()
 
 
 class TrainingRecordCheckOperator(BaseOperator):

@@ -190,7 +190,7 @@ class HfToMaxTextOperator(RunJobSetOperator):
                 scope.config.gcs_bucket,
                 scope.layout.converted_step_prefix,
                 items=self.items,
-                lock_object=self.lock.name,
+                lock_object=self.lock.object.name,
                 holder=holder,
                 stale_after=self.stale_after,
                 deadline=deadline,

@@ -21,7 +21,7 @@ from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperati
 from airflow.triggers.base import TriggerEvent
 
 from tpu_rl.gke import capacity_wait_reason, quota_reason
-from tpu_rl.hooks.cluster import node_pool_conditions
+from tpu_rl.hooks.gke import node_pool_conditions
 
 #: The log says at most this often that the pool still waits for capacity.
 CAPACITY_LOG_SECONDS = 60
@@ -80,8 +80,11 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
                               "35 minutes before it fails the create with GCE_STOCKOUT)")
                 if reason is not None:
                     if time.time() >= self.capacity_deadline:
-                        yield TriggerEvent({"status": "capacity_timeout", "operation_name": operation.name,
-                                            "node_pool": pool, "message": reason})
+                        # GKE may have ended the create between the two reads: its error then says why
+                        ended = await hook.get_operation(operation_name=self.operation_name, project_id=self.project_id)
+                        status = "success" if ended.status == Operation.Status.DONE else "capacity_timeout"
+                        yield TriggerEvent({"status": status, "operation_name": operation.name,
+                                            **({"node_pool": pool, "message": reason} if status != "success" else {})})
                         return
                     if logged_at is None or time.monotonic() - logged_at >= CAPACITY_LOG_SECONDS:
                         until = datetime.fromtimestamp(self.capacity_deadline, UTC)
