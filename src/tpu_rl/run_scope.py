@@ -72,6 +72,14 @@ class RunScope:
         return ClusterTarget.for_run(self.config)
 
     @cached_property
+    def storage(self) -> Any:
+        """The run's ``google.cloud.storage.Client`` (one per task execution), for the JSON objects, lock and
+        folder moves of ``hooks/gcs.py``."""
+        from tpu_rl.hooks.gcs import storage_client
+
+        return storage_client(self.config.gcp_conn_id)
+
+    @cached_property
     def training_record(self) -> dict[str, Any]:
         return training_record(self.config)
 

@@ -555,9 +555,9 @@ def test_teardown_deletes_the_cluster_this_run_created_and_its_control_plane(gke
 def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_delete_is_taken_over(gke, capsys):
     """keep_cluster in shared mode leaves the lease open; a last run that left to delete the cluster and ended
     without deleting it (its delete kept failing) does not hold the next run back for ever."""
-    from tpu_rl.config import RunConfig
     from tpu_rl.hooks.gcs import storage_client
     from tpu_rl.leases import Holder, leave_cluster
+    from tpu_rl.run_scope import RunScope
 
     first = Run(cluster_mode="shared", keep_cluster=True)
     name = first.params["cluster_name"]
@@ -573,7 +573,7 @@ def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_del
         assert "Joined the lease of shared cluster" in capsys.readouterr().out
 
         # The second run left to delete the cluster; its delete never happened and its run is still going.
-        store = cluster_ops.cluster_lease(RunConfig.from_params(second.params))
+        store = cluster_ops.cluster_lease(RunScope.of(second.context()))
         leaving = Holder.of(second.identity, "2026-12-01T00:00:00+00:00")
         store.change(lambda lease: leave_cluster(lease, leaving, lambda run: "running", closing=True))
         third = Run(cluster_name=name, cluster_mode="shared")

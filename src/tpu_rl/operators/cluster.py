@@ -22,7 +22,7 @@ from tpu_rl.hooks.jobset import JobSetHook
 from tpu_rl.leases import Holder, cluster_lease_object, drop_holder, holder_has_ended, join_cluster, leave_cluster
 from tpu_rl.operators.leases import dag_run_state, lease_store, now_text, release_capacity
 from tpu_rl.run import RunIdentity
-from tpu_rl.run_scope import RunScoped
+from tpu_rl.run_scope import RunScope, RunScoped
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
 OPERATION_POLL_SECONDS = 10
@@ -90,9 +90,10 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) failed: {message}")
 
 
-def cluster_lease(config: RunConfig):
+def cluster_lease(scope: RunScope):
     """The lease of a shared cluster, in the run's bucket: runs that share a cluster share its bucket."""
-    return lease_store(config, cluster_lease_object(config.project, config.region, config.cluster_name))
+    config = scope.config
+    return lease_store(scope, cluster_lease_object(config.project, config.region, config.cluster_name))
 
 
 class CreateClusterOperator(_AwaitsGkeOperations):
@@ -139,7 +140,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         config, run, ti = self.scope.config, self.scope.run, context["ti"]
         cluster_exists = hook.get_cluster(config.cluster_name) is not None
         me = Holder.of(run, now_text())
-        store = cluster_lease(config)
+        store = cluster_lease(self.scope)
         change = store.change(lambda lease: join_cluster(lease, me, lambda r: dag_run_state(ti, r), cluster_exists))
         for note in change.notes:
             self.log.warning("%s (%s)", note, store.uri)
@@ -157,7 +158,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         config, run = self.scope.config, self.scope.run
         shared = cluster.resource_labels.get(GKE_LABEL_SHARED) == "true"
         if config.shares_cluster and not shared:
-            cluster_lease(config).change(lambda lease: drop_holder(lease, run.key))
+            cluster_lease(self.scope).change(lambda lease: drop_holder(lease, run.key))
             raise AirflowFailException(
                 f"cluster_name: cluster {config.cluster_name} exists and is not a shared cluster (it is another "
                 "run's, or not this package's); fix: use another cluster_name, or cluster_mode 'existing' to use "
@@ -166,7 +167,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         if config.shares_cluster:
             recorded, mine = gke.cluster_lease_uri(cluster.description), gke.shared_lease_uri(config)
             if recorded and recorded != mine:
-                cluster_lease(config).change(lambda lease: drop_holder(lease, run.key))
+                cluster_lease(self.scope).change(lambda lease: drop_holder(lease, run.key))
                 raise AirflowFailException(
                     f"gcs_bucket: shared cluster {config.cluster_name} keeps its lease at {recorded}, and this run's "
                     f"would be {mine}: its runs could not see this one and would delete the cluster under it; fix: "
@@ -422,7 +423,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
                 in_flight.append(operation)
         if in_flight:
             self._await(config, in_flight[0], next_step=0)
-        release_capacity(config, run, self.log)
+        release_capacity(scope, self.log)
         self._record_slice_times(context)
 
     def operation_failed(self, context: Any, operation: Any, message: str, next_step: int | None, **wait: Any) -> None:
@@ -498,7 +499,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         joining now waits for the delete; without it (keep_cluster) the cluster stays, free to join."""
         config, run, ti = self.scope.config, self.scope.run, context["ti"]
         me = Holder.of(run, now_text())
-        store = cluster_lease(config)
+        store = cluster_lease(self.scope)
         change = store.change(lambda lease: leave_cluster(lease, me, lambda r: dag_run_state(ti, r), closing))
         for note in change.notes:
             self.log.warning("%s (%s)", note, store.uri)

@@ -21,7 +21,7 @@ from tpu_rl.hooks import gcs
 from tpu_rl.leases import Holder, Lease, LeaseChange, drop_holder, lease_object, take_capacity
 from tpu_rl.reaper import MISSING
 from tpu_rl.run import RunIdentity
-from tpu_rl.run_scope import RunScoped
+from tpu_rl.run_scope import RunScope, RunScoped
 
 #: Read-modify-write attempts before giving up on a lease that keeps changing under us.
 LEASE_WRITE_ATTEMPTS = 20
@@ -65,13 +65,13 @@ class LeaseStore:
         raise AirflowException(f"{self.uri} keeps changing: could not update it")
 
 
-def lease_store(config: Any, name: str) -> LeaseStore:
+def lease_store(scope: RunScope, name: str) -> LeaseStore:
     """The lease object ``name`` in the run's bucket."""
-    return LeaseStore(gcs.storage_client(config.gcp_conn_id), config.gcs_bucket, name)
+    return LeaseStore(scope.storage, scope.config.gcs_bucket, name)
 
 
-def capacity_store(config: Any) -> LeaseStore:
-    return lease_store(config, lease_object("capacity", config.capacity_group))
+def capacity_store(scope: RunScope) -> LeaseStore:
+    return lease_store(scope, lease_object("capacity", scope.config.capacity_group))
 
 
 class WaitForTpuCapacitySensor(RunScoped, BaseSensorOperator):
@@ -87,7 +87,7 @@ class WaitForTpuCapacitySensor(RunScoped, BaseSensorOperator):
             return True
         ti = context["ti"]
         me = Holder.of(run, now_text(), config.cluster_nodepool_count)
-        store = capacity_store(config)
+        store = capacity_store(scope)
         change = store.change(
             lambda lease: take_capacity(lease, me, config.capacity_slices, lambda r: dag_run_state(ti, r)))
         for note in change.notes:
@@ -105,11 +105,12 @@ class WaitForTpuCapacitySensor(RunScoped, BaseSensorOperator):
         return False
 
 
-def release_capacity(config: Any, run: RunIdentity, log: Any) -> None:
+def release_capacity(scope: RunScope, log: Any) -> None:
     """Gives the run's slices back to its capacity group (after its node pools are deleted)."""
+    config, run = scope.config, scope.run
     if not config.capacity_limited:
         return
-    store = capacity_store(config)
+    store = capacity_store(scope)
     change = store.change(lambda lease: drop_holder(lease, run.key))
     if change.result is not None:
         log.info("Gave back %d slice(s) to capacity group '%s' (%s)", change.result.slices, config.capacity_group,

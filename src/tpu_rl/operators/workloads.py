@@ -27,7 +27,6 @@ from tpu_rl.hooks.gcs import (
     move_folder,
     orbax_step_verdict,
     parse_not_before,
-    storage_client,
     training_state,
 )
 from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
@@ -115,10 +114,8 @@ class HfToMaxTextOperator(RunJobSetOperator):
         scope = self.scope
         owner = {"dag_id": scope.run.dag_id, "run_id": scope.run.run_id, "task_id": scope.task_id,
                  "try_number": scope.try_number}
-        return GcsLock(
-            storage_client(scope.config.gcp_conn_id), scope.config.gcs_bucket, scope.layout.conversion_lock_object,
-            owner, self.stale_after, self.log,
-        )
+        return GcsLock(scope.storage, scope.config.gcs_bucket, scope.layout.conversion_lock_object, owner,
+                       self.stale_after, self.log)
 
     def _step(self) -> tuple[str, Any]:
         config = self.scope.config
@@ -284,7 +281,7 @@ class TrainRlOperator(RunJobSetOperator):
         if evaluation and restored:
             evaluation = Evaluation(before=None, after=evaluation.after)
         try:
-            recorded = record_baseline(storage_client(config.gcp_conn_id), config.gcs_bucket,
+            recorded = record_baseline(self.scope.storage, config.gcs_bucket,
                                        layout.training_record_object, asdict(before) if before else None)
         except Exception as error:  # The figures inform the gate: without the record, the attempt's own.
             self.log.warning("Could not keep the evaluation before training in the run's record: %s", error)
@@ -317,7 +314,7 @@ class TrainRlOperator(RunJobSetOperator):
         once the run's budget is spent). A training preempted after its final save (during the evaluation after
         training, say) is complete: resubmitting it would reload the model and evaluate twice for nothing."""
         scope, config = self.scope, self.scope.config
-        layout, client = scope.layout, storage_client(config.gcp_conn_id)
+        layout, client = scope.layout, scope.storage
         state = GcsReadHook(config.gcp_conn_id).run_now(
             config.gcs_bucket,
             lambda reader: training_state(reader, layout.actor_checkpoints_prefix, layout.tensorboard_prefix,
@@ -382,9 +379,8 @@ class TrainRlOperator(RunJobSetOperator):
         config = self.scope.config
         if records is None:
             try:
-                records = recorded_preemptions(
-                    storage_client(config.gcp_conn_id), config.gcs_bucket, self.scope.layout.training_record_object
-                )
+                records = recorded_preemptions(self.scope.storage, config.gcs_bucket,
+                                               self.scope.layout.training_record_object)
             except Exception as error:  # The accounting informs; it never decides the task's outcome.
                 self.log.warning("Could not read the run's preemptions from its training record: %s", error)
                 return
