@@ -42,27 +42,26 @@ TRIGGER_CLUSTER = {"project_id": "p", "location": "us-east5", "cluster_name": "c
            "cluster_url": "https://gke-1.us-east5.gke.goog", "ssl_ca_cert": None}
 
 
-def trigger_samples() -> dict[type, object]:
-    """One instance of every trigger the package defers on, built as its operator builds it."""
+def trigger_samples() -> list:
+    """One instance of every trigger the package defers on, with every kind of output check, built as its
+    operator builds it."""
     from tpu_rl import __version__
-    from tpu_rl.triggers.checkpoints import (
-        ConversionLockTrigger,
-        FinalTrainingCheckpointTrigger,
-        HfExportCompleteTrigger,
-        OrbaxStepCompleteTrigger,
-    )
+    from tpu_rl.output_checks import ConversionLockWait, FinalTrainingStep, HfExport, OrbaxStep
+    from tpu_rl.triggers.checkpoints import GcsOutputTrigger
     from tpu_rl.triggers.gke import TpuPoolCreateTrigger
     from tpu_rl.triggers.jobset import JobSetTrigger
     from tpu_rl.triggers.triggerer import TriggererCheckTrigger
 
-    output = {"bucket": "b", "prefix": "m/max-text-format/x/0/", "deadline": 1.8e9}
-    instances = [
+    step = "m/max-text-format/x/0/"
+    checks = [
+        OrbaxStep(prefix=step),
+        ConversionLockWait(prefix=step, lock_object="m/lock", holder={"run_id": "r"}, stale_after=60.0),
+        FinalTrainingStep(prefix="m/rl/checkpoints/actor/", train_steps=50, checkpoint_period=10),
+        HfExport(prefix="m/hf/attempt-1/", not_before="2026-12-01T00:00:00+00:00"),
+    ]
+    return [
         TriggererCheckTrigger(sent_by=__version__),
-        OrbaxStepCompleteTrigger(**output, items=["items"]),
-        ConversionLockTrigger(**output, items=["items"], lock_object="m/lock", holder={"run_id": "r"},
-                              stale_after=60.0),
-        FinalTrainingCheckpointTrigger(**output, train_steps=50, checkpoint_period=10),
-        HfExportCompleteTrigger(**output, not_before="2026-12-01T00:00:00+00:00"),
+        *(GcsOutputTrigger("b", check, deadline=1.8e9) for check in checks),
         TpuPoolCreateTrigger(operation_name="operation-1", project_id="p", location="us-east5",
                              gcp_conn_id="google_cloud_default",
                              pool_path="projects/p/locations/us-east5/clusters/c/nodePools/tpu",
@@ -71,7 +70,6 @@ def trigger_samples() -> dict[type, object]:
                       log_container="pathways-head", cluster=TRIGGER_CLUSTER,
                       training={"bucket": "b", "prefix": "m/rl/tensorboard/", "train_steps": 50}),
     ]
-    return {type(instance): instance for instance in instances}
 
 
 #: Run by a fresh interpreter: imports each (classpath, kwargs) read from stdin as the triggerer does, and

@@ -20,8 +20,9 @@ from checkpoint_writers import put, write_hf_export, write_orbax_step
 
 from tpu_rl.operators.publish import PublishHfExportOperator
 from tpu_rl.operators.training_record import TrainingRecordCheckOperator
+from tpu_rl.output_checks import OrbaxStep
 from tpu_rl.sensors.checkpoints import FinalTrainingCheckpointSensor, HfExportSensor, OrbaxCheckpointSensor
-from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
+from tpu_rl.triggers.checkpoints import GcsOutputTrigger
 
 pytestmark = pytest.mark.checkpoints
 
@@ -98,8 +99,8 @@ async def test_empty_items_folder_proves_nothing(bucket):
 async def test_trigger_waits_until_the_commit_lands(bucket):
     """The trigger keeps polling an unfinished step and fires once Orbax writes its last marker."""
     write_orbax_step(bucket, f"{CONVERTED}0/", commit=False)
-    trigger = OrbaxStepCompleteTrigger(
-        bucket.name, f"{CONVERTED}0/", items=["items"], deadline=time.time() + 30, poll_interval=0.2
+    trigger = GcsOutputTrigger(
+        bucket.name, OrbaxStep(prefix=f"{CONVERTED}0/"), deadline=time.time() + 30, poll_interval=0.2
     )
     first_event = asyncio.ensure_future(anext(trigger.run()))
     await asyncio.sleep(0.6)

@@ -17,8 +17,9 @@ from conversion_fakes import InMemoryJobSets, jobset_event, layout, run_conf
 from tpu_rl.operators.jobset import XCOM_JOBSET
 from tpu_rl.operators.publish import PublishHfExportOperator
 from tpu_rl.operators.workloads import HfToMaxTextOperator
+from tpu_rl.output_checks import OrbaxStep
 from tpu_rl.sensors.checkpoints import HfExportSensor, OrbaxCheckpointSensor
-from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
+from tpu_rl.triggers.checkpoints import GcsOutputTrigger
 
 pytestmark = [pytest.mark.checkpoints, pytest.mark.usefixtures("metadata_db")]
 
@@ -50,8 +51,8 @@ class ConversionWithoutCluster(HfToMaxTextOperator):
 
     def _defer(self, context, jobset):
         self.defer(
-            trigger=OrbaxStepCompleteTrigger(
-                self.bucket_name, layout(self.bucket_name).converted_step_prefix, items=["items"],
+            trigger=GcsOutputTrigger(
+                self.bucket_name, OrbaxStep(prefix=layout(self.bucket_name).converted_step_prefix),
                 deadline=time.time() + 60, poll_interval=1,
             ),
             method_name="checkpoint_written",

@@ -27,7 +27,7 @@ from conversion_fakes import InMemoryJobSets, context, jobset_event, layout
 
 from tpu_rl.operators.jobset import JobSetFailedError
 from tpu_rl.operators.workloads import HfToMaxTextOperator, TrainRlOperator
-from tpu_rl.triggers.checkpoints import ConversionLockTrigger
+from tpu_rl.output_checks import ConversionLockWait
 from tpu_rl.triggers.jobset import JobSetTrigger
 
 pytestmark = pytest.mark.checkpoints
@@ -82,7 +82,7 @@ async def test_two_runs_at_once_convert_once_and_the_second_skips(bucket):
     assert holder["stale_after_seconds"] == 4 * 3600 + 30 * 60 and holder["created"]
 
     b_deferred = await asyncio.to_thread(b.execute)  # B finds A's lock: it waits, without submitting anything.
-    assert isinstance(b_deferred.trigger, ConversionLockTrigger) and b_deferred.method_name == "lock_wait_complete"
+    assert isinstance(b_deferred.trigger.check, ConversionLockWait) and b_deferred.method_name == "lock_wait_complete"
     assert b.cluster.created == []
     waiting = asyncio.ensure_future(anext(rebuilt(b_deferred.trigger).run()))
     await asyncio.sleep(0.6)
@@ -121,7 +121,7 @@ async def test_a_failed_conversion_releases_the_lock_and_the_waiting_run_convert
 
     # A's retry now waits for B.
     retry = Run(bucket, RUN_A, a.cluster, try_number=2)
-    assert isinstance((await asyncio.to_thread(retry.execute)).trigger, ConversionLockTrigger)
+    assert isinstance((await asyncio.to_thread(retry.execute)).trigger.check, ConversionLockWait)
 
 
 async def test_a_stale_lock_is_taken_over(bucket, capfd):

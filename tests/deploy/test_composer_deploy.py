@@ -281,7 +281,7 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
 
     # As a worker of that environment serialises each trigger (its provider versions decide the keywords) ...
     serialize = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tpu_rl_testing import trigger_samples; "
-                 "print(json.dumps([list(t.serialize()) for t in trigger_samples().values()]))")
+                 "print(json.dumps([list(t.serialize()) for t in trigger_samples()]))")
     worker = subprocess.run([f"{venv}/bin/python", "-c", serialize, str(REPO / "tests")], capture_output=True,
                             text=True, env=env, cwd=tmp_path)
     assert worker.returncode == 0, worker.stderr[-3000:]

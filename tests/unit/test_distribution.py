@@ -31,13 +31,17 @@ def _package_triggers() -> set[type]:
     return found
 
 
-def test_every_trigger_of_the_package_has_a_sample_here():
-    """A new trigger must be added to the import check below."""
-    assert _package_triggers() == set(trigger_samples())
+def test_every_trigger_and_output_check_of_the_package_has_a_sample_here():
+    """A new trigger or output check must be added to the import check below."""
+    from tpu_rl.output_checks import OutputCheck
+
+    samples = trigger_samples()
+    assert _package_triggers() == {type(trigger) for trigger in samples}
+    assert set(OutputCheck.kinds.values()) == {type(t.check) for t in samples if hasattr(t, "check")}
 
 
 def test_every_trigger_classpath_imports_in_a_fresh_interpreter_with_only_the_wheel(tmp_path):
-    serialized = [trigger.serialize() for trigger in trigger_samples().values()]
+    serialized = [trigger.serialize() for trigger in trigger_samples()]
     payload = json.dumps([[classpath, kwargs] for classpath, kwargs in serialized])
 
     out = subprocess.run([sys.executable, "-I", "-c", TRIGGER_IMPORT_PROBE], input=payload, capture_output=True,

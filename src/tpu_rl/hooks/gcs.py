@@ -1,10 +1,10 @@
 """Cloud Storage I/O of the pipeline, in one place.
 
 - :class:`GcsReadHook` runs read-only checks of a bucket's objects, each in a fresh HTTP session, from a
-  trigger's poll (``await hook.run``) or from synchronous code, a sensor's poke or an operator (``run_now``;
-  :func:`orbax_step_verdict` is one such check, run now).
-- The checks (:func:`orbax_step`, :func:`final_training_step`, :func:`hf_export`, :func:`read_lock`) list
-  objects and read only the small documents the rules in :mod:`tpu_rl.checkpoints` need: a few listing
+  trigger's poll (``await hook.run``) or from synchronous code, a sensor's poke or an operator (``run_now``);
+  the checks a stage's output is waited on with are the objects of :mod:`tpu_rl.output_checks`.
+- The reads behind them (:func:`orbax_step`, :func:`final_training_step`, :func:`hf_export`, :func:`read_lock`)
+  list objects and read only the small documents the rules in :mod:`tpu_rl.checkpoints` need: a few listing
   pages, never a download of a checkpoint. They return the rules' verdict; triggers and sensors decide.
 - :func:`object_sizes`, :func:`delete_objects` and :func:`rewrite_object` are what publishing the export
   does (with a ``google.cloud.storage.Client`` from :func:`storage_client`); :func:`move_folder` sets a step
@@ -215,20 +215,6 @@ async def hf_export(reader: GcsReader, prefix: str, *, not_before: str | None) -
             problems.append(problem)
     verdict = rules.check_hf_export(listing, shards, problems, parse_not_before(not_before))
     return verdict, {"shards": len(shards)}
-
-
-def orbax_step_verdict(
-    bucket: str,
-    prefix: str,
-    items: Sequence[str] = ("items",),
-    gcp_conn_id: str = "google_cloud_default",
-    impersonation_chain: str | Sequence[str] | None = None,
-) -> tuple[str, Verdict]:
-    """One check, now, of an Orbax step folder (``prefix``, e.g. ``.../0/``): its URI and the verdict."""
-    verdict, _ = GcsReadHook(gcp_conn_id, impersonation_chain).run_now(
-        bucket, lambda reader: orbax_step(reader, prefix, list(items))
-    )
-    return f"gs://{bucket}/{prefix}", verdict
 
 
 # -- small documents, read and written with google-cloud-storage ----------------------------------------

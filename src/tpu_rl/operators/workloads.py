@@ -25,7 +25,6 @@ from tpu_rl.hooks.gcs import (
     GcsLock,
     GcsReadHook,
     move_folder,
-    orbax_step_verdict,
     parse_not_before,
     training_state,
 )
@@ -36,6 +35,7 @@ from tpu_rl.operators.training_record import (
     record_preemption,
     recorded_preemptions,
 )
+from tpu_rl.output_checks import ConversionLockWait, OrbaxStep
 from tpu_rl.preemption import PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
 from tpu_rl.training_metrics import (
@@ -118,10 +118,11 @@ class HfToMaxTextOperator(RunJobSetOperator):
                        self.stale_after, self.log)
 
     def _step(self) -> tuple[str, Any]:
-        config = self.scope.config
-        return orbax_step_verdict(
-            config.gcs_bucket, self.scope.layout.converted_step_prefix, self.items, config.gcp_conn_id
-        )
+        """The converted step folder's URI and verdict, now."""
+        config, prefix = self.scope.config, self.scope.layout.converted_step_prefix
+        verdict, _ = GcsReadHook(config.gcp_conn_id).run_now(config.gcs_bucket, OrbaxStep(prefix=prefix,
+                                                                                          items=self.items))
+        return f"gs://{config.gcs_bucket}/{prefix}", verdict
 
     def _skip(self, reason: str) -> None:
         self.lock.release()  # An earlier try of ours converted it, then died before releasing.
@@ -177,19 +178,16 @@ class HfToMaxTextOperator(RunJobSetOperator):
         return f"{uri} is already a complete checkpoint: skipping the conversion"
 
     def _wait_for_holder(self, context: Any, holder: dict) -> None:
-        from tpu_rl.triggers.checkpoints import ConversionLockTrigger
+        from tpu_rl.triggers.checkpoints import GcsOutputTrigger
 
         scope, remaining = self.scope, self._remaining_time(context)
         # The trigger gives up a minute before the task's own limit, with a message naming the holder.
         deadline = time.time() + (remaining.total_seconds() - 60 if remaining else 10 * 365 * 86400)
         self.defer(
-            trigger=ConversionLockTrigger(
+            trigger=GcsOutputTrigger(
                 scope.config.gcs_bucket,
-                scope.layout.converted_step_prefix,
-                items=self.items,
-                lock_object=self.lock.object.name,
-                holder=holder,
-                stale_after=self.stale_after,
+                ConversionLockWait(prefix=scope.layout.converted_step_prefix, items=self.items,
+                                   lock_object=self.lock.object.name, holder=holder, stale_after=self.stale_after),
                 deadline=deadline,
                 poll_interval=self.lock_poll_interval,
                 gcp_conn_id=scope.config.gcp_conn_id,

@@ -3,7 +3,8 @@
 Deferrable by default: one check in the worker, then, when the output is not complete yet, the wait
 happens in the triggerer, not in a worker slot. With
 ``deferrable=False`` they poke with the same check of :mod:`tpu_rl.hooks.gcs` that the trigger runs
-(use ``mode="reschedule"`` to free the slot).
+(use ``mode="reschedule"`` to free the slot). Each sensor names its check of :mod:`tpu_rl.output_checks`
+(:meth:`GcsOutputSensor.output_check`); the first check, the poke and the trigger all run that one object.
 On timeout the task fails with the last list of what is missing.
 
 The ``Run...`` sensors are the DAG's: the bucket, the prefix and the rule's values come from the run's
@@ -13,26 +14,20 @@ scope (:mod:`tpu_rl.run_scope`), resolved when the task renders, so the Rendered
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from tpu_rl.checkpoints import Verdict
 from tpu_rl.compat import AirflowSensorTimeout
 from tpu_rl.hooks import gcs
-from tpu_rl.hooks.gcs import GcsReader, GcsReadHook
+from tpu_rl.hooks.gcs import GcsReadHook
+from tpu_rl.output_checks import FinalTrainingStep, HfExport, OrbaxStep, OutputCheck
 from tpu_rl.run_scope import RunScope, RunScoped
-
-#: A check of :mod:`tpu_rl.hooks.gcs` with its arguments bound: the verdict and what the event carries.
-OutputCheck = Callable[[GcsReader], Awaitable[tuple[Verdict, dict[str, Any]]]]
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from tpu_rl.triggers.checkpoints import GcsOutputTrigger
 
 
 class GcsOutputSensor(BaseSensorOperator):
@@ -71,24 +66,13 @@ class GcsOutputSensor(BaseSensorOperator):
     def uri(self) -> str:
         return f"gs://{self.bucket}/{self.prefix}"
 
-    def build_trigger(self, deadline: float) -> GcsOutputTrigger:
-        raise NotImplementedError
-
     def output_check(self) -> OutputCheck:
-        """The same check the trigger runs, its arguments resolved now (for :meth:`poke`)."""
+        """What to check, its arguments resolved now (templated fields are rendered)."""
         raise NotImplementedError
 
     def result(self, event: dict[str, Any]) -> Any:
         """The XCom return value of a complete output."""
         return event["uri"]
-
-    def _trigger_kwargs(self, deadline: float) -> dict[str, Any]:
-        return {
-            "deadline": deadline,
-            "poll_interval": self.poke_interval,
-            "gcp_conn_id": self.gcp_conn_id,
-            "impersonation_chain": self.impersonation_chain,
-        }
 
     def execute(self, context: Context) -> Any:
         if not self.prefix.endswith("/"):  # e.g. "None" from an XCom that was never pushed
@@ -102,7 +86,12 @@ class GcsOutputSensor(BaseSensorOperator):
         if done:
             self.log.info("%s is complete", self.uri)
             return done.xcom_value
-        self.defer(trigger=self.build_trigger(time.time() + self.timeout), method_name="execute_complete")
+        from tpu_rl.triggers.checkpoints import GcsOutputTrigger
+
+        trigger = GcsOutputTrigger(self.bucket, self.output_check(), deadline=time.time() + self.timeout,
+                                   poll_interval=self.poke_interval, gcp_conn_id=self.gcp_conn_id,
+                                   impersonation_chain=self.impersonation_chain)
+        self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         if event["status"] != "complete":
@@ -111,8 +100,9 @@ class GcsOutputSensor(BaseSensorOperator):
         return self.result(event)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        check = self.output_check()
-        verdict, found = GcsReadHook(self.gcp_conn_id, self.impersonation_chain).run_now(self.bucket, check)
+        verdict, found = GcsReadHook(self.gcp_conn_id, self.impersonation_chain).run_now(
+            self.bucket, self.output_check()
+        )
         if not verdict.complete:
             self.log.info("%s not complete yet: %s", self.uri, verdict.describe())
             return False
@@ -131,15 +121,8 @@ class OrbaxCheckpointSensor(GcsOutputSensor):
         super().__init__(**kwargs)
         self.items = list(items)
 
-    def build_trigger(self, deadline: float) -> GcsOutputTrigger:
-        from tpu_rl.triggers.checkpoints import OrbaxStepCompleteTrigger
-
-        return OrbaxStepCompleteTrigger(
-            self.bucket, self.prefix, items=self.items, **self._trigger_kwargs(deadline)
-        )
-
     def output_check(self) -> OutputCheck:
-        return partial(gcs.orbax_step, prefix=self.prefix, items=self.items)
+        return OrbaxStep(prefix=self.prefix, items=self.items)
 
 
 class FinalTrainingCheckpointSensor(GcsOutputSensor):
@@ -174,23 +157,11 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
         self.items = list(items)
         self.trainer_completed = trainer_completed
 
-    def build_trigger(self, deadline: float) -> GcsOutputTrigger:
-        from tpu_rl.triggers.checkpoints import FinalTrainingCheckpointTrigger
-
-        return FinalTrainingCheckpointTrigger(self.bucket, self.prefix, **self._rule(),
-                                              **self._trigger_kwargs(deadline))
-
     def output_check(self) -> OutputCheck:
-        return partial(gcs.final_training_step, prefix=self.prefix, **self._rule())
-
-    def _rule(self) -> dict[str, Any]:
-        """The arguments of the final-step rule, typed (templated fields render as strings)."""
-        return {
-            "train_steps": int(self.train_steps),
-            "checkpoint_period": int(self.checkpoint_period),
-            "items": self.items,
-            "trainer_completed": str(self.trainer_completed) == "True",
-        }
+        # Typed: templated fields render as strings.
+        return FinalTrainingStep(prefix=self.prefix, train_steps=int(self.train_steps),
+                                 checkpoint_period=int(self.checkpoint_period), items=self.items,
+                                 trainer_completed=str(self.trainer_completed) == "True")
 
     def result(self, event: dict[str, Any]) -> int:
         return int(event["step"])
@@ -210,22 +181,12 @@ class HfExportSensor(GcsOutputSensor):
         super().__init__(**kwargs)
         self.not_before = not_before
 
-    def build_trigger(self, deadline: float) -> GcsOutputTrigger:
-        from tpu_rl.triggers.checkpoints import HfExportCompleteTrigger
-
-        return HfExportCompleteTrigger(
-            self.bucket, self.prefix, not_before=self._not_before(), **self._trigger_kwargs(deadline)
-        )
-
     def output_check(self) -> OutputCheck:
-        return partial(gcs.hf_export, prefix=self.prefix, not_before=self._not_before())
-
-    def _not_before(self) -> str | None:
         try:
             gcs.parse_not_before(self.not_before)
         except ValueError:
             raise ValueError(f"not_before {self.not_before!r} is not an ISO 8601 time") from None
-        return self.not_before or None
+        return HfExport(prefix=self.prefix, not_before=self.not_before or None)
 
 
 class _RunOutputSensor(RunScoped):
