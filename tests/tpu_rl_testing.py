@@ -2,7 +2,10 @@
 
 import json
 import shlex
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TUTORIAL_CONF = json.loads((REPO / "include/examples/tutorial.json").read_text())
@@ -15,6 +18,42 @@ SMALL_SLICE = {"tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism"
                "rollout_tensor_parallelism": 4, "num_batches": 4, "checkpoint_period": 2}
 #: Where the simulation's runs create clusters.
 GKE_PARENT = f"projects/{SIM_CREATE_CONF['project']}/locations/{SIM_CREATE_CONF['region']}"
+
+
+class TaskInstanceStandIn:
+    """The task instance of a context, as far as the package's operators use it: identity, try, start, the
+    run's XComs by (task id, key), and the states of other DAG runs that the leases ask the task API about
+    (``get_dr_count``, ``get_dagrun_state``). Tests that need Airflow's own task runner use ``dag.test()``."""
+
+    def __init__(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1,
+                 xcoms: dict[tuple[str, str], Any] | None = None) -> None:
+        self.dag_id, self.run_id, self.task_id, self.try_number = dag_id, run_id, task_id, try_number
+        self.map_index = -1
+        self.start_date = datetime.now(UTC)
+        self.xcoms: dict[tuple[str, str], Any] = dict(xcoms or {})
+        self.run_states: dict[str, str] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[self.task_id, key] = value
+
+    def xcom_pull(self, task_ids: str | None = None, key: str = "return_value") -> Any:
+        return self.xcoms.get((task_ids or self.task_id, key))
+
+    def pushed(self, key: str) -> Any:
+        """What this task pushed under ``key``."""
+        return self.xcoms[self.task_id, key]
+
+    def get_dr_count(self, dag_id: str, run_ids: list[str]) -> int:
+        return sum(run_id in self.run_states for run_id in run_ids)
+
+    def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
+        return self.run_states[run_id]
+
+
+def task_context(ti: TaskInstanceStandIn, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The context Airflow's task runner hands an operator, as far as ``RunScope.of`` and the operators read it."""
+    return {"ti": ti, "task_instance": ti, "dag": SimpleNamespace(dag_id=ti.dag_id), "run_id": ti.run_id,
+            "params": dict(params or {})}
 
 
 def cluster_or_none(gke, name: str):

@@ -1,4 +1,5 @@
-"""Stand-ins for what the conversion lock tests do not exercise: the Kubernetes API and Airflow's task context.
+"""Stand-ins for what the conversion lock tests do not exercise: the Kubernetes API and the task instance
+(``tpu_rl_testing.TaskInstanceStandIn``).
 
 Only the cluster is replaced: :class:`InMemoryJobSets` answers the calls ``JobSetOperator`` makes to its hook
 (get, create, delete, wait until gone) from a dict, so the operator's own submit/adopt/defer/complete code
@@ -17,6 +18,7 @@ from typing import Any
 from tpu_rl.config import RunConfig
 from tpu_rl.layout import GcsLayout
 from tpu_rl.run import RunIdentity
+from tpu_rl_testing import TaskInstanceStandIn, task_context
 
 DAG_ID = "maxtext_rl_tpu"
 
@@ -34,28 +36,8 @@ def layout(bucket_name: str, run_id: str = "any", **changes: Any) -> GcsLayout:
     return GcsLayout(RunConfig.from_params(run_conf(bucket_name, **changes)), RunIdentity(DAG_ID, run_id))
 
 
-class FakeTi:
-    """What the operators read from a task instance: identity, try, start, and XCom."""
-
-    def __init__(self, run_id: str, task_id: str, try_number: int = 1) -> None:
-        self.dag_id, self.run_id, self.task_id, self.try_number = DAG_ID, run_id, task_id, try_number
-        self.start_date = datetime.now(UTC)
-        self.xcom: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcom[key] = value
-
-    def xcom_pull(self, task_ids: str | None = None, key: str = "return_value") -> Any:
-        return self.xcom.get(key)
-
-
 def context(bucket_name: str, run_id: str, task_id: str, try_number: int = 1, **changes: Any) -> dict[str, Any]:
-    return {
-        "ti": FakeTi(run_id, task_id, try_number),
-        "dag": SimpleNamespace(dag_id=DAG_ID),
-        "run_id": run_id,
-        "params": run_conf(bucket_name, **changes),
-    }
+    return task_context(TaskInstanceStandIn(DAG_ID, run_id, task_id, try_number), run_conf(bucket_name, **changes))
 
 
 class InMemoryJobSets:

@@ -254,27 +254,17 @@ def test_record_from_before_typed_parameters_still_resumes(bucket):
 def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bucket):
     """A resumed attempt's Pre line evaluates the checkpoint it restored; the gate compares the trained model
     with the model the run started from, kept in the training record by the first attempt's end."""
-    from types import SimpleNamespace
 
     from tpu_rl.operators.jobset import JobSetFailedError
     from tpu_rl.operators.workloads import TrainRlOperator
-    from tpu_rl_testing import TUTORIAL_CONF
+    from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
 
     def line(when, correct):
         return (f"{when} RL Training: corr={correct}, total=20, accuracy={correct * 5:.1f}%, partial_accuracy=50.0%, "
                 f"format_accuracy=95.0%, mean_reward=0.5000")
 
-    class Ti:
-        dag_id, run_id, task_id, try_number = "maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00", "train_rl", 1
-
-        def __init__(self):
-            self.xcoms = {}
-
-        def xcom_push(self, key, value):
-            self.xcoms[key] = value
-
-    ctx = {"ti": Ti(), "dag": SimpleNamespace(dag_id=Ti.dag_id), "run_id": Ti.run_id,
-           "params": {**TUTORIAL_CONF, "gcs_bucket": bucket.name}}
+    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00", "train_rl")
+    ctx = task_context(ti, {**TUTORIAL_CONF, "gcs_bucket": bucket.name})
     train = TrainRlOperator(task_id="train_rl")
     record = train.bind_scope(ctx).layout.training_record_object
     put(bucket, record, {"parameters": {"num_batches": 50}})
@@ -285,7 +275,7 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
                                      "name": "j", "namespace": "default", "uid": "u"})
     train.after_completed(ctx, {"evaluation_lines": [line("Pre", 11), line("Post", 12)]})
 
-    evaluation = ctx["ti"].xcoms["evaluation"]
+    evaluation = ti.pushed("evaluation")
     assert (evaluation["before"]["correct"], evaluation["after"]["correct"]) == (8, 12)
     stored = json.loads(bucket.blob(record).download_as_bytes())
     assert stored["evaluation_before"]["correct"] == 8 and stored["parameters"] == {"num_batches": 50}
@@ -302,7 +292,7 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
     train.after_completed(ctx, {"evaluation_lines": [
         "I1202 11:00:00.1 1 checkpoint_manager.py:293] Restored params from step: 20 in 12.345 seconds",
         line("Pre", 11), line("Post", 12)]})
-    evaluation = ctx["ti"].xcoms["evaluation"]
+    evaluation = ti.pushed("evaluation")
     assert evaluation["before"] is None and evaluation["after"]["correct"] == 12
     assert "evaluation_before" not in json.loads(bucket.blob(record).download_as_bytes())
 

@@ -156,7 +156,7 @@ def test_a_timed_out_conversion_deletes_its_jobset_and_releases_the_lock(bucket)
     a = Run(bucket, RUN_A, InMemoryJobSets())
     a.execute()
     resumed = Run(bucket, RUN_A, a.cluster)  # A fresh operator, as after a deferral.
-    resumed.context["ti"].xcom = a.context["ti"].xcom
+    resumed.context["ti"].xcoms = a.context["ti"].xcoms
     with pytest.raises(TaskDeferralTimeout):
         resumed.op.resume_execution(TRIGGER_FAIL_REPR, {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, resumed.context)
     assert a.cluster.jobsets == {} and lock_holder(bucket) is None

@@ -27,6 +27,7 @@ from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.operators import cluster as cluster_ops
 from tpu_rl.operators.setup import EnsureJobSetOperator
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+from tpu_rl_testing import TaskInstanceStandIn, task_context
 
 try:  # Airflow >= 3.1 task SDK
     from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
@@ -47,24 +48,6 @@ SMALL = {
 POLL = 1
 
 
-class TaskInstanceXComs:
-    """The task instance of the context, as far as the operators use it: the XComs they push, and the states
-    of other DAG runs (the task API's ``get_dr_count`` and ``get_dagrun_state``) that leases ask about."""
-
-    def __init__(self):
-        self.xcoms = {}
-        self.run_states: dict[str, str] = {}
-
-    def xcom_push(self, key, value):
-        self.xcoms[key] = value
-
-    def get_dr_count(self, dag_id, run_ids):
-        return sum(run_id in self.run_states for run_id in run_ids)
-
-    def get_dagrun_state(self, dag_id, run_id):
-        return self.run_states[run_id]
-
-
 class Run:
     """One DAG run's params and identity, with a cluster name of its own."""
 
@@ -72,11 +55,10 @@ class Run:
         self.run_id = f"gke_test__{uuid.uuid4().hex[:8]}"
         self.params = {**SMALL, "cluster_name": f"gke-test-{uuid.uuid4().hex[:6]}", **params}
         self.identity = RunIdentity(DAG_ID, self.run_id)
-        self.ti = TaskInstanceXComs()
+        self.ti = TaskInstanceStandIn(DAG_ID, self.run_id, "gke_test")  # one for the operators of the test
 
     def context(self, **params):
-        return {"params": {**self.params, **params}, "dag": SimpleNamespace(dag_id=DAG_ID), "run_id": self.run_id,
-                "ti": self.ti}
+        return task_context(self.ti, {**self.params, **params})
 
 
 async def _first_event(trigger):
@@ -355,7 +337,7 @@ def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):
     assert len(run_operator(delete, run.context())) == 1
     assert _hook_for(run).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}") == []
     # The slice's TPU time, from GKE's own operations: from its create's end to its delete's end.
-    [slice_] = run.ti.xcoms[XCOM_TPU_SLICES]
+    [slice_] = run.ti.pushed(XCOM_TPU_SLICES)
     assert slice_["pool"] == pool_name and slice_["nodes_from"] < slice_["nodes_gone"]
     # Deleting again (a retried teardown) finds nothing and succeeds.
     assert run_operator(delete, run.context()) == []

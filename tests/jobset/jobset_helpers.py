@@ -7,7 +7,6 @@ import asyncio
 import os
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,30 +91,6 @@ def tpu_jobset(name: str, *, hosts: int = 2, run_seconds: float = 3, max_restart
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-class StandInTaskInstance:
-    """The parts of Airflow's RuntimeTaskInstance the operator uses (identity, try number, XCom).
-
-    It stands in for Airflow only; the cluster side is real. Tests that need Airflow's own task runner
-    use dag.test() instead (test_operator_dag.py).
-    """
-
-    def __init__(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> None:
-        self.dag_id, self.run_id, self.task_id, self.try_number = dag_id, run_id, task_id, try_number
-        self.map_index = -1
-        self.start_date = datetime.now(UTC)
-        self.xcoms: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = value
-
-    def xcom_pull(self, task_ids: str | None = None, key: str = "return_value") -> Any:
-        return self.xcoms.get(key)
-
-
-def context_for(ti: StandInTaskInstance) -> dict:
-    return {"ti": ti, "task_instance": ti}
 
 
 def run_operator(op, context: dict) -> Any:

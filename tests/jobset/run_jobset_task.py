@@ -6,10 +6,11 @@
 
 import sys
 
-from jobset_helpers import CONN_ID, StandInTaskInstance, context_for, run_operator, tpu_jobset
+from jobset_helpers import CONN_ID, run_operator, tpu_jobset
 
 from tpu_rl.operators.jobset import JobSetOperator
+from tpu_rl_testing import TaskInstanceStandIn, task_context
 
 name, run_seconds = sys.argv[1], float(sys.argv[2])
 op = JobSetOperator(task_id="train", manifest=tpu_jobset(name, run_seconds=run_seconds), kubernetes_conn_id=CONN_ID)
-run_operator(op, context_for(StandInTaskInstance("jobset_tests", f"manual__{name}", "train", 1)))
+run_operator(op, task_context(TaskInstanceStandIn("jobset_tests", f"manual__{name}", "train", 1)))

@@ -21,15 +21,14 @@ from jobset_helpers import (
     CONN_ID,
     REPO,
     SIM,
-    StandInTaskInstance,
     _first_event,
-    context_for,
     run_operator,
     tpu_jobset,
     unique,
 )
 
 from tpu_rl.operators.jobset import JobSetFailedError, JobSetOperator
+from tpu_rl_testing import TaskInstanceStandIn, task_context
 
 pytestmark = pytest.mark.jobset
 HERE = Path(__file__).resolve().parent
@@ -40,14 +39,14 @@ def operator(manifest: dict, **kwargs) -> JobSetOperator:
     return JobSetOperator(task_id="train", manifest=manifest, kubernetes_conn_id=CONN_ID, **kwargs)
 
 
-def ti_for(name: str, try_number: int = 1) -> StandInTaskInstance:
-    return StandInTaskInstance("jobset_tests", f"manual__{name}", "train", try_number)
+def ti_for(name: str, try_number: int = 1) -> TaskInstanceStandIn:
+    return TaskInstanceStandIn("jobset_tests", f"manual__{name}", "train", try_number)
 
 
 def test_success_streams_log_and_a_retry_does_not_resubmit(sim, capfd):
     name = unique("ok")
     ti = ti_for(name)
-    result = run_operator(operator(tpu_jobset(name, run_seconds=4)), context_for(ti))
+    result = run_operator(operator(tpu_jobset(name, run_seconds=4)), task_context(ti))
 
     assert result["state"] == "Completed" and result["restarts"] == 0
     assert any("[simulated] workload-container started on" in line for line in result["log_tail"])
@@ -57,9 +56,9 @@ def test_success_streams_log_and_a_retry_does_not_resubmit(sim, capfd):
     assert meta["labels"]["tpu-rl.dev/task-id"] == "train"
     assert meta["annotations"]["tpu-rl.dev/run-id"] == ti.run_id
     assert meta["annotations"]["tpu-rl.dev/submitted-try"] == "1"
-    assert ti.xcoms["jobset"]["uid"] == meta["uid"]
+    assert ti.pushed("jobset")["uid"] == meta["uid"]
 
-    again = run_operator(operator(tpu_jobset(name)), context_for(ti_for(name, try_number=2)))
+    again = run_operator(operator(tpu_jobset(name)), task_context(ti_for(name, try_number=2)))
     assert again["uid"] == meta["uid"] and again["state"] == "Completed"
     assert len(sim.jobsets(name)) == 1
 
@@ -68,7 +67,7 @@ def test_failure_names_condition_exit_code_and_log(sim):
     name = unique("fail")
     manifest = tpu_jobset(name, annotations={f"{SIM}exit-code": "3"})
     with pytest.raises(JobSetFailedError) as failure:
-        run_operator(operator(manifest), context_for(ti_for(name)))
+        run_operator(operator(manifest), task_context(ti_for(name)))
     message = str(failure.value)
     assert f"JobSet default/{name} failed: Failed (" in message
     assert f"Failed replicated job: main-job (child Job {name}-main-job-0)" in message
@@ -78,9 +77,9 @@ def test_failure_names_condition_exit_code_and_log(sim):
     # The same try never resubmits; a new try replaces the failed JobSet.
     uid = sim.jobsets(name)[0]["metadata"]["uid"]
     with pytest.raises(JobSetFailedError):
-        run_operator(operator(manifest), context_for(ti_for(name)))
+        run_operator(operator(manifest), task_context(ti_for(name)))
     assert sim.jobsets(name)[0]["metadata"]["uid"] == uid
-    result = run_operator(operator(tpu_jobset(name)), context_for(ti_for(name, try_number=2)))
+    result = run_operator(operator(tpu_jobset(name)), task_context(ti_for(name, try_number=2)))
     assert result["state"] == "Completed" and result["uid"] != uid
     assert len(sim.jobsets(name)) == 1
 
@@ -88,7 +87,7 @@ def test_failure_names_condition_exit_code_and_log(sim):
 def test_restart_within_max_restarts_then_success(sim, capfd):
     name = unique("restart")
     manifest = tpu_jobset(name, run_seconds=6, max_restarts=1, annotations={f"{SIM}fail-attempts": "1"})
-    result = run_operator(operator(manifest), context_for(ti_for(name)))
+    result = run_operator(operator(manifest), task_context(ti_for(name)))
     assert result["state"] == "Completed" and result["restarts"] == 1
     out = capfd.readouterr().out
     assert "restarted: restart 1" in out
@@ -99,7 +98,7 @@ def test_killed_while_waiting_reattaches_without_resubmitting(sim, capfd):
     name = unique("kill")
     child = subprocess.Popen(
         [sys.executable, str(HERE / "run_jobset_task.py"), name, "20"],
-        env={**os.environ, "PYTHONPATH": str(HERE)},
+        env={**os.environ, "PYTHONPATH": f"{HERE}:{HERE.parent}"},
     )
     try:
         sim.wait("the task's pods to run", lambda: sum(p.status.phase == "Running" for p in sim.pods(name)) == 2)
@@ -109,7 +108,7 @@ def test_killed_while_waiting_reattaches_without_resubmitting(sim, capfd):
         if child.poll() is None:
             child.kill()
     (before,) = sim.jobsets(name)
-    result = run_operator(operator(tpu_jobset(name, run_seconds=20)), context_for(ti_for(name)))
+    result = run_operator(operator(tpu_jobset(name, run_seconds=20)), task_context(ti_for(name)))
     assert "Adopting running JobSet" in capfd.readouterr().out
     assert result["uid"] == before["metadata"]["uid"] and result["state"] == "Completed"
     assert len(sim.jobsets(name)) == 1
@@ -141,7 +140,7 @@ def test_jobset_deleted_from_outside_fails_clearly(sim):
         sim.delete_jobset(name)
 
     with pytest.raises(JobSetFailedError, match=rf"JobSet default/{name} \(uid .*\) was deleted while the task waited"):
-        run_with_action(op, context_for(ti_for(name)), delete_when_running)
+        run_with_action(op, task_context(ti_for(name)), delete_when_running)
 
 
 def test_tpu_node_deleted_mid_run_is_host_loss(sim):
@@ -157,7 +156,7 @@ def test_tpu_node_deleted_mid_run_is_host_loss(sim):
 
     try:
         with pytest.raises(JobSetFailedError) as failure:
-            run_with_action(op, context_for(ti_for(name)), delete_node)
+            run_with_action(op, task_context(ti_for(name)), delete_node)
     finally:
         subprocess.run([sys.executable, str(REPO / "sim" / "nodes.py"), "--kubeconfig", sim.kubeconfig],
                        check=True, capture_output=True)
@@ -171,7 +170,7 @@ def test_execution_timeout_while_deferred_deletes_the_jobset(sim):
 
     name = unique("timeout")
     op = operator(tpu_jobset(name, run_seconds=120), execution_timeout=timedelta(seconds=10))
-    context = context_for(ti_for(name))
+    context = task_context(ti_for(name))
     with pytest.raises(TaskDeferralTimeout):
         run_operator(op, context)
     deferral = context["deferred"].timeout
@@ -188,7 +187,7 @@ def test_kill_deletes_the_jobset(sim):
         name = unique(f"kill-{path}")
         op = operator(tpu_jobset(name, run_seconds=120))
         with pytest.raises(TaskDeferred) as deferred:
-            op.execute(context_for(ti_for(name)))
+            op.execute(task_context(ti_for(name)))
         if path == "worker":
             op.on_kill()
         else:
@@ -202,7 +201,7 @@ def test_delete_on_kill_false_keeps_the_jobset(sim):
     name = unique("keep")
     op = operator(tpu_jobset(name, run_seconds=5), delete_on_kill=False)
     with pytest.raises(TaskDeferred):
-        op.execute(context_for(ti_for(name)))
+        op.execute(task_context(ti_for(name)))
     op.on_kill()
     time.sleep(1)
     assert len(sim.jobsets(name)) == 1
@@ -222,7 +221,7 @@ def test_suspended_jobset_is_reported_then_runs_when_admitted(sim, capfd):
         sim.custom.patch_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name,
                                                   {"spec": {"suspend": False}})
 
-    result = run_with_action(operator(manifest, progress_interval=5), context_for(ti_for(name)), admit)
+    result = run_with_action(operator(manifest, progress_interval=5), task_context(ti_for(name)), admit)
     assert result["state"] == "Completed"
 
 
@@ -246,7 +245,7 @@ def pathways_jobset(name: str) -> dict:
 
 def test_pathways_jobset_follows_the_head_and_completes_with_it(sim, capfd):
     name = unique("pw")  # well under the 22 characters a Pathways name may have
-    result = run_operator(operator(pathways_jobset(name)), context_for(ti_for(name)))
+    result = run_operator(operator(pathways_jobset(name)), task_context(ti_for(name)))
     assert result["state"] == "Completed"
     assert f"Following workload-container of pod {name}-pathways-head-0-0-" in capfd.readouterr().out
     assert any("[simulated] workload-container started on" in line for line in result["log_tail"])

@@ -6,15 +6,16 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
-from jobset_helpers import StandInTaskInstance, context_for, tpu_jobset
+from jobset_helpers import tpu_jobset
 
 from tpu_rl.operators.jobset import JobSetOperator
+from tpu_rl_testing import TaskInstanceStandIn, task_context
 
 
 def test_labels_are_valid_and_annotations_carry_full_identity():
-    ti = StandInTaskInstance("My DAG.v2", "manual__2026-11-29T10:00:00+00:00", "group.Train_RL", try_number=3)
+    ti = TaskInstanceStandIn("My DAG.v2", "manual__2026-11-29T10:00:00+00:00", "group.Train_RL", try_number=3)
     op = JobSetOperator(task_id="t", manifest=tpu_jobset("x"), kubernetes_conn_id="k")
-    manifest = op._identified(op.build_manifest(context_for(ti)), context_for(ti))
+    manifest = op._identified(op.build_manifest(task_context(ti)), task_context(ti))
     meta = manifest["metadata"]
     assert meta["namespace"] == "default"
     assert meta["labels"]["tpu-rl.dev/task-id"] == "group-train-rl"
@@ -28,9 +29,9 @@ def test_labels_are_valid_and_annotations_carry_full_identity():
 def test_pathways_name_longer_than_22_is_refused_before_submission():
     manifest = tpu_jobset("much-too-long-pathways-name", replicated_job="pathways-head")
     op = JobSetOperator(task_id="t", manifest=manifest, kubernetes_conn_id="k")
-    ti = StandInTaskInstance("d", "r", "t")
+    ti = TaskInstanceStandIn("d", "r", "t")
     with pytest.raises(ValueError, match="longer than 22"):
-        op._identified(op.build_manifest(context_for(ti)), context_for(ti))
+        op._identified(op.build_manifest(task_context(ti)), task_context(ti))
 
 
 def test_links_survive_dag_serialization_without_a_plugin():

@@ -23,7 +23,7 @@ try:  # Airflow >= 3.1 task SDK
 except ImportError:  # pragma: no cover
     from airflow.exceptions import TaskDeferred
 
-from tpu_rl_testing import TUTORIAL_CONF
+from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
 
 POOL_PATH = "projects/my-project/locations/us-east5/clusters/qwen-rl/nodePools/tpu-1a2b3c4d-0"
 STOCKOUT = {"code": "GCE_STOCKOUT", "canonical_code": "RESOURCE_EXHAUSTED",
@@ -144,8 +144,8 @@ def test_the_trigger_survives_serialization():
 
 
 def context():
-    return {"params": {**TUTORIAL_CONF, "capacity_wait_minutes": 30}, "dag": SimpleNamespace(dag_id="maxtext_rl_tpu"),
-            "run_id": "manual__capacity"}
+    return task_context(TaskInstanceStandIn("maxtext_rl_tpu", "manual__capacity", "create_tpu_pools"),
+                        {**TUTORIAL_CONF, "capacity_wait_minutes": 30})
 
 
 STOCKOUT_ERROR = ("Google Compute Engine: Not all instances running in IGM. Current errors: [GCE_STOCKOUT]: "

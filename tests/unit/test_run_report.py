@@ -26,7 +26,7 @@ from tpu_rl.operators.workloads import TrainRlOperator
 from tpu_rl.run import RunIdentity
 from tpu_rl.triggers.jobset import JobSetTrigger
 from tpu_rl.triggers.training_progress import TrainingProgress
-from tpu_rl_testing import TUTORIAL_CONF
+from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
 import maxtext_emulator as emulator  # noqa: E402
@@ -39,23 +39,9 @@ POST = ("Post RL Training: corr=5, total=20, accuracy=25.0%, partial_accuracy=30
 SLICES = [{"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
 
 
-class FakeTi:
-    """A task instance's identity and the run's XComs, by (task id, key)."""
-
-    def __init__(self, task_id: str, xcoms: dict[tuple[str, str], Any] | None = None) -> None:
-        self.dag_id, self.run_id, self.task_id, self.try_number = DAG_ID, RUN_ID, task_id, 1
-        self.xcoms = dict(xcoms or {})
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[self.task_id, key] = value
-
-    def xcom_pull(self, task_ids: str | None = None, key: str = "return_value") -> Any:
-        return self.xcoms.get((task_ids or self.task_id, key))
-
-
 def context(task_id: str, xcoms: dict | None = None, **params: Any) -> dict[str, Any]:
-    return {"ti": FakeTi(task_id, xcoms), "dag": SimpleNamespace(dag_id=DAG_ID), "run_id": RUN_ID,
-            "params": {**TUTORIAL_CONF, **params}}
+    """A task's context in the run, the run's XComs by (task id, key)."""
+    return task_context(TaskInstanceStandIn(DAG_ID, RUN_ID, task_id, xcoms=xcoms), {**TUTORIAL_CONF, **params})
 
 
 def evaluation_xcom(*lines: str) -> dict:
