@@ -84,15 +84,12 @@ class GcsReader:
 class GcsReadHook:
     """Runs a check (an async function of a :class:`GcsReader`) against one bucket, in a fresh HTTP session.
 
-    :param gcp_conn_id: the Google Cloud connection.
-    :param impersonation_chain: as the Google provider's hooks take it.
+    :param gcp_conn_id: the Google Cloud connection (a service account to impersonate is its
+        ``impersonation_chain`` field, which every Google hook reads).
     """
 
-    def __init__(
-        self, gcp_conn_id: str = "google_cloud_default", impersonation_chain: str | Sequence[str] | None = None
-    ) -> None:
+    def __init__(self, gcp_conn_id: str = "google_cloud_default") -> None:
         self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
         self._hook: Any = None
 
     async def run(self, bucket: str, check: Callable[[GcsReader], Awaitable[T]]) -> T:
@@ -107,7 +104,7 @@ class GcsReadHook:
         from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 
         if self._hook is None:
-            self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id, impersonation_chain=self.impersonation_chain)
+            self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id)
         async with ClientSession() as session:
             yield GcsReader(await self._hook.get_storage_client(session), bucket)
 
@@ -220,13 +217,11 @@ async def hf_export(reader: GcsReader, prefix: str, *, not_before: str | None) -
 # -- small documents, read and written with google-cloud-storage ----------------------------------------
 
 
-def storage_client(
-    gcp_conn_id: str = "google_cloud_default", impersonation_chain: str | Sequence[str] | None = None
-) -> Any:
+def storage_client(gcp_conn_id: str = "google_cloud_default") -> Any:
     """A ``google.cloud.storage.Client`` through the Google provider's GCSHook (the connection's credentials)."""
     from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
-    return GCSHook(gcp_conn_id=gcp_conn_id, impersonation_chain=impersonation_chain).get_conn()
+    return GCSHook(gcp_conn_id=gcp_conn_id).get_conn()
 
 
 @dataclass(frozen=True)

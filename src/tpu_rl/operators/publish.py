@@ -52,7 +52,6 @@ class PublishHfExportOperator(BaseOperator):
         final_step: int | str,
         source_run: str,
         gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
         event_extra: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -64,7 +63,6 @@ class PublishHfExportOperator(BaseOperator):
         self.final_step = final_step
         self.source_run = source_run
         self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
         self.event_extra = event_extra or {}
 
     def execute(self, context: Context) -> str:
@@ -75,7 +73,7 @@ class PublishHfExportOperator(BaseOperator):
             raise ValueError("source_prefix and destination_prefix must be folders ending in '/'")
         if source.startswith(destination) or destination.startswith(source):
             raise ValueError(f"{source} and {destination} overlap")
-        client = gcs.storage_client(self.gcp_conn_id, self.impersonation_chain)
+        client = gcs.storage_client(self.gcp_conn_id)
 
         expected = gcs.object_sizes(client, self.bucket, source)
         if not expected:

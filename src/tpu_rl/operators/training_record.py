@@ -32,18 +32,17 @@ BASELINE_KEY = "evaluation_before"
 
 
 def check_training_record(
+    client: Any,
     bucket: str,
     record_object: str,
     parameters: Mapping[str, Any],
     log: Any,
-    gcp_conn_id: str = "google_cloud_default",
-    impersonation_chain: str | Sequence[str] | None = None,
 ) -> str:
     """Records a run's training parameters next to its checkpoints on the first attempt, and refuses
-    (AirflowFailException) any later attempt whose parameters differ. Returns the record's URI."""
+    (AirflowFailException) any later attempt whose parameters differ (``client``: a storage client). Returns the
+    record's URI."""
     uri = f"gs://{bucket}/{record_object}"
     current = json.loads(json.dumps(dict(parameters)))  # As it reads back from JSON.
-    client = gcs.storage_client(gcp_conn_id, impersonation_chain)
     created, stored = gcs.GcsJsonObject(client, bucket, record_object).read_or_create({"parameters": current})
     if created:
         log.info("Recorded the run's training parameters in %s", uri)
@@ -120,7 +119,6 @@ class TrainingRecordCheckOperator(BaseOperator):
         record_object: str,
         parameters: Mapping[str, Any],
         gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -128,11 +126,10 @@ class TrainingRecordCheckOperator(BaseOperator):
         self.record_object = record_object
         self.parameters = parameters
         self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
 
     def execute(self, context: Context) -> str:
         return check_training_record(
-            self.bucket, self.record_object, self.parameters, self.log, self.gcp_conn_id, self.impersonation_chain
+            gcs.storage_client(self.gcp_conn_id), self.bucket, self.record_object, self.parameters, self.log
         )
 
 

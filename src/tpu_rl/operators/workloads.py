@@ -291,11 +291,9 @@ class TrainRlOperator(RunJobSetOperator):
         return Evaluation(before=Score(**recorded), after=evaluation.after if evaluation else None)
 
     def before_submit(self, context: Any) -> None:
-        config = self.scope.config
-        check_training_record(
-            config.gcs_bucket, self.scope.layout.training_record_object, self.scope.training_record, self.log,
-            config.gcp_conn_id,
-        )
+        scope = self.scope
+        check_training_record(scope.storage, scope.config.gcs_bucket, scope.layout.training_record_object,
+                              scope.training_record, self.log)
 
     def after_failed(self, context: Any, event: dict[str, Any]) -> dict | None:
         """A later attempt resumes: keep this one's figures before training. A preempted training is resumed

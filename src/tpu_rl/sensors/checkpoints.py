@@ -49,7 +49,6 @@ class GcsOutputSensor(BaseSensorOperator):
         bucket: str,
         prefix: str,
         gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
         deferrable: bool = True,
         timeout: timedelta | float = timedelta(minutes=30),
         poke_interval: timedelta | float = 60,
@@ -59,7 +58,6 @@ class GcsOutputSensor(BaseSensorOperator):
         self.bucket = bucket
         self.prefix = prefix
         self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
         self.deferrable = deferrable
 
     @property
@@ -89,8 +87,7 @@ class GcsOutputSensor(BaseSensorOperator):
         from tpu_rl.triggers.checkpoints import GcsOutputTrigger
 
         trigger = GcsOutputTrigger(self.bucket, self.output_check(), deadline=time.time() + self.timeout,
-                                   poll_interval=self.poke_interval, gcp_conn_id=self.gcp_conn_id,
-                                   impersonation_chain=self.impersonation_chain)
+                                   poll_interval=self.poke_interval, gcp_conn_id=self.gcp_conn_id)
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
@@ -100,7 +97,7 @@ class GcsOutputSensor(BaseSensorOperator):
         return self.result(event)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        verdict, found = GcsReadHook(self.gcp_conn_id, self.impersonation_chain).run_now(
+        verdict, found = GcsReadHook(self.gcp_conn_id).run_now(
             self.bucket, self.output_check()
         )
         if not verdict.complete:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import ClientError
@@ -39,7 +39,6 @@ class GcsOutputTrigger(BaseTrigger):
         deadline: float,
         poll_interval: float = 60.0,
         gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.bucket = bucket
@@ -47,8 +46,7 @@ class GcsOutputTrigger(BaseTrigger):
         self.deadline = deadline
         self.poll_interval = poll_interval
         self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
-        self._hook = GcsReadHook(gcp_conn_id, impersonation_chain)
+        self._hook = GcsReadHook(gcp_conn_id)
 
     @property
     def uri(self) -> str:
@@ -61,7 +59,6 @@ class GcsOutputTrigger(BaseTrigger):
             "deadline": self.deadline,
             "poll_interval": self.poll_interval,
             "gcp_conn_id": self.gcp_conn_id,
-            "impersonation_chain": self.impersonation_chain,
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
