@@ -25,6 +25,7 @@ from google.cloud.container_v1 import Cluster
 from sim import gke_faults
 from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.operators import cluster as cluster_ops
+from tpu_rl.operators.leases import cluster_lease
 from tpu_rl.operators.setup import EnsureJobSetOperator
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
 from tpu_rl_testing import TaskInstanceStandIn, task_context
@@ -555,7 +556,7 @@ def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_del
         assert "Joined the lease of shared cluster" in capsys.readouterr().out
 
         # The second run left to delete the cluster; its delete never happened and its run is still going.
-        store = cluster_ops.cluster_lease(RunScope.of(second.context()))
+        store = cluster_lease(RunScope.of(second.context()))
         leaving = Holder.of(second.identity, "2026-12-01T00:00:00+00:00")
         store.change(lambda lease: leave_cluster(lease, leaving, lambda run: "running", closing=True))
         third = Run(cluster_name=name, cluster_mode="shared")

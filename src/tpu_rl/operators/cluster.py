@@ -19,10 +19,16 @@ from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.hooks.gke import GkeApiHook
 from tpu_rl.hooks.jobset import JobSetHook
-from tpu_rl.leases import Holder, cluster_lease_object, drop_holder, holder_has_ended, join_cluster, leave_cluster
-from tpu_rl.operators.leases import dag_run_state, lease_store, now_text, release_capacity
+from tpu_rl.leases import holder_has_ended
+from tpu_rl.operators.leases import (
+    dag_run_state,
+    drop_from_cluster_lease,
+    join_cluster_lease,
+    leave_cluster_lease,
+    release_capacity,
+)
 from tpu_rl.run import RunIdentity
-from tpu_rl.run_scope import RunScope, RunScoped
+from tpu_rl.run_scope import RunScoped
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
 OPERATION_POLL_SECONDS = 10
@@ -90,12 +96,6 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) failed: {message}")
 
 
-def cluster_lease(scope: RunScope):
-    """The lease of a shared cluster, in the run's bucket: runs that share a cluster share its bucket."""
-    config = scope.config
-    return lease_store(scope, cluster_lease_object(config.project, config.region, config.cluster_name))
-
-
 class CreateClusterOperator(_AwaitsGkeOperations):
     """Creates the run's cluster (cluster_mode=create), or adopts it when a previous try created it.
 
@@ -137,19 +137,12 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         """Joins the shared cluster's lease; False (after deferring) while its last holder deletes it."""
         from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 
-        config, run, ti = self.scope.config, self.scope.run, context["ti"]
+        config = self.scope.config
         cluster_exists = hook.get_cluster(config.cluster_name) is not None
-        me = Holder.of(run, now_text())
-        store = cluster_lease(self.scope)
-        change = store.change(lambda lease: join_cluster(lease, me, lambda r: dag_run_state(ti, r), cluster_exists))
-        for note in change.notes:
-            self.log.warning("%s (%s)", note, store.uri)
-        if change.result is None:  # the lease is closing
+        if join_cluster_lease(self.scope, context["ti"], cluster_exists, self.log) is None:  # the lease is closing
             self.log.info("Shared cluster %s is being deleted by the last run that used it: waiting %d s to "
                           "create it again", config.cluster_name, self.CLOSING_POLL_SECONDS)
             self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.CLOSING_POLL_SECONDS)), method_name="execute")
-        self.log.info("Joined the lease of shared cluster %s (%s): %s", config.cluster_name, store.uri,
-                      "; ".join(h.describe() for h in change.result.holders))
         return True
 
     def _check_adoptable(self, context: Any, cluster: Any) -> None:
@@ -158,7 +151,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         config, run = self.scope.config, self.scope.run
         shared = cluster.resource_labels.get(GKE_LABEL_SHARED) == "true"
         if config.shares_cluster and not shared:
-            cluster_lease(self.scope).change(lambda lease: drop_holder(lease, run.key))
+            drop_from_cluster_lease(self.scope)
             raise AirflowFailException(
                 f"cluster_name: cluster {config.cluster_name} exists and is not a shared cluster (it is another "
                 "run's, or not this package's); fix: use another cluster_name, or cluster_mode 'existing' to use "
@@ -167,7 +160,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         if config.shares_cluster:
             recorded, mine = gke.cluster_lease_uri(cluster.description), gke.shared_lease_uri(config)
             if recorded and recorded != mine:
-                cluster_lease(self.scope).change(lambda lease: drop_holder(lease, run.key))
+                drop_from_cluster_lease(self.scope)
                 raise AirflowFailException(
                     f"gcs_bucket: shared cluster {config.cluster_name} keeps its lease at {recorded}, and this run's "
                     f"would be {mine}: its runs could not see this one and would delete the cluster under it; fix: "
@@ -467,7 +460,8 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if not config.creates_cluster:
             self._delete_secret(config, run)
             return
-        if config.shares_cluster and not self._leave_lease(context, closing=not config.keep_cluster):
+        closing = not config.keep_cluster
+        if config.shares_cluster and not leave_cluster_lease(scope, context["ti"], closing, self.log):
             self._delete_secret(config, run)
             return
         if config.keep_cluster:
@@ -492,26 +486,6 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if operation is not None:
             self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation)
             self._await(config, operation)
-
-    def _leave_lease(self, context: Any, closing: bool) -> bool:
-        """Leaves the shared cluster's lease; True when no live run holds it any more. With ``closing`` this
-        run then deletes the cluster, and marks the lease closing (with itself as the closer) so that a run
-        joining now waits for the delete; without it (keep_cluster) the cluster stays, free to join."""
-        config, run, ti = self.scope.config, self.scope.run, context["ti"]
-        me = Holder.of(run, now_text())
-        store = cluster_lease(self.scope)
-        change = store.change(lambda lease: leave_cluster(lease, me, lambda r: dag_run_state(ti, r), closing))
-        for note in change.notes:
-            self.log.warning("%s (%s)", note, store.uri)
-        leaving = change.result
-        if not leaving.last:
-            users = "; ".join(h.describe() for h in leaving.still_used_by)
-            self.log.info("Shared cluster %s stays: still used by %s", config.cluster_name,
-                          users if leaving.held else f"{users or 'nobody'}: this run does not hold it")
-            return False
-        self.log.info("This run is the last of shared cluster %s's lease (%s)%s", config.cluster_name, store.uri,
-                      ": deleting the cluster" if closing else "")
-        return True
 
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
         if JobSetHook(self.scope.cluster_target).delete_secret(run.secret_name(), config.namespace):

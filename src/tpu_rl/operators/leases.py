@@ -1,6 +1,7 @@
-"""Leases that runs share through the bucket: the TPU capacity queue, and the lease store the shared
-cluster mode uses (operators/cluster.py). The rules are in :mod:`tpu_rl.leases`; here they meet Cloud
-Storage (a read-modify-write with a generation precondition) and Airflow (the state of a holder's run).
+"""Leases that runs share through the bucket: the TPU capacity queue, and the shared cluster's lease that
+``create_cluster`` joins and ``delete_cluster`` leaves (operators/cluster.py). The rules are in
+:mod:`tpu_rl.leases`; here they meet Cloud Storage (a read-modify-write with a generation precondition) and
+Airflow (the state of a holder's run).
 
 Why not an Airflow pool for the capacity: a slice lives from ``create_tpu_pools`` to the end of
 ``delete_tpu_pools``, three tasks, and a pool slot is held by one task only; between two of them another
@@ -18,7 +19,17 @@ from airflow.sdk import BaseSensorOperator
 
 from tpu_rl.compat import AirflowException
 from tpu_rl.hooks import gcs
-from tpu_rl.leases import Holder, Lease, LeaseChange, drop_holder, lease_object, take_capacity
+from tpu_rl.leases import (
+    Holder,
+    Lease,
+    LeaseChange,
+    cluster_lease_object,
+    drop_holder,
+    join_cluster,
+    lease_object,
+    leave_cluster,
+    take_capacity,
+)
 from tpu_rl.reaper import MISSING
 from tpu_rl.run import RunIdentity
 from tpu_rl.run_scope import RunScope, RunScoped
@@ -68,6 +79,51 @@ class LeaseStore:
 def lease_store(scope: RunScope, name: str) -> LeaseStore:
     """The lease object ``name`` in the run's bucket."""
     return LeaseStore(scope.storage, scope.config.gcs_bucket, name)
+
+
+def cluster_lease(scope: RunScope) -> LeaseStore:
+    """The lease of a shared cluster, in the run's bucket: runs that share a cluster share its bucket."""
+    config = scope.config
+    return lease_store(scope, cluster_lease_object(config.project, config.region, config.cluster_name))
+
+
+def join_cluster_lease(scope: RunScope, ti: Any, cluster_exists: bool, log: Any) -> Lease | None:
+    """Joins the shared cluster's lease: the lease, or None while it is closing (its last holder is deleting
+    the cluster)."""
+    store = cluster_lease(scope)
+    me = Holder.of(scope.run, now_text())
+    change = store.change(lambda lease: join_cluster(lease, me, lambda r: dag_run_state(ti, r), cluster_exists))
+    for note in change.notes:
+        log.warning("%s (%s)", note, store.uri)
+    if change.result is not None:
+        log.info("Joined the lease of shared cluster %s (%s): %s", scope.config.cluster_name, store.uri,
+                 "; ".join(h.describe() for h in change.result.holders))
+    return change.result
+
+
+def leave_cluster_lease(scope: RunScope, ti: Any, closing: bool, log: Any) -> bool:
+    """Leaves the shared cluster's lease; True when no live run holds it any more. With ``closing`` this run
+    then deletes the cluster, and marks the lease closing (with itself as the closer) so that a run joining now
+    waits for the delete; without it (keep_cluster) the cluster stays, free to join."""
+    config, store = scope.config, cluster_lease(scope)
+    me = Holder.of(scope.run, now_text())
+    change = store.change(lambda lease: leave_cluster(lease, me, lambda r: dag_run_state(ti, r), closing))
+    for note in change.notes:
+        log.warning("%s (%s)", note, store.uri)
+    leaving = change.result
+    if not leaving.last:
+        users = "; ".join(h.describe() for h in leaving.still_used_by)
+        log.info("Shared cluster %s stays: still used by %s", config.cluster_name,
+                 users if leaving.held else f"{users or 'nobody'}: this run does not hold it")
+        return False
+    log.info("This run is the last of shared cluster %s's lease (%s)%s", config.cluster_name, store.uri,
+             ": deleting the cluster" if closing else "")
+    return True
+
+
+def drop_from_cluster_lease(scope: RunScope) -> None:
+    """Takes the run out of the shared cluster's lease (it will not use the cluster after all)."""
+    cluster_lease(scope).change(lambda lease: drop_holder(lease, scope.run.key))
 
 
 def capacity_store(scope: RunScope) -> LeaseStore:
