@@ -29,7 +29,7 @@ def get_provider_info() -> dict[str, Any]:
         "versions": [__version__],
         "integrations": [{"integration-name": INTEGRATION, "tags": ["gcp"],
                           "external-doc-url": "https://maxtext.readthedocs.io/"}],
-        "hooks": _modules("hooks.gke", "hooks.jobset", "hooks.gcs"),
+        "hooks": _modules("hooks.gke", "hooks.kubernetes", "hooks.gcs"),
         "operators": _modules("operators.setup", "operators.cluster", "operators.leases", "operators.jobset",
                              "operators.workloads", "operators.training_record", "operators.run_report",
                              "operators.publish", "operators.reaper"),

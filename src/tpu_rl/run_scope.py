@@ -24,7 +24,7 @@ from tpu_rl.layout import GcsLayout, training_record
 from tpu_rl.run import DataInterval, RunIdentity
 
 if TYPE_CHECKING:
-    from tpu_rl.hooks.jobset import ClusterTarget
+    from tpu_rl.hooks.kubernetes import ClusterTarget
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class RunScope:
 
     @cached_property
     def cluster_target(self) -> ClusterTarget:
-        from tpu_rl.hooks.jobset import ClusterTarget
+        from tpu_rl.hooks.kubernetes import ClusterTarget
 
         return ClusterTarget.for_run(self.config)
 

@@ -41,7 +41,7 @@ def context(bucket_name: str, run_id: str, task_id: str, try_number: int = 1, **
 
 
 class InMemoryJobSets:
-    """The JobSet API of one cluster as a dict: what ``JobSetHook`` returns, nothing more."""
+    """The JobSet API of one cluster as a dict: what ``KubernetesApiHook`` returns, nothing more."""
 
     target = SimpleNamespace(is_gke=False)
 

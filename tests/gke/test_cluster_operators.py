@@ -312,9 +312,9 @@ def test_a_conversion_that_fits_no_cpu_pool_node_fails_before_it_is_submitted(cr
 
 def _hook_for(run):
     from tpu_rl.config import RunConfig
-    from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
+    from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
 
-    return JobSetHook(ClusterTarget.for_run(RunConfig.from_params(run.params)))
+    return KubernetesApiHook(ClusterTarget.for_run(RunConfig.from_params(run.params)))
 
 
 def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):

@@ -66,7 +66,7 @@ def test_gke_cluster_reached_through_google_provider_hooks(monkeypatch):
                        '{"conn_type": "google_cloud_platform", "extra": {"is_anonymous": true, "project": "p"}}')
     from google.cloud.container_v1 import Cluster
 
-    from tpu_rl.hooks.jobset import AsyncJobSetHook
+    from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook
 
     cluster = Cluster(endpoint="34.1.2.3", master_auth={"cluster_ca_certificate": "Q0E="})
     op = JobSetOperator(task_id="t", manifest=tpu_jobset("x"), project_id="p", location="us-east5",
@@ -77,7 +77,7 @@ def test_gke_cluster_reached_through_google_provider_hooks(monkeypatch):
     get_cluster.assert_called_once_with(name="c", project_id="p")
     assert type(kube_hook).__name__ == "GKEKubernetesHook"
     assert kube_hook._cluster_url == "https://34.1.2.3" and kube_hook._ssl_ca_cert == "Q0E="
-    async_hook = AsyncJobSetHook(op.cluster.with_endpoint(*op.hook.gke_endpoint))
+    async_hook = AsyncKubernetesApiHook(op.cluster.with_endpoint(*op.hook.gke_endpoint))
     assert type(async_hook.kube_hook).__name__ == "GKEKubernetesAsyncHook"
     assert async_hook.kube_hook._ssl_ca_cert == "Q0E="
 

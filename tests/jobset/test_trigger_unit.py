@@ -13,7 +13,7 @@ def test_trigger_round_trips_through_its_serialized_form():
 
 def test_a_trigger_serialised_before_the_cluster_was_one_object_still_loads():
     """A task deferred across a deploy: its trigger row names the cluster with the old keywords."""
-    from tpu_rl.hooks.jobset import ClusterTarget
+    from tpu_rl.hooks.kubernetes import ClusterTarget
 
     old = {"name": "n", "namespace": "ns", "uid": "u", "log_replicated_job": "pathways-head",
            "log_container": "workload-container", "kubernetes_conn_id": None, "cluster_url": "https://34.1.2.3",

@@ -235,7 +235,7 @@ def test_dns_endpoint_refuses_user_traffic_unless_the_cluster_allows_it(hook, cl
     from kubernetes.client.exceptions import ApiException
 
     from tpu_rl.compat import AirflowFailException
-    from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
+    from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
 
     got = hook.get_cluster(name=cluster, project_id=PROJECT)
     dns = got.control_plane_endpoints_config.dns_endpoint_config
@@ -243,9 +243,9 @@ def test_dns_endpoint_refuses_user_traffic_unless_the_cluster_allows_it(hook, cl
 
     target = dict(project_id=PROJECT, location=REGION, cluster_name=cluster, gcp_conn_id="google_cloud_default")
     with pytest.raises(AirflowFailException, match="control_plane_endpoint: .*--enable-dns-access"):
-        _ = JobSetHook(ClusterTarget(**target, use_dns_endpoint=True)).gke_endpoint
+        _ = KubernetesApiHook(ClusterTarget(**target, use_dns_endpoint=True)).gke_endpoint
     # Through the IP endpoint the same cluster answers.
-    assert JobSetHook(ClusterTarget(**target)).list_nodes("cloud.google.com/gke-nodepool=system")
+    assert KubernetesApiHook(ClusterTarget(**target)).list_nodes("cloud.google.com/gke-nodepool=system")
 
     # The front end itself refuses, whatever the client: 403 with the reason.
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook

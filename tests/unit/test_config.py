@@ -235,7 +235,7 @@ def test_a_created_cluster_is_reached_through_its_dns_endpoint_unless_ip_is_aske
     from datetime import datetime
 
     from tpu_rl.gke import cluster_body
-    from tpu_rl.hooks.jobset import ClusterTarget
+    from tpu_rl.hooks.kubernetes import ClusterTarget
     from tpu_rl.run import RunIdentity
 
     run, now = RunIdentity("maxtext_rl_tpu", "manual__1"), datetime(2026, 12, 1, tzinfo=UTC)

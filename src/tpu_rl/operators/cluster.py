@@ -18,7 +18,7 @@ from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.hooks.gke import GkeApiHook
-from tpu_rl.hooks.jobset import JobSetHook
+from tpu_rl.hooks.kubernetes import KubernetesApiHook
 from tpu_rl.leases import holder_has_ended
 from tpu_rl.operators.leases import (
     dag_run_state,
@@ -190,7 +190,7 @@ class ClusterReadySensor(RunScoped, BaseSensorOperator):
         scope = self.bind_scope(context)
         config = scope.config
         if config.kubernetes_conn_id:
-            version = JobSetHook(scope.cluster_target).server_version()
+            version = KubernetesApiHook(scope.cluster_target).server_version()
             self.log.info("Cluster behind connection '%s' answers: Kubernetes %s", config.kubernetes_conn_id, version)
             return True
         cluster = gke_api(config).get_cluster(config.cluster_name)
@@ -358,7 +358,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     def _check_slice_nodes(self, config: RunConfig) -> None:
         selector = (f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},"
                     f"{TPU_TOPOLOGY_LABEL}={config.topology}")
-        nodes = JobSetHook(self.scope.cluster_target).list_nodes(selector)
+        nodes = KubernetesApiHook(self.scope.cluster_target).list_nodes(selector)
         needed = config.hosts_per_slice * config.cluster_nodepool_count
         self.log.info("Found %d nodes with %s (the training needs %d)", len(nodes), selector, needed)
         if len(nodes) < needed:
@@ -488,7 +488,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
             self._await(config, operation)
 
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
-        if JobSetHook(self.scope.cluster_target).delete_secret(run.secret_name(), config.namespace):
+        if KubernetesApiHook(self.scope.cluster_target).delete_secret(run.secret_name(), config.namespace):
             self.log.info("Deleted Secret %s/%s; the existing cluster stays", config.namespace, run.secret_name())
         else:
             self.log.info("No Secret %s to delete; the existing cluster stays", run.secret_name())

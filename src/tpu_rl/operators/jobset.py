@@ -20,7 +20,7 @@ from airflow.sdk import BaseOperator
 
 from tpu_rl import jobset_status as st
 from tpu_rl.compat import AirflowException, TaskDeferralTimeout, TaskDeferred
-from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
+from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
 from tpu_rl.links import JobSetLogsLink, JobSetWorkloadLink
 from tpu_rl.run import RunIdentity, slug
 from tpu_rl.vocabulary import (
@@ -50,7 +50,7 @@ class JobSetOperator(BaseOperator):
     :param manifest: the JobSet (a dict, templated). ``metadata.name`` must be set and stable for the
         DAG run and stage; labels and annotations identifying the task are added.
     :param namespace: namespace of the JobSet (a namespace in the manifest wins).
-    :param cluster: the cluster to run it on, a :class:`~tpu_rl.hooks.jobset.ClusterTarget` (its names are
+    :param cluster: the cluster to run it on, a :class:`~tpu_rl.hooks.kubernetes.ClusterTarget` (its names are
         templated): a Kubernetes connection, or a GKE cluster reached through ``gcp_conn_id`` (tokens
         refreshed by the Google provider). Or else its fields as keywords: ``kubernetes_conn_id="k"``, or
         ``project_id``, ``location`` and ``cluster_name`` (with ``gcp_conn_id``, ``use_dns_endpoint``).
@@ -138,10 +138,10 @@ class JobSetOperator(BaseOperator):
     # -- hooks ------------------------------------------------------------------------------------
 
     @cached_property
-    def hook(self) -> JobSetHook:
+    def hook(self) -> KubernetesApiHook:
         if self.cluster is None:
             raise ValueError(f"{self.task_id}: no cluster given")
-        return JobSetHook(self.cluster)
+        return KubernetesApiHook(self.cluster)
 
     # -- execution --------------------------------------------------------------------------------
 

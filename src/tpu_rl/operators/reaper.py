@@ -21,7 +21,7 @@ from tpu_rl import gke
 from tpu_rl import reaper as rp
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.hooks.gke import GkeApiHook
-from tpu_rl.hooks.jobset import ClusterTarget, JobSetHook
+from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
 from tpu_rl.operators.leases import dag_run_state
 from tpu_rl.run import RunIdentity
 from tpu_rl.tpu import chips_per_host
@@ -134,7 +134,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
 
     def _kubernetes_resources(self, project: str, location: str, cluster: str, target: ClusterTarget):
         try:
-            jobsets, secrets = JobSetHook(target).list_labelled(LABEL_RUN_KEY)
+            jobsets, secrets = KubernetesApiHook(target).list_labelled(LABEL_RUN_KEY)
         except Exception as e:  # noqa: BLE001 - one unreachable cluster must not hide the others' report
             self.log.warning("Cluster %s/%s/%s is unreachable (%s): its JobSets and Secrets are not checked",
                              project, location, cluster, str(e)[:300])
@@ -203,10 +203,10 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 continue
             try:
                 if r.kind == rp.JOBSET:
-                    JobSetHook(targets[(r.project, r.location, r.cluster)]).delete_jobset(
+                    KubernetesApiHook(targets[(r.project, r.location, r.cluster)]).delete_jobset(
                         r.name, r.namespace, uid=r.uid)
                 elif r.kind == rp.SECRET:
-                    JobSetHook(targets[(r.project, r.location, r.cluster)]).delete_secret(r.name, r.namespace)
+                    KubernetesApiHook(targets[(r.project, r.location, r.cluster)]).delete_secret(r.name, r.namespace)
                 elif r.kind == rp.NODE_POOL:
                     GkeApiHook(gcp_conn_id, r.project, r.location).delete_node_pool(r.cluster, r.name)
                 else:

@@ -13,7 +13,7 @@ from tpu_rl import __version__
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError
 from tpu_rl.config_rules import conversion_fit_problems
-from tpu_rl.hooks.jobset import JobSetHook
+from tpu_rl.hooks.kubernetes import KubernetesApiHook
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
 from tpu_rl.machines import quantity_cpu, quantity_gib
 from tpu_rl.manifests import hf_token_secret, workload_service_account
@@ -132,7 +132,7 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
     def execute(self, context: Any) -> None:
         scope = self.bind_scope(context)
         config = scope.config
-        hook = JobSetHook(scope.cluster_target)
+        hook = KubernetesApiHook(scope.cluster_target)
         versions = hook.crd_served_versions(JOBSET_CRD)
         problem = hook.jobset_admission_problem(config.namespace) if versions else None
         if versions and problem is None:
@@ -215,7 +215,7 @@ class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
                 "Hugging Face token in the connection's password field."
             )
         secret = hf_token_secret(config, run, token)
-        hook = JobSetHook(scope.cluster_target)
+        hook = KubernetesApiHook(scope.cluster_target)
         account = workload_service_account(config)
         if hook.create_service_account(account, config.namespace):
             self.log.info("Created ServiceAccount %s/%s for the workloads", config.namespace,

@@ -21,7 +21,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import jobset_status as st
 from tpu_rl.hooks.gcs import GcsReadHook
-from tpu_rl.hooks.jobset import AsyncJobSetHook, ClusterTarget
+from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget
 from tpu_rl.training_metrics import kept_line_kind
 from tpu_rl.triggers.training_progress import TrainingProgress
 
@@ -95,7 +95,7 @@ class _LogCursor:
 class JobSetTrigger(BaseTrigger):
     """Fires once the JobSet ``namespace/name`` (that incarnation: ``uid``) is Completed, Failed or gone.
 
-    :param cluster: the cluster (a :class:`~tpu_rl.hooks.jobset.ClusterTarget`, or its ``to_dict()``), a GKE
+    :param cluster: the cluster (a :class:`~tpu_rl.hooks.kubernetes.ClusterTarget`, or its ``to_dict()``), a GKE
         cluster with its endpoint resolved.
     :param progress_interval: seconds between progress lines when nothing changes (changes are
         logged when they happen).
@@ -144,8 +144,8 @@ class JobSetTrigger(BaseTrigger):
         kwargs = {key: getattr(self, key) for key in self._SERIALIZED}
         return f"{type(self).__module__}.{type(self).__qualname__}", {**kwargs, "cluster": self.cluster.to_dict()}
 
-    def hook(self) -> AsyncJobSetHook:
-        return AsyncJobSetHook(self.cluster)
+    def hook(self) -> AsyncKubernetesApiHook:
+        return AsyncKubernetesApiHook(self.cluster)
 
     @property
     def ref(self) -> str:
@@ -198,7 +198,7 @@ class JobSetTrigger(BaseTrigger):
         )
         return states.get(ti.run_id, {}).get(ti.task_id) != "deferred"
 
-    async def _keep_running(self, fn, hook: AsyncJobSetHook, progress: _Progress) -> None:
+    async def _keep_running(self, fn, hook: AsyncKubernetesApiHook, progress: _Progress) -> None:
         """Pods, log and progress only inform: an API error there is logged and retried, never fatal."""
         while True:
             try:
@@ -209,7 +209,7 @@ class JobSetTrigger(BaseTrigger):
                 self.log.warning("%s failed (%s: %s); retrying in 10 s", fn.__name__, type(e).__name__, str(e)[:300])
                 await asyncio.sleep(10)
 
-    async def _watch_jobset(self, hook: AsyncJobSetHook, progress: _Progress) -> dict | None:
+    async def _watch_jobset(self, hook: AsyncKubernetesApiHook, progress: _Progress) -> dict | None:
         """The JobSet once finished, or None once deleted (or replaced by another of the same name)."""
         first = await hook.get_jobset(self.name, self.namespace)
         if first.get("metadata", {}).get("uid") != self.uid:
@@ -229,7 +229,7 @@ class JobSetTrigger(BaseTrigger):
                 return jobset
         return None
 
-    async def _watch_pods(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
+    async def _watch_pods(self, hook: AsyncKubernetesApiHook, progress: _Progress) -> None:
         async for kind, pod in hook.watch_pods(self.name, self.namespace, self.uid):
             progress.record_pod(kind, pod)
 
@@ -242,7 +242,7 @@ class JobSetTrigger(BaseTrigger):
         ]
         return max(candidates, key=lambda p: p.restart_attempt, default=None)
 
-    async def _follow_log(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
+    async def _follow_log(self, hook: AsyncKubernetesApiHook, progress: _Progress) -> None:
         """Stream the workload log into the task log. Switch to the new pod after a restart (even if
         the old stream stays open), reconnect after silences and dropped streams without repeating
         lines, and stop following a pod shortly after it ended."""
@@ -285,7 +285,7 @@ class JobSetTrigger(BaseTrigger):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(progress.pods_changed.wait(), 10)
 
-    async def _stream_while_current(self, hook: AsyncJobSetHook, pod: st.PodRecord, cursor: _LogCursor,
+    async def _stream_while_current(self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: _LogCursor,
                                     progress: _Progress) -> tuple[bool, bool]:
         """:meth:`_stream_log`, stopped when a newer pod is the one to follow, or shortly after this one ended."""
         stream = asyncio.create_task(self._stream_log(hook, pod, cursor, progress))
@@ -306,7 +306,7 @@ class JobSetTrigger(BaseTrigger):
                 stream.cancel()
         return stream.result() if not stream.cancelled() else (False, True)
 
-    async def _stream_log(self, hook: AsyncJobSetHook, pod: st.PodRecord, cursor: _LogCursor,
+    async def _stream_log(self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: _LogCursor,
                           progress: _Progress) -> tuple[bool, bool]:
         """One log request: (whether it brought new lines, whether it ended without an error)."""
         received = False
@@ -333,7 +333,7 @@ class JobSetTrigger(BaseTrigger):
         while not progress.log_idle and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
 
-    async def _report(self, hook: AsyncJobSetHook, progress: _Progress) -> None:
+    async def _report(self, hook: AsyncKubernetesApiHook, progress: _Progress) -> None:
         """Log progress when it changes (checked every few seconds) and every progress_interval anyway."""
         last_line, last_time, started, kueue_checked = "", 0.0, time.monotonic(), 0.0
         while True:
@@ -377,7 +377,7 @@ class JobSetTrigger(BaseTrigger):
             self.log.warning("No training progress: cannot read gs://%s (%s: %s)", training.bucket,
                              type(e).__name__, str(e)[:300])
 
-    async def _event(self, hook: AsyncJobSetHook, progress: _Progress, final: dict | None) -> dict[str, Any]:
+    async def _event(self, hook: AsyncKubernetesApiHook, progress: _Progress, final: dict | None) -> dict[str, Any]:
         event: dict[str, Any] = {
             "name": self.name,
             "namespace": self.namespace,
@@ -411,7 +411,7 @@ class JobSetTrigger(BaseTrigger):
             message += "\nLast lines of the workload log:\n" + "\n".join(f"  | {x}" for x in progress.tail)
         return message
 
-    async def _lost_nodes(self, hook: AsyncJobSetHook, progress: _Progress) -> list[str]:
+    async def _lost_nodes(self, hook: AsyncKubernetesApiHook, progress: _Progress) -> list[str]:
         nodes = {p.node for p in progress.pods.values() if p.node and (p.failed() or p.deleted)}
         lost = []
         for node in sorted(nodes)[:20]:

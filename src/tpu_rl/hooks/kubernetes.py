@@ -1,8 +1,9 @@
-"""Hooks for JobSets on a Kubernetes cluster: a GKE cluster through the Google provider, or any
-cluster through a Kubernetes connection.
+"""Hooks for a cluster's Kubernetes API: a GKE cluster through the Google provider, or any cluster through a
+Kubernetes connection (:class:`ClusterTarget` names which).
 
-They only talk to the API (JobSets, their pods, nodes, Kueue Workloads); the operator decides what
-to do and the trigger waits. Objects are returned as plain dicts, as the API sends them.
+They only talk to the API (JobSets, their pods and logs, nodes, Secrets, service accounts, Kueue, the server's
+version); the operator decides what to do and the trigger waits. Objects are returned as plain dicts, as the
+API sends them.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class ClusterTarget:
     The one description of the connection: the operator holds it (its names are templated), its hooks use
     it, and the trigger carries it serialised (:meth:`to_dict`, :meth:`from_dict`). For the trigger it
     also carries the GKE cluster's endpoint as the operator resolved it (:meth:`with_endpoint` and
-    ``JobSetHook.gke_endpoint``): ``cluster_url`` and ``ssl_ca_cert``, so the triggerer asks nothing of GKE.
+    ``KubernetesApiHook.gke_endpoint``): ``cluster_url`` and ``ssl_ca_cert``, so the triggerer asks nothing of GKE.
     """
 
     template_fields: ClassVar[Sequence[str]] = (
@@ -98,8 +99,8 @@ class ClusterTarget:
                    gcp_conn_id=config.gcp_conn_id, use_dns_endpoint=config.uses_dns_endpoint)
 
 
-class JobSetHook(LoggingMixin):
-    """Synchronous JobSet calls the operator makes before deferring and after resuming."""
+class KubernetesApiHook(LoggingMixin):
+    """Synchronous calls of the operators (JobSets, pods, nodes, Secrets, service accounts, Kueue, the version)."""
 
     def __init__(self, target: ClusterTarget) -> None:
         super().__init__()
@@ -351,7 +352,7 @@ class JobSetHook(LoggingMixin):
             time.sleep(interval)
 
 
-class AsyncJobSetHook(LoggingMixin):
+class AsyncKubernetesApiHook(LoggingMixin):
     """Asynchronous calls the trigger makes while it waits: watches, log streams and a few reads. The API
     paths are built here and nowhere else.
 
