@@ -24,6 +24,7 @@ from tpu_rl.layout import GcsLayout, training_record
 from tpu_rl.run import DataInterval, RunIdentity
 
 if TYPE_CHECKING:
+    from tpu_rl.hooks.gcs import GcsBucketHook
     from tpu_rl.hooks.kubernetes import ClusterTarget
 
 
@@ -72,12 +73,12 @@ class RunScope:
         return ClusterTarget.for_run(self.config)
 
     @cached_property
-    def storage(self) -> Any:
-        """The run's ``google.cloud.storage.Client`` (one per task execution), for the JSON objects, lock and
-        folder moves of ``hooks/gcs.py``."""
-        from tpu_rl.hooks.gcs import storage_client
+    def bucket(self) -> GcsBucketHook:
+        """The run's bucket, one storage client per task execution: its JSON objects (leases, the training
+        record, the conversion lock) and the folder moves of a preemption's resume."""
+        from tpu_rl.hooks.gcs import GcsBucketHook
 
-        return storage_client(self.config.gcp_conn_id)
+        return GcsBucketHook(self.config.gcs_bucket, self.config.gcp_conn_id)
 
     @cached_property
     def training_record(self) -> dict[str, Any]:

@@ -6,9 +6,9 @@
 - The reads behind them (:func:`orbax_step`, :func:`final_training_step`, :func:`hf_export`, :func:`read_lock`)
   list objects and read only the small documents the rules in :mod:`tpu_rl.checkpoints` need: a few listing
   pages, never a download of a checkpoint. They return the rules' verdict; triggers and sensors decide.
-- :func:`object_sizes`, :func:`delete_objects` and :func:`rewrite_object` are what publishing the export
-  does (with a ``google.cloud.storage.Client`` from :func:`storage_client`); :func:`move_folder` sets a step
-  folder aside before a resume, and :func:`training_state` reads what a preempted training left.
+- :class:`GcsBucketHook` is one bucket through ``google-cloud-storage``: what publishing the export does (sizes,
+  deletes, server-side copies), the folder move that sets a step folder aside before a resume, and its JSON
+  objects; :func:`training_state` reads what a preempted training left.
 - :class:`GcsJsonObject` is a small JSON object several runs write at once (a lease, the training record, the
   lock): written only while the generation it was read at is current.
 - :class:`GcsLock` is the cross-run lock on a shared conversion, and :func:`parse_lock_holder` and
@@ -242,7 +242,7 @@ class GcsJsonObject:
     of two writers one wins and the other reads again. The lease documents, the training record and the
     conversion lock are such objects.
 
-    :param client: a ``google.cloud.storage.Client`` (:func:`storage_client`).
+    :param client: a ``google.cloud.storage.Client`` (:meth:`GcsBucketHook.json_object` gives one its bucket's).
     """
 
     def __init__(self, client: Any, bucket: str, name: str) -> None:
@@ -315,38 +315,62 @@ class GcsJsonObject:
         raise AirflowException(f"{self.uri} kept changing while it was updated ({attempts} attempts)")
 
 
-# -- publishing: a folder's objects copied server-side -----------------------------------------------------
+# -- one bucket, through google-cloud-storage ---------------------------------------------------------------
 
 
-def object_sizes(client: Any, bucket: str, prefix: str) -> dict[str, int]:
-    """The sizes of the objects under ``prefix``, keyed by name relative to it."""
-    return {blob.name[len(prefix) :]: blob.size for blob in client.list_blobs(bucket, prefix=prefix)}
+class GcsBucketHook:
+    """One bucket through a ``google.cloud.storage.Client`` of the connection (made on first use, through the
+    Google provider's GCSHook, and kept: one per task execution): the sizes of a folder's objects, deletes,
+    server-side copies and folder moves, and its small JSON objects (:class:`GcsJsonObject`).
 
+    :param client: a client to share (e.g. with :meth:`other`), instead of one made from ``gcp_conn_id``.
+    """
 
-def delete_objects(client: Any, bucket: str, names: Iterable[str]) -> None:
-    handle = client.bucket(bucket)
-    for name in names:
-        handle.blob(name).delete()
+    def __init__(self, bucket: str, gcp_conn_id: str = "google_cloud_default", *, client: Any = None) -> None:
+        self.bucket, self.gcp_conn_id, self._client = bucket, gcp_conn_id, client
 
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = storage_client(self.gcp_conn_id)
+        return self._client
 
-def rewrite_object(client: Any, bucket: str, source: str, destination: str) -> None:
-    """A server-side copy within the bucket (a rewrite, continued until GCS says it is done)."""
-    handle = client.bucket(bucket)
-    token = None
-    while True:
-        token, _, _ = handle.blob(destination).rewrite(handle.blob(source), token=token)
-        if token is None:
-            return
+    def other(self, bucket: str) -> GcsBucketHook:
+        """Another bucket, through the same client."""
+        return GcsBucketHook(bucket, self.gcp_conn_id, client=self.client)
 
+    def uri(self, name: str = "") -> str:
+        return f"gs://{self.bucket}/{name}"
 
-def move_folder(client: Any, bucket: str, source: str, destination: str) -> int:
-    """Copies every object under ``source`` to ``destination`` (server-side), then deletes the originals:
-    nothing is removed before its copy exists. Returns how many objects moved."""
-    names = list(object_sizes(client, bucket, source))
-    for name in names:
-        rewrite_object(client, bucket, source + name, destination + name)
-    delete_objects(client, bucket, [source + name for name in names])
-    return len(names)
+    def json_object(self, name: str) -> GcsJsonObject:
+        return GcsJsonObject(self.client, self.bucket, name)
+
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        """The sizes of the objects under ``prefix``, keyed by name relative to it."""
+        return {blob.name[len(prefix) :]: blob.size for blob in self.client.list_blobs(self.bucket, prefix=prefix)}
+
+    def delete_objects(self, names: Iterable[str]) -> None:
+        handle = self.client.bucket(self.bucket)
+        for name in names:
+            handle.blob(name).delete()
+
+    def rewrite_object(self, source: str, destination: str) -> None:
+        """A server-side copy within the bucket (a rewrite, continued until GCS says it is done)."""
+        handle = self.client.bucket(self.bucket)
+        token = None
+        while True:
+            token, _, _ = handle.blob(destination).rewrite(handle.blob(source), token=token)
+            if token is None:
+                return
+
+    def move_folder(self, source: str, destination: str) -> int:
+        """Copies every object under ``source`` to ``destination`` (server-side), then deletes the originals:
+        nothing is removed before its copy exists. Returns how many objects moved."""
+        names = list(self.object_sizes(source))
+        for name in names:
+            self.rewrite_object(source + name, destination + name)
+        self.delete_objects([source + name for name in names])
+        return len(names)
 
 
 # -- the conversion lock ---------------------------------------------------------------------------------
@@ -416,15 +440,15 @@ class GcsLock:
     rewriting it with ``if_generation_match=<its generation>``, so of several takers one wins. Releasing
     deletes it, only if it is still ours, with a generation precondition.
 
-    :param client: a ``google.cloud.storage.Client``.
+    :param lock_object: the lock's object (:meth:`GcsBucketHook.json_object`).
     :param owner: ``dag_id``, ``run_id``, ``task_id`` and ``try_number`` of the task taking it.
     :param stale_after: seconds after which this holder's lock may be taken over (written into the lock).
     """
 
     IDENTITY = ("dag_id", "run_id", "task_id")
 
-    def __init__(self, client: Any, bucket: str, name: str, owner: Mapping[str, Any], stale_after: float, log: Any):
-        self.object = GcsJsonObject(client, bucket, name)
+    def __init__(self, lock_object: GcsJsonObject, owner: Mapping[str, Any], stale_after: float, log: Any):
+        self.object = lock_object
         self.owner = dict(owner)
         self.stale_after = stale_after
         self.log = log

@@ -54,8 +54,8 @@ class LeaseStore:
     """One lease document in Cloud Storage, changed only with a generation precondition: of two runs that
     change it at once, one writes and the other reads again and decides again."""
 
-    def __init__(self, client: Any, bucket: str, name: str) -> None:
-        self.object = gcs.GcsJsonObject(client, bucket, name)
+    def __init__(self, document: gcs.GcsJsonObject) -> None:
+        self.object = document
 
     @property
     def uri(self) -> str:
@@ -78,7 +78,7 @@ class LeaseStore:
 
 def lease_store(scope: RunScope, name: str) -> LeaseStore:
     """The lease object ``name`` in the run's bucket."""
-    return LeaseStore(scope.storage, scope.config.gcs_bucket, name)
+    return LeaseStore(scope.bucket.json_object(name))
 
 
 def cluster_lease(scope: RunScope) -> LeaseStore:

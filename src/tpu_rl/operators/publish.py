@@ -73,17 +73,17 @@ class PublishHfExportOperator(BaseOperator):
             raise ValueError("source_prefix and destination_prefix must be folders ending in '/'")
         if source.startswith(destination) or destination.startswith(source):
             raise ValueError(f"{source} and {destination} overlap")
-        client = gcs.storage_client(self.gcp_conn_id)
+        bucket = gcs.GcsBucketHook(self.bucket, self.gcp_conn_id)
 
-        expected = gcs.object_sizes(client, self.bucket, source)
+        expected = bucket.object_sizes(source)
         if not expected:
             raise AirflowException(f"Nothing to publish under gs://{self.bucket}/{source}")
-        stale = gcs.object_sizes(client, self.bucket, destination)
-        gcs.delete_objects(client, self.bucket, [destination + name for name in stale])
+        stale = bucket.object_sizes(destination)
+        bucket.delete_objects([destination + name for name in stale])
         self.log.info("Cleared %d objects at gs://%s/%s", len(stale), self.bucket, destination)
         for name in expected:
-            gcs.rewrite_object(client, self.bucket, source + name, destination + name)
-        published = gcs.object_sizes(client, self.bucket, destination)
+            bucket.rewrite_object(source + name, destination + name)
+        published = bucket.object_sizes(destination)
         if published != expected:
             differ = sorted(n for n in expected.keys() | published.keys() if expected.get(n) != published.get(n))
             raise AirflowException(f"Published copy differs from the verified export in: {differ[:10]}")

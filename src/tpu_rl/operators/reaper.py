@@ -155,17 +155,17 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     def _lease_holders(self, resources: list[rp.Resource], gcp_conn_id: str) -> dict[tuple, tuple[RunIdentity, ...]]:
         """Per shared cluster, the runs its lease lists (a run that joined it may have nothing in it yet). A
         lease that cannot be read keeps its cluster: its runs are not known."""
-        from tpu_rl.hooks.gcs import storage_client
+        from tpu_rl.hooks.gcs import GcsBucketHook
         from tpu_rl.operators.leases import LeaseStore
 
-        holders, client = {}, None
+        holders, hook = {}, None
         for i, r in enumerate(resources):
             if r.kind != rp.CLUSTER or not r.lease:
                 continue
             bucket, _, name = r.lease.removeprefix("gs://").partition("/")
             try:
-                client = client or storage_client(gcp_conn_id)
-                lease, _ = LeaseStore(client, bucket, name).read()
+                hook = hook.other(bucket) if hook else GcsBucketHook(bucket, gcp_conn_id)  # one client for all
+                lease, _ = LeaseStore(hook.json_object(name)).read()
             except Exception as e:  # noqa: BLE001 - a bucket the reaper cannot read must not reap what it guards
                 self.log.warning("Cannot read the lease %s of shared cluster %s: %s", r.lease, r.name, str(e)[:300])
                 resources[i] = dataclasses.replace(r, kept_by_design=f"its lease {r.lease} could not be read")

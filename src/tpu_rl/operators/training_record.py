@@ -32,18 +32,16 @@ BASELINE_KEY = "evaluation_before"
 
 
 def check_training_record(
-    client: Any,
-    bucket: str,
+    bucket: gcs.GcsBucketHook,
     record_object: str,
     parameters: Mapping[str, Any],
     log: Any,
 ) -> str:
     """Records a run's training parameters next to its checkpoints on the first attempt, and refuses
-    (AirflowFailException) any later attempt whose parameters differ (``client``: a storage client). Returns the
-    record's URI."""
-    uri = f"gs://{bucket}/{record_object}"
+    (AirflowFailException) any later attempt whose parameters differ. Returns the record's URI."""
+    uri = bucket.uri(record_object)
     current = json.loads(json.dumps(dict(parameters)))  # As it reads back from JSON.
-    created, stored = gcs.GcsJsonObject(client, bucket, record_object).read_or_create({"parameters": current})
+    created, stored = bucket.json_object(record_object).read_or_create({"parameters": current})
     if created:
         log.info("Recorded the run's training parameters in %s", uri)
         return uri
@@ -57,27 +55,29 @@ def check_training_record(
     return uri
 
 
-def recorded_preemptions(client: Any, bucket: str, record_object: str) -> list[PreemptionRecord]:
+def recorded_preemptions(bucket: gcs.GcsBucketHook, record_object: str) -> list[PreemptionRecord]:
     """The preemptions the run's record holds (none in a record written before preemptions were counted)."""
-    document = _read_record(client, bucket, record_object)
+    document = _read_record(bucket, record_object)
     return [PreemptionRecord.from_json(entry) for entry in document.get(PREEMPTIONS_KEY, [])]
 
 
-def record_preemption(client: Any, bucket: str, record_object: str, record: PreemptionRecord) -> list[PreemptionRecord]:
+def record_preemption(
+    bucket: gcs.GcsBucketHook, record_object: str, record: PreemptionRecord
+) -> list[PreemptionRecord]:
     """Adds ``record`` to the run's record (its parameters untouched); returns every preemption recorded."""
 
     def add(document: dict) -> dict:
         document.setdefault(PREEMPTIONS_KEY, []).append(record.to_json())
         return document
 
-    document = gcs.GcsJsonObject(client, bucket, record_object).update(add)
+    document = bucket.json_object(record_object).update(add)
     return [PreemptionRecord.from_json(entry) for entry in document[PREEMPTIONS_KEY]]
 
 
-def record_baseline(client: Any, bucket: str, record_object: str, before: Mapping[str, Any] | None) -> dict | None:
+def record_baseline(bucket: gcs.GcsBucketHook, record_object: str, before: Mapping[str, Any] | None) -> dict | None:
     """The run's evaluation before training: the one recorded, else ``before`` (an attempt's ``Pre`` figures),
     which is then recorded. None while no attempt has logged one."""
-    stored = _read_record(client, bucket, record_object).get(BASELINE_KEY)
+    stored = _read_record(bucket, record_object).get(BASELINE_KEY)
     if stored or not before:
         return stored
 
@@ -85,13 +85,13 @@ def record_baseline(client: Any, bucket: str, record_object: str, before: Mappin
         document.setdefault(BASELINE_KEY, dict(before))
         return document
 
-    return gcs.GcsJsonObject(client, bucket, record_object).update(add)[BASELINE_KEY]
+    return bucket.json_object(record_object).update(add)[BASELINE_KEY]
 
 
-def _read_record(client: Any, bucket: str, record_object: str) -> dict:
-    stored = gcs.GcsJsonObject(client, bucket, record_object).read()
+def _read_record(bucket: gcs.GcsBucketHook, record_object: str) -> dict:
+    stored = bucket.json_object(record_object).read()
     if stored is None:
-        raise AirflowException(f"gs://{bucket}/{record_object}: the run's training record is missing")
+        raise AirflowException(f"{bucket.uri(record_object)}: the run's training record is missing")
     return stored.document()
 
 
@@ -129,7 +129,7 @@ class TrainingRecordCheckOperator(BaseOperator):
 
     def execute(self, context: Context) -> str:
         return check_training_record(
-            gcs.storage_client(self.gcp_conn_id), self.bucket, self.record_object, self.parameters, self.log
+            gcs.GcsBucketHook(self.bucket, self.gcp_conn_id), self.record_object, self.parameters, self.log
         )
 
 

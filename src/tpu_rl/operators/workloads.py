@@ -24,7 +24,6 @@ from tpu_rl.contract import (
 from tpu_rl.hooks.gcs import (
     GcsLock,
     GcsReadHook,
-    move_folder,
     parse_not_before,
     training_state,
 )
@@ -114,7 +113,7 @@ class HfToMaxTextOperator(RunJobSetOperator):
         scope = self.scope
         owner = {"dag_id": scope.run.dag_id, "run_id": scope.run.run_id, "task_id": scope.task_id,
                  "try_number": scope.try_number}
-        return GcsLock(scope.storage, scope.config.gcs_bucket, scope.layout.conversion_lock_object, owner,
+        return GcsLock(scope.bucket.json_object(scope.layout.conversion_lock_object), owner,
                        self.stale_after, self.log)
 
     def _step(self) -> tuple[str, Any]:
@@ -274,13 +273,13 @@ class TrainRlOperator(RunJobSetOperator):
         the training record. An attempt that ``restored`` a step (a retry, a clear, a preemption: its ``Pre``
         line evaluates trained weights) never provides them, even when the first attempt's were lost (a
         triggerer restarted after the kubelet rotated the log): then there are none, rather than wrong ones."""
-        config, layout = self.scope.config, self.scope.layout
+        layout = self.scope.layout
         before = evaluation.before if evaluation and not restored else None
         if evaluation and restored:
             evaluation = Evaluation(before=None, after=evaluation.after)
         try:
-            recorded = record_baseline(self.scope.storage, config.gcs_bucket,
-                                       layout.training_record_object, asdict(before) if before else None)
+            recorded = record_baseline(self.scope.bucket, layout.training_record_object,
+                                       asdict(before) if before else None)
         except Exception as error:  # The figures inform the gate: without the record, the attempt's own.
             self.log.warning("Could not keep the evaluation before training in the run's record: %s", error)
             return evaluation
@@ -292,8 +291,7 @@ class TrainRlOperator(RunJobSetOperator):
 
     def before_submit(self, context: Any) -> None:
         scope = self.scope
-        check_training_record(scope.storage, scope.config.gcs_bucket, scope.layout.training_record_object,
-                              scope.training_record, self.log)
+        check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, self.log)
 
     def after_failed(self, context: Any, event: dict[str, Any]) -> dict | None:
         """A later attempt resumes: keep this one's figures before training. A preempted training is resumed
@@ -310,7 +308,7 @@ class TrainRlOperator(RunJobSetOperator):
         once the run's budget is spent). A training preempted after its final save (during the evaluation after
         training, say) is complete: resubmitting it would reload the model and evaluate twice for nothing."""
         scope, config = self.scope, self.scope.config
-        layout, client = scope.layout, scope.storage
+        layout, bucket = scope.layout, scope.bucket
         state = GcsReadHook(config.gcp_conn_id).run_now(
             config.gcs_bucket,
             lambda reader: training_state(reader, layout.actor_checkpoints_prefix, layout.tensorboard_prefix,
@@ -329,10 +327,10 @@ class TrainRlOperator(RunJobSetOperator):
                 return self.succeed(context, {**event, "message": f"training complete at step {plan.resume_from}"})
             finally:
                 self.after_jobset_ended(context)
-        moved = [self._set_aside(client, step, why, now) for step, why in plan.set_aside]
+        moved = [self._set_aside(step, why, now) for step, why in plan.set_aside]
         started = (context["ti"].xcom_pull(task_ids=self.task_id, key=XCOM_JOBSET) or {}).get("created")
         since = max(filter(None, [state.committed_at, parse_not_before(started)]), default=None)
-        recorded = recorded_preemptions(client, config.gcs_bucket, layout.training_record_object)
+        recorded = recorded_preemptions(bucket, layout.training_record_object)
         resumed = preemption.within_budget(len(recorded), config.max_preemptions)
         record = preemption.PreemptionRecord(
             number=len(recorded) + 1,
@@ -343,7 +341,7 @@ class TrainRlOperator(RunJobSetOperator):
             seconds_lost=preemption.seconds_lost(since, now),
             set_aside=tuple(moved),
         )
-        records = record_preemption(client, config.gcs_bucket, layout.training_record_object, record)
+        records = record_preemption(bucket, layout.training_record_object, record)
         if not resumed:
             self._push_accounting(context, records)
             raise AirflowFailException(
@@ -358,12 +356,12 @@ class TrainRlOperator(RunJobSetOperator):
         self.hook.wait_until_gone(name, namespace, uid, self.deletion_timeout)
         return self.run_jobset(context)  # Submits the resumed training and defers.
 
-    def _set_aside(self, client: Any, step: int, why: str, now: datetime) -> str:
+    def _set_aside(self, step: int, why: str, now: datetime) -> str:
         """Moves one step folder out of the checkpoint manager's view (copied, then removed); logs both places."""
-        layout, bucket = self.scope.layout, self.scope.config.gcs_bucket
+        layout = self.scope.layout
         source = f"{layout.actor_checkpoints_prefix}{step}/"
         destination = layout.set_aside_prefix + checkpoints.set_aside_folder(step, now)
-        count = move_folder(client, bucket, source, destination)
+        count = self.scope.bucket.move_folder(source, destination)
         self.log.warning(
             "actor/%d/ is not a complete step (%s): set aside, %d objects moved from %s to %s", step, why, count,
             layout.uri(source), layout.uri(destination),
@@ -375,8 +373,7 @@ class TrainRlOperator(RunJobSetOperator):
         config = self.scope.config
         if records is None:
             try:
-                records = recorded_preemptions(self.scope.storage, config.gcs_bucket,
-                                               self.scope.layout.training_record_object)
+                records = recorded_preemptions(self.scope.bucket, self.scope.layout.training_record_object)
             except Exception as error:  # The accounting informs; it never decides the task's outcome.
                 self.log.warning("Could not read the run's preemptions from its training record: %s", error)
                 return
