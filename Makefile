@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test lint unit demo plan sim-up sim-down sim-status bench
+.PHONY: venv wheel test lint format unit demo plan sim-up sim-down sim-status bench
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
@@ -42,9 +42,14 @@ test: venv
 demo: venv
 	scripts/demo.sh
 
-# The linter (its rules in pyproject.toml); make test runs it first.
+# The linter and the formatter's check (their rules in pyproject.toml); make test runs them first.
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# Formats every Python file as make lint expects.
+format: venv
+	$(VENV)/bin/ruff format .
 
 # The tests that need only the metadata database (config, manifests, plan, DAG wiring, deploy files).
 unit: venv

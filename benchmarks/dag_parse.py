@@ -26,8 +26,15 @@ REPO = Path(__file__).resolve().parents[1]
 PIPELINE = REPO / "dags" / "maxtext_rl_tpu.py"
 PROGRAMS_DAG = REPO / "dags" / "maxtext_rl_tpu_programs.py"
 EXAMPLE = REPO / "include" / "examples" / "programs.yaml"
-HEAVY = ("google.cloud", "kubernetes", "kubernetes_asyncio", "airflow.providers.google", "airflow.providers.cncf",
-         "tensorboard", "fastapi")
+HEAVY = (
+    "google.cloud",
+    "kubernetes",
+    "kubernetes_asyncio",
+    "airflow.providers.google",
+    "airflow.providers.cncf",
+    "tensorboard",
+    "fastapi",
+)
 
 PROBE = f"""
 import json, sys, time
@@ -48,8 +55,11 @@ def generated_programs(count: int, folder: Path) -> Path:
     daily = yaml.safe_load(EXAMPLE.read_text())["programs"]["maxtext_rl_tpu_daily"]
     programs = {}
     for index in range(count):
-        program = {**daily, "capacity": {"group": f"v6e-64-group-{index % 4}", "slices": 1},
-                   "params": {**daily["params"], "cluster_name": f"tpu-rl-program-{index}"}}
+        program = {
+            **daily,
+            "capacity": {"group": f"v6e-64-group-{index % 4}", "slices": 1},
+            "params": {**daily["params"], "cluster_name": f"tpu-rl-program-{index}"},
+        }
         programs[f"maxtext_rl_tpu_program_{index}"] = program
     path = folder / f"programs-{count}.yaml"
     path.write_text(yaml.safe_dump({"programs": programs}))
@@ -72,9 +82,11 @@ def measure(label: str, dag_file: Path, programs: Path | None, runs: int, per_da
     median = statistics.median(times)
     per = f", {median / per_dag * 1000:.0f} ms per program" if per_dag else ""
     heavy = results[0]["heavy"]
-    print(f"{label}: {results[0]['dags']} DAGs, median {median:.3f} s over {runs} fresh interpreters "
-          f"(min {min(times):.3f}, max {max(times):.3f}){per}; heavy modules imported: {len(heavy)}"
-          + (f" {heavy[:10]}" if heavy else ""))
+    print(
+        f"{label}: {results[0]['dags']} DAGs, median {median:.3f} s over {runs} fresh interpreters "
+        f"(min {min(times):.3f}, max {max(times):.3f}){per}; heavy modules imported: {len(heavy)}"
+        + (f" {heavy[:10]}" if heavy else "")
+    )
     return True
 
 
@@ -87,8 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     ok &= measure(f"{PROGRAMS_DAG.relative_to(REPO)}, the example's programs", PROGRAMS_DAG, EXAMPLE, args.runs, 2)
     with tempfile.TemporaryDirectory() as folder:
         for count in args.programs:
-            ok &= measure(f"{PROGRAMS_DAG.relative_to(REPO)}, {count} programs", PROGRAMS_DAG,
-                          generated_programs(count, Path(folder)), args.runs, count)
+            ok &= measure(
+                f"{PROGRAMS_DAG.relative_to(REPO)}, {count} programs",
+                PROGRAMS_DAG,
+                generated_programs(count, Path(folder)),
+                args.runs,
+                count,
+            )
     return 0 if ok else 1
 
 

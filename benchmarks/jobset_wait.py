@@ -45,13 +45,16 @@ class RequestCounter:
             return f"{side} {method} {resource}{watch}{follow}"
 
         if asyncio.iscoroutinefunction(original):
+
             async def call_api(self, resource_path, method, *args, **kwargs):
                 counter.calls.append((time.monotonic(), kind(method, resource_path, kwargs.get("query_params")), side))
                 return await original(self, resource_path, method, *args, **kwargs)
         else:
+
             def call_api(self, resource_path, method, *args, **kwargs):
                 counter.calls.append((time.monotonic(), kind(method, resource_path, kwargs.get("query_params")), side))
                 return original(self, resource_path, method, *args, **kwargs)
+
         api_client_class.call_api = call_api
 
 
@@ -77,16 +80,38 @@ def manifest(name: str, hosts: int, run_seconds: float) -> dict:
             "restartPolicy": "Never",
             "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice"},
             "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "workload-container", "image": "python:3.12",
-                            "command": ["/bin/bash", "-c", "true"], "resources": {"limits": {"google.com/tpu": "4"}}}],
+            "containers": [
+                {
+                    "name": "workload-container",
+                    "image": "python:3.12",
+                    "command": ["/bin/bash", "-c", "true"],
+                    "resources": {"limits": {"google.com/tpu": "4"}},
+                }
+            ],
         },
     }
     return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
-        "spec": {"failurePolicy": {"maxRestarts": 0},
-                 "replicatedJobs": [{"name": "main-job", "replicas": 1, "template": {
-            "spec": {"parallelism": hosts, "completions": hosts, "backoffLimit": 0, "completionMode": "Indexed",
-                     "template": pod}}}]},
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0},
+            "replicatedJobs": [
+                {
+                    "name": "main-job",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "parallelism": hosts,
+                            "completions": hosts,
+                            "backoffLimit": 0,
+                            "completionMode": "Indexed",
+                            "template": pod,
+                        }
+                    },
+                }
+            ],
+        },
     }
 
 
@@ -95,7 +120,7 @@ def ensure_sim() -> None:
         subprocess.run([REPO / "sim" / "up.sh"], check=True)
     for line in (SIM_DIR / "airflow.env").read_text().splitlines():
         if line.startswith("export AIRFLOW_CONN_"):
-            key, _, value = line[len("export "):].partition("=")
+            key, _, value = line[len("export ") :].partition("=")
             os.environ[key] = shlex.split(value)[0]
 
 
@@ -117,8 +142,12 @@ def main() -> None:
     counter.wrap(kubernetes_asyncio.client.ApiClient, "trigger")
 
     name = f"bench-{uuid.uuid4().hex[:6]}"
-    op = JobSetOperator(task_id="train", manifest=manifest(name, args.hosts, args.run_seconds),
-                        kubernetes_conn_id="tpu_rl_sim", progress_interval=60)
+    op = JobSetOperator(
+        task_id="train",
+        manifest=manifest(name, args.hosts, args.run_seconds),
+        kubernetes_conn_id="tpu_rl_sim",
+        progress_interval=60,
+    )
     context = {"ti": TaskInstanceStandIn(name)}
 
     t0 = time.monotonic()
@@ -141,12 +170,16 @@ def main() -> None:
 
     deferred_calls = [c for c in counter.calls if t1 <= c[0] <= t2]
     minutes = (t2 - t1) / 60
-    print(f"JobSet {name}: {args.hosts} pods x {args.run_seconds:g} s, state {result['state']}, "
-          f"{len(result['log_tail'])} log lines kept")
+    print(
+        f"JobSet {name}: {args.hosts} pods x {args.run_seconds:g} s, state {result['state']}, "
+        f"{len(result['log_tail'])} log lines kept"
+    )
     print(f"worker slot held: execute {t1 - t0:.2f} s + execute_complete {t3 - t2:.2f} s = {t1 - t0 + t3 - t2:.2f} s")
     print(f"deferred (triggerer, no worker slot): {t2 - t1:.1f} s")
-    print(f"API requests while deferred: {len(deferred_calls)} in {minutes:.2f} min = "
-          f"{len(deferred_calls) / minutes:.2f} per minute (watches and followed logs count once each)")
+    print(
+        f"API requests while deferred: {len(deferred_calls)} in {minutes:.2f} min = "
+        f"{len(deferred_calls) / minutes:.2f} per minute (watches and followed logs count once each)"
+    )
     print(f"API requests by the operator on the worker: {sum(1 for c in counter.calls if c[2] == 'operator')}")
     print("requests by kind:")
     for kind, n in collections.Counter(c[1] for c in counter.calls).most_common():

@@ -36,8 +36,11 @@ def main() -> int:
 
     def progress(_state: str) -> None:
         nonlocal last
-        running = sorted(t for t, ti in airflow.task_instances(DAG_ID, run_id).items()
-                         if ti["state"] in ("running", "deferred", "up_for_reschedule"))
+        running = sorted(
+            t
+            for t, ti in airflow.task_instances(DAG_ID, run_id).items()
+            if ti["state"] in ("running", "deferred", "up_for_reschedule")
+        )
         if running != last:
             print(f"  {time.monotonic() - started:6.0f} s  {', '.join(running) or '...'}", flush=True)
             last = running
@@ -98,7 +101,8 @@ def tpu_time(conf: dict, run_id: str, instances: dict) -> str:
 
     key_path = json.loads(os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
     credentials = service_account.Credentials.from_service_account_file(
-        key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+    )
     client = ClusterManagerClient(credentials=credentials)
     operations = client.list_operations(parent=f"projects/{conf['project']}/locations/{conf['region']}").operations
     run = RunIdentity(DAG_ID, run_id)
@@ -112,13 +116,17 @@ def tpu_time(conf: dict, run_id: str, instances: dict) -> str:
     slice_start, slice_end = min(created), max(deleted)
     train_start, train_end = _time(train["start_date"]), _time(train["end_date"])
     slice_s, train_s = (slice_end - slice_start).total_seconds(), (train_end - train_start).total_seconds()
-    return "\n".join([
-        "TPU time (slice: its node pools' GKE operations; training: train_rl)",
-        (f"  slice nodes  {slice_start:%H:%M:%S} -> {slice_end:%H:%M:%S}  {slice_s:7.1f} s  "
-         "(pool create requested -> pool deleted)"),
-        f"  training     {train_start:%H:%M:%S} -> {train_end:%H:%M:%S}  {train_s:7.1f} s",
-        f"  ratio        {slice_s / train_s:.2f} (TPU-slice time / training time)",
-    ])
+    return "\n".join(
+        [
+            "TPU time (slice: its node pools' GKE operations; training: train_rl)",
+            (
+                f"  slice nodes  {slice_start:%H:%M:%S} -> {slice_end:%H:%M:%S}  {slice_s:7.1f} s  "
+                "(pool create requested -> pool deleted)"
+            ),
+            f"  training     {train_start:%H:%M:%S} -> {train_end:%H:%M:%S}  {train_s:7.1f} s",
+            f"  ratio        {slice_s / train_s:.2f} (TPU-slice time / training time)",
+        ]
+    )
 
 
 if __name__ == "__main__":

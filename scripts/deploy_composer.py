@@ -64,8 +64,11 @@ def wheel_path(repo: Path = REPO) -> Path:
 
 def local_files(repo: Path = REPO) -> dict[str, Path]:
     """Object name -> file: the DAG files (no bytecode caches), and the programs file when the repository has one."""
-    files = {f"dags/{path.relative_to(repo / 'dags').as_posix()}": path for path in sorted((repo / "dags").rglob("*"))
-             if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo")}
+    files = {
+        f"dags/{path.relative_to(repo / 'dags').as_posix()}": path
+        for path in sorted((repo / "dags").rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo")
+    }
     source, target = PROGRAMS
     if (repo / source).is_file():
         files[target] = repo / source
@@ -108,28 +111,44 @@ def _write_manifest(bucket, objects: dict[str, list[str]], deployed_version: str
     bucket.blob(MANIFEST).upload_from_string(json.dumps(body, indent=1), content_type="application/json")
 
 
-def sync(client, bucket_name: str, files: dict[str, Path], *, dry_run: bool = False, replace_programs: bool = False,
-         deployed_version: str = "") -> SyncResult:
+def sync(
+    client,
+    bucket_name: str,
+    files: dict[str, Path],
+    *,
+    dry_run: bool = False,
+    replace_programs: bool = False,
+    deployed_version: str = "",
+) -> SyncResult:
     """Make the bucket hold ``files``: uploads only what differs (MD5), then deletes what this package left stale
     (after the uploads, so the environment never has a moment without its DAGs)."""
     bucket = client.bucket(bucket_name)
-    remote = {blob.name: blob.md5_hash for prefix in ("dags/", *OWNED, *LEGACY)
-              for blob in client.list_blobs(bucket, prefix=prefix) if not blob.name.endswith("/")}
+    remote = {
+        blob.name: blob.md5_hash
+        for prefix in ("dags/", *OWNED, *LEGACY)
+        for blob in client.list_blobs(bucket, prefix=prefix)
+        if not blob.name.endswith("/")
+    }
     manifest = read_manifest(bucket)
     wanted = {name: path.read_bytes() for name, path in files.items()}
     result = SyncResult()
 
     programs = PROGRAMS[1]
     if programs in remote and remote[programs] not in manifest.get(programs, []) and not replace_programs:
-        source = ("was edited in the bucket since the last deploy" if programs in manifest
-                  else "was not written by a deploy")
-        result.kept[programs] = (f"{source}; kept. Copy it into {PROGRAMS[0]} to deploy it from here, or deploy "
-                                 "with --replace-programs (REPLACE_PROGRAMS=1) to replace it")
+        source = (
+            "was edited in the bucket since the last deploy" if programs in manifest else "was not written by a deploy"
+        )
+        result.kept[programs] = (
+            f"{source}; kept. Copy it into {PROGRAMS[0]} to deploy it from here, or deploy "
+            "with --replace-programs (REPLACE_PROGRAMS=1) to replace it"
+        )
         wanted.pop(programs, None)
 
     # Before anything changes: every object this deploy may create, with the contents it may leave.
-    intent = {name: sorted({*manifest.get(name, []), *([_md5(wanted[name])] if name in wanted else [])})
-              for name in manifest.keys() | wanted.keys()}
+    intent = {
+        name: sorted({*manifest.get(name, []), *([_md5(wanted[name])] if name in wanted else [])})
+        for name in manifest.keys() | wanted.keys()
+    }
     if not dry_run:
         _write_manifest(bucket, intent, deployed_version)
     for name, data in wanted.items():
@@ -222,8 +241,14 @@ class Environment:
         return [self.name, "--location", self.location] + (["--project", self.project] if self.project else [])
 
     def describe_command(self) -> list[str]:
-        return ["gcloud", "composer", "environments", "describe", *self.args(),
-                "--format=json(config.dagGcsPrefix,config.nodeConfig.serviceAccount,config.softwareConfig.pypiPackages)"]
+        return [
+            "gcloud",
+            "composer",
+            "environments",
+            "describe",
+            *self.args(),
+            "--format=json(config.dagGcsPrefix,config.nodeConfig.serviceAccount,config.softwareConfig.pypiPackages)",
+        ]
 
     def update_command(self, requirement: str) -> list[str]:
         """One --update-pypi-package: adds or updates that package and keeps the environment's others
@@ -235,10 +260,26 @@ def repository_commands(project: str, location: str, repository: str, service_ac
     where = ["--location", location, "--project", project]
     return {
         "describe": ["gcloud", "artifacts", "repositories", "describe", repository, *where],
-        "create": ["gcloud", "artifacts", "repositories", "create", repository, "--repository-format=python", *where,
-                   f"--description=Python packages of Airflow environments ({DISTRIBUTION})"],
-        "reader": ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", repository, *where,
-                   f"--member=serviceAccount:{service_account}", "--role=roles/artifactregistry.reader"],
+        "create": [
+            "gcloud",
+            "artifacts",
+            "repositories",
+            "create",
+            repository,
+            "--repository-format=python",
+            *where,
+            f"--description=Python packages of Airflow environments ({DISTRIBUTION})",
+        ],
+        "reader": [
+            "gcloud",
+            "artifacts",
+            "repositories",
+            "add-iam-policy-binding",
+            repository,
+            *where,
+            f"--member=serviceAccount:{service_account}",
+            "--role=roles/artifactregistry.reader",
+        ],
     }
 
 
@@ -266,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
     parser.add_argument("--repository", help="Artifact Registry Python repository for the wheel (created if missing)")
     parser.add_argument("--repository-location", help="the repository's region (default: the environment's)")
-    parser.add_argument("--repository-url",
-                        help="the repository's URL, when it is not Artifact Registry's for --repository")
+    parser.add_argument(
+        "--repository-url", help="the repository's URL, when it is not Artifact Registry's for --repository"
+    )
     parser.add_argument("--bucket", help="the environment's bucket; skips gcloud's describe")
     parser.add_argument("--service-account", help="the environment's service account; with --bucket")
     parser.add_argument("--replace-programs", action="store_true", help="replace a programs file edited in the bucket")
@@ -307,16 +349,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"repository {args.repository} in {location}: created unless it exists")
             run.change(commands["create"])
         run.change(commands["reader"], capture_output=True)
-    index_url = args.repository_url.rstrip("/") + "/" if args.repository_url else (
-        repository_url(project, location, args.repository) if args.repository else None)
+    index_url = (
+        args.repository_url.rstrip("/") + "/"
+        if args.repository_url
+        else (repository_url(project, location, args.repository) if args.repository else None)
+    )
     if index_url:
         token = None
         if ".pkg.dev/" in index_url and not args.dry_run:
             token = run.read(["gcloud", "auth", "print-access-token"]).strip()
         if project_on_index(PUBLIC_INDEX, DISTRIBUTION):
-            raise SystemExit(f"{PUBLIC_INDEX} has a project named {DISTRIBUTION}: with the repository as pip's extra "
-                             "index, the environment could install that one. Use an Artifact Registry virtual "
-                             "repository (this repository before PyPI) as the environment's index-url instead")
+            raise SystemExit(
+                f"{PUBLIC_INDEX} has a project named {DISTRIBUTION}: with the repository as pip's extra "
+                "index, the environment could install that one. Use an Artifact Registry virtual "
+                "repository (this repository before PyPI) as the environment's index-url instead"
+            )
         upload(wheel, index_url, token, run)
         pip_conf(client, bucket, index_url, run)
 
@@ -325,11 +372,19 @@ def main(argv: list[str] | None = None) -> int:
         if pypi.get(DISTRIBUTION) == requirement.removeprefix(DISTRIBUTION):
             print(f"the environment already installs {requirement}")
         else:
-            print(f"custom PyPI package: {DISTRIBUTION}{pypi.get(DISTRIBUTION, ' (none)')} -> {requirement} "
-                  "(Composer rebuilds the image and restarts Airflow: several minutes)")
+            print(
+                f"custom PyPI package: {DISTRIBUTION}{pypi.get(DISTRIBUTION, ' (none)')} -> {requirement} "
+                "(Composer rebuilds the image and restarts Airflow: several minutes)"
+            )
             run.change(env.update_command(requirement))
-    result = sync(client, bucket, local_files(), dry_run=args.dry_run,
-                  replace_programs=args.replace_programs, deployed_version=version())
+    result = sync(
+        client,
+        bucket,
+        local_files(),
+        dry_run=args.dry_run,
+        replace_programs=args.replace_programs,
+        deployed_version=version(),
+    )
     for verb, names in (("upload", result.uploaded), ("delete", result.deleted)):
         for name in names:
             print(f"{'would ' if args.dry_run else ''}{verb} gs://{bucket}/{name}")
@@ -350,13 +405,20 @@ def upload(wheel: Path, index_url: str, token: str | None, run: Runner) -> None:
         print(f"{index_url} already has {wheel.name} (sha256 {local[:12]}...)")
         return
     if published:
-        raise SystemExit(f"{index_url} has another {wheel.name} (sha256 {published[:12]}..., "
-                         f"this one {local[:12]}...): bump __version__ in src/tpu_rl/__init__.py, then deploy again")
+        raise SystemExit(
+            f"{index_url} has another {wheel.name} (sha256 {published[:12]}..., "
+            f"this one {local[:12]}...): bump __version__ in src/tpu_rl/__init__.py, then deploy again"
+        )
     # The token reaches twine through its environment, never its command line.
-    env = {**os.environ, "TWINE_USERNAME": "oauth2accesstoken" if token else os.environ.get("TWINE_USERNAME", "upload"),
-           "TWINE_PASSWORD": token or os.environ.get("TWINE_PASSWORD", "")}
-    run.change([sys.executable, "-m", "twine", "upload", "--non-interactive", "--repository-url", index_url,
-                str(wheel)], env=env)
+    env = {
+        **os.environ,
+        "TWINE_USERNAME": "oauth2accesstoken" if token else os.environ.get("TWINE_USERNAME", "upload"),
+        "TWINE_PASSWORD": token or os.environ.get("TWINE_PASSWORD", ""),
+    }
+    run.change(
+        [sys.executable, "-m", "twine", "upload", "--non-interactive", "--repository-url", index_url, str(wheel)],
+        env=env,
+    )
 
 
 def pip_conf(client, bucket_name: str, index_url: str, run: Runner) -> None:

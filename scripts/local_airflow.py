@@ -129,8 +129,11 @@ def stage_table(instances: dict[str, dict[str, Any]], upstream: dict[str, list[s
     for ti in rows:
         duration = f"{ti['duration']:.1f} s" if ti.get("duration") is not None else "-"
         handoff, after = "-", ""
-        ends = [(instances[u]["end_date"], u) for u in (upstream or {}).get(ti["task_id"], [])
-                if u in instances and instances[u].get("end_date")]
+        ends = [
+            (instances[u]["end_date"], u)
+            for u in (upstream or {}).get(ti["task_id"], [])
+            if u in instances and instances[u].get("end_date")
+        ]
         if ends and ti.get("start_date"):
             end, after = max(ends)
             handoff = f"{(_time(ti['start_date']) - _time(end)).total_seconds():.1f} s"

@@ -17,7 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ruff check .  # the linter first: a style slip fails in seconds, not after the suite
+ruff check . && ruff format --check .  # linter and formatter first: a style slip fails in seconds, not after the suite
 scripts/install-browser.sh
 out=$(scripts/postgres.sh start); echo "$out"
 [[ $out == started* ]] && started+=(postgres)

@@ -32,10 +32,15 @@ def write_files():
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "tpu-rl-sim", "cluster": {
-            "server": APISERVER, "certificate-authority": str(PKI / "ca.crt")}}],
-        "users": [{"name": "admin", "user": {
-            "client-certificate": str(PKI / "admin.crt"), "client-key": str(PKI / "admin.key")}}],
+        "clusters": [
+            {"name": "tpu-rl-sim", "cluster": {"server": APISERVER, "certificate-authority": str(PKI / "ca.crt")}}
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {"client-certificate": str(PKI / "admin.crt"), "client-key": str(PKI / "admin.key")},
+            }
+        ],
         "contexts": [{"name": "tpu-rl-sim", "context": {"cluster": "tpu-rl-sim", "user": "admin"}}],
         "current-context": "tpu-rl-sim",
     }
@@ -47,8 +52,11 @@ def write_files():
         "kind": "Configuration",
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        "webhook": {"host": "127.0.0.1", "port": int(os.environ["JOBSET_WEBHOOK_PORT"]),
-                    "certDir": str(PKI / "webhook")},
+        "webhook": {
+            "host": "127.0.0.1",
+            "port": int(os.environ["JOBSET_WEBHOOK_PORT"]),
+            "certDir": str(PKI / "webhook"),
+        },
         "metrics": {"bindAddress": "0"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{os.environ['JOBSET_HEALTH_PORT']}"},
     }
@@ -69,8 +77,10 @@ def apply_crds():
     from kubernetes.client.exceptions import ApiException
 
     cache = Path(os.environ["CACHE"])
-    files = [cache / f"jobset-{os.environ['JOBSET_VERSION']}" / "jobset.x-k8s.io_jobsets.yaml",
-             cache / f"kwok-{os.environ['KWOK_VERSION']}" / "kwok.x-k8s.io_logs.yaml"]
+    files = [
+        cache / f"jobset-{os.environ['JOBSET_VERSION']}" / "jobset.x-k8s.io_jobsets.yaml",
+        cache / f"kwok-{os.environ['KWOK_VERSION']}" / "kwok.x-k8s.io_logs.yaml",
+    ]
     api = client.ApiextensionsV1Api(api_client())
     names = []
     for path in files:
@@ -101,8 +111,7 @@ def webhook(name, path, rules, object_selector=None):
     hook = {
         "name": name,
         "admissionReviewVersions": ["v1"],
-        "clientConfig": {"url": WEBHOOK + path,
-                         "caBundle": base64.b64encode((PKI / "ca.crt").read_bytes()).decode()},
+        "clientConfig": {"url": WEBHOOK + path, "caBundle": base64.b64encode((PKI / "ca.crt").read_bytes()).decode()},
         "failurePolicy": "Fail",
         "sideEffects": "None",
         "rules": rules,
@@ -118,13 +127,15 @@ def register_webhooks():
     from kubernetes.client.exceptions import ApiException
 
     def jobsets(ops):
-        return [{"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "operations": ops,
-                 "resources": ["jobsets"]}]
+        return [
+            {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "operations": ops, "resources": ["jobsets"]}
+        ]
 
     pods = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
     in_jobset = {"matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
     mutating = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": "jobset-mutating-webhook-configuration"},
         "webhooks": [
             webhook("mjobset.kb.io", "/mutate-jobset-x-k8s-io-v1alpha2-jobset", jobsets(["CREATE"])),
@@ -132,7 +143,8 @@ def register_webhooks():
         ],
     }
     validating = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": "jobset-validating-webhook-configuration"},
         "webhooks": [
             webhook("vjobset.kb.io", "/validate-jobset-x-k8s-io-v1alpha2-jobset", jobsets(["CREATE", "UPDATE"])),
@@ -141,10 +153,18 @@ def register_webhooks():
     }
     api = client.AdmissionregistrationV1Api(api_client())
     for body, create, read, replace in (
-        (mutating, api.create_mutating_webhook_configuration, api.read_mutating_webhook_configuration,
-         api.replace_mutating_webhook_configuration),
-        (validating, api.create_validating_webhook_configuration, api.read_validating_webhook_configuration,
-         api.replace_validating_webhook_configuration),
+        (
+            mutating,
+            api.create_mutating_webhook_configuration,
+            api.read_mutating_webhook_configuration,
+            api.replace_mutating_webhook_configuration,
+        ),
+        (
+            validating,
+            api.create_validating_webhook_configuration,
+            api.read_validating_webhook_configuration,
+            api.replace_validating_webhook_configuration,
+        ),
     ):
         name = body["metadata"]["name"]
         try:
@@ -163,18 +183,34 @@ def wait_for_defaulting():
     from kubernetes.client.exceptions import ApiException
 
     probe = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
         "metadata": {"name": "sim-webhook-probe", "namespace": "default"},
-        "spec": {"replicatedJobs": [{"name": "probe", "template": {"spec": {"template": {"spec": {
-            "restartPolicy": "Never",
-            "containers": [{"name": "probe", "image": "busybox", "command": ["true"]}]}}}}}]},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "probe",
+                    "template": {
+                        "spec": {
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "probe", "image": "busybox", "command": ["true"]}],
+                                }
+                            }
+                        }
+                    },
+                }
+            ]
+        },
     }
     api = client.CustomObjectsApi(api_client())
     deadline, last = time.time() + 60, None
     while time.time() < deadline:
         try:
-            out = api.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets",
-                                                      probe, dry_run="All")
+            out = api.create_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", probe, dry_run="All"
+            )
             if out["spec"].get("successPolicy", {}).get("operator") == "All":
                 print("JobSet webhooks answer (dry-run JobSet defaulted)")
                 return
@@ -201,14 +237,16 @@ def finish():
     env = {
         "KUBECONFIG": kubeconfig,
         "STORAGE_EMULATOR_HOST": GCS,
-        "AIRFLOW_CONN_TPU_RL_SIM": json.dumps(
-            {"conn_type": "kubernetes", "extra": {"kube_config_path": kubeconfig}}),
+        "AIRFLOW_CONN_TPU_RL_SIM": json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": kubeconfig}}),
         # The GKE emulator (sim/gke_emulator.py): a service-account key whose token_uri is the emulator's
         # token endpoint; gRPC's HTTP CONNECT proxy support sends container.googleapis.com:443 to the
         # emulator, whose certificate is signed by the sim CA. GCS still goes to STORAGE_EMULATOR_HOST.
         "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps(
-            {"conn_type": "google_cloud_platform",
-             "extra": {"key_path": str(SIM / "gke" / "service-account.json"), "project": PROJECT}}),
+            {
+                "conn_type": "google_cloud_platform",
+                "extra": {"key_path": str(SIM / "gke" / "service-account.json"), "project": PROJECT},
+            }
+        ),
         "grpc_proxy": f"http://127.0.0.1:{os.environ['GKE_PROXY_PORT']}",
         "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(PKI / "ca.crt"),
         # A cluster's DNS-based endpoint (<id>.<location>.gke.goog) through the same proxy, as through an
@@ -224,7 +262,8 @@ def finish():
         "TPU_RL_PROGRAMS": str(Path(__file__).resolve().parents[1] / "include" / "examples" / "programs.yaml"),
         # A fake token: the simulation checks that pods get HF_TOKEN from a Secret, never its value.
         "AIRFLOW_CONN_HUGGINGFACE_DEFAULT": json.dumps(
-            {"conn_type": "generic", "password": "hf_simulated_token_not_real"}),
+            {"conn_type": "generic", "password": "hf_simulated_token_not_real"}
+        ),
     }
     lines = ["# Written by sim/up.sh: source it to point Airflow and clients at the simulation."]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
@@ -239,7 +278,12 @@ def create_nodes():
 
 
 if __name__ == "__main__":
-    steps = {"files": write_files, "crds": apply_crds, "webhooks": register_webhooks, "nodes": create_nodes,
-             "finish": finish}
+    steps = {
+        "files": write_files,
+        "crds": apply_crds,
+        "webhooks": register_webhooks,
+        "nodes": create_nodes,
+        "finish": finish,
+    }
     for step in sys.argv[1:]:  # several steps in one process: importing the clients takes seconds
         steps[step]()

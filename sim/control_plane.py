@@ -75,8 +75,14 @@ def spawn(name, argv, pids_dir, logs_dir, env=None):
     Path(pids_dir).mkdir(parents=True, exist_ok=True)
     Path(logs_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(logs_dir) / f"{name}.log", "ab") as log:
-        proc = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            [str(a) for a in argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
     (Path(pids_dir) / f"{name}.pid").write_text(f"{proc.pid} {_starttime(proc.pid)}\n")
     return proc
 
@@ -119,8 +125,14 @@ class ControlPlane:
     """One simulated GKE cluster's Kubernetes control plane, as local processes on loopback."""
 
     # Start order; stop() goes newest first.
-    COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "maxtext-emulator",
-                  "pod-runner")
+    COMPONENTS = (
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kwok",
+        "maxtext-emulator",
+        "pod-runner",
+    )
 
     def __init__(self, name: str, slot: int):
         if not 0 <= slot <= 49:
@@ -128,8 +140,12 @@ class ControlPlane:
         self.name, self.slot = name, slot
         self.dir = SIM / "gke" / "clusters" / name
         self.port = 17000 + 10 * slot
-        self.ports = {"kube-apiserver": self.port, "kube-controller-manager": self.port + 1,
-                      "kube-scheduler": self.port + 2, "kwok": self.port + 3}
+        self.ports = {
+            "kube-apiserver": self.port,
+            "kube-controller-manager": self.port + 1,
+            "kube-scheduler": self.port + 2,
+            "kwok": self.port + 3,
+        }
         self.pod_cidr = f"127.{100 + slot}.0.0/16"
         self.service_cidr = f"127.{200 + slot}.0.0/16"
         self.etcd_prefix = f"/gke/{name}"
@@ -162,33 +178,76 @@ class ControlPlane:
         self._launch("kube-apiserver", self._apiserver_argv())
         self._wait(lambda: self._healthy("kube-apiserver"), 60, "kube-apiserver")
         self._bootstrap(tokens)
-        kube = [f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1",
-                "--leader-elect=false", "--kube-api-qps=100", "--kube-api-burst=200"]
-        self._launch("kube-controller-manager", [
-            KUBE_BIN / "kube-controller-manager", *kube, f"--secure-port={self.ports['kube-controller-manager']}",
-            "--use-service-account-credentials=true", f"--service-account-private-key-file={self.dir}/pki/sa.key",
-            f"--root-ca-file={PKI}/ca.crt", f"--cluster-signing-cert-file={PKI}/ca.crt",
-            f"--cluster-signing-key-file={PKI}/ca.key", "--controllers=*"])
-        self._launch("kube-scheduler", [KUBE_BIN / "kube-scheduler", *kube,
-                                        f"--secure-port={self.ports['kube-scheduler']}"])
+        kube = [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+        ]
+        self._launch(
+            "kube-controller-manager",
+            [
+                KUBE_BIN / "kube-controller-manager",
+                *kube,
+                f"--secure-port={self.ports['kube-controller-manager']}",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={self.dir}/pki/sa.key",
+                f"--root-ca-file={PKI}/ca.crt",
+                f"--cluster-signing-cert-file={PKI}/ca.crt",
+                f"--cluster-signing-key-file={PKI}/ca.key",
+                "--controllers=*",
+            ],
+        )
+        self._launch(
+            "kube-scheduler", [KUBE_BIN / "kube-scheduler", *kube, f"--secure-port={self.ports['kube-scheduler']}"]
+        )
         kwok_port = self.ports["kwok"]
-        self._launch("kwok", [
-            KWOK_DIR / "bin" / "kwok", f"--kubeconfig={self.kubeconfig}",
-            *[f"--config={f}" for f in sorted((SRC / "kwok").glob("*.yaml"))],
-            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            "--node-ip=127.0.0.1", f"--node-port={kwok_port}", f"--server-address=127.0.0.1:{kwok_port}",
-            f"--cidr={self.pod_cidr}", f"--tls-cert-file={PKI}/serving.crt",
-            f"--tls-private-key-file={PKI}/serving.key", "--node-lease-duration-seconds=40",
-            "--enable-crds=Logs"])
+        self._launch(
+            "kwok",
+            [
+                KWOK_DIR / "bin" / "kwok",
+                f"--kubeconfig={self.kubeconfig}",
+                *[f"--config={f}" for f in sorted((SRC / "kwok").glob("*.yaml"))],
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--node-ip=127.0.0.1",
+                f"--node-port={kwok_port}",
+                f"--server-address=127.0.0.1:{kwok_port}",
+                f"--cidr={self.pod_cidr}",
+                f"--tls-cert-file={PKI}/serving.crt",
+                f"--tls-private-key-file={PKI}/serving.key",
+                "--node-lease-duration-seconds=40",
+                "--enable-crds=Logs",
+            ],
+        )
         # One fault switch for every simulated cluster: the standing cluster's ConfigMap (sim/faults.py), so a
         # test can aim a fault at a workload of a cluster that does not exist yet (rules match by name).
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "SIM": str(self.dir),
-               "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{GCS_PORT}",
-               "TPU_RL_SIM_FAULTS_KUBECONFIG": str(SIM / "kubeconfig")}
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.kubeconfig,
+            "SIM": str(self.dir),
+            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{GCS_PORT}",
+            "TPU_RL_SIM_FAULTS_KUBECONFIG": str(SIM / "kubeconfig"),
+        }
         self._launch("maxtext-emulator", [PYTHON, "-u", SRC / "maxtext_emulator.py"], env=env)
-        self._launch("pod-runner", [PYTHON, "-u", SRC / "pod_runner.py", "--cluster-dir", self.dir,
-                                    "--kubeconfig", self.kubeconfig, "--apiserver", self.endpoint], env=env)
+        self._launch(
+            "pod-runner",
+            [
+                PYTHON,
+                "-u",
+                SRC / "pod_runner.py",
+                "--cluster-dir",
+                self.dir,
+                "--kubeconfig",
+                self.kubeconfig,
+                "--apiserver",
+                self.endpoint,
+            ],
+            env=env,
+        )
 
     def wait_ready(self, timeout: float = 60) -> None:
         """Waits until every component answers its health probe; raises TimeoutError naming the laggard."""
@@ -228,8 +287,11 @@ class ControlPlane:
         pki = self.dir / "pki"
         if not (pki / "sa.key").exists():  # a key pair of its own: tokens of one cluster are void in another
             subprocess.run(["openssl", "genrsa", "-out", pki / "sa.key", "2048"], check=True, capture_output=True)
-            subprocess.run(["openssl", "rsa", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["openssl", "rsa", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub"],
+                check=True,
+                capture_output=True,
+            )
         # token,user,uid (the static token file's CSV format); no groups.
         lines = "".join(f"{token},{user},{user}\n" for token, user in sorted(tokens.items()))
         path = self.dir / "tokens.csv"
@@ -237,11 +299,20 @@ class ControlPlane:
         path.write_text(lines)
         path.chmod(0o600)
         kubeconfig = {
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": self.name, "cluster": {"server": f"https://{self.endpoint}",
-                                                         "certificate-authority": str(PKI / "ca.crt")}}],
-            "users": [{"name": "admin", "user": {"client-certificate": str(PKI / "admin.crt"),
-                                                 "client-key": str(PKI / "admin.key")}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": self.name,
+                    "cluster": {"server": f"https://{self.endpoint}", "certificate-authority": str(PKI / "ca.crt")},
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {"client-certificate": str(PKI / "admin.crt"), "client-key": str(PKI / "admin.key")},
+                }
+            ],
             "contexts": [{"name": self.name, "context": {"cluster": self.name, "user": "admin"}}],
             "current-context": self.name,
         }
@@ -252,24 +323,35 @@ class ControlPlane:
         pki = self.dir / "pki"
         return [
             KUBE_BIN / "kube-apiserver",
-            f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}", f"--etcd-prefix={self.etcd_prefix}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
+            f"--etcd-prefix={self.etcd_prefix}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}",
             "--endpoint-reconciler-type=none",
-            f"--tls-cert-file={PKI}/apiserver.crt", f"--tls-private-key-file={PKI}/apiserver.key",
-            f"--client-ca-file={PKI}/ca.crt", f"--token-auth-file={self.dir}/tokens.csv",
-            f"--requestheader-client-ca-file={PKI}/ca.crt", "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            f"--tls-cert-file={PKI}/apiserver.crt",
+            f"--tls-private-key-file={PKI}/apiserver.key",
+            f"--client-ca-file={PKI}/ca.crt",
+            f"--token-auth-file={self.dir}/tokens.csv",
+            f"--requestheader-client-ca-file={PKI}/ca.crt",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={PKI}/front-proxy-client.crt",
             f"--proxy-client-key-file={PKI}/front-proxy-client.key",
-            f"--kubelet-client-certificate={PKI}/admin.crt", f"--kubelet-client-key={PKI}/admin.key",
+            f"--kubelet-client-certificate={PKI}/admin.crt",
+            f"--kubelet-client-key={PKI}/admin.key",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki}/sa.pub", f"--service-account-signing-key-file={pki}/sa.key",
+            f"--service-account-key-file={pki}/sa.pub",
+            f"--service-account-signing-key-file={pki}/sa.key",
             # Loopback Service IPs: webhook Services are dialed at their ClusterIP, which the pod
             # runner serves on loopback (see pod_runner.py; EndpointSlices refuse loopback pod IPs,
             # so --enable-aggregator-routing cannot reach the pods).
-            f"--service-cluster-ip-range={self.service_cidr}", "--enable-aggregator-routing=false",
-            "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+            f"--service-cluster-ip-range={self.service_cidr}",
+            "--enable-aggregator-routing=false",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
             "--enable-admission-plugins=ExtendedResourceToleration",
         ]
 
@@ -305,8 +387,11 @@ class ControlPlane:
             return beat.exists() and time.time() - beat.stat().st_mtime < 30
         path = "/readyz" if name == "kube-apiserver" else "/healthz"
         try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{self.ports[name]}{path}", timeout=2,
-                                        context=self._tls(verify=name == "kube-apiserver")) as r:
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{self.ports[name]}{path}",
+                timeout=2,
+                context=self._tls(verify=name == "kube-apiserver"),
+            ) as r:
                 return r.status == 200
         except (OSError, urllib.error.URLError):
             return False
@@ -322,19 +407,27 @@ class ControlPlane:
     def api(self, method, path, body=None, content_type="application/json"):
         """A request to this cluster's apiserver as the admin; returns the decoded JSON answer."""
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"https://{self.endpoint}{path}", data=data, method=method,
-                                     headers={"Content-Type": content_type, "Accept": "application/json"})
+        req = urllib.request.Request(
+            f"https://{self.endpoint}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": content_type, "Accept": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30, context=self._tls()) as r:
             return json.load(r)
 
     def apply(self, obj):
         """Server-side apply (JSON is YAML) of one cluster-scoped object."""
         group_version = obj["apiVersion"]
-        plural = {"ClusterRoleBinding": "clusterrolebindings",
-                  "CustomResourceDefinition": "customresourcedefinitions"}[obj["kind"]]
-        return self.api("PATCH", f"/apis/{group_version}/{plural}/{obj['metadata']['name']}"
-                                 f"?fieldManager={FIELD_MANAGER}&force=true",
-                        obj, "application/apply-patch+yaml")
+        plural = {"ClusterRoleBinding": "clusterrolebindings", "CustomResourceDefinition": "customresourcedefinitions"}[
+            obj["kind"]
+        ]
+        return self.api(
+            "PATCH",
+            f"/apis/{group_version}/{plural}/{obj['metadata']['name']}?fieldManager={FIELD_MANAGER}&force=true",
+            obj,
+            "application/apply-patch+yaml",
+        )
 
     def _bootstrap(self, tokens):
         """kwok's Logs CRD (kwok serves pod logs from Logs objects) and the creators' cluster-admin bindings."""
@@ -343,18 +436,28 @@ class ControlPlane:
         crd = yaml.safe_load((KWOK_DIR / "kwok.x-k8s.io_logs.yaml").read_text())
         self.apply(crd)
         for user in sorted(set(tokens.values())):
-            self.apply({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": f"gke-creator-cluster-admin-{_dns_label(user)}"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-            })
+            self.apply(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": f"gke-creator-cluster-admin-{_dns_label(user)}"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": "cluster-admin",
+                    },
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+                }
+            )
         name = crd["metadata"]["name"]
 
         def established():
             got = self.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            return any(c["type"] == "Established" and c["status"] == "True"
-                       for c in got.get("status", {}).get("conditions", []))
+            return any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in got.get("status", {}).get("conditions", [])
+            )
+
         self._wait(established, 30, "kube-apiserver")
 
     def _etcd_range(self):
@@ -363,8 +466,12 @@ class ControlPlane:
         return {"key": base64.b64encode(key).decode(), "range_end": base64.b64encode(key[:-1] + b"0").decode()}
 
     def _etcd(self, op, body):
-        req = urllib.request.Request(f"http://127.0.0.1:{ETCD_PORT}/v3/kv/{op}", data=json.dumps(body).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{ETCD_PORT}/v3/kv/{op}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.load(r)
 

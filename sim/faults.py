@@ -93,6 +93,7 @@ def set_fault(api, name, **rule):
 
 def clear_faults(api, name=None):
     """Deletes rule NAME, or every rule."""
+
     def mutate(data):
         for key in list(data):
             if name is None or key in (name, f"{name}.applied"):

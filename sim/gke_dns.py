@@ -63,17 +63,36 @@ def ensure_public_ca(pki: Path) -> None:
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tpu-rl-sim public root (Google Trust Services)")])
         now = datetime.datetime.now(datetime.UTC)
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-                .not_valid_after(now + datetime.timedelta(days=3650))
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
-                                             key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                             key_cert_sign=True, crl_sign=True, encipher_only=False,
-                                             decipher_only=False), critical=True)
-                .sign(key, hashes.SHA256()))
-        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=3650))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(key, hashes.SHA256())
+        )
+        key_path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         key_path.chmod(0o600)
         crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     system = ssl.get_default_verify_paths().openssl_cafile
@@ -97,16 +116,22 @@ def _region_certificate(pki: Path, location: str) -> tuple[Path, Path]:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     wildcard = f"*.{location}.{DOMAIN}"
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, wildcard)]))
-            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=825))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(wildcard)]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(ca_key, hashes.SHA256()))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, wildcard)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=825))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(wildcard)]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     key_path.chmod(0o600)
     crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return crt, key_path
@@ -123,10 +148,20 @@ class Route:
 
 
 def _response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                       "reason": reason, "code": status}).encode()
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            f"Connection: close\r\n\r\n").encode() + body
+    body = json.dumps(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": status,
+        }
+    ).encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\n\r\n"
+    ).encode() + body
 
 
 def serve(port: int, pki: Path, route: Callable[[str], Route | None], caller: Callable[[str], str | None]) -> None:
@@ -181,8 +216,13 @@ def serve(port: int, pki: Path, route: Callable[[str], Route | None], caller: Ca
             writer.write(_response(target.refusal[0], "Forbidden", target.refusal[1]))
         elif not (auth.startswith("Bearer ") and caller(auth[7:])):
             # GKE checks IAM (container.clusters.connect) for the caller's Google credentials.
-            writer.write(_response(401, "Unauthorized", "Request had invalid authentication credentials. Expected "
-                                                        "OAuth 2 access token."))
+            writer.write(
+                _response(
+                    401,
+                    "Unauthorized",
+                    "Request had invalid authentication credentials. Expected OAuth 2 access token.",
+                )
+            )
         else:
             host_part, port_part = target.apiserver.rsplit(":", 1)
             try:

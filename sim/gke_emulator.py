@@ -96,6 +96,7 @@ log = logging.getLogger("gke")
 def as_dict(msg) -> dict:
     """A container_v1 message as gke_rules reads it: JSON field names of the proto (``type``, not proto-plus's
     ``type_``), enum names."""
+
     def strip(value):  # proto-plus names a field "type" as "type_" (a Python keyword-ish name)
         if isinstance(value, dict):
             return {k.rstrip("_"): strip(v) for k, v in value.items()}
@@ -130,12 +131,18 @@ def init_files():
             key_file.write_text(json.dumps(info, indent=2))
     else:
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode()
         info = {
-            "type": "service_account", "project_id": PROJECT, "private_key_id": uuid.uuid4().hex,
-            "private_key": pem, "client_email": SA_EMAIL, "client_id": str(int(uuid.uuid4().int % 10**21)),
-            "auth_uri": "http://127.0.0.1/unused", "token_uri": token_uri,
+            "type": "service_account",
+            "project_id": PROJECT,
+            "private_key_id": uuid.uuid4().hex,
+            "private_key": pem,
+            "client_email": SA_EMAIL,
+            "client_id": str(int(uuid.uuid4().int % 10**21)),
+            "auth_uri": "http://127.0.0.1/unused",
+            "token_uri": token_uri,
         }
         key_file.write_text(json.dumps(info, indent=2))
         key_file.chmod(0o600)
@@ -178,8 +185,13 @@ class Accounts:
             raise ValueError("Invalid JWT Signature.")
         try:
             # google-auth puts Google's token endpoint in "aud" whatever the key's token_uri says.
-            jwt.decode(assertion, self.public_keys[email], algorithms=["RS256"], leeway=60,
-                       audience=[f"http://127.0.0.1:{TOKEN_PORT}/token", "https://oauth2.googleapis.com/token"])
+            jwt.decode(
+                assertion,
+                self.public_keys[email],
+                algorithms=["RS256"],
+                leeway=60,
+                audience=[f"http://127.0.0.1:{TOKEN_PORT}/token", "https://oauth2.googleapis.com/token"],
+            )
         except jwt.PyJWTError as e:
             raise ValueError(f"Invalid JWT Signature. ({e})") from None
         return self.token_for(email), email
@@ -194,8 +206,9 @@ class Accounts:
             claims = jwt.decode(bearer, options={"verify_signature": False})
             email = claims.get("iss")
             if email in self.public_keys and claims.get("sub", email) == email:
-                jwt.decode(bearer, self.public_keys[email], algorithms=["RS256"], leeway=60,
-                           options={"verify_aud": False})
+                jwt.decode(
+                    bearer, self.public_keys[email], algorithms=["RS256"], leeway=60, options={"verify_aud": False}
+                )
                 return email
         except jwt.PyJWTError:
             pass
@@ -263,10 +276,13 @@ class Emulator:
         c = self.c
         with self.lock:
             state = {
-                "clusters": {k: {"cluster": c.Cluster.to_json(v["cluster"]), "slot": v["slot"]}
-                             for k, v in self.clusters.items()},
-                "operations": {k: {**{f: v for f, v in rec.items() if f != "op"},
-                                   "op": c.Operation.to_json(rec["op"])} for k, rec in self.operations.items()},
+                "clusters": {
+                    k: {"cluster": c.Cluster.to_json(v["cluster"]), "slot": v["slot"]} for k, v in self.clusters.items()
+                },
+                "operations": {
+                    k: {**{f: v for f, v in rec.items() if f != "op"}, "op": c.Operation.to_json(rec["op"])}
+                    for k, rec in self.operations.items()
+                },
             }
             tmp = GKE_DIR / "state.json.tmp"
             tmp.write_text(json.dumps(state, indent=1))
@@ -324,13 +340,18 @@ class Emulator:
         for p in cluster.node_pools:
             if p.name == pool_name:
                 return p
-        raise GkeError("NOT_FOUND", f"Not found: projects/{key.split('/')[0]}/locations/{key.split('/')[1]}/"
-                                    f"clusters/{cluster.name}/nodePools/{pool_name}.")
+        raise GkeError(
+            "NOT_FOUND",
+            f"Not found: projects/{key.split('/')[0]}/locations/{key.split('/')[1]}/"
+            f"clusters/{cluster.name}/nodePools/{pool_name}.",
+        )
 
     def running_ops(self, key):
-        return [{"name": n, "operation_type": self.c.Operation.Type(r["op"].operation_type).name, "pool": r["pool"]}
-                for n, r in self.operations.items()
-                if r["key"] == key and r["op"].status != self.c.Operation.Status.DONE]
+        return [
+            {"name": n, "operation_type": self.c.Operation.Type(r["op"].operation_type).name, "pool": r["pool"]}
+            for n, r in self.operations.items()
+            if r["key"] == key and r["op"].status != self.c.Operation.Status.DONE
+        ]
 
     def new_op(self, key, kind, pool=None, **extra):
         """An operation, its links naming the project by number as GKE's do (API reference Operation.self_link,
@@ -342,8 +363,12 @@ class Emulator:
         name = f"operation-{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}"
         target = f"projects/{number}/locations/{location}/clusters/{cname}" + (f"/nodePools/{pool}" if pool else "")
         op = c.Operation(
-            name=name, zone=location, location=location, operation_type=c.Operation.Type[kind],
-            status=c.Operation.Status.PENDING, start_time=now_iso(),
+            name=name,
+            zone=location,
+            location=location,
+            operation_type=c.Operation.Type[kind],
+            status=c.Operation.Status.PENDING,
+            start_time=now_iso(),
             self_link=f"https://{HOST}/v1/projects/{number}/locations/{location}/operations/{name}",
             target_link=f"https://{HOST}/v1/{target}",
         )
@@ -383,8 +408,12 @@ class Emulator:
             if rec["op"].status == self.c.Operation.Status.PENDING:
                 time.sleep(PENDING_S)
                 self._set(op_name, "RUNNING")
-            {"CREATE_CLUSTER": self._create_cluster, "DELETE_CLUSTER": self._delete_cluster,
-             "CREATE_NODE_POOL": self._create_pool, "DELETE_NODE_POOL": self._delete_pool}[rec["kind"]](op_name, rec)
+            {
+                "CREATE_CLUSTER": self._create_cluster,
+                "DELETE_CLUSTER": self._delete_cluster,
+                "CREATE_NODE_POOL": self._create_pool,
+                "DELETE_NODE_POOL": self._delete_pool,
+            }[rec["kind"]](op_name, rec)
         except Exception as e:  # noqa: BLE001 - the operation reports it, as GKE would an internal error
             log.exception("operation %s failed", op_name)
             self._finish(op_name, (13, f"Internal error in the GKE emulator: {e}"))
@@ -409,8 +438,7 @@ class Emulator:
             self.save()
         time.sleep(CLUSTER_CREATE_S)
         with self.lock:
-            pools = [(p.name, as_dict(p))
-                     for p in self.clusters[key]["cluster"].node_pools]
+            pools = [(p.name, as_dict(p)) for p in self.clusters[key]["cluster"].node_pools]
         for _, pool in pools:
             self._create_nodes(key, pool)
         with self.lock:
@@ -453,8 +481,9 @@ class Emulator:
                 pool = self.pool(key, rec["pool"])
                 pool.status = c.NodePool.Status.RUNNING_WITH_ERROR if made else c.NodePool.Status.ERROR
                 pool.status_message = message
-                pool.conditions = [c.StatusCondition(code=c.StatusCondition.Code.GCE_STOCKOUT, canonical_code=8,
-                                                     message=message)]
+                pool.conditions = [
+                    c.StatusCondition(code=c.StatusCondition.Code.GCE_STOCKOUT, canonical_code=8, message=message)
+                ]
                 # one change: the pool's failure shows with its operation's end, never while it runs
                 self._finish(op_name, (8, message))  # RESOURCE_EXHAUSTED
             return
@@ -548,11 +577,14 @@ class Emulator:
         """Node objects as GKE's nodes register them (labels and taints of the pool), managed by kwok."""
         project, location, cname = key.split("/")
         config = pool.get("config") or {}
-        mt = gke_rules.machine(config.get("machine_type") or "e2-medium") \
-            if (config.get("machine_type") or "e2-medium") in gke_rules.MACHINE_TYPES \
+        mt = (
+            gke_rules.machine(config.get("machine_type") or "e2-medium")
+            if (config.get("machine_type") or "e2-medium") in gke_rules.MACHINE_TYPES
             else gke_rules.MACHINE_TYPES["e2-standard-8"]
-        capacity, allocatable = gke_rules.node_resources(mt,
-                                                         int(config.get("disk_size_gb") or gke_rules.DEFAULT_DISK_GB))
+        )
+        capacity, allocatable = gke_rules.node_resources(
+            mt, int(config.get("disk_size_gb") or gke_rules.DEFAULT_DISK_GB)
+        )
         region = location if location.count("-") == 1 else location.rsplit("-", 1)[0]
         base_labels = {
             "cloud.google.com/gke-nodepool": pool["name"],
@@ -561,8 +593,10 @@ class Emulator:
             "cloud.google.com/gke-boot-disk": config.get("disk_type") or DEFAULT_BOOT_DISK,
             "node.kubernetes.io/instance-type": mt.name,
             "topology.kubernetes.io/region": region,
-            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-            "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "beta.kubernetes.io/os": "linux",
+            "beta.kubernetes.io/arch": "amd64",
             "type": "kwok",
             **(config.get("labels") or {}),
         }
@@ -581,34 +615,48 @@ class Emulator:
                 base_labels["cloud.google.com/gke-tpu-topology"] = placement["tpu_topology"]
             taints.append({"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"})
         if placement.get("type") == "COMPACT":
-            base_labels["cloud.google.com/gke-placement-group"] = (placement.get("policy_name")
-                                                                   or f"{pool['name']}-placement")
+            base_labels["cloud.google.com/gke-placement-group"] = (
+                placement.get("policy_name") or f"{pool['name']}-placement"
+            )
         effects = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
         for t in config.get("taints") or []:
             taint = {"key": t["key"], "value": t.get("value", ""), "effect": effects.get(t.get("effect"), "NoSchedule")}
             if taint not in taints:
                 taints.append(taint)
         # A pool without a service account runs as the Compute Engine default account.
-        node_account = (config.get("service_account")
-                        or f"{gke_rules.PROJECT_NUMBER}-compute@developer.gserviceaccount.com")
+        node_account = (
+            config.get("service_account") or f"{gke_rules.PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+        )
         bodies, names = [], iter(self._node_names(key, pool))
         for zone in self._zones(key, pool):
             for _ in range(self._nodes_per_zone(pool)):
                 name = next(names)
-                bodies.append({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name,
-                                 "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0",
-                                                 # Who the node is to Google APIs (GKE: the metadata server);
-                                                 # the MaxText emulator checks bucket access with it.
-                                                 gke_rules.NODE_SERVICE_ACCOUNT_ANNOTATION: node_account,
-                                                 "container.googleapis.com/instance_id":
-                                                     str(int(hashlib.sha256(name.encode()).hexdigest()[:15], 16))},
-                                 "labels": {**base_labels, "kubernetes.io/hostname": name,
-                                            "topology.kubernetes.io/zone": zone}},
-                    "spec": {"providerID": f"gce://{project}/{zone}/{name}", "taints": taints},
-                    "status": {"capacity": capacity, "allocatable": allocatable},
-                })
+                bodies.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {
+                            "name": name,
+                            "annotations": {
+                                "kwok.x-k8s.io/node": "fake",
+                                "node.alpha.kubernetes.io/ttl": "0",
+                                # Who the node is to Google APIs (GKE: the metadata server);
+                                # the MaxText emulator checks bucket access with it.
+                                gke_rules.NODE_SERVICE_ACCOUNT_ANNOTATION: node_account,
+                                "container.googleapis.com/instance_id": str(
+                                    int(hashlib.sha256(name.encode()).hexdigest()[:15], 16)
+                                ),
+                            },
+                            "labels": {
+                                **base_labels,
+                                "kubernetes.io/hostname": name,
+                                "topology.kubernetes.io/zone": zone,
+                            },
+                        },
+                        "spec": {"providerID": f"gce://{project}/{zone}/{name}", "taints": taints},
+                        "status": {"capacity": capacity, "allocatable": allocatable},
+                    }
+                )
         return bodies
 
     def _create_nodes(self, key, pool: dict, limit: int | None = None):
@@ -648,17 +696,24 @@ class Emulator:
         with self.lock:
             key = f"{project}/{location}/{cluster.name}"
             gke_rules.check_cluster_name(cluster.name)
-            gke_rules.check_cluster_absent(cluster.name, project, location,
-                                           {k.split("/")[2] for k in self.clusters
-                                            if k.startswith(f"{project}/{location}/")})
+            gke_rules.check_cluster_absent(
+                cluster.name,
+                project,
+                location,
+                {k.split("/")[2] for k in self.clusters if k.startswith(f"{project}/{location}/")},
+            )
             if not body.get("node_pools") and not body.get("initial_node_count"):
                 # GKE answers this for a Standard cluster without nodes (wording ours).
                 raise GkeError("INVALID_ARGUMENT", "Cluster.initial_node_count or Cluster.node_pools must be set.")
             gke_rules.check_cluster(body, location, project, reservations(), DEFAULT_BOOT_DISK)
             if body.get("initial_node_count"):  # the legacy form: one pool named default-pool
-                cluster.node_pools.append(c.NodePool(name="default-pool", initial_node_count=cluster.initial_node_count,
-                                                     config=(cluster.node_config
-                                                             or c.NodeConfig(machine_type="e2-medium"))))
+                cluster.node_pools.append(
+                    c.NodePool(
+                        name="default-pool",
+                        initial_node_count=cluster.initial_node_count,
+                        config=(cluster.node_config or c.NodeConfig(machine_type="e2-medium")),
+                    )
+                )
                 cluster.initial_node_count = 0
             slot = self.free_slot()
             cluster.status = c.Cluster.Status.PROVISIONING
@@ -669,7 +724,8 @@ class Emulator:
             cluster.self_link = f"https://{HOST}/v1/projects/{project}/locations/{location}/clusters/{cluster.name}"
             cluster.id = uuid.uuid4().hex
             cluster.control_plane_endpoints_config.dns_endpoint_config.endpoint = gke_dns.endpoint_name(
-                cluster.id, location)
+                cluster.id, location
+            )
             cluster.create_time = now_iso()
             cluster.current_master_version = cluster.current_node_version = "1.34.4-gke.sim"
             cluster.initial_cluster_version = cluster.initial_cluster_version or "1.34.4-gke.sim"
@@ -691,10 +747,16 @@ class Emulator:
                 if not dns.allow_external_traffic:
                     # Wording ours; the behaviour is the API reference's: allow_external_traffic "controls
                     # whether user traffic is allowed over this endpoint".
-                    return gke_dns.Route(refusal=(403, (
-                        f"The DNS-based endpoint of cluster {cluster.name} does not allow user traffic "
-                        "(controlPlaneEndpointsConfig.dnsEndpointConfig.allowExternalTraffic is false): enable "
-                        f"it with `gcloud container clusters update {cluster.name} --enable-dns-access`.")))
+                    return gke_dns.Route(
+                        refusal=(
+                            403,
+                            (
+                                f"The DNS-based endpoint of cluster {cluster.name} does not allow user traffic "
+                                "(controlPlaneEndpointsConfig.dnsEndpointConfig.allowExternalTraffic is false): enable "
+                                f"it with `gcloud container clusters update {cluster.name} --enable-dns-access`."
+                            ),
+                        )
+                    )
                 if not cluster.endpoint:
                     return gke_dns.Route(refusal=(503, f"The control plane of cluster {cluster.name} is not ready."))
                 return gke_dns.Route(apiserver=cluster.endpoint)
@@ -708,8 +770,11 @@ class Emulator:
     def list_clusters(self, req):
         project, location = parse_parent(req.parent, req.project_id, req.zone)
         with self.lock:
-            items = [v["cluster"] for k, v in self.clusters.items()
-                     if k.startswith(f"{project}/") and (location == "-" or k.split("/")[1] == location)]
+            items = [
+                v["cluster"]
+                for k, v in self.clusters.items()
+                if k.startswith(f"{project}/") and (location == "-" or k.split("/")[1] == location)
+            ]
         return self.c.ListClustersResponse(clusters=items)
 
     def delete_cluster(self, req):
@@ -738,8 +803,11 @@ class Emulator:
                 affinity = body.get("config", {}).get("reservation_affinity") or {}
                 res = (affinity.get("values") or ["(any)"])[0].rsplit("/", 1)[-1]
                 zone = (body.get("locations") or list(cluster.locations) or ["?"])[0]
-                raise GkeError("NOT_FOUND", f'Google Compute Engine: reservation "{res}" not found for node pool '
-                                            f'"{pool.name}" at zone "{zone}".')
+                raise GkeError(
+                    "NOT_FOUND",
+                    f'Google Compute Engine: reservation "{res}" not found for node pool '
+                    f'"{pool.name}" at zone "{zone}".',
+                )
             if take_fault("quota", pool.name, machine_type):
                 raise GkeError("PERMISSION_DENIED", gke_rules.quota_message(body, location))
             fault = take_fault("stockout", pool.name, machine_type)
@@ -750,8 +818,13 @@ class Emulator:
             if not pool.locations:
                 pool.locations.extend(cluster.locations)
             cluster.node_pools.append(pool)
-            return self.new_op(key, "CREATE_NODE_POOL", pool=pool.name, fault=fault,
-                               held_until=time.time() + held_seconds(held) if held else None)
+            return self.new_op(
+                key,
+                "CREATE_NODE_POOL",
+                pool=pool.name,
+                fault=fault,
+                held_until=time.time() + held_seconds(held) if held else None,
+            )
 
     def get_node_pool(self, req):
         project, location, name, pool = parse_pool(req.name, req.project_id, req.zone, req.cluster_id, req.node_pool_id)
@@ -762,11 +835,13 @@ class Emulator:
         project, location, name = parse_cluster(req.parent, req.project_id, req.zone, req.cluster_id)
         with self.lock:
             return self.c.ListNodePoolsResponse(
-                node_pools=list(self.cluster(f"{project}/{location}/{name}")["cluster"].node_pools))
+                node_pools=list(self.cluster(f"{project}/{location}/{name}")["cluster"].node_pools)
+            )
 
     def delete_node_pool(self, req):
-        project, location, name, pool_name = parse_pool(req.name, req.project_id, req.zone, req.cluster_id,
-                                                        req.node_pool_id)
+        project, location, name, pool_name = parse_pool(
+            req.name, req.project_id, req.zone, req.cluster_id, req.node_pool_id
+        )
         key = f"{project}/{location}/{name}"
         with self.lock:
             pool = self.pool(key, pool_name)
@@ -785,8 +860,11 @@ class Emulator:
     def list_operations(self, req):
         project, location = parse_parent(req.parent, req.project_id, req.zone)
         with self.lock:
-            ops = [r["op"] for r in self.operations.values()
-                   if r["key"].startswith(f"{project}/") and (location == "-" or r["key"].split("/")[1] == location)]
+            ops = [
+                r["op"]
+                for r in self.operations.values()
+                if r["key"].startswith(f"{project}/") and (location == "-" or r["key"].split("/")[1] == location)
+            ]
         return self.c.ListOperationsResponse(operations=ops)
 
 
@@ -815,11 +893,15 @@ def parse_cluster(name, project_id="", zone="", cluster_id=""):
 
 
 def parse_pool(name, project_id="", zone="", cluster_id="", pool_id=""):
-    got = (_split(name, ["projects", "locations", "clusters", "nodePools"]) if name
-           else [project_id, zone, cluster_id, pool_id])
+    got = (
+        _split(name, ["projects", "locations", "clusters", "nodePools"])
+        if name
+        else [project_id, zone, cluster_id, pool_id]
+    )
     if not got or not all(got):
-        raise GkeError("INVALID_ARGUMENT",
-                       f'Invalid name "{name}": expected projects/*/locations/*/clusters/*/nodePools/*.')
+        raise GkeError(
+            "INVALID_ARGUMENT", f'Invalid name "{name}": expected projects/*/locations/*/clusters/*/nodePools/*.'
+        )
     return tuple(got)
 
 
@@ -872,11 +954,13 @@ def grpc_handler(emulator: Emulator):
             except GkeError as e:
                 log.info("%s by %s: %s %s", method, caller, e.code, e.message)
                 context.abort(getattr(grpc.StatusCode, e.code), e.message)
+
         return handle
 
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            wrap(name, call), request_deserializer=req.deserialize, response_serializer=resp.serialize)
+            wrap(name, call), request_deserializer=req.deserialize, response_serializer=resp.serialize
+        )
         for name, (req, resp, call) in methods.items()
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
@@ -1024,8 +1108,14 @@ def main():
     serve_tokens(emulator)
     gke_dns.serve(DNS_PORT, PKI, emulator.dns_route, emulator.accounts.caller)
     emulator.resume()
-    log.info("GKE emulator: proxy 127.0.0.1:%d, gRPC/TLS 127.0.0.1:%d, DNS endpoints 127.0.0.1:%d, "
-             "token http://127.0.0.1:%d/token", PROXY_PORT, GRPC_PORT, DNS_PORT, TOKEN_PORT)
+    log.info(
+        "GKE emulator: proxy 127.0.0.1:%d, gRPC/TLS 127.0.0.1:%d, DNS endpoints 127.0.0.1:%d, "
+        "token http://127.0.0.1:%d/token",
+        PROXY_PORT,
+        GRPC_PORT,
+        DNS_PORT,
+        TOKEN_PORT,
+    )
     import faulthandler
     import signal
 

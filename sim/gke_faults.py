@@ -67,8 +67,13 @@ def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, secon
     if nodes is not None and kind != "stockout":
         raise ValueError("nodes is for stockout only")
     rule = {"kind": kind, "applied": 0}
-    for field, value in (("pool_prefix", pool_prefix), ("machine_type", machine_type), ("times", times),
-                         ("seconds", seconds), ("nodes", nodes)):
+    for field, value in (
+        ("pool_prefix", pool_prefix),
+        ("machine_type", machine_type),
+        ("times", times),
+        ("seconds", seconds),
+        ("nodes", nodes),
+    ):
         if value is not None:
             rule[field] = value
     with _rules() as rules:
@@ -125,8 +130,15 @@ def main():
     c.add_argument("name", nargs="?")
     args = parser.parse_args()
     if args.cmd == "set":
-        print(json.dumps({args.name: set_fault(args.name, args.kind, args.pool_prefix, args.machine_type, args.times,
-                                                   args.seconds, args.nodes)}))
+        print(
+            json.dumps(
+                {
+                    args.name: set_fault(
+                        args.name, args.kind, args.pool_prefix, args.machine_type, args.times, args.seconds, args.nodes
+                    )
+                }
+            )
+        )
     elif args.cmd == "list":
         print(json.dumps(list_faults(), indent=1, sort_keys=True))
     else:

@@ -62,33 +62,36 @@ class MachineType:
         return self.name.split("-")[0]
 
 
-MACHINE_TYPES = {m.name: m for m in (
-    MachineType("ct6e-standard-1t", 44, 448, 1, "tpu-v6e-slice", "v6e"),
-    MachineType("ct6e-standard-4t", 180, 720, 4, "tpu-v6e-slice", "v6e"),
-    MachineType("ct6e-standard-8t", 180, 1440, 8, "tpu-v6e-slice", "v6e"),
-    MachineType("ct5lp-hightpu-1t", 24, 48, 1, "tpu-v5-lite-podslice", "v5e"),
-    MachineType("ct5lp-hightpu-4t", 112, 192, 4, "tpu-v5-lite-podslice", "v5e"),
-    MachineType("ct5lp-hightpu-8t", 224, 384, 8, "tpu-v5-lite-podslice", "v5e"),
-    MachineType("ct5p-hightpu-4t", 208, 448, 4, "tpu-v5p-slice", "v5p"),
-    MachineType("ct4p-hightpu-4t", 240, 407, 4, "tpu-v4-podslice", "v4"),
-    MachineType("e2-standard-8", 8, 32),
-    MachineType("e2-standard-16", 16, 64),
-    MachineType("n2-standard-8", 8, 32),
-    MachineType("n2-standard-16", 16, 64),
-    MachineType("n2-standard-32", 32, 128),
-    MachineType("n4-standard-8", 8, 32),
-    MachineType("n4-standard-32", 32, 128),
-    MachineType("n4-standard-64", 64, 256),
-    # Compute Engine "General-purpose machine family": the N4 standard table ends at n4-standard-80 (80 vCPUs,
-    # 320 GB); the C4D standard table has c4d-standard-192 (192 vCPUs, 744 GB). Both are offered by the
-    # package (tpu_rl.machines.SHAPES, tests/unit/test_gke_rules.py checks every one is known here).
-    MachineType("n4-standard-80", 80, 320),
-    MachineType("c4-standard-8", 8, 30),
-    MachineType("c4-standard-96", 96, 360),
-    MachineType("c4d-standard-32", 32, 124),
-    MachineType("c4d-standard-96", 96, 372),
-    MachineType("c4d-standard-192", 192, 744),
-)}
+MACHINE_TYPES = {
+    m.name: m
+    for m in (
+        MachineType("ct6e-standard-1t", 44, 448, 1, "tpu-v6e-slice", "v6e"),
+        MachineType("ct6e-standard-4t", 180, 720, 4, "tpu-v6e-slice", "v6e"),
+        MachineType("ct6e-standard-8t", 180, 1440, 8, "tpu-v6e-slice", "v6e"),
+        MachineType("ct5lp-hightpu-1t", 24, 48, 1, "tpu-v5-lite-podslice", "v5e"),
+        MachineType("ct5lp-hightpu-4t", 112, 192, 4, "tpu-v5-lite-podslice", "v5e"),
+        MachineType("ct5lp-hightpu-8t", 224, 384, 8, "tpu-v5-lite-podslice", "v5e"),
+        MachineType("ct5p-hightpu-4t", 208, 448, 4, "tpu-v5p-slice", "v5p"),
+        MachineType("ct4p-hightpu-4t", 240, 407, 4, "tpu-v4-podslice", "v4"),
+        MachineType("e2-standard-8", 8, 32),
+        MachineType("e2-standard-16", 16, 64),
+        MachineType("n2-standard-8", 8, 32),
+        MachineType("n2-standard-16", 16, 64),
+        MachineType("n2-standard-32", 32, 128),
+        MachineType("n4-standard-8", 8, 32),
+        MachineType("n4-standard-32", 32, 128),
+        MachineType("n4-standard-64", 64, 256),
+        # Compute Engine "General-purpose machine family": the N4 standard table ends at n4-standard-80 (80 vCPUs,
+        # 320 GB); the C4D standard table has c4d-standard-192 (192 vCPUs, 744 GB). Both are offered by the
+        # package (tpu_rl.machines.SHAPES, tests/unit/test_gke_rules.py checks every one is known here).
+        MachineType("n4-standard-80", 80, 320),
+        MachineType("c4-standard-8", 8, 30),
+        MachineType("c4-standard-96", 96, 360),
+        MachineType("c4d-standard-32", 32, 124),
+        MachineType("c4d-standard-96", 96, 372),
+        MachineType("c4d-standard-192", 192, 744),
+    )
+}
 
 # Machine series that take only Hyperdisk (no Persistent Disk) boot disks. Source: Compute Engine "Machine
 # series comparison" / "Supported disk types" tables https://cloud.google.com/compute/docs/machine-resource
@@ -255,15 +258,17 @@ def check_tpu_slice(pool: dict) -> None:
     topology = placement.get("tpu_topology") or ""
     if mt is None or not mt.tpu_chips:
         if topology:
-            raise _bad(f"TPU topology {topology} requires a TPU machine type, got "
-                       f'"{config.get("machine_type")}".')  # (wording ours)
+            raise _bad(
+                f'TPU topology {topology} requires a TPU machine type, got "{config.get("machine_type")}".'
+            )  # (wording ours)
         return
     autoscaling = pool.get("autoscaling") or {}
     # An autoscaled slice pool grows to its maximum at once, so GKE checks the maximum ("Maximum node count
     # 0 is not a valid size ...", quoted below); a fixed one its initial count.
     counted = "Maximum node count" if autoscaling.get("enabled") else "Node count"
-    nodes = int((autoscaling.get("max_node_count") if autoscaling.get("enabled") else pool.get("initial_node_count"))
-                or 0)
+    nodes = int(
+        (autoscaling.get("max_node_count") if autoscaling.get("enabled") else pool.get("initial_node_count")) or 0
+    )
     if not topology:
         return  # single-host slices, one per node
     if not re.fullmatch(r"\d+x\d+(x\d+)?", topology):
@@ -274,25 +279,31 @@ def check_tpu_slice(pool: dict) -> None:
     else:
         # v4/v5p: AxBxC with every dimension 1, 2 or 4 (2x2x1 ... 4x4x4), or every dimension a multiple of 4
         # (4x4x12, 8x8x16): TPU docs "TPU v5p" / "TPU v4", topologies.
-        valid = len(dims) == 3 and min(dims) >= 1 and (all(d in (1, 2, 4) for d in dims)
-                                                       or all(d % 4 == 0 for d in dims))
+        valid = (
+            len(dims) == 3 and min(dims) >= 1 and (all(d in (1, 2, 4) for d in dims) or all(d % 4 == 0 for d in dims))
+        )
     if not valid:
         raise _bad(f'TPU topology "{topology}" is not supported for machine type "{mt.name}".')  # (wording ours)
     chips = math.prod(dims)
     if chips % mt.tpu_chips or chips < mt.tpu_chips:
-        raise _bad(f'TPU topology "{topology}" ({chips} chips) cannot be built from "{mt.name}" '
-                   f"({mt.tpu_chips} chips per VM).")  # (wording ours)
+        raise _bad(
+            f'TPU topology "{topology}" ({chips} chips) cannot be built from "{mt.name}" ({mt.tpu_chips} chips per VM).'
+        )  # (wording ours)
     expected = chips // mt.tpu_chips
     if nodes != expected:
-        raise _bad(f"{counted} {nodes} is not a valid size of TPU pod slice with topology {topology}; "
-                   f"a {topology} slice of {mt.name} has {expected} nodes.")
+        raise _bad(
+            f"{counted} {nodes} is not a valid size of TPU pod slice with topology {topology}; "
+            f"a {topology} slice of {mt.name} has {expected} nodes."
+        )
     if expected > 1:
         if placement.get("type") != "COMPACT":
-            raise _bad(f"A multi-host TPU slice (topology {topology}) requires "
-                       "placement_policy.type COMPACT.")  # (wording ours)
+            raise _bad(
+                f"A multi-host TPU slice (topology {topology}) requires placement_policy.type COMPACT."
+            )  # (wording ours)
         if mt.tpu_chips != 4:
-            raise _bad(f'Machine type "{mt.name}" cannot form a multi-host TPU slice; use the 4-chip machine '
-                       "type.")  # (wording ours)
+            raise _bad(
+                f'Machine type "{mt.name}" cannot form a multi-host TPU slice; use the 4-chip machine type.'
+            )  # (wording ours)
         if len(pool.get("locations") or []) > 1:
             raise _bad("A multi-host TPU slice node pool must be in exactly one zone.")  # (wording ours)
 
@@ -316,8 +327,9 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: set
     if kind != "SPECIFIC_RESERVATION":
         return
     if affinity.get("key") != "compute.googleapis.com/reservation-name":
-        raise _bad('Reservation affinity key must be "compute.googleapis.com/reservation-name" for '
-                   "SPECIFIC_RESERVATION.")  # (wording ours)
+        raise _bad(
+            'Reservation affinity key must be "compute.googleapis.com/reservation-name" for SPECIFIC_RESERVATION.'
+        )  # (wording ours)
     values = affinity.get("values") or []
     if len(values) != 1:
         raise _bad(f"SPECIFIC_RESERVATION requires exactly one reservation name, got {len(values)}.")  # (wording ours)
@@ -327,8 +339,11 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: set
     full = value if match else f"projects/{project}/reservations/{value}"
     if short not in known_reservations and full not in known_reservations:
         zone = (pool.get("locations") or ["?"])[0]
-        raise GkeError("NOT_FOUND", f'Google Compute Engine: reservation "{short}" not found for node pool '
-                                    f'"{pool.get("name")}" at zone "{zone}".')
+        raise GkeError(
+            "NOT_FOUND",
+            f'Google Compute Engine: reservation "{short}" not found for node pool '
+            f'"{pool.get("name")}" at zone "{zone}".',
+        )
 
 
 def check_capacity(pool: dict) -> None:
@@ -358,8 +373,10 @@ def check_capacity(pool: dict) -> None:
     if config.get("spot") and config.get("flex_start"):
         raise _bad(f'Node pool "{name}": spot and flex_start cannot both be set.')
     if config.get("spot") and affinity not in ("UNSPECIFIED", "NO_RESERVATION"):
-        raise _bad(f'Node pool "{name}": Spot VMs cannot consume reservations; reservation affinity must be '
-                   f"NO_RESERVATION, got {affinity}.")
+        raise _bad(
+            f'Node pool "{name}": Spot VMs cannot consume reservations; reservation affinity must be '
+            f"NO_RESERVATION, got {affinity}."
+        )
     if not config.get("flex_start"):
         return
     mt = MACHINE_TYPES.get(config.get("machine_type") or "")
@@ -392,9 +409,11 @@ def check_disk_type(pool: dict, default_disk: str = DEFAULT_BOOT_DISK) -> None:
         return
     disk = config.get("disk_type") or default_disk
     if disk.startswith("pd-"):
-        raise _bad(f"Google Compute Engine: [{disk}, {name}] features are not compatible for creating instance. "
-                   f'Machine type "{name}" supports only Hyperdisk boot disks; set disk_type to '
-                   "hyperdisk-balanced.")
+        raise _bad(
+            f"Google Compute Engine: [{disk}, {name}] features are not compatible for creating instance. "
+            f'Machine type "{name}" supports only Hyperdisk boot disks; set disk_type to '
+            "hyperdisk-balanced."
+        )
 
 
 def check_gvnic(pool: dict) -> None:
@@ -406,8 +425,12 @@ def check_gvnic(pool: dict) -> None:
     """
     config = pool.get("config") or {}
     name = config.get("machine_type") or ""
-    if name.split("-")[0] == "c4d" and "gvnic" in config and config["gvnic"] is not None \
-            and not (config["gvnic"] or {}).get("enabled"):
+    if (
+        name.split("-")[0] == "c4d"
+        and "gvnic" in config
+        and config["gvnic"] is not None
+        and not (config["gvnic"] or {}).get("enabled")
+    ):
         raise _bad(f'Machine type "{name}" requires gVNIC; set gvnic.enabled to true.')  # (wording ours)
 
 
@@ -421,8 +444,10 @@ def check_workload_metadata(cluster: dict, pool: dict) -> None:
     mode = (config.get("workload_metadata_config") or {}).get("mode") or "MODE_UNSPECIFIED"
     pool_id = (cluster.get("workload_identity_config") or {}).get("workload_pool") or ""
     if mode == "GKE_METADATA" and not pool_id:
-        raise _bad("Workload Identity must be enabled on the cluster to use GKE_METADATA workload metadata mode "
-                   f'(node pool "{pool.get("name")}").')  # (wording ours)
+        raise _bad(
+            "Workload Identity must be enabled on the cluster to use GKE_METADATA workload metadata mode "
+            f'(node pool "{pool.get("name")}").'
+        )  # (wording ours)
 
 
 #: Source: GKE API reference NodeConfig.metadata (https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig):
@@ -431,10 +456,24 @@ def check_workload_metadata(cluster: dict, pool: dict) -> None:
 #: "each value's size must be less than or equal to 32 KB. The total size of all keys and values must be
 #: less than 512 KB."
 RESERVED_METADATA_KEYS = {
-    "cluster-location", "cluster-name", "cluster-uid", "configure-sh", "containerd-configure-sh",
-    "enable-os-login", "gci-ensure-gke-docker", "gci-metrics-enabled", "gci-update-strategy",
-    "instance-template", "kube-env", "startup-script", "user-data", "disable-address-manager",
-    "windows-startup-script-ps1", "common-psm1", "k8s-node-setup-psm1", "install-ssh-psm1",
+    "cluster-location",
+    "cluster-name",
+    "cluster-uid",
+    "configure-sh",
+    "containerd-configure-sh",
+    "enable-os-login",
+    "gci-ensure-gke-docker",
+    "gci-metrics-enabled",
+    "gci-update-strategy",
+    "instance-template",
+    "kube-env",
+    "startup-script",
+    "user-data",
+    "disable-address-manager",
+    "windows-startup-script-ps1",
+    "common-psm1",
+    "k8s-node-setup-psm1",
+    "install-ssh-psm1",
     "user-profile-psm1",
 }
 _METADATA_KEY = re.compile(r"[a-zA-Z0-9_-]+")
@@ -446,16 +485,19 @@ def check_node_metadata(pool: dict) -> None:
         if key in RESERVED_METADATA_KEYS:
             raise _bad(f'Node pool "{pool.get("name")}": metadata key "{key}" is reserved.')  # (wording ours)
         if not _METADATA_KEY.fullmatch(key) or len(key.encode()) >= 128:
-            raise _bad(f'Node pool "{pool.get("name")}": metadata key "{key}" must match [a-zA-Z0-9-_]+ and be '
-                       "less than 128 bytes.")  # (wording ours)
+            raise _bad(
+                f'Node pool "{pool.get("name")}": metadata key "{key}" must match [a-zA-Z0-9-_]+ and be '
+                "less than 128 bytes."
+            )  # (wording ours)
         if len(str(value).encode()) > 32 * 1024:
             raise _bad(f'Node pool "{pool.get("name")}": the value of metadata key "{key}" exceeds 32 KB.')
     if sum(len(k.encode()) + len(str(v).encode()) for k, v in metadata.items()) >= 512 * 1024:
         raise _bad(f'Node pool "{pool.get("name")}": metadata exceeds 512 KB in total.')
 
 
-def check_node_pool(cluster: dict, pool: dict, region: str, project: str, reservations: set[str],
-                    default_disk: str = DEFAULT_BOOT_DISK) -> None:
+def check_node_pool(
+    cluster: dict, pool: dict, region: str, project: str, reservations: set[str], default_disk: str = DEFAULT_BOOT_DISK
+) -> None:
     """Every per-pool rule, in the order GKE's validation is likely to meet them."""
     check_node_pool_name(pool.get("name") or "")
     machine_type = (pool.get("config") or {}).get("machine_type")
@@ -472,8 +514,9 @@ def check_node_pool(cluster: dict, pool: dict, region: str, project: str, reserv
     check_reservation_affinity(pool, project, reservations)
 
 
-def check_cluster(cluster: dict, region: str, project: str, reservations: set[str],
-                  default_disk: str = DEFAULT_BOOT_DISK) -> None:
+def check_cluster(
+    cluster: dict, region: str, project: str, reservations: set[str], default_disk: str = DEFAULT_BOOT_DISK
+) -> None:
     check_cluster_name(cluster.get("name") or "")
     names = [p.get("name") for p in cluster.get("node_pools") or []]
     for name in names:
@@ -494,8 +537,12 @@ def check_cluster(cluster: dict, region: str, project: str, reservations: set[st
 #: The Compute Engine quota TPU node pools of a machine series consume (GKE "Troubleshoot TPUs in GKE": on-demand
 #: and Spot TPU slice node pools need Compute Engine quota; Cloud TPU v6e: TPUS_PER_TPU_FAMILY; Compute Engine
 #: region quotas: TPU_LITE_PODSLICE_V5).
-TPU_QUOTA_METRICS = {"ct6e": "TPUS_PER_TPU_FAMILY", "ct5lp": "TPU_LITE_PODSLICE_V5", "ct5p": "TPU_V5P_PODSLICE",
-                     "ct4p": "TPU_V4_PODSLICE"}
+TPU_QUOTA_METRICS = {
+    "ct6e": "TPUS_PER_TPU_FAMILY",
+    "ct5lp": "TPU_LITE_PODSLICE_V5",
+    "ct5p": "TPU_V5P_PODSLICE",
+    "ct4p": "TPU_V4_PODSLICE",
+}
 
 
 def quota_message(pool: dict, region: str) -> str:
@@ -504,12 +551,15 @@ def quota_message(pool: dict, region: str) -> str:
     resource "CPUS": request requires '72.0' and is short '48.0'. project has a quota of '24.0' with '24.0'
     available.'), here for the TPU family's quota the pool's chips count against. (wording after GKE's)"""
     mt = machine((pool.get("config") or {}).get("machine_type", ""))
-    chips = mt.tpu_chips * int(pool.get("initial_node_count")
-                               or (pool.get("autoscaling") or {}).get("max_node_count") or 0)
+    chips = mt.tpu_chips * int(
+        pool.get("initial_node_count") or (pool.get("autoscaling") or {}).get("max_node_count") or 0
+    )
     metric = TPU_QUOTA_METRICS.get(mt.family, "TPUS")
-    return (f"Insufficient regional quota to satisfy request: resource \"{metric}\": request requires '{chips:.1f}' "
-            f"and is short '{chips:.1f}'. project has a quota of '0.0' with '0.0' available in region {region}. "
-            "View and manage quotas at https://console.cloud.google.com/iam-admin/quotas.")
+    return (
+        f"Insufficient regional quota to satisfy request: resource \"{metric}\": request requires '{chips:.1f}' "
+        f"and is short '{chips:.1f}'. project has a quota of '0.0' with '0.0' available in region {region}. "
+        "View and manage quotas at https://console.cloud.google.com/iam-admin/quotas."
+    )
 
 
 def check_cluster_absent(name: str, project: str, location: str, existing: set[str]) -> None:
@@ -543,15 +593,17 @@ def check_no_running_operation(cluster_name: str, running: list[dict], action: s
         "DELETE_NODE_POOL": "deleting a node pool for cluster",
     }.get(op.get("operation_type"), "upgrading cluster")
     if op.get("operation_type") in ("CREATE_NODE_POOL", "DELETE_NODE_POOL"):
-        raise GkeError("FAILED_PRECONDITION", f"Operation {op['name']} is currently {verb} {cluster_name}. "
-                                              "Please wait and try again once it is done.")
+        raise GkeError(
+            "FAILED_PRECONDITION",
+            f"Operation {op['name']} is currently {verb} {cluster_name}. Please wait and try again once it is done.",
+        )
     raise GkeError("FAILED_PRECONDITION", f"Cluster is running incompatible operation {op['name']}.")
 
 
 def check_node_pool_absent(cluster_name: str, pool_name: str, existing: set[str]) -> None:
     """Source: as check_cluster_absent: a second pool of the same name answers 409 ALREADY_EXISTS."""
     if pool_name in existing:
-        raise GkeError("ALREADY_EXISTS", f"Already exists: node pool \"{pool_name}\" in cluster \"{cluster_name}\".")
+        raise GkeError("ALREADY_EXISTS", f'Already exists: node pool "{pool_name}" in cluster "{cluster_name}".')
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -610,12 +662,20 @@ def node_resources(mt: MachineType, disk_gb: int = DEFAULT_DISK_GB) -> tuple[dic
     reports them (Kubernetes quantities)."""
     memory = int(mt.memory_gb * GIB)
     disk = int(disk_gb * 98831908 * 1024 / DEFAULT_DISK_GB)  # the filesystem of the example's 100 GB disk
-    capacity = {"cpu": str(mt.vcpus), "memory": f"{memory // 1024}Ki", "pods": "110",
-                "ephemeral-storage": f"{disk // 1024}Ki"}
+    capacity = {
+        "cpu": str(mt.vcpus),
+        "memory": f"{memory // 1024}Ki",
+        "pods": "110",
+        "ephemeral-storage": f"{disk // 1024}Ki",
+    }
     cpu_alloc = mt.vcpus * 1000 - math.ceil(reserved_cpu_millicores(mt.vcpus))
     mem_alloc = memory - reserved_memory_bytes(memory) - EVICTION_THRESHOLD_BYTES
-    allocatable = {"cpu": f"{cpu_alloc}m", "memory": f"{mem_alloc // 1024}Ki", "pods": "110",
-                   "ephemeral-storage": str(int(disk * EPHEMERAL_ALLOCATABLE_SHARE))}
+    allocatable = {
+        "cpu": f"{cpu_alloc}m",
+        "memory": f"{mem_alloc // 1024}Ki",
+        "pods": "110",
+        "ephemeral-storage": str(int(disk * EPHEMERAL_ALLOCATABLE_SHARE)),
+    }
     if mt.tpu_chips:
         capacity["google.com/tpu"] = allocatable["google.com/tpu"] = str(mt.tpu_chips)
     return capacity, allocatable

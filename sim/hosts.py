@@ -1,16 +1,16 @@
 """Lose and restore simulated hosts; what follows is done by the real controllers.
 
-    hosts.py lose NODE      delete the Node (the VM is gone). kube-controller-manager's pod GC then
-                            marks each pod bound to it Failed with condition DisruptionTarget
-                            (reason DeletionByPodGC) and deletes it: about 40-60 s later (its
-                            orphan quarantine is 40 s, fixed). The Job counts a failure; a JobSet
-                            restarts (failurePolicy) or fails. Replacement pods stay Pending
-                            until the node is back.
-    hosts.py evict NODE     add the NoExecute taint sim.tpu-rl.dev/host-lost (a host going into
-                            maintenance / unreachable): the taint-eviction controller deletes its pods
-                            at once with DisruptionTarget (reason DeletionByTaintManager).
-    hosts.py restore        recreate the missing standard nodes (sim/nodes.py) and remove the
-                            host-lost taint everywhere.
+hosts.py lose NODE      delete the Node (the VM is gone). kube-controller-manager's pod GC then
+                        marks each pod bound to it Failed with condition DisruptionTarget
+                        (reason DeletionByPodGC) and deletes it: about 40-60 s later (its
+                        orphan quarantine is 40 s, fixed). The Job counts a failure; a JobSet
+                        restarts (failurePolicy) or fails. Replacement pods stay Pending
+                        until the node is back.
+hosts.py evict NODE     add the NoExecute taint sim.tpu-rl.dev/host-lost (a host going into
+                        maintenance / unreachable): the taint-eviction controller deletes its pods
+                        at once with DisruptionTarget (reason DeletionByTaintManager).
+hosts.py restore        recreate the missing standard nodes (sim/nodes.py) and remove the
+                        host-lost taint everywhere.
 """
 
 import argparse

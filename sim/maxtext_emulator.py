@@ -93,19 +93,36 @@ HF_IDS = {"qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Thinking-2507"}  # MaxText's defa
 HEARTBEAT = SIM / "run" / "maxtext-emulator.heartbeat"
 #: The buckets' IAM policy (principal -> roles), a file read on each check so a test can change it.
 BUCKET_POLICY_FILE = Path(os.environ.get("TPU_RL_SIM_DIR") or SIM) / "bucket-policy.json"
-DEFAULT_BUCKET_POLICY = {"serviceAccount:tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com":
-                         ["roles/storage.objectAdmin", "roles/storage.legacyBucketReader"]}
+DEFAULT_BUCKET_POLICY = {
+    "serviceAccount:tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com": [
+        "roles/storage.objectAdmin",
+        "roles/storage.legacyBucketReader",
+    ]
+}
 #: The Cloud Storage permissions of the predefined roles the stages' identities get (the storage.* part that
 #: matters here). Source: IAM docs, "Cloud Storage roles" (https://cloud.google.com/storage/docs/access-control/iam-roles):
 #: objectAdmin and objectUser hold storage.objects.* but no storage.buckets.get; legacyBucketReader holds
 #: storage.buckets.get and storage.objects.list; storage.admin holds both.
 ROLE_PERMISSIONS = {
-    "roles/storage.admin": {"storage.buckets.get", "storage.objects.create", "storage.objects.delete",
-                            "storage.objects.get", "storage.objects.list"},
-    "roles/storage.objectAdmin": {"storage.objects.create", "storage.objects.delete", "storage.objects.get",
-                                  "storage.objects.list"},
-    "roles/storage.objectUser": {"storage.objects.create", "storage.objects.delete", "storage.objects.get",
-                                 "storage.objects.list"},
+    "roles/storage.admin": {
+        "storage.buckets.get",
+        "storage.objects.create",
+        "storage.objects.delete",
+        "storage.objects.get",
+        "storage.objects.list",
+    },
+    "roles/storage.objectAdmin": {
+        "storage.objects.create",
+        "storage.objects.delete",
+        "storage.objects.get",
+        "storage.objects.list",
+    },
+    "roles/storage.objectUser": {
+        "storage.objects.create",
+        "storage.objects.delete",
+        "storage.objects.get",
+        "storage.objects.list",
+    },
     "roles/storage.objectViewer": {"storage.objects.get", "storage.objects.list"},
     "roles/storage.legacyBucketReader": {"storage.buckets.get", "storage.objects.list"},
     "roles/storage.bucketViewer": {"storage.buckets.get"},
@@ -138,6 +155,7 @@ class PodFailure(Exception):
 
 # ---------------------------------------------------------------- command parsing
 
+
 def parse_invocation(command):
     """Finds `python3 -m maxtext.<module> args...` in a container command. Returns (stage, args, flags)."""
     parts = list(command or [])
@@ -149,7 +167,7 @@ def parse_invocation(command):
     for i, tok in enumerate(tokens[:-1]):
         if tok == "-m" and tokens[i + 1] in STAGES:
             args, flags = {}, {}
-            for arg in tokens[i + 2:]:
+            for arg in tokens[i + 2 :]:
                 if set(arg) <= set(";&|()\n"):
                     break
                 if arg.startswith("--"):
@@ -174,6 +192,7 @@ def split_gs(url):
 
 
 # ---------------------------------------------------------------- GCS writer
+
 
 class Bucket:
     def __init__(self, client, url):
@@ -203,7 +222,7 @@ class Bucket:
 
     def names(self, rel=""):
         prefix = self.key(rel).rstrip("/") + "/" if (self.root or rel) else ""
-        return [b.name[len(prefix):] for b in self.bucket.list_blobs(prefix=prefix)]
+        return [b.name[len(prefix) :] for b in self.bucket.list_blobs(prefix=prefix)]
 
     def delete_prefix(self, rel):
         for blob in list(self.bucket.list_blobs(prefix=self.key(rel).rstrip("/") + "/")):
@@ -240,13 +259,32 @@ def write_item(out, item, keypaths, drop_leaf):
         if drop_leaf and i == len(keypaths) - 1:
             continue
         leaf = f"{item}/{'.'.join(keypath)}"
-        out.put(f"{leaf}/.zarray", {"chunks": [4, 4], "compressor": {"id": "zstd", "level": 1},
-                                    "dtype": "bfloat16", "fill_value": 0, "filters": None, "order": "C",
-                                    "shape": [4, 4], "zarr_format": 2, "dimension_separator": "."})
+        out.put(
+            f"{leaf}/.zarray",
+            {
+                "chunks": [4, 4],
+                "compressor": {"id": "zstd", "level": 1},
+                "dtype": "bfloat16",
+                "fill_value": 0,
+                "filters": None,
+                "order": "C",
+                "shape": [4, 4],
+                "zarr_format": 2,
+                "dimension_separator": ".",
+            },
+        )
         out.put(f"{leaf}/0.0", bytes(range(32)))
     out.put(f"{item}/_sharding", {str(tuple(k)): {"sharding_type": "NamedSharding"} for k in keypaths})
-    out.put(f"{item}/_METADATA", {"tree_metadata": tree, "use_zarr3": False, "use_ocdbt": False,
-                                  "store_array_data_equal_to_fill_value": True, "custom_metadata": None})
+    out.put(
+        f"{item}/_METADATA",
+        {
+            "tree_metadata": tree,
+            "use_zarr3": False,
+            "use_ocdbt": False,
+            "store_array_data_equal_to_fill_value": True,
+            "custom_metadata": None,
+        },
+    )
 
 
 def write_step(out, step_dir, items, custom, faults_):
@@ -255,11 +293,20 @@ def write_step(out, step_dir, items, custom, faults_):
     for item, keypaths in items.items():
         write_item(out, f"{step_dir}/{item}", keypaths, "drop-leaf" in faults_)
     committed = "skip-commit" not in faults_
-    out.put(f"{step_dir}/_CHECKPOINT_METADATA", {
-        "item_handlers": {item: "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
-                          for item in items},
-        "metrics": {}, "performance_metrics": {}, "init_timestamp_nsecs": init,
-        "commit_timestamp_nsecs": time.time_ns() if committed else None, "custom_metadata": custom})
+    out.put(
+        f"{step_dir}/_CHECKPOINT_METADATA",
+        {
+            "item_handlers": {
+                item: "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+                for item in items
+            },
+            "metrics": {},
+            "performance_metrics": {},
+            "init_timestamp_nsecs": init,
+            "commit_timestamp_nsecs": time.time_ns() if committed else None,
+            "custom_metadata": custom,
+        },
+    )
     if committed:
         out.put(f"{step_dir}/commit_success.txt", f"Checkpoint commit was successful to {out.url}/{step_dir}")
 
@@ -309,17 +356,27 @@ def training_scalars(seed, train_steps, steps):
         rewards = np.stack([REWARDS[name] * paid[name] for name in REWARDS], axis=1)  # completions x functions
         per_completion = rewards.sum(axis=1)
         scored_at = step - 1  # the learner's global step of the batch (0-based)
-        for name, value in (("sum", per_completion.mean()), ("mean", rewards.mean(axis=1).mean()),
-                            ("min", rewards.min()), ("max", rewards.max())):
+        for name, value in (
+            ("sum", per_completion.mean()),
+            ("mean", rewards.mean(axis=1).mean()),
+            ("min", rewards.min()),
+            ("max", rewards.max()),
+        ):
             put(f"rewards/train/{name}", scored_at, value)
         for i, name in enumerate(REWARDS):
             put(f"rewards/train/{name}", scored_at, rewards[:, i].mean())
-        for name, value in (("mean", per_completion.mean()), ("max", per_completion.max()),
-                            ("min", per_completion.min())):
+        for name, value in (
+            ("mean", per_completion.mean()),
+            ("max", per_completion.max()),
+            ("min", per_completion.min()),
+        ):
             put(f"rewards/train/score/{name}", scored_at, value)
         lengths = rng.normal(420 - 120 * progress, 60, COMPLETIONS_PER_STEP).clip(16, 768).round()
-        for name, value in (("mean_length", lengths.mean()), ("max_length", lengths.max()),
-                            ("min_length", lengths.min())):
+        for name, value in (
+            ("mean_length", lengths.mean()),
+            ("max_length", lengths.max()),
+            ("min_length", lengths.min()),
+        ):
             put(f"completions/train/{name}", scored_at, value)
         loss = 0.02 + 0.3 * math.exp(-2.5 * progress) * (1 + 0.2 * rng.normal())
         put("actor/train/loss", step, loss)
@@ -393,15 +450,20 @@ def evaluation_line(when, seed, total, accuracy):
     corr = round(total * accuracy)
     partially = min(total, corr + rng.randint(0, max(1, total // 10)))
     formatted = min(total, max(partially, round(total * rng.uniform(0.85, 1.0))))
-    accuracy, partial_accuracy, format_accuracy = (n / total * 100 if total > 0 else 0
-                                                   for n in (corr, partially, formatted))
-    mean_reward = (REWARDS["check_numbers"] * corr
-                   + REWARDS["match_format_exactly"] * formatted) / total if total else 0.0
-    return (f"{when} RL Training: {corr=}, {total=}, {accuracy=}%, {partial_accuracy=}%,"
-            f" {format_accuracy=}%, {mean_reward=:.4f}")
+    accuracy, partial_accuracy, format_accuracy = (
+        n / total * 100 if total > 0 else 0 for n in (corr, partially, formatted)
+    )
+    mean_reward = (
+        (REWARDS["check_numbers"] * corr + REWARDS["match_format_exactly"] * formatted) / total if total else 0.0
+    )
+    return (
+        f"{when} RL Training: {corr=}, {total=}, {accuracy=}%, {partial_accuracy=}%,"
+        f" {format_accuracy=}%, {mean_reward=:.4f}"
+    )
 
 
 # ---------------------------------------------------------------- safetensors
+
 
 def safetensors_file(tensors, dtype):
     """A real safetensors file: 8-byte LE header length, JSON header with data_offsets, data."""
@@ -416,6 +478,7 @@ def safetensors_file(tensors, dtype):
 
 
 # ---------------------------------------------------------------- the three stages
+
 
 def to_maxtext(client, args, flags, faults_):
     out = Bucket(client, args["base_output_directory"])
@@ -439,8 +502,12 @@ def train_rl(client, args, flags, faults_, duration=0.0):
     # MaxText 0.2.4 configs/types.py (RLConfig): int(num_batches x rl.num_iterations x train_fraction x num_epoch);
     # a flat num_iterations wins over rl.num_iterations (configs/pyconfig.py copies flat keys into the nested model).
     iterations = int(args.get("num_iterations", args.get("rl.num_iterations", 1)))
-    train_steps = int(int(args.get("num_batches", 4)) * iterations * float(args.get("train_fraction", 1.0))
-                      * int(args.get("num_epoch", 1)))
+    train_steps = int(
+        int(args.get("num_batches", 4))
+        * iterations
+        * float(args.get("train_fraction", 1.0))
+        * int(args.get("num_epoch", 1))
+    )
     period = int(args.get("checkpoint_period", 50))
     keep = int(args.get("max_num_checkpoints_to_keep", 10))
     stop = min([train_steps] + [int(f.split("=")[1]) for f in faults_ if f.startswith("stop-at-step=")])
@@ -450,11 +517,13 @@ def train_rl(client, args, flags, faults_, duration=0.0):
     actor = "checkpoints/actor"
     done = committed_steps(out, actor)
     start = max(done, default=0)
-    lines = [f"train_steps={train_steps} checkpoint_period={period}",
-             # train_rl.get_dataset's line (MaxText 0.2.4 logs it with debug=true): what this run trains on.
-             f"Loaded Hugging Face dataset {args.get('dataset_name', 'openai/gsm8k')} with split "
-             f"{args.get('train_split', 'train')}" + (f" from {args['hf_train_files']}"
-                                                      if args.get("hf_train_files") else "")]
+    lines = [
+        f"train_steps={train_steps} checkpoint_period={period}",
+        # train_rl.get_dataset's line (MaxText 0.2.4 logs it with debug=true): what this run trains on.
+        f"Loaded Hugging Face dataset {args.get('dataset_name', 'openai/gsm8k')} with split "
+        f"{args.get('train_split', 'train')}"
+        + (f" from {args['hf_train_files']}" if args.get("hf_train_files") else ""),
+    ]
     if start:
         # Tunix's own line (tunix/sft/checkpoint_manager.py:293 at c4ec573), then the data fast-forward
         # (rl_learner.py:400-407).
@@ -477,10 +546,16 @@ def train_rl(client, args, flags, faults_, duration=0.0):
         if out.names(f"{actor}/{step}"):
             out.delete_prefix(f"{actor}/{step}")  # unfinished folder from a crashed save
         last = step == saves[-1]
-        write_step(out, f"{actor}/{step}", {
-            "model_params": [("params",) + leaf for leaf in LEAVES],
-            "optimizer_state": [("opt_state", "0", m) + leaf for m in ("mu", "nu") for leaf in LEAVES[:2]],
-        }, {"global_step": step}, faults_ if last else [])
+        write_step(
+            out,
+            f"{actor}/{step}",
+            {
+                "model_params": [("params",) + leaf for leaf in LEAVES],
+                "optimizer_state": [("opt_state", "0", m) + leaf for m in ("mu", "nu") for leaf in LEAVES[:2]],
+            },
+            {"global_step": step},
+            faults_ if last else [],
+        )
         lines.append(f"saved checkpoint at step {step}")
     for old in sorted(committed_steps(out, actor))[:-keep] if keep > 0 else []:
         out.delete_prefix(f"{actor}/{old}")
@@ -491,17 +566,27 @@ def train_rl(client, args, flags, faults_, duration=0.0):
     if crash:
         raise PodFailure(f"training crashed at step {crash[0]} (simulated)")
     if preempt:
-        raise PodFailure(f"SIGTERM after step {end}: the host is shutting down (simulated Spot VM preemption)",
-                         exit_code=143, disruption="TerminationByKubelet")
+        raise PodFailure(
+            f"SIGTERM after step {end}: the host is shutting down (simulated Spot VM preemption)",
+            exit_code=143,
+            disruption="TerminationByKubelet",
+        )
     lines.append("RL Training Completed Successfully!")
     if "preempt-in-evaluation" in faults_:  # the host goes during the evaluation after training
-        raise PodFailure("SIGTERM during the evaluation after training: the host is shutting down (simulated Spot VM "
-                         "preemption)", exit_code=143, disruption="TerminationByKubelet", lines=lines)
+        raise PodFailure(
+            "SIGTERM during the evaluation after training: the host is shutting down (simulated Spot VM preemption)",
+            exit_code=143,
+            disruption="TerminationByKubelet",
+            lines=lines,
+        )
     if test_batches > 0:
         # MaxText 0.2.4 train_rl.py prints its success line (810) before a whole second evaluation (812-827), whose
         # vLLM engine logs as it goes: the success line is long out of a log's last lines when Post prints.
-        lines += [f"vLLM engine: processed prompt {i % test_prompts + 1}/{test_prompts} of evaluation pass "
-                  f"{i // test_prompts + 1}" for i in range(max(EVALUATION_LOG_LINES, test_prompts))]
+        lines += [
+            f"vLLM engine: processed prompt {i % test_prompts + 1}/{test_prompts} of evaluation pass "
+            f"{i // test_prompts + 1}"
+            for i in range(max(EVALUATION_LOG_LINES, test_prompts))
+        ]
         lines.append(evaluation_line("Post", seed, test_prompts, accuracy_after))
     return lines, out
 
@@ -513,12 +598,20 @@ def to_huggingface(client, args, flags, faults_):
     model = args.get("model_name", "qwen3-30b-a3b")
     tokenizer = flags.get("hf_model_path") or HF_IDS.get(model, model)
     dtype = {"bfloat16": "BF16"}.get(args.get("weight_dtype", "float32"), "F32")
-    out.put("tokenizer_config.json", {"name_or_path": tokenizer, "tokenizer_class": "Qwen2Tokenizer",
-                                      "model_max_length": 262144})
+    out.put(
+        "tokenizer_config.json",
+        {"name_or_path": tokenizer, "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 262144},
+    )
     out.put("tokenizer.json", {"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}})
-    out.put("config.json", {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-                            "torch_dtype": "bfloat16" if dtype == "BF16" else "float32",
-                            "sim_model_name": model})
+    out.put(
+        "config.json",
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "torch_dtype": "bfloat16" if dtype == "BF16" else "float32",
+            "sim_model_name": model,
+        },
+    )
     shards = 4
     weight_map, total = {}, 0
     for i in range(1, shards + 1):
@@ -557,8 +650,9 @@ class Emulator:
         # The fault switch: this cluster's own ConfigMap, or the standing cluster's for a cluster the GKE
         # emulator created (sim/control_plane.py), so that one switch serves every cluster.
         faults_kubeconfig = os.environ.get("TPU_RL_SIM_FAULTS_KUBECONFIG")
-        self.fault_switch = (client.CoreV1Api(config.new_client_from_config(faults_kubeconfig))
-                             if faults_kubeconfig else self.core)
+        self.fault_switch = (
+            client.CoreV1Api(config.new_client_from_config(faults_kubeconfig)) if faults_kubeconfig else self.core
+        )
         self.logged = set()
         #: Pods of a Pathways JobSet that wait for its TPU workers, by (namespace, JobSet name).
         self.waiting = {}
@@ -576,8 +670,11 @@ class Emulator:
                 for pod in pods.items:
                     self.consider(pod)
                 HEARTBEAT.touch()
-                stream = watch.Watch().stream(self.core.list_pod_for_all_namespaces,
-                                              resource_version=pods.metadata.resource_version, timeout_seconds=10)
+                stream = watch.Watch().stream(
+                    self.core.list_pod_for_all_namespaces,
+                    resource_version=pods.metadata.resource_version,
+                    timeout_seconds=10,
+                )
                 for event in stream:
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self.consider(event["object"])
@@ -614,27 +711,34 @@ class Emulator:
         if not name:
             return True
         try:
-            jobset = self.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", meta.namespace,
-                                                              "jobsets", name)
+            jobset = self.custom.get_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", meta.namespace, "jobsets", name
+            )
         except Exception:  # gone, or not a JobSet of this API: nothing to wait for
             return True
-        expected = sum(int(job.get("replicas", 1)) * int(job["template"]["spec"].get("parallelism", 1))
-                       for job in jobset["spec"]["replicatedJobs"]
-                       if any(c["name"] == "pathways-worker"
-                              for c in job["template"]["spec"]["template"]["spec"]["containers"]))
+        expected = sum(
+            int(job.get("replicas", 1)) * int(job["template"]["spec"].get("parallelism", 1))
+            for job in jobset["spec"]["replicatedJobs"]
+            if any(c["name"] == "pathways-worker" for c in job["template"]["spec"]["template"]["spec"]["containers"])
+        )
         if not expected:
             return True
         attempt = labels.get("jobset.sigs.k8s.io/restart-attempt")
-        running = [w for w in self.core.list_namespaced_pod(
-                       meta.namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
-                   if w.status.phase == "Running" and not w.metadata.deletion_timestamp
-                   and (w.metadata.labels or {}).get("jobset.sigs.k8s.io/restart-attempt") == attempt
-                   and any(c.name == "pathways-worker" for c in w.spec.containers)]
+        running = [
+            w
+            for w in self.core.list_namespaced_pod(meta.namespace, label_selector=f"{JOBSET_NAME_LABEL}={name}").items
+            if w.status.phase == "Running"
+            and not w.metadata.deletion_timestamp
+            and (w.metadata.labels or {}).get("jobset.sigs.k8s.io/restart-attempt") == attempt
+            and any(c.name == "pathways-worker" for c in w.spec.containers)
+        ]
         key = (meta.namespace, name)
         if len(running) < expected:
             if key not in self.waiting:
-                log(f"{meta.namespace}/{meta.name}: waiting for the JobSet's TPU workers "
-                    f"({len(running)} of {expected} running)")
+                log(
+                    f"{meta.namespace}/{meta.name}: waiting for the JobSet's TPU workers "
+                    f"({len(running)} of {expected} running)"
+                )
             self.waiting[key] = pod
             return False
         self.waiting.pop(key, None)
@@ -645,15 +749,20 @@ class Emulator:
         labels, annotations = meta.labels or {}, dict(meta.annotations or {})
         ref = f"{meta.namespace}/{meta.name}"
         container = next((c for c in pod.spec.containers if c.name == "workload-container"), None)
-        stage, args, flags = (parse_invocation((container.command or []) + (container.args or [])) if container
-                              else (None, {}, {}))
-        workload = (labels.get("jobset.sigs.k8s.io/jobset-name") or labels.get("batch.kubernetes.io/job-name")
-                    or meta.name)
+        stage, args, flags = (
+            parse_invocation((container.command or []) + (container.args or [])) if container else (None, {}, {})
+        )
+        workload = (
+            labels.get("jobset.sigs.k8s.io/jobset-name") or labels.get("batch.kubernetes.io/job-name") or meta.name
+        )
         attempt = labels.get("jobset.sigs.k8s.io/restart-attempt")
         # A JobSet submitted again under the same name (a resumed training) is a new workload: its uid tells.
         incarnation = labels.get("jobset.sigs.k8s.io/jobset-uid", "")[:8]
-        attempt_key = (f"{meta.namespace}/{workload}" + (f"@{incarnation}" if incarnation else "")
-                       + (f"/attempt-{attempt}" if attempt is not None else ""))
+        attempt_key = (
+            f"{meta.namespace}/{workload}"
+            + (f"@{incarnation}" if incarnation else "")
+            + (f"/attempt-{attempt}" if attempt is not None else "")
+        )
 
         # 1. faults: pod annotations, overridden by the first matching sim-side rule
         patch, rule_name = {}, None
@@ -687,8 +796,11 @@ class Emulator:
                 summary = f"{stage}: nothing written (the pod fails before saving)"
             else:
                 # The trainer runs for the pod's run seconds: its event file grows over them.
-                timing = ({"duration": float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))}
-                          if stage == "train_rl" else {})
+                timing = (
+                    {"duration": float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))}
+                    if stage == "train_rl"
+                    else {}
+                )
                 lines, out = globals()[stage](self.gcs, args, flags, maxtext_faults, **timing)
                 summary = f"{stage}: wrote {len(out.written)} objects under {out.url}"
         except PodFailure as e:
@@ -715,10 +827,16 @@ class Emulator:
             f.write(meta.uid + "\n")
         self.handled.add(meta.uid)
         self.core.patch_namespaced_pod(meta.name, meta.namespace, {"metadata": {"annotations": patch}})
-        outcome = (f"fails with exit code {effective.get(PREFIX + 'exit-code', '1')}"
-                   if self.will_fail(effective, int(attempt or 0)) else "succeeds")
-        log(f"{ref}: {summary}; {outcome} at {patch[PREFIX + 'exit-at']}"
-            + (f"; rule {rule_name}" if rule_name else "") + (f"; warnings {warnings}" if warnings else ""))
+        outcome = (
+            f"fails with exit code {effective.get(PREFIX + 'exit-code', '1')}"
+            if self.will_fail(effective, int(attempt or 0))
+            else "succeeds"
+        )
+        log(
+            f"{ref}: {summary}; {outcome} at {patch[PREFIX + 'exit-at']}"
+            + (f"; rule {rule_name}" if rule_name else "")
+            + (f"; warnings {warnings}" if warnings else "")
+        )
         for line in lines:
             log(f"  {ref}: {line}")
 
@@ -759,9 +877,11 @@ class Emulator:
         if pod.spec.host_network or not metadata_server:
             principal = f"serviceAccount:{account}"
         else:
-            principal = (f"principal://iam.googleapis.com/projects/{gke_rules.PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
-                         f"tpu-rl-sim.svc.id.goog/subject/ns/{pod.metadata.namespace}/sa/"
-                         f"{pod.spec.service_account_name or 'default'}")
+            principal = (
+                f"principal://iam.googleapis.com/projects/{gke_rules.PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+                f"tpu-rl-sim.svc.id.goog/subject/ns/{pod.metadata.namespace}/sa/"
+                f"{pod.spec.service_account_name or 'default'}"
+            )
         try:
             policy = json.loads(BUCKET_POLICY_FILE.read_text())
         except (OSError, ValueError):
@@ -773,9 +893,11 @@ class Emulator:
                 continue
             if permission == "storage.buckets.get":  # what maxtext/utils/gcs_utils.py raises after get_bucket()
                 bucket = url.removeprefix("gs://").split("/", 1)[0]
-                raise PodFailure(f"ValueError: GCS bucket {bucket} not found or accessible "
-                                 f"(403 Forbidden: {principal} does not have storage.buckets.get access to the "
-                                 "Google Cloud Storage bucket)")
+                raise PodFailure(
+                    f"ValueError: GCS bucket {bucket} not found or accessible "
+                    f"(403 Forbidden: {principal} does not have storage.buckets.get access to the "
+                    "Google Cloud Storage bucket)"
+                )
             raise PodFailure(f"403 Forbidden: {principal} does not have {permission} access to {url}")
 
     def check_secrets(self, pod, container, args):
@@ -823,9 +945,13 @@ class Emulator:
             path.write_text("".join(f"{now} stdout F {line}\n" for line in body))
             entries.append({"containers": [c.name], "logsFile": str(path), "follow": True})
         logs = {
-            "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs",
-            "metadata": {"name": meta.name, "namespace": meta.namespace, "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid}]},
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "Logs",
+            "metadata": {
+                "name": meta.name,
+                "namespace": meta.namespace,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid}],
+            },
             "spec": {"logs": entries},
         }
         try:
@@ -834,6 +960,7 @@ class Emulator:
             if e.status != 409:
                 raise
         self.logged.add(meta.uid)
+
 
 if __name__ == "__main__":
     Emulator().run()

@@ -53,11 +53,23 @@ def node(name, pool, machine_type, capacity, labels=None, taints=None):
 
 
 def all_nodes():
-    nodes = [node(f"gke-{CLUSTER}-default-pool-0", "default-pool", "e2-standard-8",
-                  {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"})]
-    nodes += [node(f"gke-{CLUSTER}-cpu-np-{i}", "cpu-np", "c4d-standard-96",
-                   {"cpu": "96", "memory": "360Gi", "pods": "110", "ephemeral-storage": "100Gi"})
-              for i in range(2)]
+    nodes = [
+        node(
+            f"gke-{CLUSTER}-default-pool-0",
+            "default-pool",
+            "e2-standard-8",
+            {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"},
+        )
+    ]
+    nodes += [
+        node(
+            f"gke-{CLUSTER}-cpu-np-{i}",
+            "cpu-np",
+            "c4d-standard-96",
+            {"cpu": "96", "memory": "360Gi", "pods": "110", "ephemeral-storage": "100Gi"},
+        )
+        for i in range(2)
+    ]
     tpu_labels = {
         "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
         "cloud.google.com/gke-tpu-topology": "8x8",
@@ -65,11 +77,17 @@ def all_nodes():
         "cloud.google.com/gke-placement-group": f"{TPU_POOL}-placement",
     }
     tpu_taint = [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]
-    nodes += [node(f"gke-{CLUSTER}-{TPU_POOL}-{i:02d}", TPU_POOL, "ct6e-standard-4t",
-                   {"cpu": "180", "memory": "720Gi", "pods": "110", "ephemeral-storage": "100Gi",
-                    "google.com/tpu": "4"},
-                   tpu_labels, tpu_taint)
-              for i in range(TPU_HOSTS)]
+    nodes += [
+        node(
+            f"gke-{CLUSTER}-{TPU_POOL}-{i:02d}",
+            TPU_POOL,
+            "ct6e-standard-4t",
+            {"cpu": "180", "memory": "720Gi", "pods": "110", "ephemeral-storage": "100Gi", "google.com/tpu": "4"},
+            tpu_labels,
+            tpu_taint,
+        )
+        for i in range(TPU_HOSTS)
+    ]
     return nodes
 
 

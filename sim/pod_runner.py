@@ -74,6 +74,7 @@ def jobset_config(cfg, pod_ip, cert_dir):
 
 class Forwarder(socketserver.ThreadingTCPServer):
     """ClusterIP:port -> podIP:targetPort, both on loopback (a userspace kube-proxy for one port)."""
+
     daemon_threads = allow_reuse_address = True
     request_queue_size = 64
 
@@ -160,13 +161,23 @@ class Container:
         if time.time() - self.token_at < TOKEN_SECONDS / 3:
             return
         sa = self.pod["spec"].get("serviceAccountName", "default")
-        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
-            "expirationSeconds": TOKEN_SECONDS,
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid}}}
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": TOKEN_SECONDS,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid},
+            },
+        }
         out = self.runner.call("POST", f"/api/v1/namespaces/{self.ns}/serviceaccounts/{sa}/token", request)
-        _write_dir(self.dir / "serviceaccount", {"token": out["status"]["token"].encode(),
-                                                 "namespace": self.ns.encode(),
-                                                 "ca.crt": (PKI / "ca.crt").read_bytes()})
+        _write_dir(
+            self.dir / "serviceaccount",
+            {
+                "token": out["status"]["token"].encode(),
+                "namespace": self.ns.encode(),
+                "ca.crt": (PKI / "ca.crt").read_bytes(),
+            },
+        )
         self.token_at = time.time()
 
     def argv(self):
@@ -193,7 +204,7 @@ class Container:
             if sub_path and path == mount_path:
                 return local / sub_path
             if not sub_path and (path + "/").startswith(mount_path.rstrip("/") + "/"):
-                return local / path[len(mount_path):].lstrip("/")
+                return local / path[len(mount_path) :].lstrip("/")
         raise FileNotFoundError(f"{path} is in no ConfigMap or Secret volume of {self.ns}/{self.name}")
 
     def mount_script(self):
@@ -201,16 +212,24 @@ class Container:
         /run/pod (bound before /tmp is hidden: the simulation may live in /tmp), the binary as
         /run/pod/bin/entrypoint, private /run and /tmp, the service account, volumes under /tmp."""
         q = lambda p: shlex.quote(str(p))  # noqa: E731
-        lines = ["set -e", "mount --make-rprivate /", "mount -t tmpfs tmpfs /run", f"mkdir -p {POD_ROOT}",
-                 f"mount --bind {q(self.dir)} {POD_ROOT}",
-                 f"mount --bind {q(self.binary)} {POD_ROOT}/bin/entrypoint",
-                 "mount -t tmpfs tmpfs /tmp",
-                 f"mkdir -p {SA_DIR}", f"mount --bind {POD_ROOT}/serviceaccount {SA_DIR}"]
+        lines = [
+            "set -e",
+            "mount --make-rprivate /",
+            "mount -t tmpfs tmpfs /run",
+            f"mkdir -p {POD_ROOT}",
+            f"mount --bind {q(self.dir)} {POD_ROOT}",
+            f"mount --bind {q(self.binary)} {POD_ROOT}/bin/entrypoint",
+            "mount -t tmpfs tmpfs /tmp",
+            f"mkdir -p {SA_DIR}",
+            f"mount --bind {POD_ROOT}/serviceaccount {SA_DIR}",
+        ]
         for vol, mount_path, sub_path in self.volumes():
             # Files at the image's root (/controller_manager_config.yaml) are reached through --config.
             if not sub_path and mount_path.startswith("/tmp/"):
-                lines += [f"mkdir -p {q(mount_path)}",
-                          f"mount --bind {POD_ROOT}/volumes/{q(vol['name'])} {q(mount_path)}"]
+                lines += [
+                    f"mkdir -p {q(mount_path)}",
+                    f"mount --bind {POD_ROOT}/volumes/{q(vol['name'])} {q(mount_path)}",
+                ]
         return "\n".join(lines + ['exec "$@"'])
 
     # process ----------------------------------------------------------------------------------
@@ -219,16 +238,23 @@ class Container:
         (self.dir / "bin" / "entrypoint").touch()  # the mount point of the binary
         self.sync_volumes()
         self.refresh_token()
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp",
-               "KUBERNETES_SERVICE_HOST": self.runner.apiserver[0],
-               "KUBERNETES_SERVICE_PORT": self.runner.apiserver[1]}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": "/tmp",
+            "KUBERNETES_SERVICE_HOST": self.runner.apiserver[0],
+            "KUBERNETES_SERVICE_PORT": self.runner.apiserver[1],
+        }
         env.update({e["name"]: e["value"] for e in self.spec.get("env", []) if "value" in e})
         unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user", "--mount"]
-        self.proc = spawn(self.key, [*unshare, "sh", "-c", self.mount_script(), "sh", *self.argv()],
-                          self.runner.cluster_dir / "pids", self.runner.cluster_dir / "logs", env=env)
+        self.proc = spawn(
+            self.key,
+            [*unshare, "sh", "-c", self.mount_script(), "sh", *self.argv()],
+            self.runner.cluster_dir / "pids",
+            self.runner.cluster_dir / "logs",
+            env=env,
+        )
         self.started_at = time.time()
-        print(f"started {self.ns}/{self.name} {self.spec['name']} (pid {self.proc.pid}, pod IP {self.ip})",
-              flush=True)
+        print(f"started {self.ns}/{self.name} {self.spec['name']} (pid {self.proc.pid}, pod IP {self.ip})", flush=True)
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -256,9 +282,14 @@ class Runner:
         self.stopping = False
 
     def call(self, method, path, body=None):
-        resp = self.api.call_api(path, method, body=body, header_params={"Content-Type": "application/json",
-                                                                         "Accept": "application/json"},
-                                 auth_settings=["BearerToken"], _preload_content=False)
+        resp = self.api.call_api(
+            path,
+            method,
+            body=body,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+        )
         return json.loads((resp[0] if isinstance(resp, tuple) else resp).data)  # client versions differ
 
     def read(self, plural, ns, name, optional):
@@ -301,7 +332,7 @@ class Runner:
                         c.failures += 1
                         print(f"{c.key} exited with {c.proc.returncode}", flush=True)
                         c.proc = None
-                    if time.time() - c.started_at >= min(30, 2 ** c.failures / 2):
+                    if time.time() - c.started_at >= min(30, 2**c.failures / 2):
                         c.start()
                 else:
                     c.sync_volumes()
@@ -322,8 +353,9 @@ class Runner:
                     continue
                 for pod in pods:
                     labels = pod["metadata"].get("labels", {})
-                    if pod["metadata"]["namespace"] == svc["metadata"]["namespace"] and \
-                            all(labels.get(k) == v for k, v in selector.items()):
+                    if pod["metadata"]["namespace"] == svc["metadata"]["namespace"] and all(
+                        labels.get(k) == v for k, v in selector.items()
+                    ):
                         for port in spec.get("ports", []):
                             target = _target_port(pod, port)
                             if target:
@@ -398,6 +430,7 @@ def main():
 
     def stop(*_):
         runner.stopping = True
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     runner.run()

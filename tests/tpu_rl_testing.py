@@ -14,8 +14,15 @@ SIM_CREATE_CONF = json.loads((REPO / "include/examples/simulation.json").read_te
 #: The simulation's standing cluster through a Kubernetes connection, its slice already there.
 SIM_CONF = json.loads((REPO / "include/examples/simulation-existing-cluster.json").read_text())
 #: A v6e-16 slice (4 hosts) keeps the simulated clusters small; the tutorial's 8x8 runs in make demo.
-SMALL_SLICE = {"tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2, "ici_expert_parallelism": 2,
-               "rollout_tensor_parallelism": 4, "num_batches": 4, "checkpoint_period": 2}
+SMALL_SLICE = {
+    "tpu_type": "v6e-16",
+    "topology": "4x4",
+    "ici_tensor_parallelism": 2,
+    "ici_expert_parallelism": 2,
+    "rollout_tensor_parallelism": 4,
+    "num_batches": 4,
+    "checkpoint_period": 2,
+}
 #: Where the simulation's runs create clusters.
 GKE_PARENT = f"projects/{SIM_CREATE_CONF['project']}/locations/{SIM_CREATE_CONF['region']}"
 
@@ -25,8 +32,14 @@ class TaskInstanceStandIn:
     run's XComs by (task id, key), and the states of other DAG runs that the leases ask the task API about
     (``get_dr_count``, ``get_dagrun_state``). Tests that need Airflow's own task runner use ``dag.test()``."""
 
-    def __init__(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1,
-                 xcoms: dict[tuple[str, str], Any] | None = None) -> None:
+    def __init__(
+        self,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        try_number: int = 1,
+        xcoms: dict[tuple[str, str], Any] | None = None,
+    ) -> None:
         self.dag_id, self.run_id, self.task_id, self.try_number = dag_id, run_id, task_id, try_number
         self.map_index = -1
         self.start_date = datetime.now(UTC)
@@ -52,8 +65,13 @@ class TaskInstanceStandIn:
 
 def task_context(ti: TaskInstanceStandIn, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """The context Airflow's task runner hands an operator, as far as ``RunScope.of`` and the operators read it."""
-    return {"ti": ti, "task_instance": ti, "dag": SimpleNamespace(dag_id=ti.dag_id), "run_id": ti.run_id,
-            "params": dict(params or {})}
+    return {
+        "ti": ti,
+        "task_instance": ti,
+        "dag": SimpleNamespace(dag_id=ti.dag_id),
+        "run_id": ti.run_id,
+        "params": dict(params or {}),
+    }
 
 
 def cluster_or_none(gke, name: str):
@@ -71,14 +89,20 @@ def read_env(path: Path) -> dict[str, str]:
     env = {}
     for line in Path(path).read_text().splitlines():
         if line.startswith("export "):
-            name, _, value = line[len("export "):].partition("=")
+            name, _, value = line[len("export ") :].partition("=")
             env[name] = shlex.split(value)[0] if value else ""
     return env
 
 
 #: A GKE cluster as the JobSet operator hands it to its trigger (endpoint resolved).
-TRIGGER_CLUSTER = {"project_id": "p", "location": "us-east5", "cluster_name": "c", "use_dns_endpoint": True,
-           "cluster_url": "https://gke-1.us-east5.gke.goog", "ssl_ca_cert": None}
+TRIGGER_CLUSTER = {
+    "project_id": "p",
+    "location": "us-east5",
+    "cluster_name": "c",
+    "use_dns_endpoint": True,
+    "cluster_url": "https://gke-1.us-east5.gke.goog",
+    "ssl_ca_cert": None,
+}
 
 
 def trigger_samples() -> list:
@@ -101,13 +125,23 @@ def trigger_samples() -> list:
     return [
         TriggererCheckTrigger(sent_by=__version__),
         *(GcsOutputTrigger("b", check, deadline=1.8e9) for check in checks),
-        TpuPoolCreateTrigger(operation_name="operation-1", project_id="p", location="us-east5",
-                             gcp_conn_id="google_cloud_default",
-                             pool_path="projects/p/locations/us-east5/clusters/c/nodePools/tpu",
-                             capacity_deadline=1.8e9),
-        JobSetTrigger(name="qwen-train-1", namespace="default", uid="u", log_replicated_job="pathways-head",
-                      log_container="pathways-head", cluster=TRIGGER_CLUSTER,
-                      training={"bucket": "b", "prefix": "m/rl/tensorboard/", "train_steps": 50}),
+        TpuPoolCreateTrigger(
+            operation_name="operation-1",
+            project_id="p",
+            location="us-east5",
+            gcp_conn_id="google_cloud_default",
+            pool_path="projects/p/locations/us-east5/clusters/c/nodePools/tpu",
+            capacity_deadline=1.8e9,
+        ),
+        JobSetTrigger(
+            name="qwen-train-1",
+            namespace="default",
+            uid="u",
+            log_replicated_job="pathways-head",
+            log_container="pathways-head",
+            cluster=TRIGGER_CLUSTER,
+            training={"bucket": "b", "prefix": "m/rl/tensorboard/", "train_steps": 50},
+        ),
     ]
 
 

@@ -29,8 +29,16 @@ from tpu_rl.tpu import SliceShape, slice_shape
 #: (docs/tutorials/posttraining/rl_qwen3_30b.md: "approximately 62 GB of free disk space to download its
 #: safetensors"); the others, the bf16 safetensors of their parameters (2 bytes each).
 HF_DOWNLOAD_GB = {
-    "qwen3-0.6b": 1.5, "qwen3-4b": 8.1, "qwen3-8b": 16.4, "qwen3-14b": 29.6, "qwen3-32b": 65.6,
-    "qwen3-30b-a3b": 62, "qwen3-30b-a3b-base": 62, "qwen3-235b-a22b": 470, "llama3.1-8b": 16.1, "llama3.1-70b": 141,
+    "qwen3-0.6b": 1.5,
+    "qwen3-4b": 8.1,
+    "qwen3-8b": 16.4,
+    "qwen3-14b": 29.6,
+    "qwen3-32b": 65.6,
+    "qwen3-30b-a3b": 62,
+    "qwen3-30b-a3b-base": 62,
+    "qwen3-235b-a22b": 470,
+    "llama3.1-8b": 16.1,
+    "llama3.1-70b": 141,
 }
 
 #: Where a created TPU pool's VMs come from; xpk offers the same four (``src/xpk/core/capacity.py``).
@@ -131,9 +139,7 @@ class RunConfig:
     # TPU slice
     tpu_type: str = _param("v6e-64", "TPU slice", "TPU type", "Generation and size, e.g. v6e-64.")
     topology: str = _param("8x8", "TPU slice", "Topology", "Chip topology of one slice, e.g. 8x8.")
-    compute_type: str = _param(
-        "ct6e-standard-4t", "TPU slice", "TPU machine type", "Machine type of the TPU hosts."
-    )
+    compute_type: str = _param("ct6e-standard-4t", "TPU slice", "TPU machine type", "Machine type of the TPU hosts.")
     cluster_nodepool_count: int = _param(
         1, "TPU slice", "Number of slices", "TPU node pools (slices) the training uses.", minimum=1
     )
@@ -290,8 +296,7 @@ class RunConfig:
         8,
         "Training",
         "Reshard chunk size",
-        "reshard_chunk_size: model keys per chunk when weights move from trainer to sampler; smaller uses less "
-        "memory.",
+        "reshard_chunk_size: model keys per chunk when weights move from trainer to sampler; smaller uses less memory.",
         minimum=1,
     )
     remat_policy: str = _param(
@@ -330,8 +335,8 @@ class RunConfig:
         "Training",
         "Data of each interval",
         "For scheduled and backfilled runs: MaxText data keys whose value depends on the run's data interval, "
-        "e.g. {\"train_split\": \"train[{first}:{stop}]\"} or {\"hf_train_files\": "
-        "\"gs://my-bucket/prompts/dt={ds}/*.parquet\"}. Fields: {ds}, {ds_nodash}, {start}, {end} (the "
+        'e.g. {"train_split": "train[{first}:{stop}]"} or {"hf_train_files": '
+        '"gs://my-bucket/prompts/dt={ds}/*.parquet"}. Fields: {ds}, {ds_nodash}, {start}, {end} (the '
         "interval), {index} (intervals since the program's start), {first} and {stop} (index x "
         "examples_per_interval, and the next).",
     )
@@ -346,7 +351,7 @@ class RunConfig:
         {},
         "Training",
         "Extra train_rl arguments",
-        "More MaxText keys for train_rl, e.g. {\"rl.num_iterations\": 2}. Unknown keys fail the trainer.",
+        'More MaxText keys for train_rl, e.g. {"rl.num_iterations": 2}. Unknown keys fail the trainer.',
     )
 
     # Evaluation and cost
@@ -460,10 +465,15 @@ class RunConfig:
         if not self.interval_data:
             return self
         if interval is None:
-            raise ConfigError([Problem(
-                "interval_data", "needs the run's data interval, and this run has none (a manual run)",
-                "run it through the program's schedule or a backfill, or clear interval_data",
-            )])
+            raise ConfigError(
+                [
+                    Problem(
+                        "interval_data",
+                        "needs the run's data interval, and this run has none (a manual run)",
+                        "run it through the program's schedule or a backfill, or clear interval_data",
+                    )
+                ]
+            )
         values = interval.template_values(self.examples_per_interval)
         rendered = {key: template.format(**values) for key, template in self.interval_data.items()}
         return dataclasses.replace(self, extra_train_args={**self.extra_train_args, **rendered})
@@ -498,8 +508,9 @@ class RunConfig:
         nested model)."""
         args = self.extra_train_args
         iterations = args.get("num_iterations", args.get("rl.num_iterations", 1))
-        return int(self.num_batches * int(iterations) * float(args.get("train_fraction", 1.0))
-                   * int(args.get("num_epoch", 1)))
+        return int(
+            self.num_batches * int(iterations) * float(args.get("train_fraction", 1.0)) * int(args.get("num_epoch", 1))
+        )
 
     @property
     def conversion_disk_gib(self) -> int:

@@ -97,21 +97,51 @@ _QUANTITY = re.compile(r"\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?")
 _SERVICE_ACCOUNT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z0-9.-]+\.gserviceaccount\.com")
 #: train_rl keys that have their own param; extra_train_args must not set them twice.
 _OWN_TRAIN_KEYS = {
-    "run_name", "base_output_directory", "model_name", "load_parameters_path", "hf_access_token",
-    "num_batches", "batch_size", "rollout_tensor_parallelism", "rollout_expert_parallelism",
-    "trainer_devices_fraction", "sampler_devices_fraction", "tokenizer_path", "ici_tensor_parallelism",
-    "ici_expert_parallelism", "hbm_utilization_vllm", "reshard_chunk_size", "remat_policy", "async_scheduling",
-    "allow_split_physical_axes", "ragged_gather_reduce_fallback", "data_template_path", "dataset_name",
-    "checkpoint_period", "scan_layers",
+    "run_name",
+    "base_output_directory",
+    "model_name",
+    "load_parameters_path",
+    "hf_access_token",
+    "num_batches",
+    "batch_size",
+    "rollout_tensor_parallelism",
+    "rollout_expert_parallelism",
+    "trainer_devices_fraction",
+    "sampler_devices_fraction",
+    "tokenizer_path",
+    "ici_tensor_parallelism",
+    "ici_expert_parallelism",
+    "hbm_utilization_vllm",
+    "reshard_chunk_size",
+    "remat_policy",
+    "async_scheduling",
+    "allow_split_physical_axes",
+    "ragged_gather_reduce_fallback",
+    "data_template_path",
+    "dataset_name",
+    "checkpoint_period",
+    "scan_layers",
 }
 
 
 def problems(c: Any) -> Iterator[Problem]:
     """Every problem of the config, rule group by rule group (always in the same order)."""
-    for rules in (_validate_required, _validate_cloud_names, _validate_cluster_access, _validate_model,
-                  _validate_node_identity, _validate_conversion, _validate_workloads, _validate_slice,
-                  _validate_interval_data, _validate_dataset, _validate_planned_steps, _validate_evaluation,
-                  _validate_notification):
+    for rules in (
+        _validate_required,
+        _validate_cloud_names,
+        _validate_cluster_access,
+        _validate_capacity,
+        _validate_model,
+        _validate_node_identity,
+        _validate_conversion,
+        _validate_workloads,
+        _validate_slice,
+        _validate_interval_data,
+        _validate_dataset,
+        _validate_planned_steps,
+        _validate_evaluation,
+        _validate_notification,
+    ):
         yield from rules(c)
 
 
@@ -124,8 +154,9 @@ def _validate_required(c: Any):
         schema, value = spec.metadata["schema"], getattr(c, spec.name)
         choices = schema.get("enum")
         if choices and value not in choices:
-            yield Problem(spec.name, f"'{value}' is not one of its choices",
-                          f"use {' or '.join(repr(x) for x in choices)}")
+            yield Problem(
+                spec.name, f"'{value}' is not one of its choices", f"use {' or '.join(repr(x) for x in choices)}"
+            )
         low, high = schema.get("minimum"), schema.get("maximum")
         numeric = isinstance(value, (int, float))
         if numeric and ((low is not None and value < low) or (high is not None and value > high)):
@@ -140,8 +171,9 @@ def _validate_cloud_names(c: Any):
     if c.region and not _REGION.fullmatch(c.region):
         yield Problem("region", f"'{c.region}' is not a region", "use a region such as us-east5")
     if c.zone and c.region and not c.zone.startswith(f"{c.region}-"):
-        yield Problem("zone", f"'{c.zone}' is not in region '{c.region}'",
-                      f"use a zone of {c.region}, e.g. {c.region}-b")
+        yield Problem(
+            "zone", f"'{c.zone}' is not in region '{c.region}'", f"use a zone of {c.region}, e.g. {c.region}-b"
+        )
     if c.cluster_name and not _CLUSTER.fullmatch(c.cluster_name):
         yield Problem(
             "cluster_name",
@@ -178,6 +210,14 @@ def _validate_cluster_access(c: Any):
             "'cluster' creates the pool with the cluster, but cluster_mode is 'existing'",
             "use 'per_run' or 'existing'",
         )
+    if not _K8S_NAME.fullmatch(c.namespace):
+        yield Problem(
+            "namespace", f"'{c.namespace}' is not a Kubernetes namespace name", "use lowercase letters, digits, dashes"
+        )
+
+
+def _validate_capacity(c: Any):
+    """Where the TPU pools' VMs come from: a capacity group, a reservation, flex-start, how long to wait."""
     if c.capacity_limited and not c.tpu_pools_per_run:
         yield Problem(
             "capacity_group",
@@ -192,32 +232,46 @@ def _validate_cluster_access(c: Any):
             f"set capacity_slices to at least {c.cluster_nodepool_count}",
         )
     if c.capacity_type == "reservation" and not c.reservation:
-        yield Problem("reservation", "is required when capacity_type is 'reservation'",
-                      "name the reservation to consume, or choose another capacity_type")
+        yield Problem(
+            "reservation",
+            "is required when capacity_type is 'reservation'",
+            "name the reservation to consume, or choose another capacity_type",
+        )
     if c.reservation and c.capacity_type != "reservation":
-        yield Problem("reservation", f"is set, but capacity_type is '{c.capacity_type}', which consumes no reservation",
-                      "set capacity_type to 'reservation', or clear reservation")
+        yield Problem(
+            "reservation",
+            f"is set, but capacity_type is '{c.capacity_type}', which consumes no reservation",
+            "set capacity_type to 'reservation', or clear reservation",
+        )
     if c.uses_existing_tpu_pools and c.capacity_type != "on_demand":
-        yield Problem("capacity_type", f"'{c.capacity_type}' says how the TPU pools the run creates get their VMs, but "
-                      "tpu_pool_mode is 'existing' (the run creates none; preemptions are resumed on any capacity)",
-                      "leave capacity_type 'on_demand', or set tpu_pool_mode to 'per_run'")
+        yield Problem(
+            "capacity_type",
+            f"'{c.capacity_type}' says how the TPU pools the run creates get their VMs, but "
+            "tpu_pool_mode is 'existing' (the run creates none; preemptions are resumed on any capacity)",
+            "leave capacity_type 'on_demand', or set tpu_pool_mode to 'per_run'",
+        )
     if c.capacity_wait_minutes and (c.uses_existing_tpu_pools or c.uses_flex_start):
-        reason = ("tpu_pool_mode is 'existing' (the run creates no pool)" if c.uses_existing_tpu_pools else
-                  "a flex_start pool is created empty at once: its slice comes when train_rl's pods ask for it, "
-                  "and train_rl waits for it")
-        yield Problem("capacity_wait_minutes",
-                      f"bounds the wait of a pool create that GKE holds for capacity, but {reason}",
-                      "set it to 0")
-    if not _K8S_NAME.fullmatch(c.namespace):
-        yield Problem("namespace", f"'{c.namespace}' is not a Kubernetes namespace name",
-                      "use lowercase letters, digits, dashes")
+        reason = (
+            "tpu_pool_mode is 'existing' (the run creates no pool)"
+            if c.uses_existing_tpu_pools
+            else "a flex_start pool is created empty at once: its slice comes when train_rl's pods ask for it, "
+            "and train_rl waits for it"
+        )
+        yield Problem(
+            "capacity_wait_minutes",
+            f"bounds the wait of a pool create that GKE holds for capacity, but {reason}",
+            "set it to 0",
+        )
 
 
 def _validate_model(c: Any):
     """The model MaxText knows, its Hugging Face repo, the conversion pod's resources."""
     if c.model_name not in SUPPORTED_MODELS:
-        yield Problem("model_name", f"'{c.model_name}' is not a supported MaxText model",
-                      f"use one of {', '.join(SUPPORTED_MODELS)}")
+        yield Problem(
+            "model_name",
+            f"'{c.model_name}' is not a supported MaxText model",
+            f"use one of {', '.join(SUPPORTED_MODELS)}",
+        )
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", c.hf_model_path):
         yield Problem("hf_model_path", f"'{c.hf_model_path}' is not a Hugging Face repo id", "use owner/name")
     for name in ("conversion_cpu", "conversion_memory"):
@@ -241,7 +295,8 @@ def _validate_workloads(c: Any):
     """The JobSet release installed, the JobSet names Pathways accepts, vLLM's HBM share."""
     if c.jobset_version not in shipped_versions():
         yield Problem(
-            "jobset_version", f"'{c.jobset_version}' is not shipped with this package",
+            "jobset_version",
+            f"'{c.jobset_version}' is not shipped with this package",
             f"use {' or '.join(shipped_versions())}, or install that JobSet on the cluster yourself",
         )
     longest = RunIdentity.longest_jobset_name(c.workload_prefix)
@@ -267,8 +322,11 @@ def _validate_conversion(c: Any):
     if c.conversion_on_tpu or not c.creates_cluster or shape is None:
         return  # an existing pool is checked against its nodes before the conversion is submitted
     yield from conversion_fit_problems(
-        c, shape.allocatable_cpu, shape.allocatable_memory_gib,
-        where=f"one {c.pw_cpu_machine_type} node", larger="a larger pw_cpu_machine_type",
+        c,
+        shape.allocatable_cpu,
+        shape.allocatable_memory_gib,
+        where=f"one {c.pw_cpu_machine_type} node",
+        larger="a larger pw_cpu_machine_type",
     )
 
 
@@ -296,8 +354,11 @@ def _validate_slice(c: Any):
         return
     if c.uses_flex_start and c.slice.generation.name in FLEX_START_UNSUPPORTED:
         # GKE docs "About flex-start" (kubernetes-engine/docs/concepts/dws): "TPU v3 and v4 are not supported".
-        yield Problem("capacity_type", f"flex_start does not offer TPU {c.slice.generation.name}",
-                      "use on_demand, spot or reservation, or a v5e, v5p or v6e slice")
+        yield Problem(
+            "capacity_type",
+            f"flex_start does not offer TPU {c.slice.generation.name}",
+            "use on_demand, spot or reservation, or a v5e, v5p or v6e slice",
+        )
     for name in ("trainer_devices_fraction", "sampler_devices_fraction"):
         fraction = getattr(c, name)
         devices = c.chips * fraction
@@ -314,11 +375,13 @@ def _validate_slice(c: Any):
     # ici_fsdp_parallelism and rollout_data_parallelism default to -1 (auto-filled), so the explicit axes
     # only have to divide the devices of their side.
     yield from _axes_divide(c, "trainer", "ICI", "ici_tensor_parallelism", "ici_expert_parallelism", blame=1)
-    yield from _axes_divide(c, "sampler", "rollout", "rollout_tensor_parallelism", "rollout_expert_parallelism",
-                            blame=0)
+    yield from _axes_divide(
+        c, "sampler", "rollout", "rollout_tensor_parallelism", "rollout_expert_parallelism", blame=0
+    )
     for key in sorted(set(c.extra_train_args) & _OWN_TRAIN_KEYS):
-        yield Problem("extra_train_args", f"sets '{key}', which has its own parameter",
-                      f"set '{key}' with its parameter")
+        yield Problem(
+            "extra_train_args", f"sets '{key}', which has its own parameter", f"set '{key}' with its parameter"
+        )
 
 
 def _axes_divide(c: Any, side: str, kind: str, *fields: str, blame: int):
@@ -341,8 +404,10 @@ INTERVAL_DATA_KEYS = ("train_split", "hf_train_files")
 
 #: MaxText 0.2.4's recipe for a Hub dataset other than its default (trainers/post_train/rl/scripts/
 #: run_qwen3_30b_rl.sh): the training files and split, and the evaluation on the same dataset.
-DATASET_RECIPE = ("hf_train_files=hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet, "
-                  "train_split=train_1M, eval_dataset_name=nvidia/OpenMathInstruct-2")
+DATASET_RECIPE = (
+    "hf_train_files=hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet, "
+    "train_split=train_1M, eval_dataset_name=nvidia/OpenMathInstruct-2"
+)
 
 
 def _validate_dataset(c: Any):
@@ -354,21 +419,27 @@ def _validate_dataset(c: Any):
     if c.dataset_name and c.dataset_name != MAXTEXT_DEFAULT_DATASET:
         reasons = []
         if not data.get("hf_train_files") and "hf_subset" not in data:
-            reasons.append(f"{c.dataset_name} alone is loaded with MaxText's hf_subset 'main' (GSM8K's config, which "
-                           "another dataset may not have: OpenMathInstruct-2 has only 'default')")
+            reasons.append(
+                f"{c.dataset_name} alone is loaded with MaxText's hf_subset 'main' (GSM8K's config, which "
+                "another dataset may not have: OpenMathInstruct-2 has only 'default')"
+            )
         if c.evaluation_batches and "eval_dataset_name" not in data:
             reasons.append(f"the model would be evaluated on {MAXTEXT_DEFAULT_DATASET}, MaxText's eval_dataset_name")
         if reasons:
-            yield Problem("dataset_name", "; ".join(reasons),
-                          "set extra_train_args (or interval_data) as MaxText's run_qwen3_30b_rl.sh does: "
-                          f"{DATASET_RECIPE} "
-                          "(or give the dataset's hf_subset, and eval_dataset_name to evaluate on another set)")
+            yield Problem(
+                "dataset_name",
+                "; ".join(reasons),
+                "set extra_train_args (or interval_data) as MaxText's run_qwen3_30b_rl.sh does: "
+                f"{DATASET_RECIPE} "
+                "(or give the dataset's hf_subset, and eval_dataset_name to evaluate on another set)",
+            )
     split = data.get("train_split")
     if data.get("hf_train_files") and isinstance(split, str) and "[" in split:
-        yield Problem("interval_data" if "train_split" in c.interval_data else "extra_train_args",
-                      f"train_split '{split}' is a slice, and with hf_train_files it names a parquet split, which "
-                      "refuses slices",
-                      "slice with train_split alone (a Hub split), or pick the interval's files with hf_train_files")
+        yield Problem(
+            "interval_data" if "train_split" in c.interval_data else "extra_train_args",
+            f"train_split '{split}' is a slice, and with hf_train_files it names a parquet split, which refuses slices",
+            "slice with train_split alone (a Hub split), or pick the interval's files with hf_train_files",
+        )
 
 
 def _validate_interval_data(c: Any):
@@ -380,7 +451,7 @@ def _validate_interval_data(c: Any):
         if key in c.extra_train_args:
             yield Problem("interval_data", f"'{key}' is also in extra_train_args", f"set '{key}' in one of them")
         if not isinstance(template, str):
-            yield Problem("interval_data", f"'{key}' must be a string template", "e.g. \"train[{first}:{stop}]\"")
+            yield Problem("interval_data", f"'{key}' must be a string template", 'e.g. "train[{first}:{stop}]"')
             continue
         try:
             names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
@@ -389,11 +460,17 @@ def _validate_interval_data(c: Any):
             continue
         unknown = sorted(names - set(INTERVAL_FIELDS))
         if unknown:
-            yield Problem("interval_data", f"'{key}' uses unknown field(s) {unknown}",
-                          f"use {', '.join('{' + f + '}' for f in INTERVAL_FIELDS)}")
+            yield Problem(
+                "interval_data",
+                f"'{key}' uses unknown field(s) {unknown}",
+                f"use {', '.join('{' + f + '}' for f in INTERVAL_FIELDS)}",
+            )
         if names & {"first", "stop"} and not c.examples_per_interval:
-            yield Problem("examples_per_interval", f"is 0, and interval_data '{key}' uses {{first}}/{{stop}}",
-                          f"set it to the prompts each interval trains on (at least {c.num_batches * c.batch_size})")
+            yield Problem(
+                "examples_per_interval",
+                f"is 0, and interval_data '{key}' uses {{first}}/{{stop}}",
+                f"set it to the prompts each interval trains on (at least {c.num_batches * c.batch_size})",
+            )
     needed = c.num_batches * c.batch_size
     if 0 < c.examples_per_interval < needed:
         yield Problem(
@@ -407,17 +484,27 @@ def _validate_interval_data(c: Any):
 def _validate_notification(c: Any):
     """A notification needs both its connection and its recipients."""
     if c.notify_conn_id.strip() and not c.notify_to.strip():
-        yield Problem("notify_to", "is empty, so the summary sent through notify_conn_id has no recipient",
-                      "give one or more addresses separated by commas, or clear notify_conn_id")
+        yield Problem(
+            "notify_to",
+            "is empty, so the summary sent through notify_conn_id has no recipient",
+            "give one or more addresses separated by commas, or clear notify_conn_id",
+        )
     elif c.notify_to.strip() and not c.notify_conn_id.strip():
-        yield Problem("notify_conn_id", "is empty, so nothing sends the summary to notify_to",
-                      "name an SMTP connection, or clear notify_to")
+        yield Problem(
+            "notify_conn_id",
+            "is empty, so nothing sends the summary to notify_to",
+            "name an SMTP connection, or clear notify_to",
+        )
 
 
 #: extra_train_args keys that change the planned steps, their type and bounds (MaxText 0.2.4 configs/types.py:
 #: RL.num_iterations ge=1, RLDataset.train_fraction gt=0 le=1, RLConfig.num_epoch ge=1).
-_STEP_KEYS = {"num_iterations": (int, 1, None), "rl.num_iterations": (int, 1, None),
-              "train_fraction": (float, 0.0, 1.0), "num_epoch": (int, 1, None)}
+_STEP_KEYS = {
+    "num_iterations": (int, 1, None),
+    "rl.num_iterations": (int, 1, None),
+    "train_fraction": (float, 0.0, 1.0),
+    "num_epoch": (int, 1, None),
+}
 
 
 def _validate_planned_steps(c: Any):
@@ -432,8 +519,11 @@ def _validate_planned_steps(c: Any):
             yield Problem("extra_train_args", f"{key} is {value!r}", f"give {key} as {bounds}")
             return
     if c.train_steps < 1:
-        yield Problem("extra_train_args", "num_batches x iterations x train_fraction x num_epoch plans no step",
-                      "raise train_fraction or num_batches")
+        yield Problem(
+            "extra_train_args",
+            "num_batches x iterations x train_fraction x num_epoch plans no step",
+            "raise train_fraction or num_batches",
+        )
 
 
 def _validate_evaluation(c: Any):
@@ -441,11 +531,17 @@ def _validate_evaluation(c: Any):
     with every field's, in _validate_required)."""
     batches = c.extra_train_args.get("num_test_batches", MAXTEXT_DEFAULT_TEST_BATCHES)
     if isinstance(batches, bool) or not str(batches).isdigit():
-        yield Problem("extra_train_args", f"num_test_batches is {batches!r}, not a whole number of batches",
-                      "give num_test_batches as an integer >= 0 (0: no evaluation)")
+        yield Problem(
+            "extra_train_args",
+            f"num_test_batches is {batches!r}, not a whole number of batches",
+            "give num_test_batches as an integer >= 0 (0: no evaluation)",
+        )
     elif int(batches) == 0 and c.has_quality_gate:
         gate = [name for name in ("min_post_accuracy", "require_no_regression") if getattr(c, name)]
-        yield Problem(gate[0], "is a quality gate on the trainer's evaluation, but extra_train_args sets "
-                      "num_test_batches to 0 (no evaluation)",
-                      f"remove num_test_batches from extra_train_args (MaxText's default is "
-                      f"{MAXTEXT_DEFAULT_TEST_BATCHES}) or clear {' and '.join(gate)}")
+        yield Problem(
+            gate[0],
+            "is a quality gate on the trainer's evaluation, but extra_train_args sets "
+            "num_test_batches to 0 (no evaluation)",
+            f"remove num_test_batches from extra_train_args (MaxText's default is "
+            f"{MAXTEXT_DEFAULT_TEST_BATCHES}) or clear {' and '.join(gate)}",
+        )

@@ -40,7 +40,7 @@ def records(data: bytes) -> Iterator[bytes]:
     offset = 0
     while offset + _HEADER.size <= len(data):
         length, length_crc = _HEADER.unpack_from(data, offset)
-        if _masked_crc(data[offset:offset + 8]) != length_crc:
+        if _masked_crc(data[offset : offset + 8]) != length_crc:
             return
         start, end = offset + _HEADER.size, offset + _HEADER.size + length
         if end + _FOOTER.size > len(data):
@@ -151,14 +151,14 @@ def _fields(message: bytes) -> Iterator[tuple[int, int | bytes]]:
             value, offset = _varint(message, offset)
             yield number, value
         elif wire == 1:
-            yield number, message[offset:offset + 8]
+            yield number, message[offset : offset + 8]
             offset += 8
         elif wire == 2:
             length, offset = _varint(message, offset)
-            yield number, message[offset:offset + length]
+            yield number, message[offset : offset + length]
             offset += length
         elif wire == 5:
-            yield number, message[offset:offset + 4]
+            yield number, message[offset : offset + 4]
             offset += 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")

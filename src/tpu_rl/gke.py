@@ -44,17 +44,22 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
     pools = [system_pool(config), cpu_pool(config)]
     if config.tpu_pools_with_cluster:
         pools += [tpu_node_pool(config, run, i) for i in range(config.cluster_nodepool_count)]
-    labels = {GKE_LABEL_RUN_KEY: run.key, **({GKE_LABEL_KEEP: "true"} if config.keep_cluster else {}),
-              **({GKE_LABEL_SHARED: "true"} if config.shares_cluster else {})}
+    labels = {
+        GKE_LABEL_RUN_KEY: run.key,
+        **({GKE_LABEL_KEEP: "true"} if config.keep_cluster else {}),
+        **({GKE_LABEL_SHARED: "true"} if config.shares_cluster else {}),
+    }
     body = {
         "name": config.cluster_name,
         "description": owner_description(run, shared_lease_uri(config) if config.shares_cluster else None),
         "resource_labels": labels,
         "release_channel": {"channel": "REGULAR"},
-        "maintenance_policy": {"window": {
-            "daily_maintenance_window": {"start_time": MAINTENANCE_START},
-            "maintenance_exclusions": {UPGRADE_EXCLUSION: _upgrade_exclusion(now)},
-        }},
+        "maintenance_policy": {
+            "window": {
+                "daily_maintenance_window": {"start_time": MAINTENANCE_START},
+                "maintenance_exclusions": {UPGRADE_EXCLUSION: _upgrade_exclusion(now)},
+            }
+        },
         "workload_identity_config": {"workload_pool": f"{config.project}.svc.id.goog"},
         "addons_config": {"gcs_fuse_csi_driver_config": {"enabled": True}},
         "network_config": {"datapath_provider": "ADVANCED_DATAPATH"},
@@ -73,8 +78,10 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
     return body
 
 
-_OWNER = re.compile(r"Created by tpu-rl for the Airflow DAG run (?P<dag_id>\S+) / (?P<run_id>\S+)\."
-                    r"(?: Shared by the runs of the lease (?P<lease>gs://\S+)\.)?")
+_OWNER = re.compile(
+    r"Created by tpu-rl for the Airflow DAG run (?P<dag_id>\S+) / (?P<run_id>\S+)\."
+    r"(?: Shared by the runs of the lease (?P<lease>gs://\S+)\.)?"
+)
 
 
 def owner_description(run: RunIdentity, lease_uri: str | None = None) -> str:
@@ -113,8 +120,10 @@ def _upgrade_exclusion(now: datetime) -> dict[str, Any]:
     requires exactly one of end_time and the end-time behavior)."""
     return {
         "start_time": now.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES",
-                                          "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
+        "maintenance_exclusion_options": {
+            "scope": "NO_MINOR_OR_NODE_UPGRADES",
+            "end_time_behavior": "UNTIL_END_OF_SUPPORT",
+        },
     }
 
 
@@ -165,7 +174,10 @@ def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict
         "initial_node_count": config.hosts_per_slice,
         "locations": [config.zone],
         "config": _node_config(
-            config, config.compute_type, run, disk_size_gb=100,
+            config,
+            config.compute_type,
+            run,
+            disk_size_gb=100,
             taints=[{"key": TPU_TAINT_KEY, "value": "present", "effect": "NO_SCHEDULE"}],
         ),
         "placement_policy": {"type": "COMPACT", "tpu_topology": config.topology},
@@ -214,7 +226,10 @@ def _flex_start(config: RunConfig, pool: dict[str, Any]) -> None:
     pool["config"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
     pool["initial_node_count"] = 0
     pool["autoscaling"] = {
-        "enabled": True, "min_node_count": 0, "max_node_count": config.hosts_per_slice, "location_policy": "ANY",
+        "enabled": True,
+        "min_node_count": 0,
+        "max_node_count": config.hosts_per_slice,
+        "location_policy": "ANY",
     }
     pool["management"] = {"auto_repair": False, "auto_upgrade": True}
 
@@ -237,8 +252,14 @@ def capacity_fields(config: RunConfig) -> str:
 
 #: Words of a GKE message (an operation's error, a node pool's condition) that say the zone has no
 #: capacity now, as opposed to a request that is wrong.
-_NO_CAPACITY = ("stockout", "resource_exhausted", "resource pool exhausted", "resource_pool_exhausted",
-                "insufficient capacity", "does not have enough resources")
+_NO_CAPACITY = (
+    "stockout",
+    "resource_exhausted",
+    "resource pool exhausted",
+    "resource_pool_exhausted",
+    "insufficient capacity",
+    "does not have enough resources",
+)
 
 
 def is_quota_error(message: str) -> bool:
@@ -271,8 +292,11 @@ def capacity_wait_reason(conditions: list[dict[str, Any]]) -> str | None:
     if quota_reason(conditions) is not None:
         return None
     for condition in conditions:
-        if condition.get("code") == "GCE_STOCKOUT" or condition.get("canonical_code") == "RESOURCE_EXHAUSTED" \
-                or is_capacity_error(condition.get("message") or ""):
+        if (
+            condition.get("code") == "GCE_STOCKOUT"
+            or condition.get("canonical_code") == "RESOURCE_EXHAUSTED"
+            or is_capacity_error(condition.get("message") or "")
+        ):
             return condition.get("message") or condition.get("code") or "no capacity"
     return None
 
@@ -293,16 +317,20 @@ def quota_hint(config: RunConfig) -> str:
     """What to ask for when GKE refuses a TPU pool for quota."""
     standard, preemptible = TPU_QUOTAS.get(config.slice.generation.name, ("the TPU quota", "the preemptible TPU quota"))
     quota = preemptible if config.capacity_type == "spot" else standard
-    return (f"fix: the project lacks Compute Engine quota for {config.chips} "
-            f"{config.tpu_type} chips in {config.region}: {quota}. GKE's TPU node pools use Compute Engine quota "
-            "(compute.googleapis.com), not the Cloud TPU API's (tpu.googleapis.com). Request it on the Quotas page "
-            "(IAM & Admin > Quotas & System Limits, service Compute Engine API; for v6e, Cloud TPU's page says to "
-            "contact Google Cloud support), or use capacity_type 'reservation': a reservation's chips need no quota. "
-            "Waiting does not help: capacity_wait_minutes does not apply")
+    return (
+        f"fix: the project lacks Compute Engine quota for {config.chips} "
+        f"{config.tpu_type} chips in {config.region}: {quota}. GKE's TPU node pools use Compute Engine quota "
+        "(compute.googleapis.com), not the Cloud TPU API's (tpu.googleapis.com). Request it on the Quotas page "
+        "(IAM & Admin > Quotas & System Limits, service Compute Engine API; for v6e, Cloud TPU's page says to "
+        "contact Google Cloud support), or use capacity_type 'reservation': a reservation's chips need no quota. "
+        "Waiting does not help: capacity_wait_minutes does not apply"
+    )
 
 
-_TARGET = re.compile(r"/(?:locations|zones)/[^/]+/clusters/(?P<cluster>[^/]+)"
-                     r"(?:/nodePools/(?P<pool>[^/]+))?(?:/node/[^/]+)?$")
+_TARGET = re.compile(
+    r"/(?:locations|zones)/[^/]+/clusters/(?P<cluster>[^/]+)"
+    r"(?:/nodePools/(?P<pool>[^/]+))?(?:/node/[^/]+)?$"
+)
 
 
 def operation_target(target_link: str) -> tuple[str, str | None] | None:

@@ -14,14 +14,26 @@ from typing import Any
 #: Where the release runs its controller.
 CONTROLLER_NAMESPACE, CONTROLLER_DEPLOYMENT = "jobset-system", "jobset-controller-manager"
 #: Apply order: what others refer to first; the webhook configurations (failurePolicy Fail) last.
-_KIND_ORDER = ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "Role",
-               "ClusterRoleBinding", "RoleBinding", "ConfigMap", "Secret", "Service", "Deployment",
-               "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
+_KIND_ORDER = [
+    "Namespace",
+    "CustomResourceDefinition",
+    "ServiceAccount",
+    "ClusterRole",
+    "Role",
+    "ClusterRoleBinding",
+    "RoleBinding",
+    "ConfigMap",
+    "Secret",
+    "Service",
+    "Deployment",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+]
 
 
 def shipped_versions() -> list[str]:
     names = (entry.name for entry in resources.files("tpu_rl.releases").iterdir())
-    return sorted(n[len("jobset-"):-len(".yaml")] for n in names if n.startswith("jobset-") and n.endswith(".yaml"))
+    return sorted(n[len("jobset-") : -len(".yaml")] for n in names if n.startswith("jobset-") and n.endswith(".yaml"))
 
 
 @cache

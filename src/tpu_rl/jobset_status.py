@@ -41,8 +41,9 @@ FAILED = "Failed"
 
 #: ``DisruptionTarget`` reasons, in the words a TPU user needs.
 DISRUPTION_REASONS = {
-    "TerminationByKubelet": ("TPU host maintenance or node shutdown, e.g. a Spot VM reclaimed "
-                             "(the kubelet terminated the pod)"),
+    "TerminationByKubelet": (
+        "TPU host maintenance or node shutdown, e.g. a Spot VM reclaimed (the kubelet terminated the pod)"
+    ),
     "PreemptionByScheduler": "preempted by a higher-priority workload",
     "EvictionByEvictionAPI": "evicted (TPU host maintenance, node drain or upgrade)",
     "DeletionByTaintManager": "host lost or under maintenance (node tainted NoExecute)",
@@ -273,8 +274,9 @@ def explain_failure(
         )
     tail = list(log_tail)
     if tail:
-        lines.append(f"Last {len(tail)} lines of the workload log"
-                     f"{f' (last pod followed: {log_pod})' if log_pod else ''}:")
+        lines.append(
+            f"Last {len(tail)} lines of the workload log{f' (last pod followed: {log_pod})' if log_pod else ''}:"
+        )
         lines += [f"  | {line}" for line in tail]
     else:
         lines.append("No workload log was captured.")

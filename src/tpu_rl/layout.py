@@ -43,8 +43,11 @@ def training_record(config: RunConfig) -> dict[str, Any]:
         "data_template_path": config.data_template_path,
         "train_steps": config.train_steps,
         # What the run's interval trains on (only programs have it; older records do not).
-        **({"interval_data": {k: config.extra_train_args[k] for k in config.interval_data}}
-           if config.interval_data else {}),
+        **(
+            {"interval_data": {k: config.extra_train_args[k] for k in config.interval_data}}
+            if config.interval_data
+            else {}
+        ),
     }
 
 

@@ -81,12 +81,21 @@ class Lease:
             return cls()
         document = json.loads(data)
         closer = document.get("closer")
-        return cls(tuple(Holder(**h) for h in document.get("holders", [])), bool(document.get("closing")),
-                   Holder(**closer) if closer else None)
+        return cls(
+            tuple(Holder(**h) for h in document.get("holders", [])),
+            bool(document.get("closing")),
+            Holder(**closer) if closer else None,
+        )
 
     def dump(self) -> str:
-        return json.dumps({"holders": [asdict(h) for h in self.holders], "closing": self.closing,
-                           "closer": asdict(self.closer) if self.closer else None}, indent=2)
+        return json.dumps(
+            {
+                "holders": [asdict(h) for h in self.holders],
+                "closing": self.closing,
+                "closer": asdict(self.closer) if self.closer else None,
+            },
+            indent=2,
+        )
 
     def find(self, key: str) -> Holder | None:
         return next((h for h in self.holders if h.key == key), None)
@@ -154,8 +163,10 @@ def join_cluster(lease: Lease, me: Holder, state: RunState, cluster_exists: bool
     if lease.closing and cluster_exists and not lease.find(me.key):
         if not lease.closing_expired(state):
             return LeaseChange(lease if expired else None, None, notes)
-        notes.append(f"{lease.closer.describe()} left the cluster to delete it and its run has ended "
-                     "without deleting it: this run takes the cluster over")
+        notes.append(
+            f"{lease.closer.describe()} left the cluster to delete it and its run has ended "
+            "without deleting it: this run takes the cluster over"
+        )
     joined = lease.admit(me)
     return LeaseChange(joined, joined, notes)
 

@@ -22,13 +22,13 @@ CONSOLE = "https://console.cloud.google.com"
 def workload_url(*, project_id: str, location: str, cluster_name: str, namespace: str, name: str) -> str:
     """The page ``xpk`` prints for a JobSet (GKE lists it with its headless service)."""
     return (
-        f"{CONSOLE}/kubernetes/service/{location}/{cluster_name}/{namespace}/{name}/details"
-        f"?project={quote(project_id)}"
+        f"{CONSOLE}/kubernetes/service/{location}/{cluster_name}/{namespace}/{name}/details?project={quote(project_id)}"
     )
 
 
-def logging_query(*, project_id: str, location: str, cluster_name: str, namespace: str, name: str,
-                  since: str = "") -> str:
+def logging_query(
+    *, project_id: str, location: str, cluster_name: str, namespace: str, name: str, since: str = ""
+) -> str:
     lines = [
         'resource.type="k8s_container"',
         f'resource.labels.project_id="{project_id}"',

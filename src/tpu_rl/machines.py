@@ -60,8 +60,21 @@ def needs_hyperdisk(machine_type: str) -> bool:
 
 def quantity_gib(quantity: str) -> float:
     """A Kubernetes memory quantity (a param such as 256Gi, or a node's allocatable such as 247296420Ki) in GiB."""
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-             "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "m": 1e-3}
+    units = {
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "Pi": 2**50,
+        "Ei": 2**60,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "T": 1e12,
+        "P": 1e15,
+        "E": 1e18,
+        "m": 1e-3,
+    }
     for suffix in sorted(units, key=len, reverse=True):
         if quantity.endswith(suffix):
             return float(quantity[: -len(suffix)]) * units[suffix] / GIB

@@ -67,8 +67,12 @@ def hf_token_secret(config: RunConfig, run: RunIdentity, token: str | None = Non
     secret: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": run.secret_name(), "namespace": config.namespace, "labels": run.labels(),
-                     "annotations": run.annotations()},
+        "metadata": {
+            "name": run.secret_name(),
+            "namespace": config.namespace,
+            "labels": run.labels(),
+            "annotations": run.annotations(),
+        },
         "type": "Opaque",
     }
     if token is not None:
@@ -147,8 +151,11 @@ class PathwaysWiring:
 
     def sidecar_env(self) -> list[dict[str, Any]]:
         """The env of the head's two sidecars."""
-        return [_env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS), *_tutorial_env(),
-                _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL)]
+        return [
+            _env("ABSL_FLAGS", PATHWAYS_ABSL_FLAGS),
+            *_tutorial_env(),
+            _label_env("PATHWAYS_HEAD", COORDINATOR_LABEL),
+        ]
 
 
 def pathways_proxy_container(config: RunConfig, wiring: PathwaysWiring) -> dict[str, Any]:
@@ -216,8 +223,10 @@ def pathways_head_pod(config: RunConfig, run: RunIdentity, wiring: PathwaysWirin
         **_pod_identity(),
         "restartPolicy": "Never",
         "nodeSelector": {NODEPOOL_LABEL: config.cpu_pool_name},
-        "initContainers": [pathways_proxy_container(config, wiring),
-                           pathways_resource_manager_container(config, wiring)],
+        "initContainers": [
+            pathways_proxy_container(config, wiring),
+            pathways_resource_manager_container(config, wiring),
+        ],
         "containers": [pathways_trainer_container(config, run, wiring)],
     }
 
@@ -292,8 +301,12 @@ def _pod_identity() -> dict[str, Any]:
     reaches Cloud Storage as the node's service account; without it, on GKE_METADATA nodes, it would act as
     its Kubernetes service account's Workload Identity principal, which has no bucket access (403). That
     service account is the package's own, without an API token: the workloads never call Kubernetes."""
-    return {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
-            "serviceAccountName": WORKLOAD_SERVICE_ACCOUNT, "automountServiceAccountToken": False}
+    return {
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "serviceAccountName": WORKLOAD_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,
+    }
 
 
 def workload_service_account(config: RunConfig) -> dict[str, Any]:
@@ -301,8 +314,11 @@ def workload_service_account(config: RunConfig) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": {"name": WORKLOAD_SERVICE_ACCOUNT, "namespace": config.namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "tpu-rl"}},
+        "metadata": {
+            "name": WORKLOAD_SERVICE_ACCOUNT,
+            "namespace": config.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "tpu-rl"},
+        },
         "automountServiceAccountToken": False,
     }
 
@@ -369,8 +385,9 @@ def _failure_policy(max_restarts: int, restart_strategy: str | None = None) -> d
     policy: dict[str, Any] = {"maxRestarts": max_restarts}
     if restart_strategy:
         policy["restartStrategy"] = restart_strategy
-    policy["rules"] = [{"name": "FailJobSetOnPodFailurePolicy", "action": "FailJobSet",
-                        "onJobFailureReasons": ["PodFailurePolicy"]}]
+    policy["rules"] = [
+        {"name": "FailJobSetOnPodFailurePolicy", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+    ]
     return policy
 
 

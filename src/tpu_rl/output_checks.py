@@ -77,8 +77,12 @@ class FinalTrainingStep(OutputCheck):
 
     async def __call__(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
         return await gcs.final_training_step(
-            reader, self.prefix, train_steps=self.train_steps, checkpoint_period=self.checkpoint_period,
-            items=self.items, trainer_completed=self.trainer_completed,
+            reader,
+            self.prefix,
+            train_steps=self.train_steps,
+            checkpoint_period=self.checkpoint_period,
+            items=self.items,
+            trainer_completed=self.trainer_completed,
         )
 
 

@@ -21,12 +21,14 @@ def trigger_params() -> dict[str, Param]:
         schema = {"type": [json_type, "null"] if spec.default == "" else json_type, **meta["schema"]}
         if spec.default is None:
             # Required: no default, so the form asks for it and the run cannot start without it.
-            params[spec.name] = Param(title=meta["title"], description=meta["description"], section=meta["section"],
-                                      minLength=1, **schema)
+            params[spec.name] = Param(
+                title=meta["title"], description=meta["description"], section=meta["section"], minLength=1, **schema
+            )
         else:
             default = spec.default_factory() if spec.type == "dict" else spec.default
-            params[spec.name] = Param(default, title=meta["title"], description=meta["description"],
-                                      section=meta["section"], **schema)
+            params[spec.name] = Param(
+                default, title=meta["title"], description=meta["description"], section=meta["section"], **schema
+            )
     return params
 
 

@@ -31,8 +31,11 @@ def plan_documents(
         docs.append(
             (
                 f"GKE: create the cluster (deleted at the end of the run){with_pools}",
-                {"gkeRequest": "CreateCluster", "parent": gke.cluster_parent(config),
-                 "cluster": gke.cluster_body(config, run, now)},
+                {
+                    "gkeRequest": "CreateCluster",
+                    "parent": gke.cluster_parent(config),
+                    "cluster": gke.cluster_body(config, run, now),
+                },
             )
         )
     if config.tpu_pools_per_run:
@@ -40,8 +43,11 @@ def plan_documents(
             docs.append(
                 (
                     f"GKE: create TPU node pool {i} before training (deleted right after it); {capacity}",
-                    {"gkeRequest": "CreateNodePool", "parent": gke.cluster_path(config),
-                     "nodePool": gke.tpu_node_pool(config, run, i)},
+                    {
+                        "gkeRequest": "CreateNodePool",
+                        "parent": gke.cluster_path(config),
+                        "nodePool": gke.tpu_node_pool(config, run, i),
+                    },
                 )
             )
     docs.append(

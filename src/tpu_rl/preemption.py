@@ -90,5 +90,7 @@ def describe_accounting(accounting: dict | None) -> str:
     if not accounting or not accounting.get("count"):
         return "none"
     minutes = accounting["seconds_lost"] / 60
-    return (f"{accounting['count']} of at most {accounting['max_preemptions']}, {minutes:.0f} min lost, "
-            f"{accounting['steps_recomputed']} step(s) recomputed")
+    return (
+        f"{accounting['count']} of at most {accounting['max_preemptions']}, {minutes:.0f} min lost, "
+        f"{accounting['steps_recomputed']} step(s) recomputed"
+    )

@@ -24,12 +24,27 @@ from tpu_rl.run import DAG_ID, REAPER_DAG_ID
 DEFAULT_LOCATIONS = ("maxtext_rl_tpu_programs.yaml", "../include/programs.yaml")
 _DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 #: Airflow's cron presets (airflow.utils.dates.cron_presets), which its cron timetables expand.
-CRON_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *",
-                "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *"}
+CRON_PRESETS = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@quarterly": "0 0 1 */3 *",
+    "@yearly": "0 0 1 1 *",
+}
 #: The package's own DAGs (dags/): a program of the same id would replace one of them.
 RESERVED_DAG_IDS = (DAG_ID, REAPER_DAG_ID)
-FIELDS = ("description", "schedule", "start_date", "catchup", "max_active_runs", "capacity", "data",
-          "examples_per_interval", "params")
+FIELDS = (
+    "description",
+    "schedule",
+    "start_date",
+    "catchup",
+    "max_active_runs",
+    "capacity",
+    "data",
+    "examples_per_interval",
+    "params",
+)
 
 
 class ProgramError(ValueError):
@@ -71,8 +86,14 @@ def programs_file(dag_folder: Path) -> Path | None:
     named = os.environ.get("TPU_RL_PROGRAMS")
     if named:
         if not Path(named).is_file():
-            raise ProgramError(named, "*", [f"TPU_RL_PROGRAMS names {named}, which does not exist; fix: deploy the "
-                                            "programs file there, or unset TPU_RL_PROGRAMS"])
+            raise ProgramError(
+                named,
+                "*",
+                [
+                    f"TPU_RL_PROGRAMS names {named}, which does not exist; fix: deploy the "
+                    "programs file there, or unset TPU_RL_PROGRAMS"
+                ],
+            )
         return Path(named)
     return next((dag_folder / path for path in DEFAULT_LOCATIONS if (dag_folder / path).is_file()), None)
 
@@ -99,9 +120,14 @@ def _unique_key_loader() -> type:
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:
-                    raise ProgramError(str(self.name), str(key), [
-                        f"declared twice (line {key_node.start_mark.line + 1}); fix: give each program and "
-                        "field once"])
+                    raise ProgramError(
+                        str(self.name),
+                        str(key),
+                        [
+                            f"declared twice (line {key_node.start_mark.line + 1}); fix: give each program and "
+                            "field once"
+                        ],
+                    )
                 seen.add(key)
             return super().construct_mapping(node, deep)
 
@@ -124,21 +150,27 @@ def parse_program(source: str, dag_id: Any, body: Any) -> Program:
     if not isinstance(body, dict):
         raise ProgramError(source, name, ["the declaration must be a mapping of the fields " + ", ".join(FIELDS)])
     if not _DAG_ID.fullmatch(name) or name in RESERVED_DAG_IDS:
-        problems.append(f"dag id: '{name}' must be letters, digits, '_', '.', '-', and not one of the package's "
-                        f"own DAGs ({', '.join(RESERVED_DAG_IDS)})")
-    problems += [f"{key}: is not a field of a program; fix: use {', '.join(FIELDS)}"
-                 for key in body if key not in FIELDS]
+        problems.append(
+            f"dag id: '{name}' must be letters, digits, '_', '.', '-', and not one of the package's "
+            f"own DAGs ({', '.join(RESERVED_DAG_IDS)})"
+        )
+    problems += [
+        f"{key}: is not a field of a program; fix: use {', '.join(FIELDS)}" for key in body if key not in FIELDS
+    ]
 
     schedule = body.get("schedule")
     if not _is_schedule(schedule):
-        problems.append(f"schedule: {schedule!r} is not a five-field cron expression or one of Airflow's presets "
-                        f"({', '.join(CRON_PRESETS)}); fix: use e.g. '@daily' or '0 6 * * 1'")
+        problems.append(
+            f"schedule: {schedule!r} is not a five-field cron expression or one of Airflow's presets "
+            f"({', '.join(CRON_PRESETS)}); fix: use e.g. '@daily' or '0 6 * * 1'"
+        )
     start = body.get("start_date")
     if isinstance(start, date) and not isinstance(start, datetime):
         start = datetime(start.year, start.month, start.day, tzinfo=UTC)
     if not isinstance(start, datetime):
-        problems.append(f"start_date: {start!r} is not a date; fix: write it as a YAML date, unquoted: "
-                        "start_date: 2026-11-01")
+        problems.append(
+            f"start_date: {start!r} is not a date; fix: write it as a YAML date, unquoted: start_date: 2026-11-01"
+        )
     elif start.tzinfo is None:
         start = start.replace(tzinfo=UTC)
     catchup = body.get("catchup", False)
@@ -152,8 +184,9 @@ def parse_program(source: str, dag_id: Any, body: Any) -> Program:
     capacity = body.get("capacity")
     if capacity is not None:
         if not isinstance(capacity, dict) or set(capacity) - {"group", "slices"} or "group" not in capacity:
-            problems.append("capacity: must be {group: <name>, slices: <count>}; "
-                            "fix: e.g. {group: v6e-64-us-east5, slices: 1}")
+            problems.append(
+                "capacity: must be {group: <name>, slices: <count>}; fix: e.g. {group: v6e-64-us-east5, slices: 1}"
+            )
         else:
             params.update(capacity_group=capacity["group"], capacity_slices=capacity.get("slices", 1))
     if "data" in body:

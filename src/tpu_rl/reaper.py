@@ -70,15 +70,23 @@ class Decision:
     def row(self) -> dict[str, object]:
         r = self.resource
         return {
-            "kind": r.kind, "resource": r.path, "owner_dag_id": r.owner.dag_id, "owner_run_id": r.owner.run_id,
-            "run_state": self.run_state, "age_minutes": round(self.age.total_seconds() / 60, 1),
-            "decision": "reap" if self.reap else "keep", "reason": self.reason, "tpu_chips": r.chips,
-            "chip_hours": round(self.chip_hours, 2), "deleted": self.deleted,
+            "kind": r.kind,
+            "resource": r.path,
+            "owner_dag_id": r.owner.dag_id,
+            "owner_run_id": r.owner.run_id,
+            "run_state": self.run_state,
+            "age_minutes": round(self.age.total_seconds() / 60, 1),
+            "decision": "reap" if self.reap else "keep",
+            "reason": self.reason,
+            "tpu_chips": r.chips,
+            "chip_hours": round(self.chip_hours, 2),
+            "deleted": self.deleted,
         }
 
 
-def decide(resource: Resource, run_state: str, now: datetime, grace: timedelta,
-           users: tuple[RunIdentity, ...] = ()) -> Decision:
+def decide(
+    resource: Resource, run_state: str, now: datetime, grace: timedelta, users: tuple[RunIdentity, ...] = ()
+) -> Decision:
     """Keep or reap one resource.
 
     ``run_state``: its run's DAG-run state, or MISSING. ``users``: the live runs that have objects inside
@@ -116,9 +124,17 @@ def report(decisions: list[Decision]) -> str:
         return "No resource with this package's ownership marks was found."
     header = ("decision", "kind", "resource", "owner run", "run state", "age", "TPU chips", "chip-hours", "reason")
     rows = [header] + [
-        ("reap" + (" (deleted)" if d.deleted else "") if d.reap else "keep", d.resource.kind, d.resource.path,
-         f"{d.resource.owner.dag_id} / {d.resource.owner.run_id}", d.run_state, _minutes(d.age),
-         str(d.resource.chips), f"{d.chip_hours:.2f}", d.reason)
+        (
+            "reap" + (" (deleted)" if d.deleted else "") if d.reap else "keep",
+            d.resource.kind,
+            d.resource.path,
+            f"{d.resource.owner.dag_id} / {d.resource.owner.run_id}",
+            d.run_state,
+            _minutes(d.age),
+            str(d.resource.chips),
+            f"{d.chip_hours:.2f}",
+            d.reason,
+        )
         for d in decisions
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

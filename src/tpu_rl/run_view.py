@@ -28,8 +28,17 @@ from tpu_rl.preemption import describe_accounting
 #: The curves shown, in order, with their titles.
 CURVES = {tm.REWARD_TAG: "Reward (batch mean)", tm.LOSS_TAG: "Policy loss", tm.KL_TAG: "KL to the reference model"}
 #: The run's settings the page shows: what it trains, on what, how long, at what price.
-SHOWN_SETTINGS = ("model_name", "tpu_type", "topology", "cluster_nodepool_count", "capacity_type", "num_batches",
-                  "batch_size", "gcs_bucket", "tpu_price_per_chip_hour")
+SHOWN_SETTINGS = (
+    "model_name",
+    "tpu_type",
+    "topology",
+    "cluster_nodepool_count",
+    "capacity_type",
+    "num_batches",
+    "batch_size",
+    "gcs_bucket",
+    "tpu_price_per_chip_hour",
+)
 #: Run states in which the training may still move: the page shows the progress and reloads itself.
 ACTIVE_STATES = ("queued", "running")
 #: Seconds between two reloads of an active run's page (the trainer flushes its curves every few minutes).
@@ -82,10 +91,21 @@ class RunPage:
         return self.state in ACTIVE_STATES
 
 
-def run_page(*, dag_id: str, run_id: str, state: str, config: RunConfig, layout: GcsLayout,
-             files: Mapping[str, tm.Scalars], evaluation: Mapping[str, Any] | None,
-             slices: Sequence[Mapping[str, str]] | None, final_step: int | None, model_uri: str | None,
-             preemptions: Mapping[str, Any] | None, now: float) -> RunPage:
+def run_page(
+    *,
+    dag_id: str,
+    run_id: str,
+    state: str,
+    config: RunConfig,
+    layout: GcsLayout,
+    files: Mapping[str, tm.Scalars],
+    evaluation: Mapping[str, Any] | None,
+    slices: Sequence[Mapping[str, str]] | None,
+    final_step: int | None,
+    model_uri: str | None,
+    preemptions: Mapping[str, Any] | None,
+    now: float,
+) -> RunPage:
     """The page of a run from its config and layout, its event files' scalars (by file name) and its XComs:
     ``train_rl``'s evaluation and preemptions, ``delete_tpu_pools``'s slices, ``verify_training``'s final
     step and ``publish_export``'s model URI (each None while its task has not pushed it)."""
@@ -96,22 +116,36 @@ def run_page(*, dag_id: str, run_id: str, state: str, config: RunConfig, layout:
     checkpoints = layout.actor_checkpoints_prefix
     links = [
         Link("Checkpoints", layout.uri(checkpoints), storage_console_url(layout.bucket, checkpoints, config.project)),
-        Link("TensorBoard event files", layout.uri(layout.tensorboard_prefix),
-             storage_console_url(layout.bucket, layout.tensorboard_prefix, config.project)),
+        Link(
+            "TensorBoard event files",
+            layout.uri(layout.tensorboard_prefix),
+            storage_console_url(layout.bucket, layout.tensorboard_prefix, config.project),
+        ),
     ]
     if model_uri:
-        links.append(Link("Exported model", model_uri,
-                          storage_console_url(layout.bucket, model_uri.split("/", 3)[3], config.project)))
+        links.append(
+            Link(
+                "Exported model",
+                model_uri,
+                storage_console_url(layout.bucket, model_uri.split("/", 3)[3], config.project),
+            )
+        )
     else:
         links.append(Link("Exported model", None, None, "not published"))
     return RunPage(
-        dag_id=dag_id, run_id=run_id, state=state, train_steps=config.train_steps, settings=shown,
+        dag_id=dag_id,
+        run_id=run_id,
+        state=state,
+        train_steps=config.train_steps,
+        settings=shown,
         curves=tm.merge_scalars(files),
         progress=tm.attempt_progress(files, config.train_steps, now) if state in ACTIVE_STATES else None,
         evaluation=scores if config.evaluation_batches else None,
         evaluation_note=tm.describe_evaluation(scores, config),
-        cost=cost, cost_note=tm.describe_cost(cost, config),
-        final_step=final_step, preemptions=describe_accounting(dict(preemptions) if preemptions else None),
+        cost=cost,
+        cost_note=tm.describe_cost(cost, config),
+        final_step=final_step,
+        preemptions=describe_accounting(dict(preemptions) if preemptions else None),
         links=links,
     )
 
@@ -150,20 +184,27 @@ def render(page: RunPage) -> str:
         "<h2>Outputs</h2>",
         _links(page),
         "<h2>Settings</h2>",
-        "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>"
-                            for k, v in page.settings) + "</table>",
+        "<table>"
+        + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in page.settings)
+        + "</table>",
         f'<p class="note" id="version">tpu-rl {escape(__version__)}</p>',
     ]
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">" + reload
-            + f"<title>Training: {escape(page.run_id)}</title><style>{_STYLE}</style></head><body>"
-            + "\n".join(s for s in sections if s) + "</body></html>")
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        + reload
+        + f"<title>Training: {escape(page.run_id)}</title><style>{_STYLE}</style></head><body>"
+        + "\n".join(s for s in sections if s)
+        + "</body></html>"
+    )
 
 
 def render_message(title: str, message: str) -> str:
     """A page that says why there is nothing to show (not a run of the pipeline, a run whose params fail)."""
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
-            f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>"
-            f'<p class="note" id="message">{escape(message)}</p></body></html>')
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>"
+        f'<p class="note" id="message">{escape(message)}</p></body></html>'
+    )
 
 
 def _step_line(page: RunPage) -> str:
@@ -176,8 +217,10 @@ def _progress(page: RunPage) -> str:
     if not page.active:
         return ""
     line = page.progress or "the trainer has written no event file yet"
-    return (f'<p>Training progress: <strong id="progress">{escape(line)}</strong> '
-            f'<span class="note">(this page reloads every {RELOAD_SECONDS} s)</span></p>')
+    return (
+        f'<p>Training progress: <strong id="progress">{escape(line)}</strong> '
+        f'<span class="note">(this page reloads every {RELOAD_SECONDS} s)</span></p>'
+    )
 
 
 def _curves(page: RunPage) -> str:
@@ -202,36 +245,47 @@ def _curve(tag: str, title: str, points: Sequence[tuple[int, float]]) -> str:
         return _HEIGHT - _MARGIN + (-(value - low) / ((high - low) or 1)) * (_HEIGHT - 2 * _MARGIN)
 
     line = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in points)
-    marks = "".join(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="2.5" data-step="{s}" data-value="{v!r}">'
-                    f"<title>step {s}: {v:.4g}</title></circle>" for s, v in points)
-    axes = (f'<text x="{_MARGIN}" y="{_HEIGHT - _MARGIN + 16}">step {first}</text>'
-            f'<text x="{_WIDTH - _MARGIN}" y="{_HEIGHT - _MARGIN + 16}" text-anchor="end">step {last}</text>'
-            f'<text x="{_MARGIN - 4}" y="{_MARGIN}" text-anchor="end">{high:.3g}</text>'
-            f'<text x="{_MARGIN - 4}" y="{_HEIGHT - _MARGIN}" text-anchor="end">{low:.3g}</text>')
+    marks = "".join(
+        f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="2.5" data-step="{s}" data-value="{v!r}">'
+        f"<title>step {s}: {v:.4g}</title></circle>"
+        for s, v in points
+    )
+    axes = (
+        f'<text x="{_MARGIN}" y="{_HEIGHT - _MARGIN + 16}">step {first}</text>'
+        f'<text x="{_WIDTH - _MARGIN}" y="{_HEIGHT - _MARGIN + 16}" text-anchor="end">step {last}</text>'
+        f'<text x="{_MARGIN - 4}" y="{_MARGIN}" text-anchor="end">{high:.3g}</text>'
+        f'<text x="{_MARGIN - 4}" y="{_HEIGHT - _MARGIN}" text-anchor="end">{low:.3g}</text>'
+    )
     rows = "".join(f'<tr><td class="num">{s}</td><td class="num">{v!r}</td></tr>' for s, v in points)
-    return (f'<figure data-tag="{escape(tag)}"><figcaption>{escape(title)} <code>{escape(tag)}</code></figcaption>'
-            f'<svg class="curve" role="img" aria-label="{escape(title)}" width="{_WIDTH}" height="{_HEIGHT}" '
-            f'viewBox="0 0 {_WIDTH} {_HEIGHT}"><polyline points="{line}"/>{marks}{axes}</svg>'
-            f"<details><summary>{len(points)} points</summary><table class=\"points\"><tr><th>step</th><th>value</th>"
-            f"</tr>{rows}</table></details></figure>")
+    return (
+        f'<figure data-tag="{escape(tag)}"><figcaption>{escape(title)} <code>{escape(tag)}</code></figcaption>'
+        f'<svg class="curve" role="img" aria-label="{escape(title)}" width="{_WIDTH}" height="{_HEIGHT}" '
+        f'viewBox="0 0 {_WIDTH} {_HEIGHT}"><polyline points="{line}"/>{marks}{axes}</svg>'
+        f'<details><summary>{len(points)} points</summary><table class="points"><tr><th>step</th><th>value</th>'
+        f"</tr>{rows}</table></details></figure>"
+    )
 
 
 def _evaluation(page: RunPage) -> str:
     evaluation = page.evaluation
     if evaluation is None:
         return f'<p class="note" id="evaluation-note">{escape(page.evaluation_note)}</p>'
-    header = ("<tr><th></th><th>accuracy</th><th>correct</th><th>partial accuracy</th><th>format accuracy</th>"
-              "<th>mean reward</th></tr>")
+    header = (
+        "<tr><th></th><th>accuracy</th><th>correct</th><th>partial accuracy</th><th>format accuracy</th>"
+        "<th>mean reward</th></tr>"
+    )
     rows = []
     for when, score in (("before", evaluation.before), ("after", evaluation.after)):
         if score is None:
             rows.append(f'<tr id="evaluation-{when}"><th>{when} training</th><td colspan="5">not logged</td></tr>')
             continue
-        rows.append(f'<tr id="evaluation-{when}"><th>{when} training</th>'
-                    f'<td class="num">{score.accuracy:.1f}%</td><td class="num">{score.correct:g}/{score.total}</td>'
-                    f'<td class="num">{score.partial_accuracy:.1f}%</td>'
-                    f'<td class="num">{score.format_accuracy:.1f}%</td>'
-                    f'<td class="num">{score.mean_reward:.4f}</td></tr>')
+        rows.append(
+            f'<tr id="evaluation-{when}"><th>{when} training</th>'
+            f'<td class="num">{score.accuracy:.1f}%</td><td class="num">{score.correct:g}/{score.total}</td>'
+            f'<td class="num">{score.partial_accuracy:.1f}%</td>'
+            f'<td class="num">{score.format_accuracy:.1f}%</td>'
+            f'<td class="num">{score.mean_reward:.4f}</td></tr>'
+        )
     return f'<table id="evaluation">{header}{"".join(rows)}</table>'
 
 
@@ -239,20 +293,24 @@ def _cost(page: RunPage) -> str:
     if page.cost is None:
         return f'<p class="note" id="cost-note">{escape(page.cost_note)}</p>'
     cost = page.cost
-    return (f'<p id="cost-note">{escape(page.cost_note)}</p><table><tr><th>chip-hours</th>'
-            f'<td class="num" id="chip-hours">{cost["chip_hours"]:.3f}</td></tr><tr><th>cost (USD)</th>'
-            f'<td class="num" id="cost-usd">{cost["cost_usd"]:.2f}</td></tr><tr><th>price per chip-hour (USD)</th>'
-            f'<td class="num">{cost["price_per_chip_hour"]:.2f}</td></tr></table>')
+    return (
+        f'<p id="cost-note">{escape(page.cost_note)}</p><table><tr><th>chip-hours</th>'
+        f'<td class="num" id="chip-hours">{cost["chip_hours"]:.3f}</td></tr><tr><th>cost (USD)</th>'
+        f'<td class="num" id="cost-usd">{cost["cost_usd"]:.2f}</td></tr><tr><th>price per chip-hour (USD)</th>'
+        f'<td class="num">{cost["price_per_chip_hour"]:.2f}</td></tr></table>'
+    )
 
 
 def _links(page: RunPage) -> str:
     rows = []
     for link in page.links:
         if link.uri is None:
-            rows.append(f"<tr><th>{escape(link.label)}</th><td class=\"note\">{escape(link.note)}</td></tr>")
+            rows.append(f'<tr><th>{escape(link.label)}</th><td class="note">{escape(link.note)}</td></tr>')
             continue
-        console = (f' (<a href="{escape(link.console_url)}" target="_blank" rel="noopener noreferrer">'
-                   'Cloud Console</a>)'
-                   if link.console_url else "")
+        console = (
+            f' (<a href="{escape(link.console_url)}" target="_blank" rel="noopener noreferrer">Cloud Console</a>)'
+            if link.console_url
+            else ""
+        )
         rows.append(f"<tr><th>{escape(link.label)}</th><td><code>{escape(link.uri)}</code>{console}</td></tr>")
     return '<table id="outputs">' + "".join(rows) + "</table>"

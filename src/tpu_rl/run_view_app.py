@@ -71,14 +71,22 @@ def read_run(dag_id: str, run_id: str, session: SessionDep) -> RunRecord:
         raise HTTPException(404, f"{dag_id!r} is not a DAG of the tpu-rl pipeline: its runs have no training view")
     rows = session.execute(
         select(XComModel.task_id, XComModel.key, XComModel.value).where(
-            XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.map_index == -1,
+            XComModel.dag_id == dag_id,
+            XComModel.run_id == run_id,
+            XComModel.map_index == -1,
             XComModel.task_id.in_({pulled.task for pulled in XCOMS.values()}),
         )
     ).all()
     stored = {Pull(row.task_id, row.key): XComModel.deserialize_value(row) for row in rows}
     xcoms = {name: stored[pulled] for name, pulled in XCOMS.items() if pulled in stored}
-    context = {"params": params, "dag": dag, "run_id": run_id, "dag_run": dag_run,
-               "data_interval_start": dag_run.data_interval_start, "data_interval_end": dag_run.data_interval_end}
+    context = {
+        "params": params,
+        "dag": dag,
+        "run_id": run_id,
+        "dag_run": dag_run,
+        "data_interval_start": dag_run.data_interval_start,
+        "data_interval_end": dag_run.data_interval_end,
+    }
     return RunRecord(RunScope.of(context), str(getattr(dag_run.state, "value", dag_run.state)), xcoms)
 
 
@@ -106,8 +114,10 @@ def create_app() -> FastAPI:
     @app.get(
         "/runs/{dag_id}/{run_id}",
         response_class=HTMLResponse,
-        dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN)),
-                      Depends(requires_access_dag("GET", DagAccessEntity.XCOM))],
+        dependencies=[
+            Depends(requires_access_dag("GET", DagAccessEntity.RUN)),
+            Depends(requires_access_dag("GET", DagAccessEntity.XCOM)),
+        ],
     )
     async def run_page(
         run: Annotated[RunRecord, Depends(read_run)], read_events: Annotated[EventReader, Depends(event_reader)]
@@ -118,16 +128,25 @@ def create_app() -> FastAPI:
         try:
             config, layout = scope.config, scope.layout
         except ConfigError as error:
-            return HTMLResponse(run_view.render_message(f"{scope.run.run_id}: the run's params fail validation",
-                                                        str(error)))
+            return HTMLResponse(
+                run_view.render_message(f"{scope.run.run_id}: the run's params fail validation", str(error))
+            )
         files = await read_events(layout.bucket, layout.tensorboard_prefix, config.gcp_conn_id)
         xcoms = run.xcoms
         final_step = xcoms.get("final_step")
         page = run_view.run_page(
-            dag_id=scope.run.dag_id, run_id=scope.run.run_id, state=run.state, config=config, layout=layout,
-            files=files, evaluation=xcoms.get("evaluation"), slices=xcoms.get("slices"),
-            final_step=int(final_step) if final_step is not None else None, model_uri=xcoms.get("model_uri"),
-            preemptions=xcoms.get("preemptions"), now=time.time(),
+            dag_id=scope.run.dag_id,
+            run_id=scope.run.run_id,
+            state=run.state,
+            config=config,
+            layout=layout,
+            files=files,
+            evaluation=xcoms.get("evaluation"),
+            slices=xcoms.get("slices"),
+            final_step=int(final_step) if final_step is not None else None,
+            model_uri=xcoms.get("model_uri"),
+            preemptions=xcoms.get("preemptions"),
+            now=time.time(),
         )
         return HTMLResponse(run_view.render(page))
 

@@ -37,9 +37,11 @@ class TpuRlRunViewPlugin(AirflowPlugin):
     name = "tpu_rl_run_view"
     fastapi_apps = _BuiltWhenRead()
     # The UI fills in {DAG_ID} and {RUN_ID} and shows the page in the run's "Training" tab.
-    external_views = [{
-        "name": "Training",
-        "href": URL_PREFIX + "/runs/{DAG_ID}/{RUN_ID}",
-        "destination": "dag_run",
-        "url_route": "tpu-rl-training",
-    }]
+    external_views = [
+        {
+            "name": "Training",
+            "href": URL_PREFIX + "/runs/{DAG_ID}/{RUN_ID}",
+            "destination": "dag_run",
+            "url_route": "tpu-rl-training",
+        }
+    ]

@@ -97,8 +97,11 @@ def slice_shape(tpu_type: str, topology: str, compute_type: str) -> SliceShape:
     dims = [int(d) for d in topology.split("x")]
     valid = topology in generation.topologies if generation.topologies else _is_valid_3d(dims)
     if not valid:
-        allowed = (", ".join(generation.topologies) if generation.topologies
-                   else "AxBxC with every dimension 1, 2 or 4, or every dimension a multiple of 4")
+        allowed = (
+            ", ".join(generation.topologies)
+            if generation.topologies
+            else "AxBxC with every dimension 1, 2 or 4, or every dimension a multiple of 4"
+        )
         raise SliceError("topology", f"'{topology}' is not a {generation.name} topology", f"use one of {allowed}")
     chips = math.prod(dims)
     expected = int(match.group(2)) // generation.cores_per_chip

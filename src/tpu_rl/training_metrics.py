@@ -59,7 +59,7 @@ def read_scalars(files: Iterable[str | Path | bytes]) -> Scalars:
 def event_file_started(name: str) -> float | None:
     """When the writer of an event file started (POSIX seconds), from its name (tensorboardX puts the first
     ten characters of ``time.time()`` there); None for a name without one."""
-    stamp = name.rsplit("/", 1)[-1][len(EVENT_FILE_MARK):].split(".", 1)[0]
+    stamp = name.rsplit("/", 1)[-1][len(EVENT_FILE_MARK) :].split(".", 1)[0]
     return float(stamp) if stamp.isdigit() else None
 
 
@@ -73,8 +73,9 @@ def merge_scalars(files: Mapping[str, Scalars]) -> Scalars:
     return {tag: sorted(points.items()) for tag, points in sorted(merged.items())}
 
 
-def attempt_progress(files: Mapping[str, Scalars], train_steps: int, now: float,
-                     attempt_started: float | None = None) -> str | None:
+def attempt_progress(
+    files: Mapping[str, Scalars], train_steps: int, now: float, attempt_started: float | None = None
+) -> str | None:
     """:func:`progress_line` from the scalars of each event file (by file name); None before any file.
 
     The newest file is the trainer's current attempt: its writer's start gives the elapsed time, and the
@@ -90,8 +91,10 @@ def attempt_progress(files: Mapping[str, Scalars], train_steps: int, now: float,
     if attempt_started is not None and (event_file_started(names[-1]) or 0) < attempt_started:
         losses = scalars.get(LOSS_TAG) or []
         step = losses[-1][0] if losses else 0
-        return (f"step {step}/{train_steps} ({100 * step // train_steps}%) before this attempt, which has not "
-                "logged a step yet (it loads the model)")
+        return (
+            f"step {step}/{train_steps} ({100 * step // train_steps}%) before this attempt, which has not "
+            "logged a step yet (it loads the model)"
+        )
     current, losses = files[names[-1]].get(LOSS_TAG), scalars.get(LOSS_TAG)
     if current:  # the current attempt is where its own curve ends (an earlier one may have logged further)
         scalars = {**scalars, LOSS_TAG: [(step, value) for step, value in losses if step <= current[-1][0]]}
@@ -124,9 +127,11 @@ class Score:
 
     def describe(self) -> str:
         """Each percentage with the number of prompts behind it: on 20 prompts one prompt is 5 points."""
-        return (f"accuracy {self.accuracy:.1f}% ({self.correct:g}/{self.total}), partial {self.partial_accuracy:.1f}% "
-                f"({self._count(self.partial_accuracy)}/{self.total}), format {self.format_accuracy:.1f}% "
-                f"({self._count(self.format_accuracy)}/{self.total}), mean reward {self.mean_reward:.4f}")
+        return (
+            f"accuracy {self.accuracy:.1f}% ({self.correct:g}/{self.total}), partial {self.partial_accuracy:.1f}% "
+            f"({self._count(self.partial_accuracy)}/{self.total}), format {self.format_accuracy:.1f}% "
+            f"({self._count(self.format_accuracy)}/{self.total}), mean reward {self.mean_reward:.4f}"
+        )
 
     def _count(self, percentage: float) -> str:
         return f"{percentage * self.total / 100:.3g}"
@@ -214,23 +219,30 @@ def quality_gate(evaluation: Evaluation | None, config: RunConfig) -> list[str]:
         return []
     before = evaluation.before if evaluation else None
     after = evaluation.after if evaluation else None
-    figures = (f"(before training: {before.describe() if before else 'not logged'}; "
-               f"after: {after.describe() if after else 'not logged'})")
+    figures = (
+        f"(before training: {before.describe() if before else 'not logged'}; "
+        f"after: {after.describe() if after else 'not logged'})"
+    )
     if after is None:
         return [f"the trainer logged no 'Post RL Training' line, so the quality gate cannot be checked {figures}"]
     reasons = []
     if config.min_post_accuracy and after.accuracy < config.min_post_accuracy:
-        reasons.append(f"accuracy after training {after.accuracy:.1f}% is below min_post_accuracy "
-                       f"{config.min_post_accuracy:g}% {figures}")
+        reasons.append(
+            f"accuracy after training {after.accuracy:.1f}% is below min_post_accuracy "
+            f"{config.min_post_accuracy:g}% {figures}"
+        )
     if config.require_no_regression:
         if before is None:
-            reasons.append("require_no_regression: the trainer logged no 'Pre RL Training' line to compare with "
-                           f"{figures}")
+            reasons.append(
+                f"require_no_regression: the trainer logged no 'Pre RL Training' line to compare with {figures}"
+            )
         elif (change := accuracy_change(before, after))[1] < 0:
-            reasons.append(f"accuracy fell from {before.accuracy:.1f}% ({before.correct:g}/{before.total}) to "
-                           f"{after.accuracy:.1f}% ({after.correct:g}/{after.total}), beyond chance: the 95% interval "
-                           f"of the change, {change[0]:+.1f} to {change[1]:+.1f} points (Newcombe's score interval "
-                           f"from the counts), lies below 0 (require_no_regression) {figures}")
+            reasons.append(
+                f"accuracy fell from {before.accuracy:.1f}% ({before.correct:g}/{before.total}) to "
+                f"{after.accuracy:.1f}% ({after.correct:g}/{after.total}), beyond chance: the 95% interval "
+                f"of the change, {change[0]:+.1f} to {change[1]:+.1f} points (Newcombe's score interval "
+                f"from the counts), lies below 0 (require_no_regression) {figures}"
+            )
     return reasons
 
 
@@ -240,10 +252,12 @@ def regression_note(evaluation: Evaluation | None) -> str | None:
     if not (before and after and after.accuracy < before.accuracy):
         return None
     low, high = accuracy_change(before, after)
-    return (f"accuracy fell from {before.accuracy:.1f}% ({before.correct:g}/{before.total}) to {after.accuracy:.1f}% "
-            f"({after.correct:g}/{after.total}), within chance: the 95% interval of the change is {low:+.1f} to "
-            f"{high:+.1f} points (with {before.total} prompts, one prompt moves accuracy by {100 / before.total:.1f}); "
-            "more test prompts (num_test_batches) narrow it")
+    return (
+        f"accuracy fell from {before.accuracy:.1f}% ({before.correct:g}/{before.total}) to {after.accuracy:.1f}% "
+        f"({after.correct:g}/{after.total}), within chance: the 95% interval of the change is {low:+.1f} to "
+        f"{high:+.1f} points (with {before.total} prompts, one prompt moves accuracy by {100 / before.total:.1f}); "
+        "more test prompts (num_test_batches) narrow it"
+    )
 
 
 def wilson_interval(correct: float, total: int, z: float = 1.96) -> tuple[float, float]:
@@ -273,8 +287,9 @@ def accuracy_change(before: Score, after: Score) -> tuple[float, float]:
 # --- progress ----------------------------------------------------------------------------------------------
 
 
-def progress_line(scalars: Mapping[str, Sequence[tuple[int, float]]], train_steps: int, elapsed_seconds: float,
-                  resumed_from: int = 0) -> str:
+def progress_line(
+    scalars: Mapping[str, Sequence[tuple[int, float]]], train_steps: int, elapsed_seconds: float, resumed_from: int = 0
+) -> str:
     """E.g. ``step 30/50 (60%), 1h12m elapsed, ETA 48m, reward 0.41 (+0.12 since start)``.
 
     :param elapsed_seconds: since this attempt of the trainer started; it began at step ``resumed_from``
@@ -317,8 +332,9 @@ def cost_line(hours: float, price_per_chip_hour: float) -> str:
     """E.g. ``133.3 chip-hours, about $359.91 at $2.70 per chip-hour``; a price of 0 shows the hours only."""
     if not price_per_chip_hour:
         return f"{hours:.1f} chip-hours (no price: tpu_price_per_chip_hour is 0)"
-    return (f"{hours:.1f} chip-hours, about ${hours * price_per_chip_hour:,.2f} at ${price_per_chip_hour:.2f} "
-            "per chip-hour")
+    return (
+        f"{hours:.1f} chip-hours, about ${hours * price_per_chip_hour:,.2f} at ${price_per_chip_hour:.2f} per chip-hour"
+    )
 
 
 def tpu_cost(slices: Sequence[Mapping[str, str]], config: RunConfig) -> dict[str, Any]:
@@ -327,32 +343,50 @@ def tpu_cost(slices: Sequence[Mapping[str, str]], config: RunConfig) -> dict[str
     spans = [(datetime.fromisoformat(s["nodes_from"]), datetime.fromisoformat(s["nodes_gone"])) for s in slices]
     hours = chip_hours(spans, config.slice.chips)
     price = config.tpu_price_per_chip_hour
-    return {"chip_hours": round(hours, 3), "cost_usd": round(hours * price, 2), "price_per_chip_hour": price,
-            "slices": [dict(s) for s in slices]}
+    return {
+        "chip_hours": round(hours, 3),
+        "cost_usd": round(hours * price, 2),
+        "price_per_chip_hour": price,
+        "slices": [dict(s) for s in slices],
+    }
 
 
 def describe_cost(cost: Mapping[str, Any] | None, config: RunConfig) -> str:
     """The TPU cost line of a run; a slice the run did not create is not its to count."""
     if not config.tpu_pools_per_run:
-        return (f"not counted: tpu_pool_mode is '{config.tpu_pool_mode}', the slice is not this run's (it is "
-                "billed while it exists, whoever uses it)")
+        return (
+            f"not counted: tpu_pool_mode is '{config.tpu_pool_mode}', the slice is not this run's (it is "
+            "billed while it exists, whoever uses it)"
+        )
     if cost is None:
         return "unknown: delete_tpu_pools recorded no slice times"
     return f"{cost_line(cost['chip_hours'], cost['price_per_chip_hour'])}, {len(cost['slices'])} slice(s)"
 
 
-def run_summary(*, final_step: int | None, evaluation: Evaluation | None, cost: Mapping[str, Any] | None,
-                model_uri: str | None, config: RunConfig, preemptions: str = "none") -> str:
+def run_summary(
+    *,
+    final_step: int | None,
+    evaluation: Evaluation | None,
+    cost: Mapping[str, Any] | None,
+    model_uri: str | None,
+    config: RunConfig,
+    preemptions: str = "none",
+) -> str:
     """The block the run's last task prints: where training ended, what it did to the model, what the TPUs
     cost and where the model is."""
     if config.evaluation_batches and evaluation is not None:
-        figures = [f"before {evaluation.before.describe() if evaluation.before else 'not logged'}",
-                   f"after  {evaluation.after.describe() if evaluation.after else 'not logged'}"]
+        figures = [
+            f"before {evaluation.before.describe() if evaluation.before else 'not logged'}",
+            f"after  {evaluation.after.describe() if evaluation.after else 'not logged'}",
+        ]
     else:
         figures = [describe_evaluation(evaluation, config)]
-    lines = [f"final step   {final_step if final_step is not None else 'unknown'}/{config.train_steps}",
-             f"evaluation   {figures[0]}", *(f"             {line}" for line in figures[1:]),
-             f"TPU          {describe_cost(cost, config)}",
-             f"preemptions  {preemptions}",
-             f"model        {model_uri or 'not published'}"]
+    lines = [
+        f"final step   {final_step if final_step is not None else 'unknown'}/{config.train_steps}",
+        f"evaluation   {figures[0]}",
+        *(f"             {line}" for line in figures[1:]),
+        f"TPU          {describe_cost(cost, config)}",
+        f"preemptions  {preemptions}",
+        f"model        {model_uri or 'not published'}",
+    ]
     return "\n".join(["Run summary", *(f"  {line}" for line in lines)])

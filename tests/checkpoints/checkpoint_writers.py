@@ -35,11 +35,15 @@ def write_orbax_step(bucket, step_prefix: str, items=("items",), *, commit=True,
             put(bucket, f"{step_prefix}{item}/{leaf}/0.0", bytes(32))
         put(bucket, f"{step_prefix}{item}/_sharding", {})
         put(bucket, f"{step_prefix}{item}/_METADATA", {"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False})
-    put(bucket, f"{step_prefix}_CHECKPOINT_METADATA", {
-        "init_timestamp_nsecs": 1,
-        "commit_timestamp_nsecs": 2 if commit else None,
-        "custom_metadata": custom or {},
-    })
+    put(
+        bucket,
+        f"{step_prefix}_CHECKPOINT_METADATA",
+        {
+            "init_timestamp_nsecs": 1,
+            "commit_timestamp_nsecs": 2 if commit else None,
+            "custom_metadata": custom or {},
+        },
+    )
     if commit:
         put(bucket, f"{step_prefix}commit_success.txt", "Checkpoint commit was successful")
 

@@ -33,8 +33,21 @@ def gcs_emulator(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     with open(workdir / "server.log", "wb") as log:
         server = subprocess.Popen(
-            [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-             "-backend", "memory", "-external-url", url, "-log-level", "warn"],
+            [
+                str(_get_binary_path()),
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(port),
+                "-backend",
+                "memory",
+                "-external-url",
+                url,
+                "-log-level",
+                "warn",
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -26,9 +26,15 @@ DAG_ID = "maxtext_rl_tpu"
 def run_conf(bucket_name: str, **changes: Any) -> dict[str, Any]:
     """The simulation's conf (an existing cluster through a Kubernetes connection) on the test's bucket."""
     return {
-        "project": "tpu-rl-sim", "region": "us-east5", "zone": "us-east5-b", "cluster_name": "tpu-rl-sim",
-        "gcs_bucket": bucket_name, "cluster_mode": "existing", "kubernetes_conn_id": "tpu_rl_sim",
-        "tpu_pool_mode": "existing", **changes,
+        "project": "tpu-rl-sim",
+        "region": "us-east5",
+        "zone": "us-east5-b",
+        "cluster_name": "tpu-rl-sim",
+        "gcs_bucket": bucket_name,
+        "cluster_mode": "existing",
+        "kubernetes_conn_id": "tpu_rl_sim",
+        "tpu_pool_mode": "existing",
+        **changes,
     }
 
 
@@ -76,6 +82,11 @@ class InMemoryJobSets:
 def jobset_event(tracked: dict, status: str, message: str = "") -> dict[str, Any]:
     """The event ``JobSetTrigger`` fires when the JobSet ends (``success``, ``failed`` or ``deleted``)."""
     return {
-        "name": tracked["name"], "namespace": tracked["namespace"], "uid": tracked["uid"], "status": status,
-        "message": message or f"JobSet {tracked['name']} {status}", "log_tail": [], "restarts": 0,
+        "name": tracked["name"],
+        "namespace": tracked["namespace"],
+        "uid": tracked["uid"],
+        "status": status,
+        "message": message or f"JobSet {tracked['name']} {status}",
+        "log_tail": [],
+        "restarts": 0,
     }

@@ -49,8 +49,9 @@ async def run_sensor(sensor, expect_deferral=None):
 
 
 def converted_sensor(bucket, **kwargs):
-    return OrbaxCheckpointSensor(task_id="verify_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/", timeout=0,
-                                 **kwargs)
+    return OrbaxCheckpointSensor(
+        task_id="verify_converted", bucket=bucket.name, prefix=f"{CONVERTED}0/", timeout=0, **kwargs
+    )
 
 
 def training_sensor(bucket, train_steps=50, checkpoint_period=20):
@@ -260,8 +261,10 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
     from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
 
     def line(when, correct):
-        return (f"{when} RL Training: corr={correct}, total=20, accuracy={correct * 5:.1f}%, partial_accuracy=50.0%, "
-                f"format_accuracy=95.0%, mean_reward=0.5000")
+        return (
+            f"{when} RL Training: corr={correct}, total=20, accuracy={correct * 5:.1f}%, partial_accuracy=50.0%, "
+            f"format_accuracy=95.0%, mean_reward=0.5000"
+        )
 
     ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00", "train_rl")
     ctx = task_context(ti, {**TUTORIAL_CONF, "gcs_bucket": bucket.name})
@@ -271,8 +274,17 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
 
     # The first attempt crashed after its Pre line (8/20); the retry resumed and evaluated its checkpoint (11/20).
     with pytest.raises(JobSetFailedError):  # retried by Airflow
-        train.execute_complete(ctx, {"status": "failed", "message": "exited 3", "evaluation_lines": [line("Pre", 8)],
-                                     "name": "j", "namespace": "default", "uid": "u"})
+        train.execute_complete(
+            ctx,
+            {
+                "status": "failed",
+                "message": "exited 3",
+                "evaluation_lines": [line("Pre", 8)],
+                "name": "j",
+                "namespace": "default",
+                "uid": "u",
+            },
+        )
     train.after_completed(ctx, {"evaluation_lines": [line("Pre", 11), line("Post", 12)]})
 
     evaluation = ti.pushed("evaluation")
@@ -287,11 +299,27 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
     record = train.bind_scope(ctx).layout.training_record_object
     put(bucket, record, {"parameters": {"num_batches": 50}})
     with pytest.raises(JobSetFailedError):
-        train.execute_complete(ctx, {"status": "failed", "message": "exited 3", "evaluation_lines": [],
-                                     "name": "j", "namespace": "default", "uid": "u"})
-    train.after_completed(ctx, {"evaluation_lines": [
-        "I1202 11:00:00.1 1 checkpoint_manager.py:293] Restored params from step: 20 in 12.345 seconds",
-        line("Pre", 11), line("Post", 12)]})
+        train.execute_complete(
+            ctx,
+            {
+                "status": "failed",
+                "message": "exited 3",
+                "evaluation_lines": [],
+                "name": "j",
+                "namespace": "default",
+                "uid": "u",
+            },
+        )
+    train.after_completed(
+        ctx,
+        {
+            "evaluation_lines": [
+                "I1202 11:00:00.1 1 checkpoint_manager.py:293] Restored params from step: 20 in 12.345 seconds",
+                line("Pre", 11),
+                line("Post", 12),
+            ]
+        },
+    )
     evaluation = ti.pushed("evaluation")
     assert evaluation["before"] is None and evaluation["after"]["correct"] == 12
     assert "evaluation_before" not in json.loads(bucket.blob(record).download_as_bytes())

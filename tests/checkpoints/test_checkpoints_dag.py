@@ -52,8 +52,10 @@ class ConversionWithoutCluster(HfToMaxTextOperator):
     def _defer(self, context, jobset):
         self.defer(
             trigger=GcsOutputTrigger(
-                self.bucket_name, OrbaxStep(prefix=layout(self.bucket_name).converted_step_prefix),
-                deadline=time.time() + 60, poll_interval=1,
+                self.bucket_name,
+                OrbaxStep(prefix=layout(self.bucket_name).converted_step_prefix),
+                deadline=time.time() + 60,
+                poll_interval=1,
             ),
             method_name="checkpoint_written",
         )
@@ -86,8 +88,12 @@ def build_dag(bucket, asset):
     with DAG(dag_id=DAG_ID, schedule=None, params=run_conf(bucket.name)) as dag:
         hf_to_maxtext = ConversionWithoutCluster(task_id="hf_to_maxtext", bucket_name=bucket.name)
         verify_converted = OrbaxCheckpointSensor(
-            task_id="verify_converted", trigger_rule="none_failed", bucket=bucket.name, prefix=converted_step,
-            poke_interval=1, timeout=60,
+            task_id="verify_converted",
+            trigger_rule="none_failed",
+            bucket=bucket.name,
+            prefix=converted_step,
+            poke_interval=1,
+            timeout=60,
         )
 
         @task
@@ -99,13 +105,21 @@ def build_dag(bucket, asset):
 
         attempt = "ti.xcom_pull(task_ids='maxtext_to_hf', key='{}')"
         verify_export = HfExportSensor(
-            task_id="verify_export", bucket=bucket.name, prefix="{{ " + attempt.format("attempt_prefix") + " }}",
-            not_before="{{ " + attempt.format("submitted_at") + " }}", poke_interval=1, timeout=60,
+            task_id="verify_export",
+            bucket=bucket.name,
+            prefix="{{ " + attempt.format("attempt_prefix") + " }}",
+            not_before="{{ " + attempt.format("submitted_at") + " }}",
+            poke_interval=1,
+            timeout=60,
         )
         publish = PublishHfExportOperator(
-            task_id="publish_export", bucket=bucket.name,
+            task_id="publish_export",
+            bucket=bucket.name,
             source_prefix="{{ " + attempt.format("attempt_prefix") + " }}",
-            destination_prefix=FINAL, asset=asset, final_step="50", source_run=f"gs://{bucket.name}/m/trained/run/",
+            destination_prefix=FINAL,
+            asset=asset,
+            final_step="50",
+            source_run=f"gs://{bucket.name}/m/trained/run/",
         )
         hf_to_maxtext >> verify_converted >> maxtext_to_hf() >> verify_export >> publish
         publish >> EmptyOperator(task_id="done")
@@ -143,9 +157,15 @@ def test_second_run_skips_the_conversion_and_each_publish_emits_an_asset_event(b
     assert bucket.get_blob(layout(bucket.name).conversion_lock_object) is None
     with create_session() as session:
         events = (
-            session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-            .filter(AssetModel.name == asset.name).all()
+            session.query(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .filter(AssetModel.name == asset.name)
+            .all()
         )
         extras = [json.loads(e.extra) if isinstance(e.extra, str) else e.extra for e in events]
     assert len(extras) == 2
-    assert extras[0] == {"uri": f"gs://{bucket.name}/{FINAL}", "final_step": 50, "source_run": f"gs://{bucket.name}/m/trained/run/"}
+    assert extras[0] == {
+        "uri": f"gs://{bucket.name}/{FINAL}",
+        "final_step": 50,
+        "source_run": f"gs://{bucket.name}/m/trained/run/",
+    }

@@ -41,8 +41,9 @@ class Run:
     def __init__(self, bucket, run_id: str, cluster: InMemoryJobSets, try_number: int = 1) -> None:
         self.bucket, self.cluster = bucket, cluster
         self.context = context(bucket.name, run_id, "hf_to_maxtext", try_number)
-        self.op = HfToMaxTextOperator(task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4),
-                                      lock_poll_interval=0.2)
+        self.op = HfToMaxTextOperator(
+            task_id="hf_to_maxtext", execution_timeout=timedelta(hours=4), lock_poll_interval=0.2
+        )
         self.op.hook = cluster  # The JobSetOperator's hook, replaced by the in-memory API (see the module doc).
 
     def execute(self) -> TaskDeferred:
@@ -77,7 +78,10 @@ async def test_two_runs_at_once_convert_once_and_the_second_skips(bucket):
     assert isinstance(a_deferred.trigger, JobSetTrigger)
     holder = lock_holder(bucket)
     assert {k: holder[k] for k in ("dag_id", "run_id", "task_id", "try_number")} == {
-        "dag_id": "maxtext_rl_tpu", "run_id": RUN_A, "task_id": "hf_to_maxtext", "try_number": 1
+        "dag_id": "maxtext_rl_tpu",
+        "run_id": RUN_A,
+        "task_id": "hf_to_maxtext",
+        "try_number": 1,
     }
     assert holder["stale_after_seconds"] == 4 * 3600 + 30 * 60 and holder["created"]
 
@@ -126,8 +130,18 @@ async def test_a_failed_conversion_releases_the_lock_and_the_waiting_run_convert
 
 async def test_a_stale_lock_is_taken_over(bucket, capfd):
     lock = layout(bucket.name).conversion_lock_object
-    put(bucket, lock, {"dag_id": "maxtext_rl_tpu", "run_id": "crashed-run", "task_id": "hf_to_maxtext",
-                       "try_number": 3, "created": "2026-11-29T09:00:00+00:00", "stale_after_seconds": 2})
+    put(
+        bucket,
+        lock,
+        {
+            "dag_id": "maxtext_rl_tpu",
+            "run_id": "crashed-run",
+            "task_id": "hf_to_maxtext",
+            "try_number": 3,
+            "created": "2026-11-29T09:00:00+00:00",
+            "stale_after_seconds": 2,
+        },
+    )
     b = Run(bucket, RUN_B, InMemoryJobSets())
     b_deferred = await asyncio.to_thread(b.execute)  # Fresh for two more seconds: wait.
     started = time.monotonic()

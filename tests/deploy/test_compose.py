@@ -57,10 +57,19 @@ def _under_read_only_mount(service: str, path: str) -> bool:
 
 
 def test_the_official_services_are_all_there():
-    expected = {"postgres", "redis", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
-                "airflow-worker", "airflow-triggerer", "airflow-init"}
-    assert expected <= set(SERVICES), (f"missing: {expected - set(SERVICES)} "
-                                       "(no triggerer = deferred tasks never resume)")
+    expected = {
+        "postgres",
+        "redis",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-worker",
+        "airflow-triggerer",
+        "airflow-init",
+    }
+    assert expected <= set(SERVICES), (
+        f"missing: {expected - set(SERVICES)} (no triggerer = deferred tasks never resume)"
+    )
 
 
 @pytest.mark.parametrize("service", AIRFLOW)
@@ -99,19 +108,31 @@ def test_celery_with_redis_broker_and_postgres_backends():
     broker = urlsplit(env["AIRFLOW__CELERY__BROKER_URL"])
     assert (broker.scheme, broker.hostname) == ("redis", "redis")
     pg = _env("postgres")
-    for key, scheme in (("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql+psycopg2"),
-                        ("AIRFLOW__CELERY__RESULT_BACKEND", "db+postgresql")):
+    for key, scheme in (
+        ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql+psycopg2"),
+        ("AIRFLOW__CELERY__RESULT_BACKEND", "db+postgresql"),
+    ):
         url = urlsplit(env[key])
         # Wrong credentials or database name: airflow-init fails its migration and nothing starts.
         assert (url.scheme, url.hostname, url.username, url.password, url.path.lstrip("/")) == (
-            scheme, "postgres", pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], pg["POSTGRES_DB"]), key
+            scheme,
+            "postgres",
+            pg["POSTGRES_USER"],
+            pg["POSTGRES_PASSWORD"],
+            pg["POSTGRES_DB"],
+        ), key
 
 
 def test_every_component_shares_the_configuration():
     """Same executor, database, broker and JWT secret everywhere: a component with a different JWT secret
     rejects the task tokens the scheduler signs."""
-    keys = ("AIRFLOW__CORE__EXECUTOR", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__BROKER_URL",
-            "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL")
+    keys = (
+        "AIRFLOW__CORE__EXECUTOR",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+        "AIRFLOW__CELERY__BROKER_URL",
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+    )
     assert len({tuple(_env(s)[k] for k in keys) for s in AIRFLOW}) == 1
     api = urlsplit(_env("airflow-worker")["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
     assert api.hostname == "airflow-apiserver" and api.path == "/execution/"

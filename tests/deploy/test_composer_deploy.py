@@ -26,17 +26,28 @@ _spec.loader.exec_module(deploy)
 PROGRAMS = "dags/maxtext_rl_tpu_programs.yaml"
 # What earlier deploys of this package left: a DAG file (in its manifest), the package and its plugin in
 # plugins/ (before the package was a distribution), an example under data/tpu_rl/.
-STALE = ["dags/old_dag.py", "plugins/tpu_rl/removed.py", "plugins/tpu_rl/config.py", "plugins/tpu_rl_run_view.py",
-         "data/tpu_rl/include/examples/old.json"]
+STALE = [
+    "dags/old_dag.py",
+    "plugins/tpu_rl/removed.py",
+    "plugins/tpu_rl/config.py",
+    "plugins/tpu_rl_run_view.py",
+    "data/tpu_rl/include/examples/old.json",
+]
 # Objects the deploy must leave alone in a shared environment: Composer's liveness DAG, other teams' DAGs,
 # plugins and data.
-FOREIGN = ["dags/airflow_monitoring.py", "dags/other_team_dag.py", "plugins/other_team/hooks.py",
-           "data/run-output/metrics.json", "data/include/other_team.json"]
+FOREIGN = [
+    "dags/airflow_monitoring.py",
+    "dags/other_team_dag.py",
+    "plugins/other_team/hooks.py",
+    "data/run-output/metrics.json",
+    "data/include/other_team.json",
+]
 OTHER_PIP_CONF = "[global]\nextra-index-url = https://europe-python.pkg.dev/other/team/simple/\ntimeout = 60\n"
 
 
 def test_a_project_of_the_same_name_on_pypi_stops_the_deploy_before_it_uploads(
-        gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path):
+    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path
+):
     """pip prefers no index over another: with the repository as an extra index, PyPI's tpu-rl could be installed."""
     url, packages = python_repository
     shutil.copy(deploy.wheel_path(), public_index[1])
@@ -62,7 +73,8 @@ def _prefill(bucket) -> None:
     for name in STALE + FOREIGN:
         bucket.blob(name).upload_from_string(b"# left over from an earlier deploy\n")
     bucket.blob("data/tpu_rl/deployed.json").upload_from_string(
-        json.dumps(["dags/old_dag.py", "plugins/tpu_rl_run_view.py"]))  # an earlier deploy's manifest
+        json.dumps(["dags/old_dag.py", "plugins/tpu_rl_run_view.py"])
+    )  # an earlier deploy's manifest
 
 
 def _names(client, bucket) -> set[str]:
@@ -71,8 +83,13 @@ def _names(client, bucket) -> set[str]:
 
 def _expected(repo: Path) -> set[str]:
     """Written from Composer's folders, not from the script: the DAG files, the programs beside them, the manifest."""
-    return {"dags/maxtext_rl_tpu.py", "dags/maxtext_rl_tpu_programs.py", "dags/maxtext_rl_tpu_reaper.py", PROGRAMS,
-            "data/tpu_rl/deployed.json"}
+    return {
+        "dags/maxtext_rl_tpu.py",
+        "dags/maxtext_rl_tpu_programs.py",
+        "dags/maxtext_rl_tpu_reaper.py",
+        PROGRAMS,
+        "data/tpu_rl/deployed.json",
+    }
 
 
 def test_deploy_gives_the_layout_composer_serves(gcs_client, composer_bucket, checkout, tmp_path):
@@ -83,19 +100,23 @@ def test_deploy_gives_the_layout_composer_serves(gcs_client, composer_bucket, ch
     assert _names(gcs_client, composer_bucket) == _expected(checkout) | set(FOREIGN)
     assert sorted(result.deleted) == sorted(STALE)
     manifest = json.loads(composer_bucket.blob("data/tpu_rl/deployed.json").download_as_text())
-    assert (manifest["version"] == "1.0.0"
-            and set(manifest["objects"]) == _expected(checkout) - {"data/tpu_rl/deployed.json"})
+    assert manifest["version"] == "1.0.0" and set(manifest["objects"]) == _expected(checkout) - {
+        "data/tpu_rl/deployed.json"
+    }
 
     # What Composer's DAG processor sees: dags/ alone parses into the package's DAGs and the programs'.
     dags = tmp_path / "home-airflow-gcs" / "dags"
     for name in _names(gcs_client, composer_bucket):
-        if name.startswith("dags/") and name not in {f"dags/{n}" for n in ("airflow_monitoring.py",
-                                                                           "other_team_dag.py")}:
+        if name.startswith("dags/") and name not in {
+            f"dags/{n}" for n in ("airflow_monitoring.py", "other_team_dag.py")
+        }:
             target = dags.parent / name
             target.parent.mkdir(parents=True, exist_ok=True)
             composer_bucket.blob(name).download_to_filename(str(target))
-    probe = ("import sys\nfrom airflow.dag_processing.dagbag import DagBag\nbag = DagBag(dag_folder=sys.argv[1])\n"
-             "assert not bag.import_errors, bag.import_errors\nprint(sorted(bag.dag_ids))")
+    probe = (
+        "import sys\nfrom airflow.dag_processing.dagbag import DagBag\nbag = DagBag(dag_folder=sys.argv[1])\n"
+        "assert not bag.import_errors, bag.import_errors\nprint(sorted(bag.dag_ids))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TPU_RL_PROGRAMS"}
     out = subprocess.run([sys.executable, "-c", probe, str(dags)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -139,8 +160,9 @@ def test_a_programs_file_someone_else_wrote_is_never_taken_over(gcs_client, comp
     assert composer_bucket.blob(PROGRAMS).download_as_bytes() == b"programs: {}\n"
 
 
-def test_a_deploy_killed_half_way_leaves_nothing_a_later_deploy_does_not_own(gcs_client, composer_bucket, checkout,
-                                                                            monkeypatch):
+def test_a_deploy_killed_half_way_leaves_nothing_a_later_deploy_does_not_own(
+    gcs_client, composer_bucket, checkout, monkeypatch
+):
     from google.cloud.storage import Blob
 
     (checkout / "dags/new_dag.py").write_text("# a DAG file added in this change\n")
@@ -169,7 +191,9 @@ def test_the_pip_configuration_keeps_what_other_teams_configured():
     config = configparser.ConfigParser()
     config.read_string(merged)
     assert config.get("global", "extra-index-url").split() == [
-        "https://europe-python.pkg.dev/other/team/simple/", "https://us-east5-python.pkg.dev/p/rl/simple/"]
+        "https://europe-python.pkg.dev/other/team/simple/",
+        "https://us-east5-python.pkg.dev/p/rl/simple/",
+    ]
     assert config.get("global", "timeout") == "60"
     assert deploy.merged_pip_conf(merged, "https://us-east5-python.pkg.dev/p/rl/simple/") == merged
 
@@ -183,23 +207,43 @@ def _fake_gcloud(directory: Path, bucket: str, pypi: dict[str, str]) -> Path:
     """A stand-in for the gcloud CLI only (the bucket is the GCS emulator, the repository pypiserver): it
     answers the describes (the repository does not exist yet) and logs every call."""
     log = directory / "gcloud.log"
-    describe = json.dumps({"config": {"dagGcsPrefix": f"gs://{bucket}/dags", "softwareConfig": {"pypiPackages": pypi},
-                                      "nodeConfig": {"serviceAccount": "composer-rl@p1.iam.gserviceaccount.com"}}})
+    describe = json.dumps(
+        {
+            "config": {
+                "dagGcsPrefix": f"gs://{bucket}/dags",
+                "softwareConfig": {"pypiPackages": pypi},
+                "nodeConfig": {"serviceAccount": "composer-rl@p1.iam.gserviceaccount.com"},
+            }
+        }
+    )
     script = directory / "gcloud"
-    script.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$1 $2 $3\" in\n"
-                      f"  'composer environments describe') echo '{describe}';;\n"
-                      "  'artifacts repositories describe') exit 1;;\nesac\n")
+    script.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\ncase "$1 $2 $3" in\n'
+        f"  'composer environments describe') echo '{describe}';;\n"
+        "  'artifacts repositories describe') exit 1;;\nesac\n"
+    )
     script.chmod(0o755)
     return log
 
 
 def test_deploy_uploads_the_wheel_configures_pip_then_updates_the_package_then_the_dags(
-        gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path):
+    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path
+):
     url, packages = python_repository
     composer_bucket.blob(deploy.PIP_CONF).upload_from_string(OTHER_PIP_CONF)
     log = _fake_gcloud(tmp_path, composer_bucket.name, {"other-teams-package": "==1.2"})
-    args = ["--env", "rl-env", "--location", "us-east5", "--project", "p1", "--repository", "rl-packages",
-            "--repository-url", url]
+    args = [
+        "--env",
+        "rl-env",
+        "--location",
+        "us-east5",
+        "--project",
+        "p1",
+        "--repository",
+        "rl-packages",
+        "--repository-url",
+        url,
+    ]
 
     _main_with_path(monkeypatch, tmp_path, *args)
 
@@ -235,33 +279,52 @@ def test_deploy_uploads_the_wheel_configures_pip_then_updates_the_package_then_t
         deploy.main(args)
 
 
-def test_dry_run_prints_every_step_and_changes_nothing(gcs_client, composer_bucket, python_repository, public_index,
-                                                      monkeypatch, capsys, tmp_path):
+def test_dry_run_prints_every_step_and_changes_nothing(
+    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path
+):
     url, packages = python_repository
     _prefill(composer_bucket)
     before = {b.name: b.md5_hash for b in gcs_client.list_blobs(composer_bucket)}
     monkeypatch.setenv("PATH", str(tmp_path))  # no gcloud: a dry run given the bucket needs none
 
-    deploy.main(["--env", "rl-env", "--location", "us-east5", "--project", "p1", "--repository", "rl-packages",
-                 "--bucket", composer_bucket.name, "--service-account", "sa@p1.iam.gserviceaccount.com", "--dry-run"])
+    deploy.main(
+        [
+            "--env",
+            "rl-env",
+            "--location",
+            "us-east5",
+            "--project",
+            "p1",
+            "--repository",
+            "rl-packages",
+            "--bucket",
+            composer_bucket.name,
+            "--service-account",
+            "sa@p1.iam.gserviceaccount.com",
+            "--dry-run",
+        ]
+    )
 
     out = capsys.readouterr().out
-    for step in ("would run: gcloud artifacts repositories create rl-packages --repository-format=python",
-                 "would run: gcloud artifacts repositories add-iam-policy-binding rl-packages",
-                 "--role=roles/artifactregistry.reader",
-                 "twine upload --non-interactive --repository-url https://us-east5-python.pkg.dev/p1/rl-packages/",
-                 f"would write gs://{composer_bucket.name}/config/pip/pip.conf",
-                 "extra-index-url = https://us-east5-python.pkg.dev/p1/rl-packages/simple/",
-                 f"--update-pypi-package=tpu-rl=={deploy.version()}",
-                 f"would upload gs://{composer_bucket.name}/dags/maxtext_rl_tpu.py",
-                 f"would delete gs://{composer_bucket.name}/plugins/tpu_rl/removed.py"):
+    for step in (
+        "would run: gcloud artifacts repositories create rl-packages --repository-format=python",
+        "would run: gcloud artifacts repositories add-iam-policy-binding rl-packages",
+        "--role=roles/artifactregistry.reader",
+        "twine upload --non-interactive --repository-url https://us-east5-python.pkg.dev/p1/rl-packages/",
+        f"would write gs://{composer_bucket.name}/config/pip/pip.conf",
+        "extra-index-url = https://us-east5-python.pkg.dev/p1/rl-packages/simple/",
+        f"--update-pypi-package=tpu-rl=={deploy.version()}",
+        f"would upload gs://{composer_bucket.name}/dags/maxtext_rl_tpu.py",
+        f"would delete gs://{composer_bucket.name}/plugins/tpu_rl/removed.py",
+    ):
         assert step in out, step
     assert {b.name: b.md5_hash for b in gcs_client.list_blobs(composer_bucket)} == before
     assert not list(packages.iterdir())
 
 
 def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_trigger(
-        gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path):
+    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path
+):
     """As Composer builds its image: pip with the environment's pip.conf (PyPI, plus the repository as an extra
     index) installs tpu-rl==VERSION into an environment pinned like composer-3-airflow-3.1.7 (constraints-af31.txt),
     and the result imports every trigger of the package from its serialised classpath."""
@@ -273,26 +336,48 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
     venv = tmp_path / "composer-image"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "HOME": str(Path.home()), "PIP_CONFIG_FILE": str(pip_conf)}
-    install = subprocess.run([f"{venv}/bin/pip", "install", "-q", "-c", str(REPO / "constraints-af31.txt"),
-                              f"tpu-rl=={deploy.version()}"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    install = subprocess.run(
+        [f"{venv}/bin/pip", "install", "-q", "-c", str(REPO / "constraints-af31.txt"), f"tpu-rl=={deploy.version()}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
 
     from tpu_rl_testing import TRIGGER_IMPORT_PROBE
 
     # As a worker of that environment serialises each trigger (its provider versions decide the keywords) ...
-    serialize = ("import json, sys; sys.path.insert(0, sys.argv[1]); from tpu_rl_testing import trigger_samples; "
-                 "print(json.dumps([list(t.serialize()) for t in trigger_samples()]))")
-    worker = subprocess.run([f"{venv}/bin/python", "-c", serialize, str(REPO / "tests")], capture_output=True,
-                            text=True, env=env, cwd=tmp_path)
+    serialize = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from tpu_rl_testing import trigger_samples; "
+        "print(json.dumps([list(t.serialize()) for t in trigger_samples()]))"
+    )
+    worker = subprocess.run(
+        [f"{venv}/bin/python", "-c", serialize, str(REPO / "tests")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert worker.returncode == 0, worker.stderr[-3000:]
     # ... and its triggerer, with nothing of this repository on its path, imports and rebuilds them.
-    probe = subprocess.run([f"{venv}/bin/python", "-I", "-c", TRIGGER_IMPORT_PROBE],
-                           input=worker.stdout.strip().splitlines()[-1], capture_output=True, text=True,
-                           env=env, cwd=tmp_path)
+    probe = subprocess.run(
+        [f"{venv}/bin/python", "-I", "-c", TRIGGER_IMPORT_PROBE],
+        input=worker.stdout.strip().splitlines()[-1],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert probe.returncode == 0, probe.stderr[-3000:]
     files = json.loads(probe.stdout.strip().splitlines()[-1])["files"]
     assert files and all(f.startswith(f"{venv}/lib/") for f in files)
-    versions = subprocess.run([f"{venv}/bin/python", "-c",
-                               "import airflow, tpu_rl; print(airflow.__version__, tpu_rl.__version__)"],
-                              capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout.split()
+    versions = subprocess.run(
+        [f"{venv}/bin/python", "-c", "import airflow, tpu_rl; print(airflow.__version__, tpu_rl.__version__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    ).stdout.split()
     assert versions == ["3.1.7", deploy.version()]

@@ -61,8 +61,9 @@ class AirflowStack(LocalAirflow):
         command = ["scripts/airflow-stack.sh", *args]
         if background:
             with open(log or os.devnull, "w") as out:
-                return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                return subprocess.Popen(
+                    command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
         return _run(shlex.join(command), env=env)
 
     def wait_for_healthy_dag(self, dag_id: str, timeout: float = 180) -> None:
@@ -160,8 +161,9 @@ def gcs():
     from google.cloud import storage
 
     endpoint = read_env(REPO / ".sim/airflow.env")["STORAGE_EMULATOR_HOST"]
-    return storage.Client(project="tpu-rl-sim", credentials=AnonymousCredentials(),
-                          client_options={"api_endpoint": endpoint})
+    return storage.Client(
+        project="tpu-rl-sim", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint}
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -248,17 +250,30 @@ def training_runs(airflow_stack):
     run_ids = {name: f"e2e__metrics_{name}__{suffix}" for name in scenarios}
     api, rule, trains = faults.core_api(), f"e2e-metrics-regression-{suffix}", f"e2e-metrics-trains-{suffix}"
     regressed = RunIdentity(DAG_ID, run_ids["regressed"])
-    faults.set_fault(api, rule, stage="train_rl", maxtext_fault="eval-regression",
-                     prefix=regressed.jobset_name(SIM_CONF.get("workload_prefix", "qwen"), "train"))
+    faults.set_fault(
+        api,
+        rule,
+        stage="train_rl",
+        maxtext_fault="eval-regression",
+        prefix=regressed.jobset_name(SIM_CONF.get("workload_prefix", "qwen"), "train"),
+    )
     # The trained run's trainer trains long enough for a progress line (one a minute) while its event file grows.
-    faults.set_fault(api, trains, stage="train_rl", run_seconds=TRAINED_SECONDS,
-                     prefix=RunIdentity(DAG_ID, run_ids["trained"]).jobset_name(
-                         SIM_CREATE_CONF.get("workload_prefix", "qwen"), "train"))
+    faults.set_fault(
+        api,
+        trains,
+        stage="train_rl",
+        run_seconds=TRAINED_SECONDS,
+        prefix=RunIdentity(DAG_ID, run_ids["trained"]).jobset_name(
+            SIM_CREATE_CONF.get("workload_prefix", "qwen"), "train"
+        ),
+    )
     try:
         for name, conf in scenarios.items():
             airflow_stack.trigger(DAG_ID, conf, run_id=run_ids[name])
-        yield {name: (run_ids[name], scenarios[name], airflow_stack.wait_for_run(DAG_ID, run_ids[name], 1200))
-               for name in scenarios}
+        yield {
+            name: (run_ids[name], scenarios[name], airflow_stack.wait_for_run(DAG_ID, run_ids[name], 1200))
+            for name in scenarios
+        }
     finally:
         faults.clear_faults(api, rule)
         faults.clear_faults(api, trains)

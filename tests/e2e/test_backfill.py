@@ -60,9 +60,22 @@ def interval_run(day: datetime) -> RunIdentity:
 
 def backfill(airflow, reprocess: str) -> dict:
     first, last = days()[0], days()[-1]
-    stack_cli("backfill", "create", "--dag-id", PROGRAM, "--from-date", f"{first:%Y-%m-%d}", "--to-date",
-              f"{last:%Y-%m-%d}", "--max-active-runs", "3", "--reprocess-behavior", reprocess,
-              "--dag-run-conf", json.dumps(CONF))
+    stack_cli(
+        "backfill",
+        "create",
+        "--dag-id",
+        PROGRAM,
+        "--from-date",
+        f"{first:%Y-%m-%d}",
+        "--to-date",
+        f"{last:%Y-%m-%d}",
+        "--max-active-runs",
+        "3",
+        "--reprocess-behavior",
+        reprocess,
+        "--dag-run-conf",
+        json.dumps(CONF),
+    )
     backfills = airflow.request("GET", f"/api/v2/backfills?dag_id={PROGRAM}&limit=100")["backfills"]
     return max(backfills, key=lambda b: b["id"])
 
@@ -87,8 +100,10 @@ def assert_trained_on_its_slice(airflow, run_id: str, tasks: dict, day: datetime
 
 def slice_span(tasks: dict) -> tuple[datetime, datetime]:
     """From the capacity taken (create_tpu_pools starts) to the slice deleted (delete_tpu_pools ends)."""
-    return (datetime.fromisoformat(tasks["create_tpu_pools"]["start_date"]),
-            datetime.fromisoformat(tasks["delete_tpu_pools"]["end_date"]))
+    return (
+        datetime.fromisoformat(tasks["create_tpu_pools"]["start_date"]),
+        datetime.fromisoformat(tasks["delete_tpu_pools"]["end_date"]),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -100,8 +115,9 @@ def program_backfill(airflow_stack):
         airflow.request("DELETE", f"/api/v2/dags/{PROGRAM}/dagRuns/{run['dag_run_id']}")  # an earlier session's
     api = faults.core_api()
     crashing = interval_run(days()[FAILING]).jobset_name("qwen", "train")
-    faults.set_fault(api, f"e2e-backfill-{TOKEN}", prefix=crashing, stage="train_rl",
-                     maxtext_fault="crash-at-step=3", exit_code=3)
+    faults.set_fault(
+        api, f"e2e-backfill-{TOKEN}", prefix=crashing, stage="train_rl", maxtext_fault="crash-at-step=3", exit_code=3
+    )
     created = backfill(airflow, "none")
     airflow.unpause(PROGRAM)
     yield created
@@ -141,8 +157,11 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
             assert_trained_on_its_slice(airflow, runs[day]["dag_run_id"], tasks[day], day)
     events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
     ours = f"gs://{CONF['gcs_bucket']}/"  # (a reused stack keeps earlier sessions' events)
-    extras = {e["extra"]["data_interval_start"]: e["extra"] for e in events
-              if e["source_dag_id"] == PROGRAM and e["extra"]["uri"].startswith(ours)}
+    extras = {
+        e["extra"]["data_interval_start"]: e["extra"]
+        for e in events
+        if e["source_dag_id"] == PROGRAM and e["extra"]["uri"].startswith(ours)
+    }
     for day in days():
         if day == failing:
             assert day.isoformat() not in extras
@@ -151,12 +170,19 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
         assert interval_run(day).slug in published and extras[day.isoformat()]["uri"] == published
 
     # The shared cluster: created by one run, kept while others held it, deleted by the last to leave.
-    creates = [op for op in gke.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
-               if op.operation_type.name == "CREATE_CLUSTER" and op.target_link.endswith(f"/clusters/{CLUSTER}")]
+    creates = [
+        op
+        for op in gke.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
+        if op.operation_type.name == "CREATE_CLUSTER" and op.target_link.endswith(f"/clusters/{CLUSTER}")
+    ]
     assert len(creates) == 1
     assert cluster_or_none(gke, CLUSTER) is None
-    leaving = {day: airflow.task_log(PROGRAM, runs[day]["dag_run_id"], "delete_cluster",
-                                     tasks[day]["delete_cluster"]["try_number"]) for day in days()}
+    leaving = {
+        day: airflow.task_log(
+            PROGRAM, runs[day]["dag_run_id"], "delete_cluster", tasks[day]["delete_cluster"]["try_number"]
+        )
+        for day in days()
+    }
     # (only this cluster's lines: a reused stack appends a rerun's logs to an earlier session's file)
     assert sum(f"shared cluster {CLUSTER}'s lease" in log for log in leaving.values()) == 1, leaving
     assert sum(f"Shared cluster {CLUSTER} stays" in log for log in leaving.values()) == 2, leaving
@@ -165,7 +191,7 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     # runs that interval only, and its training resumes from step 2.
     actor = f"qwen3-30b-a3b/trained/{interval_run(failing).slug}/rl/checkpoints/actor/"
     bucket = CONF["gcs_bucket"]
-    assert "2/commit_success.txt" in {b.name[len(actor):] for b in gcs.list_blobs(bucket, prefix=actor)}
+    assert "2/commit_success.txt" in {b.name[len(actor) :] for b in gcs.list_blobs(bucket, prefix=actor)}
     faults.clear_faults(faults.core_api(), f"e2e-backfill-{TOKEN}")
     second = backfill(airflow, "failed")
     redone = airflow.request("GET", f"/api/v2/backfills/{second['id']}")
@@ -179,15 +205,20 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     log = airflow.task_log(PROGRAM, runs[failing]["dag_run_id"], "train_rl", again["train_rl"]["try_number"])
     assert "Restored params from step: 2 in " in log, log[-3000:]
     assert_trained_on_its_slice(airflow, runs[failing]["dag_run_id"], again, failing)
-    assert "4/commit_success.txt" in {b.name[len(actor):] for b in gcs.list_blobs(bucket, prefix=actor)}
+    assert "4/commit_success.txt" in {b.name[len(actor) :] for b in gcs.list_blobs(bucket, prefix=actor)}
     assert cluster_or_none(gke, CLUSTER) is None
     # The redone interval is published as its interval's model, and Airflow records both backfills done.
     published = airflow.xcom(PROGRAM, runs[failing]["dag_run_id"], "publish_export")
     events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
-    assert any(e["source_dag_id"] == PROGRAM and e["extra"]["uri"] == published
-               and e["extra"]["data_interval_start"] == failing.isoformat() for e in events)
+    assert any(
+        e["source_dag_id"] == PROGRAM
+        and e["extra"]["uri"] == published
+        and e["extra"]["data_interval_start"] == failing.isoformat()
+        for e in events
+    )
     deadline = time.monotonic() + 120
-    while not all(airflow.request("GET", f"/api/v2/backfills/{b['id']}")["completed_at"]
-                  for b in (program_backfill, second)):
+    while not all(
+        airflow.request("GET", f"/api/v2/backfills/{b['id']}")["completed_at"] for b in (program_backfill, second)
+    ):
         assert time.monotonic() < deadline, "a backfill is not marked completed 120 s after its last run ended"
         time.sleep(5)

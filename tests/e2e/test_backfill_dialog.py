@@ -60,7 +60,10 @@ def test_the_backfill_dialog_starts_a_backfill_with_one_run_per_week(airflow_sta
         assert {r["state"] for r in runs} == {"queued"}  # the program is paused: nothing runs
         # One run per week: each run's data interval is its week (the partition it will train on).
         spans = sorted((r["data_interval_start"][:16], r["data_interval_end"][:16]) for r in runs)
-        assert spans == [("2026-11-02T06:00", "2026-11-09T06:00"), ("2026-11-09T06:00", "2026-11-16T06:00"),
-                         ("2026-11-16T06:00", "2026-11-23T06:00")]
+        assert spans == [
+            ("2026-11-02T06:00", "2026-11-09T06:00"),
+            ("2026-11-09T06:00", "2026-11-16T06:00"),
+            ("2026-11-16T06:00", "2026-11-23T06:00"),
+        ]
     finally:
         airflow.request("PUT", f"/api/v2/backfills/{backfill['id']}/cancel")

@@ -33,28 +33,49 @@ def runs(airflow, gke):
     suffix = uuid.uuid4().hex[:6]
     scenarios = {
         # From nothing: cluster, JobSet, two slices (two pools), training across both.
-        "two_slices": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-new-{suffix}",
-                       "cluster_nodepool_count": 2},
+        "two_slices": {
+            **SIM_CREATE_CONF,
+            **SMALL_SLICE,
+            "cluster_name": f"e2e-new-{suffix}",
+            "cluster_nodepool_count": 2,
+        },
         # No v6e capacity in the zone when the pool is created.
         "stockout": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-stockout-{suffix}"},
         # A cluster someone else created, with a pool of theirs: adopted, used, left as it was.
         # A cluster made without the DNS endpoint's user access: the run reaches it through its IP endpoint.
-        "foreign": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-foreign-{suffix}",
-                    "control_plane_endpoint": "ip"},
+        "foreign": {
+            **SIM_CREATE_CONF,
+            **SMALL_SLICE,
+            "cluster_name": f"e2e-foreign-{suffix}",
+            "control_plane_endpoint": "ip",
+        },
     }
     # Spot capacity GKE holds back for a while (the create RUNNING while GKE retries, nothing said in the pool):
     # the run waits, deferred, within capacity_wait_minutes, then trains.
-    scenarios["spot_held"] = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-spot-{suffix}",
-                              "capacity_type": "spot", "capacity_wait_minutes": 10}
+    scenarios["spot_held"] = {
+        **SIM_CREATE_CONF,
+        **SMALL_SLICE,
+        "cluster_name": f"e2e-spot-{suffix}",
+        "capacity_type": "spot",
+        "capacity_wait_minutes": 10,
+    }
     # A flex-start pool is created empty; the slice comes later (the autoscaler's provisioning), then trains.
-    scenarios["flex_start"] = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-flex-{suffix}",
-                               "capacity_type": "flex_start"}
+    scenarios["flex_start"] = {
+        **SIM_CREATE_CONF,
+        **SMALL_SLICE,
+        "cluster_name": f"e2e-flex-{suffix}",
+        "capacity_type": "flex_start",
+    }
     run_ids = {name: f"e2e__gke_{name}__{suffix}" for name in scenarios}
     stockout_pools = f"tpu-{RunIdentity(DAG_ID, run_ids['stockout']).key}-"
     gke_faults.set_fault(f"e2e-stockout-{suffix}", "stockout", pool_prefix=stockout_pools)
     for name in ("spot_held", "flex_start"):
-        gke_faults.set_fault(f"e2e-{name}-{suffix}", "capacity-held", seconds=HELD_SECONDS,
-                             pool_prefix=f"tpu-{RunIdentity(DAG_ID, run_ids[name]).key}-")
+        gke_faults.set_fault(
+            f"e2e-{name}-{suffix}",
+            "capacity-held",
+            seconds=HELD_SECONDS,
+            pool_prefix=f"tpu-{RunIdentity(DAG_ID, run_ids[name]).key}-",
+        )
     foreign = _create_foreign_cluster(gke, scenarios["foreign"]["cluster_name"])
     try:
         for name, conf in scenarios.items():
@@ -81,11 +102,19 @@ def _create_foreign_cluster(gke, name: str) -> str:
         "workload_identity_config": {"workload_pool": f"{SIM_CREATE_CONF['project']}.svc.id.goog"},
         "node_pools": [
             {"name": "default-pool", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}},
-            {"name": "cpu-np", "initial_node_count": 1, "locations": [SIM_CREATE_CONF["zone"]],
-             # a pool made for conversions: a boot disk that holds the model's download
-             "config": {"machine_type": "n4-standard-64", "disk_type": "hyperdisk-balanced", "disk_size_gb": 500,
-                        "service_account": SIM_CREATE_CONF["node_service_account"],
-                        "workload_metadata_config": {"mode": "GKE_METADATA"}}},
+            {
+                "name": "cpu-np",
+                "initial_node_count": 1,
+                "locations": [SIM_CREATE_CONF["zone"]],
+                # a pool made for conversions: a boot disk that holds the model's download
+                "config": {
+                    "machine_type": "n4-standard-64",
+                    "disk_type": "hyperdisk-balanced",
+                    "disk_size_gb": 500,
+                    "service_account": SIM_CREATE_CONF["node_service_account"],
+                    "workload_metadata_config": {"mode": "GKE_METADATA"},
+                },
+            },
         ],
     }
     operation = gke.create_cluster(parent=PARENT, cluster=Cluster.from_json(json.dumps(body)))
@@ -190,9 +219,11 @@ def test_a_flex_start_pool_is_created_empty_and_the_training_waits_for_its_slice
     # only once the nodes existed.
     assert tasks["train_rl"]["try_number"] == 1
     layout = RunScope(conf, RunIdentity(DAG_ID, run_id)).layout
-    started = [training_metrics.event_file_started(b.name)
-               for b in gcs.list_blobs(layout.bucket, prefix=layout.tensorboard_prefix)
-               if training_metrics.is_event_file(b.name)]
+    started = [
+        training_metrics.event_file_started(b.name)
+        for b in gcs.list_blobs(layout.bucket, prefix=layout.tensorboard_prefix)
+        if training_metrics.is_event_file(b.name)
+    ]
     nodes_from = _time(tasks["create_tpu_pools"]["start_date"]).timestamp() + HELD_SECONDS
     assert started and min(started) >= nodes_from - 2, (started, nodes_from)
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4

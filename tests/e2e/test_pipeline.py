@@ -50,15 +50,21 @@ def started(airflow, sim_faults) -> dict[str, list[str]]:
     conf, and one whose training crashes at step 30 on every attempt (exit code 3) until its rule is removed."""
     crash = new_run_id("crash")
     train_jobset = RunIdentity(DAG_ID, crash).jobset_name(CRASH_CONF.get("workload_prefix", "qwen"), "train")
-    faults.set_fault(sim_faults, "e2e-train-crash", prefix=train_jobset, stage="train_rl",
-                     maxtext_fault="crash-at-step=30", exit_code=3)
+    faults.set_fault(
+        sim_faults,
+        "e2e-train-crash",
+        prefix=train_jobset,
+        stage="train_rl",
+        maxtext_fault="crash-at-step=30",
+        exit_code=3,
+    )
     airflow.trigger(DAG_ID, CRASH_CONF, run_id=crash)
     concurrent = [airflow.trigger(DAG_ID, SIM_CONF, run_id=new_run_id(f"concurrent{i}")) for i in range(2)]
     return {"crash": [crash], "concurrent": concurrent}
 
 
 def objects(gcs, bucket: str, prefix: str) -> dict[str, int]:
-    return {b.name[len(prefix):]: b.size for b in gcs.list_blobs(bucket, prefix=prefix)}
+    return {b.name[len(prefix) :]: b.size for b in gcs.list_blobs(bucket, prefix=prefix)}
 
 
 @pytest.fixture(scope="module")

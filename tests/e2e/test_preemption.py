@@ -47,8 +47,14 @@ def preempted(airflow):
             run = RunIdentity(DAG_ID, run_id)
             config = RunConfig.from_params(conf)
             rule = f"e2e-{label}-{run.key}"
-            faults.set_fault(api, rule, prefix=run.jobset_name(config.workload_prefix, "train"), stage="train_rl",
-                             maxtext_fault=maxtext_fault, times=times)
+            faults.set_fault(
+                api,
+                rule,
+                prefix=run.jobset_name(config.workload_prefix, "train"),
+                stage="train_rl",
+                maxtext_fault=maxtext_fault,
+                times=times,
+            )
             rules.append(rule)
             airflow.trigger(DAG_ID, conf, run_id=run_id)
             started[label] = (run_id, GcsLayout(config, run))
@@ -59,7 +65,7 @@ def preempted(airflow):
 
 
 def names(gcs, layout: GcsLayout, prefix: str) -> set[str]:
-    return {b.name[len(prefix):] for b in gcs.list_blobs(layout.bucket, prefix=prefix)}
+    return {b.name[len(prefix) :] for b in gcs.list_blobs(layout.bucket, prefix=prefix)}
 
 
 def train_log(airflow, run_id: str) -> str:
@@ -75,8 +81,10 @@ def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_r
     assert tasks["train_rl"]["try_number"] == 1  # resumed within the try: Airflow's retries are untouched
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 50
     log = train_log(airflow, run_id)
-    assert ("preempted (DisruptionTarget TerminationByKubelet: TPU host maintenance or node shutdown, e.g. a Spot VM "
-            "reclaimed (the kubelet terminated the pod); pod ") in log
+    assert (
+        "preempted (DisruptionTarget TerminationByKubelet: TPU host maintenance or node shutdown, e.g. a Spot VM "
+        "reclaimed (the kubelet terminated the pod); pod "
+    ) in log
     assert "at step 30: resuming from step 24 (preemption 1 of 3)" in log
     assert "Restored params from step: 24 in " in log  # the trainer's own line (Tunix)
 
@@ -86,8 +94,11 @@ def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_r
     resumed = gcs.bucket(layout.bucket).blob(layout.tensorboard_prefix + events[1]).download_as_bytes()
     steps = [step for step, _ in training_metrics.read_scalars([resumed])[training_metrics.LOSS_TAG]]
     assert steps[0] == 25 and steps[-1] == 50
-    committed = {n.split("/")[0] for n in names(gcs, layout, layout.actor_checkpoints_prefix)
-                 if n.endswith("/commit_success.txt")}
+    committed = {
+        n.split("/")[0]
+        for n in names(gcs, layout, layout.actor_checkpoints_prefix)
+        if n.endswith("/commit_success.txt")
+    }
     assert {"8", "16", "24", "32", "40", "48", "50"} <= committed
 
     accounting = airflow.xcom(DAG_ID, run_id, "train_rl", XCOM_PREEMPTIONS)

@@ -58,13 +58,16 @@ def _lose_run(dag_id: str, run_id: str) -> None:
 
     from sqlalchemy import create_engine, text
 
-    url = subprocess.run([REPO / "scripts/postgres.sh", "url", "airflow_stack"], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    url = subprocess.run(
+        [REPO / "scripts/postgres.sh", "url", "airflow_stack"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     engine = create_engine(url)
     try:
         with engine.begin() as connection:
-            deleted = connection.execute(text("DELETE FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id"),
-                                         {"dag_id": dag_id, "run_id": run_id}).rowcount
+            deleted = connection.execute(
+                text("DELETE FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id"),
+                {"dag_id": dag_id, "run_id": run_id},
+            ).rowcount
     finally:
         engine.dispose()
     assert deleted == 1
@@ -83,23 +86,40 @@ def test_the_reaper_removes_what_a_lost_run_left_and_nothing_else(airflow, gke, 
     kept_name, foreign_name, lost_name = f"reap-keep-{suffix}", f"reap-other-{suffix}", f"reap-lost-{suffix}"
     # A cluster of a run long gone that asked to keep it: the pipeline's own request body.
     kept_conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": kept_name, "keep_cluster": True}
-    _create(gke, gke_bodies.cluster_body(RunConfig.from_params(kept_conf), RunIdentity(DAG_ID, f"gone__{suffix}"),
-                                         datetime.now(UTC)))
+    _create(
+        gke,
+        gke_bodies.cluster_body(
+            RunConfig.from_params(kept_conf), RunIdentity(DAG_ID, f"gone__{suffix}"), datetime.now(UTC)
+        ),
+    )
     # A cluster someone else made: no marks of this package.
-    _create(gke, {"name": foreign_name, "release_channel": {"channel": "REGULAR"},
-                  "node_pools": [{"name": "default-pool", "initial_node_count": 1,
-                                  "config": {"machine_type": "n2-standard-8"}}]})
+    _create(
+        gke,
+        {
+            "name": foreign_name,
+            "release_channel": {"channel": "REGULAR"},
+            "node_pools": [
+                {"name": "default-pool", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}}
+            ],
+        },
+    )
     conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": lost_name}
     run_id = airflow.trigger(DAG_ID, conf, run_id=f"e2e__reaper__{suffix}")
     lost = RunIdentity(DAG_ID, run_id)
     try:
         # Training that lasts: the fault switch of the run's new cluster, set before its slice exists.
         _wait(lambda: (c := cluster_or_none(gke, lost_name)) and c.status.name == "RUNNING", 300, "no cluster")
-        kubeconfig = REPO / ".sim/gke/clusters" / (f"{SIM_CREATE_CONF['project']}-{SIM_CREATE_CONF['region']}-"
-                                                   f"{lost_name}/kubeconfig")
+        kubeconfig = (
+            REPO
+            / ".sim/gke/clusters"
+            / (f"{SIM_CREATE_CONF['project']}-{SIM_CREATE_CONF['region']}-{lost_name}/kubeconfig")
+        )
         faults.set_fault(faults.core_api(str(kubeconfig)), "long-training", stage="train_rl", run_seconds=900)
-        _wait(lambda: airflow.task_instances(DAG_ID, run_id).get("train_rl", {}).get("state") == "deferred", 600,
-              "train_rl never deferred")
+        _wait(
+            lambda: airflow.task_instances(DAG_ID, run_id).get("train_rl", {}).get("state") == "deferred",
+            600,
+            "train_rl never deferred",
+        )
         pool = f"{GKE_PARENT}/clusters/{lost_name}/nodePools/{lost.tpu_pool_name(0)}"
         cluster = f"{GKE_PARENT}/clusters/{lost_name}"
         jobset = f"{lost_name}: default/{RunConfig.from_params(conf).workload_prefix}-train-{lost.key}"

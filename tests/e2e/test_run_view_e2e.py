@@ -72,7 +72,8 @@ def test_the_training_tab_shows_the_event_files_curves_evaluation_and_cost(airfl
 
     for tag in (tm.REWARD_TAG, tm.LOSS_TAG, tm.KL_TAG):
         shown = view.locator(f"figure[data-tag='{tag}'] svg circle").evaluate_all(
-            "marks => marks.map(m => [m.dataset.step, m.dataset.value])")
+            "marks => marks.map(m => [m.dataset.step, m.dataset.value])"
+        )
         assert [(int(step), float(value)) for step, value in shown] == written[tag], tag
 
     expect(view.locator("#final-step")).to_have_text(str(conf["num_batches"]))
@@ -111,4 +112,5 @@ def test_the_api_server_has_the_tab_and_the_provider_from_the_installed_distribu
     assert [v["name"] for v in tab["external_views"]] == ["Training"]
     providers = airflow_stack.request("GET", "/api/v2/providers?limit=100")["providers"]
     assert {"package_name": "tpu-rl", "version": tpu_rl.__version__} in [
-        {k: p[k] for k in ("package_name", "version")} for p in providers]
+        {k: p[k] for k in ("package_name", "version")} for p in providers
+    ]

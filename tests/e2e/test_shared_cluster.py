@@ -70,8 +70,12 @@ def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow,
     # each order of ending is likely; whichever run ends first, the cluster must outlive it.
     scenarios = {}
     for order in ("creator-held", "joiner-held"):
-        conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_mode": "shared",
-                "cluster_name": f"tpu-rl-sh-{order[0]}-{token}"}
+        conf = {
+            **SIM_CREATE_CONF,
+            **SMALL_SLICE,
+            "cluster_mode": "shared",
+            "cluster_name": f"tpu-rl-sh-{order[0]}-{token}",
+        }
         creator, joiner = (f"e2e__shared__{order}__{role}__{token}" for role in ("creator", "joiner"))
         held_trainings(creator if order == "creator-held" else joiner)
         airflow.trigger(DAG_ID, conf, run_id=creator)
@@ -87,21 +91,26 @@ def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow,
         conf = scenarios[order][0]
         assert airflow.run(DAG_ID, first)["state"] == "success", stage_table(airflow.task_instances(DAG_ID, first))
         # The first run to end left the cluster to the other, which still used it.
-        log = airflow.task_log(DAG_ID, first, "delete_cluster",
-                               airflow.task_instances(DAG_ID, first)["delete_cluster"]["try_number"])
+        log = airflow.task_log(
+            DAG_ID, first, "delete_cluster", airflow.task_instances(DAG_ID, first)["delete_cluster"]["try_number"]
+        )
         assert f"Shared cluster {conf['cluster_name']} stays: still used by {DAG_ID} / {last}" in log, log[-2000:]
         # The last one deletes it.
         assert airflow.wait_for_run(DAG_ID, last, RUN_TIMEOUT) == "success", stage_table(
-            airflow.task_instances(DAG_ID, last))
+            airflow.task_instances(DAG_ID, last)
+        )
         assert cluster_or_none(gke, conf["cluster_name"]) is None, order
-        log = airflow.task_log(DAG_ID, last, "delete_cluster",
-                               airflow.task_instances(DAG_ID, last)["delete_cluster"]["try_number"])
+        log = airflow.task_log(
+            DAG_ID, last, "delete_cluster", airflow.task_instances(DAG_ID, last)["delete_cluster"]["try_number"]
+        )
         assert f"shared cluster {conf['cluster_name']}'s lease" in log and "deleting the cluster" in log, log[-2000:]
 
     assert airflow.wait_for_run(DAG_ID, intruder, RUN_TIMEOUT) == "failed"
     tasks = airflow.task_instances(DAG_ID, intruder)
     assert tasks["create_cluster"]["state"] == "failed" and tasks["create_cluster"]["try_number"] == 1
     log = airflow.task_log(DAG_ID, intruder, "create_cluster", 1)
-    assert (f"cluster {shared_conf['cluster_name']} is shared by runs in cluster_mode 'shared'" in log
-            and "fix: set cluster_mode to 'shared'" in log), log[-2000:]
+    assert (
+        f"cluster {shared_conf['cluster_name']} is shared by runs in cluster_mode 'shared'" in log
+        and "fix: set cluster_mode to 'shared'" in log
+    ), log[-2000:]
     assert tasks["delete_cluster"]["state"] == "success"  # its teardown left the shared cluster to its runs

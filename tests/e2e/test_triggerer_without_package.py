@@ -26,8 +26,12 @@ DAG_ID = "maxtext_rl_tpu"
 def failed_run(airflow):
     """(run id, conf, task instances) of one run that the triggerer without the package had to serve."""
     suffix = uuid.uuid4().hex[:6]
-    conf = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-notrig-{suffix}",
-            "gcs_bucket": f"tpu-rl-notrig-{suffix}"}
+    conf = {
+        **SIM_CREATE_CONF,
+        **SMALL_SLICE,
+        "cluster_name": f"e2e-notrig-{suffix}",
+        "gcs_bucket": f"tpu-rl-notrig-{suffix}",
+    }
     airflow.script("stop", "triggerer")
     log = REPO / ".airflow" / "stack" / "triggerer-without-package.log"
     triggerer = airflow.script("exec", "python", "tests/e2e/without_package.py", "triggerer", background=True, log=log)
@@ -52,8 +56,9 @@ def test_the_run_fails_in_check_triggerer_naming_the_fix(airflow, failed_run):
     # Its own failure (AirflowFailException) is never retried. An attempt before it may have been ended by
     # Airflow's race on a trigger that fails at once (the deferral's executor event processed after the task
     # was queued again: the scheduler logs a "state mismatch" and retries); that is the only retry allowed.
-    races = airflow.request("GET", f"/api/v2/eventLogs?dag_id={DAG_ID}&run_id={run_id}"
-                                   "&task_id=check_triggerer&event=state%20mismatch")["total_entries"]
+    races = airflow.request(
+        "GET", f"/api/v2/eventLogs?dag_id={DAG_ID}&run_id={run_id}&task_id=check_triggerer&event=state%20mismatch"
+    )["total_entries"]
     assert check["try_number"] == 1 + races
     log = airflow.task_log(DAG_ID, run_id, "check_triggerer", check["try_number"])
     assert "No module named 'tpu_rl'" in log

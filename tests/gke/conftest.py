@@ -20,8 +20,16 @@ from tpu_rl_testing import read_env
 REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
 #: What the operators and the clients need from .sim/airflow.env.
-ENV_KEYS = ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "AIRFLOW_CONN_HUGGINGFACE_DEFAULT", "STORAGE_EMULATOR_HOST",
-            "grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "HTTPS_PROXY", "NO_PROXY", "SSL_CERT_FILE")
+ENV_KEYS = (
+    "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+    "AIRFLOW_CONN_HUGGINGFACE_DEFAULT",
+    "STORAGE_EMULATOR_HOST",
+    "grpc_proxy",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+)
 
 
 @pytest.fixture(scope="session")

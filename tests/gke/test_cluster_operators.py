@@ -41,9 +41,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 DAG_ID = "maxtext_rl_tpu"
 SMALL = {
-    "project": "tpu-rl-sim", "region": "us-east5", "zone": "us-east5-b", "gcs_bucket": "tpu-rl-sim",
+    "project": "tpu-rl-sim",
+    "region": "us-east5",
+    "zone": "us-east5-b",
+    "gcs_bucket": "tpu-rl-sim",
     "node_service_account": "tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com",
-    "tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2, "ici_expert_parallelism": 2,
+    "tpu_type": "v6e-16",
+    "topology": "4x4",
+    "ici_tensor_parallelism": 2,
+    "ici_expert_parallelism": 2,
     "rollout_tensor_parallelism": 4,
 }
 POLL = 1
@@ -100,8 +106,9 @@ def get_cluster(gke, name):
 def created(gke):
     """A cluster created by CreateClusterOperator (one per module: a control plane takes seconds to start)."""
     run = Run()
-    operations = run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL),
-                              run.context())
+    operations = run_operator(
+        cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL), run.context()
+    )
     yield run, operations
     if get_cluster(gke, run.params["cluster_name"]):
         gke.delete_cluster(name=run.params["cluster_name"], project_id="tpu-rl-sim", wait_to_complete=False)
@@ -147,8 +154,10 @@ def test_the_pipeline_reaches_a_created_cluster_through_its_dns_endpoint(gke, cr
 
 def test_a_retry_adopts_the_cluster_its_first_try_created(created):
     run, _ = created
-    assert run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL),
-                        run.context()) == []
+    assert (
+        run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL), run.context())
+        == []
+    )
 
 
 def test_create_mode_refuses_a_cluster_a_live_run_created_and_adopts_it_once_that_run_ended(created):
@@ -158,8 +167,11 @@ def test_create_mode_refuses_a_cluster_a_live_run_created_and_adopts_it_once_tha
     intruder = Run(cluster_name=run.params["cluster_name"])
     intruder.ti.run_states[run.run_id] = "running"
     create = cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL)
-    with pytest.raises(AirflowFailException, match=rf"belongs to the live run {DAG_ID} / {run.run_id} \(running\)"
-                                                   r".*cluster_mode 'shared'"):
+    with pytest.raises(
+        AirflowFailException,
+        match=rf"belongs to the live run {DAG_ID} / {run.run_id} \(running\)"
+        r".*cluster_mode 'shared'",
+    ):
         run_operator(create, intruder.context())
     intruder.ti.run_states[run.run_id] = "failed"  # its creator is gone: a leftover to adopt
     assert run_operator(create, intruder.context()) == []
@@ -229,8 +241,9 @@ def _stage_outcome(api, jobset: dict) -> tuple[str, str]:
     CustomObjectsApi(api).create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", jobset)
     name, deadline = jobset["metadata"]["name"], time.monotonic() + 120
     while time.monotonic() < deadline:
-        pods = CoreV1Api(api).list_namespaced_pod("default",
-                                                  label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+        pods = (
+            CoreV1Api(api).list_namespaced_pod("default", label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+        )
         done = [p for p in pods if p.status.phase in ("Succeeded", "Failed")]
         if done:
             return done[0].status.phase, (done[0].metadata.annotations or {}).get("sim.tpu-rl.dev/emulated", "")
@@ -261,8 +274,10 @@ def test_conversion_pods_reach_the_bucket_as_the_node_service_account(created):
     token["valueFrom"]["secretKeyRef"]["name"] = run.identity.secret_name()
     phase, emulated = _stage_outcome(api, without_host_network)
     assert phase == "Failed"
-    assert ("403 Forbidden: principal://iam.googleapis.com/" in emulated
-            and "/subject/ns/default/sa/tpu-rl-workload" in emulated)
+    assert (
+        "403 Forbidden: principal://iam.googleapis.com/" in emulated
+        and "/subject/ns/default/sa/tpu-rl-workload" in emulated
+    )
 
 
 def test_the_conversion_needs_bucket_get_besides_object_access(created, tmp_path):
@@ -297,16 +312,26 @@ def test_the_conversion_needs_bucket_get_besides_object_access(created, tmp_path
 def test_a_conversion_that_fits_no_cpu_pool_node_fails_before_it_is_submitted(created):
     run, _ = created
     # cpu-np is c4d-standard-96 here; pretend the run asks for more than any node has.
-    fits = {"cpu_pool_name": "cpu-np", "conversion_memory": "64Gi", "conversion_cpu": "8",
-            "model_name": "qwen3-30b-a3b", "conversion_disk_gib": 85, "cpu_pool_disk_gb": 500}
+    fits = {
+        "cpu_pool_name": "cpu-np",
+        "conversion_memory": "64Gi",
+        "conversion_cpu": "8",
+        "model_name": "qwen3-30b-a3b",
+        "conversion_disk_gib": 85,
+        "cpu_pool_disk_gb": 500,
+    }
     check = EnsureJobSetOperator(task_id="ensure_jobset")._check_cpu_pool
     check(_hook_for(run), SimpleNamespace(**fits))
-    with pytest.raises(AirflowFailException,
-                       match=r"conversion_memory: 400Gi does not fit on any node of the CPU pool 'cpu-np'"):
+    with pytest.raises(
+        AirflowFailException, match=r"conversion_memory: 400Gi does not fit on any node of the CPU pool 'cpu-np'"
+    ):
         check(_hook_for(run), SimpleNamespace(**{**fits, "conversion_memory": "400Gi"}))
     # The download goes to the node's disk: a pool whose nodes leave less of it to pods than the download needs.
-    with pytest.raises(AirflowFailException, match=r"asks for 300Gi of it, and no node of the CPU pool 'cpu-np' leaves "
-                                                   r"more than \d+Gi to pods; fix: give the pool a larger boot disk"):
+    with pytest.raises(
+        AirflowFailException,
+        match=r"asks for 300Gi of it, and no node of the CPU pool 'cpu-np' leaves "
+        r"more than \d+Gi to pods; fix: give the pool a larger boot disk",
+    ):
         check(_hook_for(run), SimpleNamespace(**{**fits, "conversion_disk_gib": 300}))
 
 
@@ -326,7 +351,10 @@ def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):
         name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/{pool_name}"
     )
     assert (pool.initial_node_count, pool.config.machine_type, pool.placement_policy.tpu_topology) == (
-        4, "ct6e-standard-4t", "4x4")
+        4,
+        "ct6e-standard-4t",
+        "4x4",
+    )
     assert (pool.management.auto_upgrade, pool.management.auto_repair) == (True, True)
     nodes = _hook_for(run).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")
     assert len(nodes) == 4 and all(n.status.capacity["google.com/tpu"] == "4" for n in nodes)
@@ -361,8 +389,9 @@ def test_a_stockout_fails_the_pool_create_with_what_to_do_and_a_retry_replaces_t
         assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
     finally:
         gke_faults.clear_faults("gke-test-stockout")
-        run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL),
-                     other.context())
+        run_operator(
+            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )
 
 
 def test_a_pool_whose_create_still_waits_for_capacity_is_deleted_once_gke_lets_it(gke, created, capsys):
@@ -407,17 +436,22 @@ def test_a_retry_waits_for_a_pool_still_provisioning_instead_of_adopting_it(gke,
     gke_faults.set_fault("gke-test-provisioning", "capacity-held", pool_prefix=pool_name, seconds=5)
     try:
         client = gke.get_cluster_manager_client()
-        first = client.create_node_pool(parent=requests.cluster_path(config), node_pool=NodePool.from_json(
-            json.dumps(requests.tpu_node_pool(config, other.identity, 0))))
+        first = client.create_node_pool(
+            parent=requests.cluster_path(config),
+            node_pool=NodePool.from_json(json.dumps(requests.tpu_node_pool(config, other.identity, 0))),
+        )
         create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
         assert run_operator(create, other.context()) == [first.name]
-        assert (f"Node pool {pool_name} is PROVISIONING: waiting for GKE's operation {first.name}"
-                in capsys.readouterr().out)
+        assert (
+            f"Node pool {pool_name} is PROVISIONING: waiting for GKE's operation {first.name}"
+            in capsys.readouterr().out
+        )
         assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
     finally:
         gke_faults.clear_faults("gke-test-provisioning")
-        run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL),
-                     other.context())
+        run_operator(
+            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )
 
 
 def test_a_partly_created_pool_is_replaced_not_adopted(gke, created, capsys):
@@ -437,8 +471,9 @@ def test_a_partly_created_pool_is_replaced_not_adopted(gke, created, capsys):
         assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
     finally:
         gke_faults.clear_faults("gke-test-partial")
-        run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL),
-                     other.context())
+        run_operator(
+            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )
 
 
 def test_missing_quota_fails_at_once_naming_the_quota_and_creates_nothing(gke, created):
@@ -449,13 +484,15 @@ def test_missing_quota_fails_at_once_naming_the_quota_and_creates_nothing(gke, c
     try:
         started = time.monotonic()
         with pytest.raises(AirflowFailException) as failed:
-            run_operator(cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL),
-                         other.context())
+            run_operator(
+                cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL), other.context()
+            )
         assert time.monotonic() - started < 30  # the hour of capacity wait is not spent on quota
         message = str(failed.value)
         assert "Insufficient regional quota" in message and "TPUS_PER_TPU_FAMILY" in message
-        assert ("Compute Engine quota for 16 v6e-16 chips in us-east5" in message
-                and "not the Cloud TPU API's" in message)
+        assert (
+            "Compute Engine quota for 16 v6e-16 chips in us-east5" in message and "not the Cloud TPU API's" in message
+        )
         assert pool_name not in {p.name for p in get_cluster(gke, run.params["cluster_name"]).node_pools}
     finally:
         gke_faults.clear_faults("gke-test-quota")
@@ -472,8 +509,11 @@ def test_the_slices_of_a_run_are_created_and_deleted_side_by_side(gke, created):
         run_operator(create, other.context())
         run_operator(delete, other.context())
         pools = {other.identity.tpu_pool_name(i) for i in range(2)}
-        ops = [op for op in client.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
-               if (op.target_link.rsplit("/", 1)[-1] in pools)]
+        ops = [
+            op
+            for op in client.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
+            if (op.target_link.rsplit("/", 1)[-1] in pools)
+        ]
         for kind in ("CREATE_NODE_POOL", "DELETE_NODE_POOL"):
             first, second = sorted((op for op in ops if op.operation_type.name == kind), key=lambda op: op.start_time)
             assert second.start_time < first.end_time, kind  # the second began before the first ended
@@ -507,10 +547,12 @@ def test_existing_cluster_teardown_deletes_only_the_runs_secret(gke, created, ca
     core.create_namespaced_secret("default", secret)
     delete = cluster_ops.DeleteClusterOperator(task_id="delete_cluster")
     assert run_operator(delete, user.context()) == []
-    assert (f"Deleted Secret default/{user.identity.secret_name()}; the existing cluster stays"
-            in capsys.readouterr().out)
-    assert not [s for s in core.list_namespaced_secret("default").items
-                if s.metadata.name == secret["metadata"]["name"]]
+    assert (
+        f"Deleted Secret default/{user.identity.secret_name()}; the existing cluster stays" in capsys.readouterr().out
+    )
+    assert not [
+        s for s in core.list_namespaced_secret("default").items if s.metadata.name == secret["metadata"]["name"]
+    ]
     assert get_cluster(gke, run.params["cluster_name"]) is not None
     assert run_operator(delete, user.context()) == []  # a retry: nothing left to delete
     assert f"No Secret {user.identity.secret_name()} to delete" in capsys.readouterr().out
@@ -518,8 +560,9 @@ def test_existing_cluster_teardown_deletes_only_the_runs_secret(gke, created, ca
 
 def test_keep_cluster_skips_the_delete(gke, created):
     run, _ = created
-    assert run_operator(cluster_ops.DeleteClusterOperator(task_id="delete_cluster"),
-                        run.context(keep_cluster=True)) == []
+    assert (
+        run_operator(cluster_ops.DeleteClusterOperator(task_id="delete_cluster"), run.context(keep_cluster=True)) == []
+    )
     assert get_cluster(gke, run.params["cluster_name"]) is not None
 
 
@@ -574,7 +617,9 @@ def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_del
         other_bucket = f"gke-test-{uuid.uuid4().hex[:6]}"
         storage_client().create_bucket(other_bucket)
         intruder = Run(cluster_name=name, cluster_mode="shared", gcs_bucket=other_bucket)
-        with pytest.raises(AirflowFailException, match="gcs_bucket: shared cluster .* keeps its lease at gs://tpu-rl-sim/"):
+        with pytest.raises(
+            AirflowFailException, match="gcs_bucket: shared cluster .* keeps its lease at gs://tpu-rl-sim/"
+        ):
             run_operator(create, intruder.context())
 
         assert len(run_operator(delete, third.context())) == 1  # the last holder deletes it

@@ -29,5 +29,3 @@ def sim() -> Cluster:
     yield Cluster(env["KUBECONFIG"])
     if started:
         subprocess.run([REPO / "sim" / "down.sh"], check=True)
-
-

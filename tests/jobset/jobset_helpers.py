@@ -50,41 +50,63 @@ class Cluster:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def tpu_jobset(name: str, *, hosts: int = 2, run_seconds: float = 3, max_restarts: int = 0,
-               annotations: dict[str, str] | None = None, replicated_job: str = "main-job") -> dict:
+def tpu_jobset(
+    name: str,
+    *,
+    hosts: int = 2,
+    run_seconds: float = 3,
+    max_restarts: int = 0,
+    annotations: dict[str, str] | None = None,
+    replicated_job: str = "main-job",
+) -> dict:
     """A small plain multi-host TPU JobSet shaped like the conversions' (workloads.md section 1)."""
     pod_annotations = {f"{SIM}run-seconds": str(run_seconds), **(annotations or {})}
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": name, "annotations": {
-            "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}},
+        "metadata": {
+            "name": name,
+            "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"},
+        },
         "spec": {
             "ttlSecondsAfterFinished": 3600,
             "failurePolicy": {"maxRestarts": max_restarts},
-            "replicatedJobs": [{
-                "name": replicated_job,
-                "replicas": 1,
-                "template": {"spec": {
-                    "parallelism": hosts, "completions": hosts, "backoffLimit": 0, "completionMode": "Indexed",
+            "replicatedJobs": [
+                {
+                    "name": replicated_job,
+                    "replicas": 1,
                     "template": {
-                        "metadata": {"annotations": pod_annotations},
                         "spec": {
-                            "restartPolicy": "Never",
-                            "terminationGracePeriodSeconds": 30,
-                            "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
-                                             "cloud.google.com/gke-tpu-topology": "8x8"},
-                            "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
-                            "containers": [{
-                                "name": "workload-container",
-                                "image": "python:3.12",
-                                "command": ["/bin/bash", "-c", "echo step; sleep 1"],
-                                "resources": {"limits": {"google.com/tpu": "4"}},
-                            }],
-                        },
+                            "parallelism": hosts,
+                            "completions": hosts,
+                            "backoffLimit": 0,
+                            "completionMode": "Indexed",
+                            "template": {
+                                "metadata": {"annotations": pod_annotations},
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "terminationGracePeriodSeconds": 30,
+                                    "nodeSelector": {
+                                        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                        "cloud.google.com/gke-tpu-topology": "8x8",
+                                    },
+                                    "tolerations": [
+                                        {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+                                    ],
+                                    "containers": [
+                                        {
+                                            "name": "workload-container",
+                                            "image": "python:3.12",
+                                            "command": ["/bin/bash", "-c", "echo step; sleep 1"],
+                                            "resources": {"limits": {"google.com/tpu": "4"}},
+                                        }
+                                    ],
+                                },
+                            },
+                        }
                     },
-                }},
-            }],
+                }
+            ],
         },
     }
 

@@ -17,8 +17,10 @@ def jobset(conditions=(), restarts=0, replicated=("main-job",), suspend=False, r
         "spec": {
             "suspend": suspend,
             "replicatedJobs": [
-                {"name": n,
-                 "template": {"spec": {"template": {"spec": {"containers": [{"name": "workload-container"}]}}}}}
+                {
+                    "name": n,
+                    "template": {"spec": {"template": {"spec": {"containers": [{"name": "workload-container"}]}}}},
+                }
                 for n in replicated
             ],
         },
@@ -26,28 +28,43 @@ def jobset(conditions=(), restarts=0, replicated=("main-job",), suspend=False, r
     }
 
 
-def pod(name, *, rj="main-job", attempt=0, node="tpu-node-3", phase="Failed", exit_code=None, disruption=None,
-        ready=False):
+def pod(
+    name, *, rj="main-job", attempt=0, node="tpu-node-3", phase="Failed", exit_code=None, disruption=None, ready=False
+):
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     if disruption:
         conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": "m"})
     statuses = []
     if exit_code is not None:
-        statuses.append({"name": "workload-container",
-                         "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": "boom"}}})
+        statuses.append(
+            {
+                "name": "workload-container",
+                "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": "boom"}},
+            }
+        )
     return {
-        "metadata": {"name": name, "uid": name + "-uid", "labels": {
-            st.REPLICATED_JOB_LABEL: rj, st.JOB_INDEX_LABEL: "0", st.COMPLETION_INDEX_LABEL: "0",
-            st.RESTART_ATTEMPT_LABEL: str(attempt)}},
+        "metadata": {
+            "name": name,
+            "uid": name + "-uid",
+            "labels": {
+                st.REPLICATED_JOB_LABEL: rj,
+                st.JOB_INDEX_LABEL: "0",
+                st.COMPLETION_INDEX_LABEL: "0",
+                st.RESTART_ATTEMPT_LABEL: str(attempt),
+            },
+        },
         "spec": {"nodeName": node},
         "status": {"phase": phase, "conditions": conditions, "containerStatuses": statuses},
     }
 
 
 FAILED = {
-    "type": "Failed", "status": "True", "reason": "ReachedMaxRestarts",
-    "message": ("jobset failed due to reaching max number of restarts "
-                "(first failed job: qwen-hf2mt-1a2b3c4d-main-job-0)"),
+    "type": "Failed",
+    "status": "True",
+    "reason": "ReachedMaxRestarts",
+    "message": (
+        "jobset failed due to reaching max number of restarts (first failed job: qwen-hf2mt-1a2b3c4d-main-job-0)"
+    ),
 }
 
 
@@ -85,8 +102,9 @@ def test_disruption_is_maintenance_and_missing_node_is_host_loss():
         jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", disruption="TerminationByKubelet"))]
     )
     assert "TPU host maintenance or preemption" in maintenance
-    lost = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", exit_code=137))],
-                              lost_nodes=["tpu-node-3"])
+    lost = st.explain_failure(
+        jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", exit_code=137))], lost_nodes=["tpu-node-3"]
+    )
     assert "TPU host lost (node gone: tpu-node-3)" in lost
     assert "host lost: its node no longer exists" in lost
     gc = st.explain_failure(jobset([FAILED]), [st.PodRecord.from_pod(pod("p0", disruption="DeletionByPodGC"))])
@@ -95,8 +113,10 @@ def test_disruption_is_maintenance_and_missing_node_is_host_loss():
 
 def test_progress_line_counts_current_attempt_and_suspension():
     status = [{"name": "main-job", "active": 1, "ready": 1, "succeeded": 0, "failed": 0}]
-    pods = [st.PodRecord.from_pod(pod("a", attempt=1, phase="Running", ready=True)),
-            st.PodRecord.from_pod(pod("old", attempt=0, phase="Failed"))]
+    pods = [
+        st.PodRecord.from_pod(pod("a", attempt=1, phase="Running", ready=True)),
+        st.PodRecord.from_pod(pod("old", attempt=0, phase="Failed")),
+    ]
     line = st.progress_line(jobset(restarts=1, rj_status=status), pods)
     assert line == "running; restarts 1; main-job: jobs active 1, ready 1, succeeded 0, failed 0; pods 1 ready"
     suspended = st.progress_line(jobset(suspend=True), [], "resource memory unavailable in ClusterQueue")
@@ -104,8 +124,13 @@ def test_progress_line_counts_current_attempt_and_suspension():
 
 
 def test_kueue_note_reads_pending_conditions():
-    workload = {"status": {"conditions": [
-        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "couldn't assign flavors"}]}}
+    workload = {
+        "status": {
+            "conditions": [
+                {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "couldn't assign flavors"}
+            ]
+        }
+    }
     assert st.kueue_note([workload]) == "couldn't assign flavors"
 
 

@@ -19,12 +19,17 @@ DAG_ID = "jobset_operator_dag_test"
 @pytest.fixture
 def test_bundle(monkeypatch):
     bundle = "airflow.dag_processing.bundles.local.LocalDagBundle"
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
-        # The test bundle first (dag.test() syncs bundles in order until it finds the DAG); the
-        # project's bundle stays configured, so this shared database keeps it active.
-        {"name": "jobset-tests", "classpath": bundle, "kwargs": {"path": str(Path(__file__).parent / "dags")}},
-        {"name": "dags-folder", "classpath": bundle, "kwargs": {"path": str(REPO / "dags")}},
-    ]))
+    monkeypatch.setenv(
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
+        json.dumps(
+            [
+                # The test bundle first (dag.test() syncs bundles in order until it finds the DAG); the
+                # project's bundle stays configured, so this shared database keeps it active.
+                {"name": "jobset-tests", "classpath": bundle, "kwargs": {"path": str(Path(__file__).parent / "dags")}},
+                {"name": "dags-folder", "classpath": bundle, "kwargs": {"path": str(REPO / "dags")}},
+            ]
+        ),
+    )
 
 
 def test_dag_test_runs_submit_defer_and_resume(sim, test_bundle):

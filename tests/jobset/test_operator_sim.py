@@ -149,8 +149,9 @@ def test_tpu_node_deleted_mid_run_is_host_loss(sim):
     lost = {}
 
     def delete_node():
-        pods = sim.wait("pods running",
-                        lambda: [p for p in sim.pods(name) if p.status.phase == "Running"][1:] and sim.pods(name))
+        pods = sim.wait(
+            "pods running", lambda: [p for p in sim.pods(name) if p.status.phase == "Running"][1:] and sim.pods(name)
+        )
         lost["node"] = pods[0].spec.node_name
         sim.core.delete_node(lost["node"])
 
@@ -158,8 +159,11 @@ def test_tpu_node_deleted_mid_run_is_host_loss(sim):
         with pytest.raises(JobSetFailedError) as failure:
             run_with_action(op, task_context(ti_for(name)), delete_node)
     finally:
-        subprocess.run([sys.executable, str(REPO / "sim" / "nodes.py"), "--kubeconfig", sim.kubeconfig],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(REPO / "sim" / "nodes.py"), "--kubeconfig", sim.kubeconfig],
+            check=True,
+            capture_output=True,
+        )
     message = str(failure.value)
     assert f"Cause: TPU host lost (node gone: {lost['node']})" in message
     assert "host lost (its node no longer exists) [DisruptionTarget DeletionByPodGC" in message
@@ -215,11 +219,14 @@ def test_suspended_jobset_is_reported_then_runs_when_admitted(sim, capfd):
     manifest["spec"]["suspend"] = True
 
     def admit():
-        sim.wait("the suspension to be reported",
-                 lambda: "suspended (waiting for Kueue admission" in capfd.readouterr().out,
-                 timeout=30)
-        sim.custom.patch_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name,
-                                                  {"spec": {"suspend": False}})
+        sim.wait(
+            "the suspension to be reported",
+            lambda: "suspended (waiting for Kueue admission" in capfd.readouterr().out,
+            timeout=30,
+        )
+        sim.custom.patch_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name, {"spec": {"suspend": False}}
+        )
 
     result = run_with_action(operator(manifest, progress_interval=5), task_context(ti_for(name)), admit)
     assert result["state"] == "Completed"

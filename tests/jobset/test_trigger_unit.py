@@ -4,8 +4,15 @@ from tpu_rl.triggers.jobset import JobSetTrigger, _LogCursor
 
 
 def test_trigger_round_trips_through_its_serialized_form():
-    trigger = JobSetTrigger(name="n", namespace="ns", uid="u", log_replicated_job="pathways-head",
-                            log_container="workload-container", kubernetes_conn_id="k", progress_interval=60)
+    trigger = JobSetTrigger(
+        name="n",
+        namespace="ns",
+        uid="u",
+        log_replicated_job="pathways-head",
+        log_container="workload-container",
+        kubernetes_conn_id="k",
+        progress_interval=60,
+    )
     classpath, kwargs = trigger.serialize()
     assert classpath == "tpu_rl.triggers.jobset.JobSetTrigger"
     assert JobSetTrigger(**kwargs).serialize() == (classpath, kwargs)
@@ -15,10 +22,22 @@ def test_a_trigger_serialised_before_the_cluster_was_one_object_still_loads():
     """A task deferred across a deploy: its trigger row names the cluster with the old keywords."""
     from tpu_rl.hooks.kubernetes import ClusterTarget
 
-    old = {"name": "n", "namespace": "ns", "uid": "u", "log_replicated_job": "pathways-head",
-           "log_container": "workload-container", "kubernetes_conn_id": None, "cluster_url": "https://34.1.2.3",
-           "ssl_ca_cert": "Q0E=", "gcp_conn_id": "g", "impersonation_chain": None, "use_dns_endpoint": False,
-           "progress_interval": 60, "log_tail_lines": 100, "delete_on_kill": True}
+    old = {
+        "name": "n",
+        "namespace": "ns",
+        "uid": "u",
+        "log_replicated_job": "pathways-head",
+        "log_container": "workload-container",
+        "kubernetes_conn_id": None,
+        "cluster_url": "https://34.1.2.3",
+        "ssl_ca_cert": "Q0E=",
+        "gcp_conn_id": "g",
+        "impersonation_chain": None,
+        "use_dns_endpoint": False,
+        "progress_interval": 60,
+        "log_tail_lines": 100,
+        "delete_on_kill": True,
+    }
     trigger = JobSetTrigger(**old)
     assert trigger.cluster == ClusterTarget(cluster_url="https://34.1.2.3", ssl_ca_cert="Q0E=", gcp_conn_id="g")
     assert trigger.serialize()[1]["cluster"]["cluster_url"] == "https://34.1.2.3"

@@ -48,8 +48,9 @@ class Sim:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name,
-                                                        propagation_policy="Foreground")
+            self.custom.delete_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name, propagation_policy="Foreground"
+            )
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -80,7 +81,7 @@ class Sim:
     # GCS
     def names(self, gs_prefix):
         bucket, _, prefix = gs_prefix.removeprefix("gs://").partition("/")
-        return {b.name[len(prefix):].lstrip("/") for b in self.gcs.list_blobs(bucket, prefix=prefix)}
+        return {b.name[len(prefix) :].lstrip("/") for b in self.gcs.list_blobs(bucket, prefix=prefix)}
 
     def read(self, gs_path):
         bucket, _, name = gs_path.removeprefix("gs://").partition("/")

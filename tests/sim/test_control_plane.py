@@ -22,9 +22,13 @@ def apply(api, obj):
     from kubernetes import dynamic
 
     resource = dynamic.DynamicClient(api).resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-    return resource.server_side_apply(body=obj, name=obj["metadata"]["name"],
-                                      namespace=obj["metadata"].get("namespace"),
-                                      field_manager=FIELD_MANAGER, force_conflicts=True)
+    return resource.server_side_apply(
+        body=obj,
+        name=obj["metadata"]["name"],
+        namespace=obj["metadata"].get("namespace"),
+        field_manager=FIELD_MANAGER,
+        force_conflicts=True,
+    )
 
 
 def wait(what, predicate, timeout):
@@ -61,7 +65,8 @@ def test_control_plane_installs_and_runs_jobset(sim, tmp_path):
         api = client.ApiClient(conf)
         core, ext = client.CoreV1Api(api), client.ApiextensionsV1Api(api)
         review = client.AuthenticationV1Api(api).create_self_subject_review(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        )
         assert review.status.user_info.username == "creator@example.com"
         assert "system:masters" not in (review.status.user_info.groups or [])
 
@@ -69,8 +74,14 @@ def test_control_plane_installs_and_runs_jobset(sim, tmp_path):
         crds = {c.metadata.name for c in ext.list_custom_resource_definition().items}
         assert "jobsets.jobset.x-k8s.io" not in crds and "logs.kwok.x-k8s.io" in crds
 
-        core.create_node(node("gke-test-cp-default-pool-0", "default-pool", "e2-standard-8",
-                              {"cpu": "8", "memory": "32Gi", "pods": "110"}))
+        core.create_node(
+            node(
+                "gke-test-cp-default-pool-0",
+                "default-pool",
+                "e2-standard-8",
+                {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            )
+        )
 
         release = resources.files("tpu_rl.releases").joinpath("jobset-v0.10.1.yaml").read_text()
         for obj in yaml.safe_load_all(release):
@@ -80,17 +91,33 @@ def test_control_plane_installs_and_runs_jobset(sim, tmp_path):
         def available():
             d = apps.read_namespaced_deployment("jobset-controller-manager", "jobset-system")
             return any(c.type == "Available" and c.status == "True" for c in (d.status.conditions or []))
+
         wait("the JobSet Deployment Available", available, 60)
         pod = core.list_namespaced_pod("jobset-system").items[0]
         assert pod.status.pod_ip.startswith(f"127.{100 + SLOT}.")
 
         # The real controller injects its CA and its webhook defaults a JobSet, through the Service.
         jobset = {
-            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
             "metadata": {"name": "webhook-probe", "namespace": "default"},
-            "spec": {"replicatedJobs": [{"name": "w", "template": {"spec": {"template": {"spec": {
-                "restartPolicy": "Never",
-                "containers": [{"name": "c", "image": "busybox", "command": ["true"]}]}}}}}]},
+            "spec": {
+                "replicatedJobs": [
+                    {
+                        "name": "w",
+                        "template": {
+                            "spec": {
+                                "template": {
+                                    "spec": {
+                                        "restartPolicy": "Never",
+                                        "containers": [{"name": "c", "image": "busybox", "command": ["true"]}],
+                                    }
+                                }
+                            }
+                        },
+                    }
+                ]
+            },
         }
         custom = client.CustomObjectsApi(api)
 
@@ -98,17 +125,20 @@ def test_control_plane_installs_and_runs_jobset(sim, tmp_path):
 
         def defaulted():  # refused (500) until the controller serves its webhook
             try:
-                return custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "default",
-                                                              "jobsets", jobset)
+                return custom.create_namespaced_custom_object(
+                    "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", jobset
+                )
             except ApiException as e:
                 last_error[:] = [f"{e.status} {e.body}"]
+
         try:
             created = wait("a JobSet defaulted by the webhook", defaulted, 60)
         except AssertionError as e:
             raise AssertionError(f"{e}; last answer: {last_error}") from None
         assert created["spec"]["successPolicy"]["operator"] == "All"
         hook = client.AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(
-            "jobset-mutating-webhook-configuration")
+            "jobset-mutating-webhook-configuration"
+        )
         assert all(w.client_config.ca_bundle for w in hook.webhooks)
         print(f"control plane ready in {started_in:.1f} s; JobSet defaulted {time.time() - begin:.1f} s after start")
         pids = [recorded_pid(f) for f in (cp.dir / "pids").glob("*.pid")]

@@ -33,8 +33,14 @@ CLUSTER_PATH = f"{PARENT}/clusters/{CLUSTER}"
 @pytest.fixture(scope="module")
 def gke_env(sim):
     """The variables .sim/airflow.env gives Airflow: the proxy, the CA, the service-account connection."""
-    names = ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "HTTPS_PROXY",
-             "NO_PROXY", "SSL_CERT_FILE")
+    names = (
+        "grpc_proxy",
+        "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "SSL_CERT_FILE",
+    )
     saved = {n: os.environ.get(n) for n in names}
     for n in names:
         os.environ[n] = sim.env[n]
@@ -62,8 +68,13 @@ def run_trigger(operation_name, poll=0.5, timeout=180):
     """The provider's GKEOperationTrigger run to its first event, as the triggerer would."""
     from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
 
-    trigger = GKEOperationTrigger(operation_name=operation_name, project_id=PROJECT, location=REGION,
-                                  gcp_conn_id="google_cloud_default", poll_interval=poll)
+    trigger = GKEOperationTrigger(
+        operation_name=operation_name,
+        project_id=PROJECT,
+        location=REGION,
+        gcp_conn_id="google_cloud_default",
+        poll_interval=poll,
+    )
 
     async def first():
         async for event in trigger.run():
@@ -85,10 +96,17 @@ def wait_operation(client, name, timeout=120):
 
 
 def pool_body(name, machine_type="n2-standard-8", **extra):
-    return {"name": name, "initial_node_count": 1, "locations": [ZONE],
-            "config": {"machine_type": machine_type, "workload_metadata_config": {"mode": "GKE_METADATA"},
-                       **extra.pop("config", {})},
-            **extra}
+    return {
+        "name": name,
+        "initial_node_count": 1,
+        "locations": [ZONE],
+        "config": {
+            "machine_type": machine_type,
+            "workload_metadata_config": {"mode": "GKE_METADATA"},
+            **extra.pop("config", {}),
+        },
+        **extra,
+    }
 
 
 def kube_nodes(hook, pool=None):
@@ -97,8 +115,9 @@ def kube_nodes(hook, pool=None):
     from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
     from kubernetes import client as k8s
 
-    url, ca = GKEClusterAuthDetails(cluster_name=CLUSTER, project_id=PROJECT, use_internal_ip=False,
-                                    use_dns_endpoint=False, cluster_hook=hook).fetch_cluster_info()
+    url, ca = GKEClusterAuthDetails(
+        cluster_name=CLUSTER, project_id=PROJECT, use_internal_ip=False, use_dns_endpoint=False, cluster_hook=hook
+    ).fetch_cluster_info()
     kube = GKEKubernetesHook(cluster_url=url, ssl_ca_cert=ca, gcp_conn_id="google_cloud_default")
     selector = f"cloud.google.com/gke-nodepool={pool}" if pool else None
     return k8s.CoreV1Api(kube.get_conn()).list_node(label_selector=selector).items
@@ -109,10 +128,13 @@ def cluster(hook, client):
     """Creates the module's cluster through GKEHook and waits for it with the provider's trigger."""
     from google.api_core.exceptions import NotFound
 
-    body = {"name": CLUSTER, "release_channel": {"channel": "REGULAR"},
-            "workload_identity_config": {"workload_pool": f"{PROJECT}.svc.id.goog"},
-            "resource_labels": {"tpu-rl-run-key": "test"},
-            "node_pools": [pool_body("system")]}
+    body = {
+        "name": CLUSTER,
+        "release_channel": {"channel": "REGULAR"},
+        "workload_identity_config": {"workload_pool": f"{PROJECT}.svc.id.goog"},
+        "resource_labels": {"tpu-rl-run-key": "test"},
+        "node_pools": [pool_body("system")],
+    }
     started = time.time()
     op = hook.create_cluster(cluster=body, project_id=PROJECT, wait_to_complete=False)
     assert op.operation_type.name == "CREATE_CLUSTER" and op.status.name in ("PENDING", "RUNNING")
@@ -149,11 +171,14 @@ def test_refused_requests_raise_api_core_exceptions(hook, client, cluster):
     from google.cloud.container_v1 import ClusterManagerClient
 
     with pytest.raises(AlreadyExists):
-        hook.create_cluster(cluster={"name": cluster, "node_pools": [pool_body("p")]}, project_id=PROJECT,
-                            wait_to_complete=False)
+        hook.create_cluster(
+            cluster={"name": cluster, "node_pools": [pool_body("p")]}, project_id=PROJECT, wait_to_complete=False
+        )
     with pytest.raises(InvalidArgument, match="Auto_upgrade cannot be false when release_channel REGULAR is set"):
-        client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body(
-            "no-upgrade", management={"auto_repair": True, "auto_upgrade": False}))
+        client.create_node_pool(
+            parent=CLUSTER_PATH,
+            node_pool=pool_body("no-upgrade", management={"auto_repair": True, "auto_upgrade": False}),
+        )
     with pytest.raises(InvalidArgument, match="features are not compatible"):
         client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("c4d", "c4d-standard-32"))
     with pytest.raises(NotFound):
@@ -169,10 +194,15 @@ def test_refused_requests_raise_api_core_exceptions(hook, client, cluster):
 def test_tpu_pool_create_then_delete_removes_its_nodes(hook, client, cluster):
     from google.api_core.exceptions import FailedPrecondition
 
-    body = pool_body("tpu-v6e-4", "ct6e-standard-4t",
-                     config={"disk_type": "hyperdisk-balanced",
-                             "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}]},
-                     placement_policy={"type": "COMPACT", "tpu_topology": "2x2"})
+    body = pool_body(
+        "tpu-v6e-4",
+        "ct6e-standard-4t",
+        config={
+            "disk_type": "hyperdisk-balanced",
+            "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NO_SCHEDULE"}],
+        },
+        placement_policy={"type": "COMPACT", "tpu_topology": "2x2"},
+    )
     op = client.create_node_pool(parent=CLUSTER_PATH, node_pool=body)
     # GKE runs one operation per node pool: not a second one on the same pool, while another pool's may run.
     with pytest.raises(FailedPrecondition, match=f"Operation {op.name} is currently creating a node pool"):
@@ -221,8 +251,9 @@ def test_stockout_fault_fails_the_pool_operation(hook, client, cluster):
 
 def test_operations_are_listed(client, cluster):
     ops = client.list_operations(parent=PARENT).operations
-    mine = [o for o in ops
-            if o.target_link.endswith(f"/clusters/{CLUSTER}") or f"/clusters/{CLUSTER}/" in o.target_link]
+    mine = [
+        o for o in ops if o.target_link.endswith(f"/clusters/{CLUSTER}") or f"/clusters/{CLUSTER}/" in o.target_link
+    ]
     assert {o.operation_type.name for o in mine} >= {"CREATE_CLUSTER", "CREATE_NODE_POOL", "DELETE_NODE_POOL"}
     assert all(o.status.name == "DONE" for o in mine)
 
@@ -250,8 +281,12 @@ def test_dns_endpoint_refuses_user_traffic_unless_the_cluster_allows_it(hook, cl
     # The front end itself refuses, whatever the client: 403 with the reason.
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook
 
-    kube = GKEKubernetesHook(cluster_url=f"https://{dns.endpoint}", ssl_ca_cert=got.master_auth.cluster_ca_certificate,
-                             use_dns_endpoint=True, gcp_conn_id="google_cloud_default")
+    kube = GKEKubernetesHook(
+        cluster_url=f"https://{dns.endpoint}",
+        ssl_ca_cert=got.master_auth.cluster_ca_certificate,
+        use_dns_endpoint=True,
+        gcp_conn_id="google_cloud_default",
+    )
     with pytest.raises(ApiException) as refused:
         k8s.CoreV1Api(kube.get_conn()).list_node()
     assert refused.value.status == 403 and "allowExternalTraffic is false" in refused.value.body

@@ -26,9 +26,16 @@ TPU_POOL = "tpu-v6e-64-np"
 
 def sim_config(**overrides):
     params = {
-        "project": "tpu-rl-sim", "region": "us-east5", "zone": "us-east5-b", "cluster_name": "tpu-rl-sim",
-        "gcs_bucket": BUCKET, "cluster_mode": "existing", "kubernetes_conn_id": "tpu_rl_sim",
-        "tpu_pool_mode": "existing", "num_batches": 6, "checkpoint_period": 4,
+        "project": "tpu-rl-sim",
+        "region": "us-east5",
+        "zone": "us-east5-b",
+        "cluster_name": "tpu-rl-sim",
+        "gcs_bucket": BUCKET,
+        "cluster_mode": "existing",
+        "kubernetes_conn_id": "tpu_rl_sim",
+        "tpu_pool_mode": "existing",
+        "num_batches": 6,
+        "checkpoint_period": 4,
         # a unique model folder per test session, so runs never see each other's outputs
         "hf_model_path": f"Qwen/sim-{uuid.uuid4().hex[:6]}",
     }
@@ -69,8 +76,9 @@ def webhook_defaults(body):
         if "completionMode" not in rjob["template"]["spec"]:
             out.append((("spec", "replicatedJobs", i, "template", "spec", "completionMode"), "Indexed"))
         if "restartPolicy" not in rjob["template"]["spec"]["template"]["spec"]:
-            out.append((("spec", "replicatedJobs", i, "template", "spec", "template", "spec", "restartPolicy"),
-                        "OnFailure"))
+            out.append(
+                (("spec", "replicatedJobs", i, "template", "spec", "template", "spec", "restartPolicy"), "OnFailure")
+            )
     for i, rule in enumerate(spec.get("failurePolicy", {}).get("rules", [])):
         if "name" not in rule:
             out.append((("spec", "failurePolicy", "rules", i, "name"), f"failurePolicyRule{i}"))
@@ -79,9 +87,13 @@ def webhook_defaults(body):
 
 def wait_slice_free(sim, timeout=600):
     def free():
-        busy = [p for p in sim.core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
-                if (p.spec.node_name or "").startswith(f"gke-tpu-rl-sim-{TPU_POOL}-")]
+        busy = [
+            p
+            for p in sim.core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
+            if (p.spec.node_name or "").startswith(f"gke-tpu-rl-sim-{TPU_POOL}-")
+        ]
         return not busy
+
     sim.wait("no running pod on the TPU slice", free, timeout=timeout, interval=2)
 
 
@@ -149,15 +161,18 @@ def test_pathways_jobset_is_admitted_placed_and_completes(sim, config, converted
         assert lookup(created, path) == value, path
 
     def running_workers():
-        return [p for p in sim.pods(name)
-                if p.status.phase == "Running" and p.spec.containers[0].name == "pathways-worker"]
+        return [
+            p for p in sim.pods(name) if p.status.phase == "Running" and p.spec.containers[0].name == "pathways-worker"
+        ]
 
-    workers = sim.wait("16 running Pathways workers", lambda: len(running_workers()) == 16 and running_workers(),
-                       timeout=60)
+    workers = sim.wait(
+        "16 running Pathways workers", lambda: len(running_workers()) == 16 and running_workers(), timeout=60
+    )
     nodes = {p.spec.node_name for p in workers}
     assert len(workers) == 16 and len(nodes) == 16, sorted(nodes)
-    tpu_nodes = {n.metadata.name for n in sim.core.list_node(
-        label_selector=f"cloud.google.com/gke-nodepool={TPU_POOL}").items}
+    tpu_nodes = {
+        n.metadata.name for n in sim.core.list_node(label_selector=f"cloud.google.com/gke-nodepool={TPU_POOL}").items
+    }
     assert nodes == tpu_nodes
     # the real pod webhook's exclusive placement: affinities on the leader, the leader's pool on followers
     leader = next(p for p in workers if p.metadata.labels["batch.kubernetes.io/job-completion-index"] == "0")
@@ -204,7 +219,7 @@ def test_export_writes_safetensors_shards_and_the_index_last(sim, config, conver
     for shard in shards:
         data = sim.read(out + shard)
         header_len = struct.unpack("<Q", data[:8])[0]
-        header = json.loads(data[8:8 + header_len])
+        header = json.loads(data[8 : 8 + header_len])
         end = max(t["data_offsets"][1] for k, t in header.items() if k != "__metadata__")
         assert 8 + header_len + end == len(data)
         total += end
@@ -220,8 +235,9 @@ def test_failed_first_attempt_is_restarted_by_the_failure_policy(sim, config, co
     faults_api.set_fault(sim.core, "first-attempt", prefix=name, fail_attempts=1, exit_code=3)
     sim.create_jobset(body)
 
-    failed = sim.wait("the first attempt's pod to fail", lambda: [
-        p for p in sim.pods(name) if p.status.phase == "Failed"], timeout=60)
+    failed = sim.wait(
+        "the first attempt's pod to fail", lambda: [p for p in sim.pods(name) if p.status.phase == "Failed"], timeout=60
+    )
     assert failed[0].metadata.labels["jobset.sigs.k8s.io/restart-attempt"] == "0"
     assert failed[0].status.container_statuses[0].state.terminated.exit_code == 3
     js = sim.wait_jobset(name)
@@ -237,18 +253,40 @@ def test_pod_template_annotation_fails_the_jobset_with_the_exit_code(sim):
     """Faults can also be asked for in the manifest: sim.tpu-rl.dev/exit-code on the pod template."""
     name = f"sim-fail-{uuid.uuid4().hex[:6]}"
     body = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "failurePolicy": {"maxRestarts": 0},
-            "replicatedJobs": [{"name": "main-job", "replicas": 1, "template": {"spec": {
-                "backoffLimit": 0, "completions": 1, "parallelism": 1,
-                "template": {
-                    "metadata": {"annotations": {"sim.tpu-rl.dev/exit-code": "7", "sim.tpu-rl.dev/run-seconds": "1"}},
-                    "spec": {"restartPolicy": "Never",
-                             "nodeSelector": {"cloud.google.com/gke-nodepool": "cpu-np"},
-                             "containers": [{"name": "workload-container", "image": "busybox",
-                                             "command": ["/bin/bash", "-c", "exit 7"]}]}}}}}],
+            "replicatedJobs": [
+                {
+                    "name": "main-job",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "backoffLimit": 0,
+                            "completions": 1,
+                            "parallelism": 1,
+                            "template": {
+                                "metadata": {
+                                    "annotations": {"sim.tpu-rl.dev/exit-code": "7", "sim.tpu-rl.dev/run-seconds": "1"}
+                                },
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "nodeSelector": {"cloud.google.com/gke-nodepool": "cpu-np"},
+                                    "containers": [
+                                        {
+                                            "name": "workload-container",
+                                            "image": "busybox",
+                                            "command": ["/bin/bash", "-c", "exit 7"],
+                                        }
+                                    ],
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
         },
     }
     sim.create_jobset(body)
@@ -300,11 +338,14 @@ def spare_pool(sim):
     pool, names = f"sim-spare-{uuid.uuid4().hex[:4]}", []
     for i in range(2):
         name = f"{pool}-{i}"
-        body = nodes.node(name, pool, "ct6e-standard-4t",
-                          {"cpu": "180", "memory": "720Gi", "pods": "110", "google.com/tpu": "4"},
-                          {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
-                           "cloud.google.com/gke-tpu-topology": "2x4"},
-                          [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}])
+        body = nodes.node(
+            name,
+            pool,
+            "ct6e-standard-4t",
+            {"cpu": "180", "memory": "720Gi", "pods": "110", "google.com/tpu": "4"},
+            {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4"},
+            [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}],
+        )
         sim.core.create_node(body)
         names.append(name)
     yield pool, names
@@ -321,35 +362,68 @@ def spare_pool(sim):
 def two_host_jobset(name, pool):
     """Two long-running pods, one per host of `pool`, restarted once by the JobSet on failure."""
     return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"failurePolicy": {"maxRestarts": 1}, "replicatedJobs": [{"name": "main-job", "template": {"spec": {
-            "backoffLimit": 0, "completions": 2, "parallelism": 2,
-            "template": {
-                "metadata": {"annotations": {"sim.tpu-rl.dev/run-seconds": "600"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "nodeSelector": {"cloud.google.com/gke-nodepool": pool},
-                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                        "labelSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}},
-                        "topologyKey": "kubernetes.io/hostname"}]}},
-                    "containers": [{"name": "workload-container", "image": "busybox", "command": ["sleep", "600"],
-                                    "resources": {"limits": {"google.com/tpu": "4"}}}],
-                }}}}}]},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 1},
+            "replicatedJobs": [
+                {
+                    "name": "main-job",
+                    "template": {
+                        "spec": {
+                            "backoffLimit": 0,
+                            "completions": 2,
+                            "parallelism": 2,
+                            "template": {
+                                "metadata": {"annotations": {"sim.tpu-rl.dev/run-seconds": "600"}},
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "nodeSelector": {"cloud.google.com/gke-nodepool": pool},
+                                    "affinity": {
+                                        "podAntiAffinity": {
+                                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                                {
+                                                    "labelSelector": {
+                                                        "matchLabels": {"jobset.sigs.k8s.io/jobset-name": name}
+                                                    },
+                                                    "topologyKey": "kubernetes.io/hostname",
+                                                }
+                                            ]
+                                        }
+                                    },
+                                    "containers": [
+                                        {
+                                            "name": "workload-container",
+                                            "image": "busybox",
+                                            "command": ["sleep", "600"],
+                                            "resources": {"limits": {"google.com/tpu": "4"}},
+                                        }
+                                    ],
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
+        },
     }
 
 
-@pytest.mark.parametrize("how, reason, timeout", [
-    ("evict", "DeletionByTaintManager", 30),  # NoExecute taint: a host going away for maintenance
-    ("lose", "DeletionByPodGC", 120),         # Node deleted: pod GC acts after its 40 s quarantine
-])
-def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(sim, spare_pool, how, reason,
-                                                                                timeout):
+@pytest.mark.parametrize(
+    "how, reason, timeout",
+    [
+        ("evict", "DeletionByTaintManager", 30),  # NoExecute taint: a host going away for maintenance
+        ("lose", "DeletionByPodGC", 120),  # Node deleted: pod GC acts after its 40 s quarantine
+    ],
+)
+def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(sim, spare_pool, how, reason, timeout):
     import hosts
 
     pool, names = spare_pool
     name = f"sim-host-{uuid.uuid4().hex[:6]}"
     sim.create_jobset(two_host_jobset(name, pool))
+
     def running():
         return [p for p in sim.pods(name) if p.status.phase == "Running"]
 
@@ -360,9 +434,13 @@ def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(
     from kubernetes import watch
 
     condition = None
-    for event in watch.Watch().stream(sim.core.list_namespaced_pod, "default", timeout_seconds=timeout,
-                                      field_selector=f"metadata.name={victim.metadata.name}",
-                                      resource_version=victim.metadata.resource_version):
+    for event in watch.Watch().stream(
+        sim.core.list_namespaced_pod,
+        "default",
+        timeout_seconds=timeout,
+        field_selector=f"metadata.name={victim.metadata.name}",
+        resource_version=victim.metadata.resource_version,
+    ):
         found = [c for c in event["object"].status.conditions or [] if c.type == "DisruptionTarget"]
         if found:
             condition = found[0]
@@ -370,10 +448,14 @@ def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(
     assert condition is not None, f"no DisruptionTarget on {victim.metadata.name} within {timeout} s"
     assert condition.reason == reason
     sim.wait("the JobSet to restart", lambda: sim.get_jobset(name)["status"].get("restarts") == 1, timeout=30)
+
     # attempt 1: one pod runs on the surviving host; the lost host's pod cannot be placed until it is back
     def attempt1():
         return [p for p in sim.pods(name) if p.metadata.labels["jobset.sigs.k8s.io/restart-attempt"] == "1"]
 
-    sim.wait("attempt 1 with one pod running, one pending", lambda: sorted(
-        p.status.phase for p in attempt1()) == ["Pending", "Running"], timeout=30)
+    sim.wait(
+        "attempt 1 with one pod running, one pending",
+        lambda: sorted(p.status.phase for p in attempt1()) == ["Pending", "Running"],
+        timeout=30,
+    )
     sim.delete_jobset(name)

@@ -10,9 +10,29 @@ import tpu_rl
 
 PACKAGE = Path(tpu_rl.__file__).parent
 #: The core: params in, typed values and plain dicts out.
-CORE = ("config", "config_rules", "contract", "tpu", "machines", "run", "layout", "maxtext", "manifests", "gke",
-        "checkpoints", "jobset_status", "preemption", "jobset_release", "reaper", "leases", "programs", "vocabulary",
-        "plan", "training_metrics", "event_files")
+CORE = (
+    "config",
+    "config_rules",
+    "contract",
+    "tpu",
+    "machines",
+    "run",
+    "layout",
+    "maxtext",
+    "manifests",
+    "gke",
+    "checkpoints",
+    "jobset_status",
+    "preemption",
+    "jobset_release",
+    "reaper",
+    "leases",
+    "programs",
+    "vocabulary",
+    "plan",
+    "training_metrics",
+    "event_files",
+)
 
 
 def modules() -> dict[str, Path]:

@@ -26,9 +26,12 @@ except ImportError:  # pragma: no cover
 from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
 
 POOL_PATH = "projects/my-project/locations/us-east5/clusters/qwen-rl/nodePools/tpu-1a2b3c4d-0"
-STOCKOUT = {"code": "GCE_STOCKOUT", "canonical_code": "RESOURCE_EXHAUSTED",
-            "message": "The zone 'projects/my-project/zones/us-east5-b' does not have enough resources available "
-                       "to fulfill the request."}
+STOCKOUT = {
+    "code": "GCE_STOCKOUT",
+    "canonical_code": "RESOURCE_EXHAUSTED",
+    "message": "The zone 'projects/my-project/zones/us-east5-b' does not have enough resources available "
+    "to fulfill the request.",
+}
 
 
 def scripted_trigger(monkeypatch, answers, deadline, started="", create_seconds=900):
@@ -40,17 +43,27 @@ def scripted_trigger(monkeypatch, answers, deadline, started="", create_seconds=
     class Hook:
         async def get_operation(self, operation_name, project_id):
             current["status"], current["conditions"] = next(answers)
-            return SimpleNamespace(name=operation_name, status=current["status"], start_time=started,
-                                   operation_type=Operation.Type.CREATE_NODE_POOL)
+            return SimpleNamespace(
+                name=operation_name,
+                status=current["status"],
+                start_time=started,
+                operation_type=Operation.Type.CREATE_NODE_POOL,
+            )
 
     async def conditions(hook, pool_path):
         assert pool_path == POOL_PATH
         return current["conditions"]
 
     monkeypatch.setattr(gke_triggers, "node_pool_conditions", conditions)
-    trigger = TpuPoolCreateTrigger(operation_name="operation-1", project_id="my-project", location="us-east5",
-                                   poll_interval=0, pool_path=POOL_PATH, capacity_deadline=deadline,
-                                   create_seconds=create_seconds)
+    trigger = TpuPoolCreateTrigger(
+        operation_name="operation-1",
+        project_id="my-project",
+        location="us-east5",
+        poll_interval=0,
+        pool_path=POOL_PATH,
+        capacity_deadline=deadline,
+        create_seconds=create_seconds,
+    )
     monkeypatch.setattr(trigger, "_get_hook", lambda: Hook())
     return trigger
 
@@ -59,6 +72,7 @@ def first_event(trigger):
     async def run():
         async for event in trigger.run():
             return event.payload
+
     return asyncio.run(run())
 
 
@@ -66,19 +80,28 @@ RUNNING, DONE = Operation.Status.RUNNING, Operation.Status.DONE
 
 
 def test_a_pool_held_for_capacity_is_waited_for_with_gkes_reason_in_the_log(monkeypatch, capsys):
-    trigger = scripted_trigger(monkeypatch, [(RUNNING, []), (RUNNING, [STOCKOUT]), (RUNNING, [STOCKOUT]),
-                                             (RUNNING, [STOCKOUT]), (DONE, [])], deadline=time.time() + 3600)
+    trigger = scripted_trigger(
+        monkeypatch,
+        [(RUNNING, []), (RUNNING, [STOCKOUT]), (RUNNING, [STOCKOUT]), (RUNNING, [STOCKOUT]), (DONE, [])],
+        deadline=time.time() + 3600,
+    )
     assert first_event(trigger) == {"status": "success", "operation_name": "operation-1"}
     waits = [line for line in capsys.readouterr().out.splitlines() if "waits for TPU capacity" in line]
     assert len(waits) == 1  # three polls within a minute: one line
-    assert ("Node pool tpu-1a2b3c4d-0 waits for TPU capacity (GKE: The zone 'projects/my-project/zones/us-east5-b' "
-            "does not have enough resources") in waits[0]
+    assert (
+        "Node pool tpu-1a2b3c4d-0 waits for TPU capacity (GKE: The zone 'projects/my-project/zones/us-east5-b' "
+        "does not have enough resources"
+    ) in waits[0]
 
 
 def test_the_wait_ends_at_the_capacity_deadline_with_gkes_reason(monkeypatch):
     trigger = scripted_trigger(monkeypatch, [(RUNNING, [STOCKOUT]), (RUNNING, [STOCKOUT])], deadline=time.time() - 1)
-    assert first_event(trigger) == {"status": "capacity_timeout", "operation_name": "operation-1",
-                                    "node_pool": "tpu-1a2b3c4d-0", "message": STOCKOUT["message"]}
+    assert first_event(trigger) == {
+        "status": "capacity_timeout",
+        "operation_name": "operation-1",
+        "node_pool": "tpu-1a2b3c4d-0",
+        "message": STOCKOUT["message"],
+    }
 
 
 def test_a_create_gke_ended_while_the_pool_was_read_is_reported_done_for_its_error_to_be_read(monkeypatch):
@@ -88,28 +111,44 @@ def test_a_create_gke_ended_while_the_pool_was_read_is_reported_done_for_its_err
     assert first_event(trigger) == {"status": "success", "operation_name": "operation-1"}
 
 
-QUOTA = {"code": "GCE_QUOTA_EXCEEDED", "canonical_code": "RESOURCE_EXHAUSTED",
-         "message": "Quota 'TPUS_PER_TPU_FAMILY' exceeded. Limit: 0.0 in region us-east5."}
+QUOTA = {
+    "code": "GCE_QUOTA_EXCEEDED",
+    "canonical_code": "RESOURCE_EXHAUSTED",
+    "message": "Quota 'TPUS_PER_TPU_FAMILY' exceeded. Limit: 0.0 in region us-east5.",
+}
 
 
 def test_quota_is_not_a_stockout_the_wait_ends_at_once(monkeypatch):
     """RESOURCE_EXHAUSTED can mean quota: waiting capacity_wait_minutes for quota that will not come wastes it."""
     trigger = scripted_trigger(monkeypatch, [(RUNNING, [QUOTA]), (DONE, [])], deadline=time.time() + 3600)
-    assert first_event(trigger) == {"status": "quota", "operation_name": "operation-1",
-                                    "node_pool": "tpu-1a2b3c4d-0", "message": QUOTA["message"]}
+    assert first_event(trigger) == {
+        "status": "quota",
+        "operation_name": "operation-1",
+        "node_pool": "tpu-1a2b3c4d-0",
+        "message": QUOTA["message"],
+    }
 
 
 def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monkeypatch):
-    stocked_out_operation(monkeypatch, "Insufficient regional quota to satisfy request: "
-                                       "resource \"TPUS_PER_TPU_FAMILY\": "
-                                       "request requires '64.0' and is short '64.0'. [GCE_QUOTA_EXCEEDED]")
+    stocked_out_operation(
+        monkeypatch,
+        "Insufficient regional quota to satisfy request: "
+        'resource "TPUS_PER_TPU_FAMILY": '
+        "request requires '64.0' and is short '64.0'. [GCE_QUOTA_EXCEEDED]",
+    )
     operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
     with pytest.raises(AirflowFailException) as failed:
-        operator.operation_done(context(), {"status": "success", "operation_name": "operation-2"}, next_step=0,
-                                capacity_deadline=time.time() + 3600)  # plenty of wait left: still fails at once
+        operator.operation_done(
+            context(),
+            {"status": "success", "operation_name": "operation-2"},
+            next_step=0,
+            capacity_deadline=time.time() + 3600,
+        )  # plenty of wait left: still fails at once
     message = str(failed.value)
-    assert ("Compute Engine quota for 64 v6e-64 chips in us-east5: TPUS_PER_TPU_FAMILY (dimension tpu_family CT6E)"
-            in message)
+    assert (
+        "Compute Engine quota for 64 v6e-64 chips in us-east5: TPUS_PER_TPU_FAMILY (dimension tpu_family CT6E)"
+        in message
+    )
     assert "not the Cloud TPU API's" in message and "Waiting does not help" in message
 
 
@@ -117,11 +156,13 @@ def test_a_create_gke_holds_for_capacity_is_given_up_past_the_deadline_once_long
     """GKE keeps a create it has no capacity for RUNNING for about 35 minutes, saying nothing in the pool: a wait of
     0 minutes ends once the create has run longer than a create with capacity, not after GKE's 35 minutes."""
     long_ago = datetime.fromtimestamp(time.time() - 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    event = first_event(scripted_trigger(monkeypatch, [(RUNNING, []), (RUNNING, [])], deadline=time.time() - 1,
-                                         started=long_ago))
+    event = first_event(
+        scripted_trigger(monkeypatch, [(RUNNING, []), (RUNNING, [])], deadline=time.time() - 1, started=long_ago)
+    )
     assert event["status"] == "capacity_timeout" and event["node_pool"] == "tpu-1a2b3c4d-0"
-    assert event["message"].startswith("GKE has been creating the pool for 17 minutes, "
-                                       "longer than a create with capacity")
+    assert event["message"].startswith(
+        "GKE has been creating the pool for 17 minutes, longer than a create with capacity"
+    )
     # Within the run's capacity wait, the same create is waited for.
     trigger = scripted_trigger(monkeypatch, [(RUNNING, []), (DONE, [])], deadline=time.time() + 3600, started=long_ago)
     assert first_event(trigger)["status"] == "success"
@@ -133,8 +174,14 @@ def test_a_slow_create_without_a_capacity_condition_is_not_given_up(monkeypatch)
 
 
 def test_the_trigger_survives_serialization():
-    trigger = TpuPoolCreateTrigger(operation_name="operation-1", project_id="p", location="us-east5",
-                                   pool_path=POOL_PATH, capacity_deadline=123.0, create_seconds=60.0)
+    trigger = TpuPoolCreateTrigger(
+        operation_name="operation-1",
+        project_id="p",
+        location="us-east5",
+        pool_path=POOL_PATH,
+        capacity_deadline=123.0,
+        create_seconds=60.0,
+    )
     path, kwargs = trigger.serialize()
     assert path == "tpu_rl.triggers.gke.TpuPoolCreateTrigger"
     assert TpuPoolCreateTrigger(**kwargs).serialize() == (path, kwargs)
@@ -144,20 +191,27 @@ def test_the_trigger_survives_serialization():
 
 
 def context():
-    return task_context(TaskInstanceStandIn("maxtext_rl_tpu", "manual__capacity", "create_tpu_pools"),
-                        {**TUTORIAL_CONF, "capacity_wait_minutes": 30})
+    return task_context(
+        TaskInstanceStandIn("maxtext_rl_tpu", "manual__capacity", "create_tpu_pools"),
+        {**TUTORIAL_CONF, "capacity_wait_minutes": 30},
+    )
 
 
-STOCKOUT_ERROR = ("Google Compute Engine: Not all instances running in IGM. Current errors: [GCE_STOCKOUT]: "
-                  "Instance 'gke-x' creation failed: The zone 'projects/my-project/zones/us-east5-b' does not have "
-                  "enough resources available to fulfill the request.")
+STOCKOUT_ERROR = (
+    "Google Compute Engine: Not all instances running in IGM. Current errors: [GCE_STOCKOUT]: "
+    "Instance 'gke-x' creation failed: The zone 'projects/my-project/zones/us-east5-b' does not have "
+    "enough resources available to fulfill the request."
+)
 
 
 def stocked_out_operation(monkeypatch, message=STOCKOUT_ERROR):
-    operation = SimpleNamespace(name="operation-2", error=SimpleNamespace(code=8, message=message),
-                                status_message=message, operation_type=Operation.Type.CREATE_NODE_POOL,
-                                target_link=f"https://container.googleapis.com/v1/{POOL_PATH}".replace(
-                                    "my-project", "123456"))
+    operation = SimpleNamespace(
+        name="operation-2",
+        error=SimpleNamespace(code=8, message=message),
+        status_message=message,
+        operation_type=Operation.Type.CREATE_NODE_POOL,
+        target_link=f"https://container.googleapis.com/v1/{POOL_PATH}".replace("my-project", "123456"),
+    )
     monkeypatch.setattr(GkeApiHook, "get_operation", lambda self, name: operation)
 
 
@@ -166,8 +220,9 @@ def test_a_stockout_within_the_wait_creates_the_pool_again_later_deferred(monkey
     operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
     deadline = time.time() + 1800
     with pytest.raises(TaskDeferred) as deferred:
-        operator.operation_done(context(), {"status": "success", "operation_name": "operation-2"}, next_step=1,
-                                capacity_deadline=deadline)
+        operator.operation_done(
+            context(), {"status": "success", "operation_name": "operation-2"}, next_step=1, capacity_deadline=deadline
+        )
     assert deferred.value.method_name == "retry_after_stockout"
     assert deferred.value.kwargs == {"step": 0, "capacity_deadline": deadline}
     assert 110 < deferred.value.trigger.moment.timestamp() - time.time() <= 120
@@ -177,8 +232,12 @@ def test_a_stockout_past_the_wait_fails_with_what_to_do(monkeypatch):
     stocked_out_operation(monkeypatch)
     operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
     with pytest.raises(AirflowFailException) as failed:
-        operator.operation_done(context(), {"status": "success", "operation_name": "operation-2"}, next_step=1,
-                                capacity_deadline=time.time() + 60)
+        operator.operation_done(
+            context(),
+            {"status": "success", "operation_name": "operation-2"},
+            next_step=1,
+            capacity_deadline=time.time() + 60,
+        )
     assert str(failed.value).startswith("GKE could not create TPU node pool tpu-1a2b3c4d-0: Google Compute Engine")
     assert "fix: there is no v6e-64 capacity in us-east5-b now" in str(failed.value)
     assert "a longer capacity_wait_minutes" in str(failed.value)
@@ -186,12 +245,17 @@ def test_a_stockout_past_the_wait_fails_with_what_to_do(monkeypatch):
 
 def test_a_pool_held_past_the_wait_fails_naming_the_pool_and_gkes_reason():
     operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
-    event = {"status": "capacity_timeout", "operation_name": "operation-1", "node_pool": "tpu-1a2b3c4d-0",
-             "message": STOCKOUT["message"]}
+    event = {
+        "status": "capacity_timeout",
+        "operation_name": "operation-1",
+        "node_pool": "tpu-1a2b3c4d-0",
+        "message": STOCKOUT["message"],
+    }
     with pytest.raises(AirflowFailException) as failed:
         operator.operation_done(context(), event, next_step=1, capacity_deadline=time.time())
     assert str(failed.value).startswith(
-        "GKE had no capacity for TPU node pool tpu-1a2b3c4d-0 within capacity_wait_minutes (30): The zone ")
+        "GKE had no capacity for TPU node pool tpu-1a2b3c4d-0 within capacity_wait_minutes (30): The zone "
+    )
 
 
 def test_pool_conditions_are_read_with_their_enum_names():
@@ -200,8 +264,12 @@ def test_pool_conditions_are_read_with_their_enum_names():
 
     from tpu_rl.hooks.gke import node_pool_conditions
 
-    pool = NodePool(name="tpu-1a2b3c4d-0", conditions=[StatusCondition(
-        code=StatusCondition.Code.GCE_STOCKOUT, canonical_code=8, message=STOCKOUT["message"])])
+    pool = NodePool(
+        name="tpu-1a2b3c4d-0",
+        conditions=[
+            StatusCondition(code=StatusCondition.Code.GCE_STOCKOUT, canonical_code=8, message=STOCKOUT["message"])
+        ],
+    )
 
     class Client:
         def get_node_pool(self, name):
@@ -215,17 +283,28 @@ def test_pool_conditions_are_read_with_their_enum_names():
     assert asyncio.run(node_pool_conditions(Hook(), POOL_PATH)) == [STOCKOUT]
 
 
-@pytest.mark.parametrize("link, target", [
-    # GKE's operation links name the project by number (API reference Operation.target_link)
-    ("https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl",
-     ("qwen-rl", None)),
-    ("https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl/nodePools/tpu-0",
-     ("qwen-rl", "tpu-0")),
-    ("https://container.googleapis.com/v1/projects/123/zones/us-east5-b/clusters/qwen-rl/nodePools/tpu-0/node/n-1",
-     ("qwen-rl", "tpu-0")),
-    ("https://container.googleapis.com/v1/projects/123/locations/us-east5/clusters/qwen-rl-2/nodePools/tpu-0",
-     ("qwen-rl-2", "tpu-0")),
-])
+@pytest.mark.parametrize(
+    "link, target",
+    [
+        # GKE's operation links name the project by number (API reference Operation.target_link)
+        (
+            "https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl",
+            ("qwen-rl", None),
+        ),
+        (
+            "https://container.googleapis.com/v1/projects/805818759045/locations/us-east5/clusters/qwen-rl/nodePools/tpu-0",
+            ("qwen-rl", "tpu-0"),
+        ),
+        (
+            "https://container.googleapis.com/v1/projects/123/zones/us-east5-b/clusters/qwen-rl/nodePools/tpu-0/node/n-1",
+            ("qwen-rl", "tpu-0"),
+        ),
+        (
+            "https://container.googleapis.com/v1/projects/123/locations/us-east5/clusters/qwen-rl-2/nodePools/tpu-0",
+            ("qwen-rl-2", "tpu-0"),
+        ),
+    ],
+)
 def test_an_operations_target_is_read_whatever_names_the_project(link, target):
     from tpu_rl.gke import operation_target
 

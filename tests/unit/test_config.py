@@ -32,12 +32,18 @@ def test_derived_values_of_the_tutorial_slice(tutorial_config):
 
 
 def test_other_generations_derive_their_own_shape(tutorial_conf):
-    v5p = RunConfig.from_params({**tutorial_conf, "tpu_type": "v5p-128", "topology": "4x4x4",
-                                 "compute_type": "ct5p-hightpu-4t"})
+    v5p = RunConfig.from_params(
+        {**tutorial_conf, "tpu_type": "v5p-128", "topology": "4x4x4", "compute_type": "ct5p-hightpu-4t"}
+    )
     assert (v5p.chips, v5p.hosts_per_slice, v5p.slice.pathways_instance_type) == (64, 16, "tpuv5:4x4x4")
     v6e_16 = RunConfig.from_params(
-        {**tutorial_conf, "tpu_type": "v6e-16", "topology": "4x4", "ici_tensor_parallelism": 2,
-         "ici_expert_parallelism": 2}
+        {
+            **tutorial_conf,
+            "tpu_type": "v6e-16",
+            "topology": "4x4",
+            "ici_tensor_parallelism": 2,
+            "ici_expert_parallelism": 2,
+        }
     )
     assert (v6e_16.chips, v6e_16.hosts_per_slice) == (16, 4)
 
@@ -107,8 +113,9 @@ def test_kubernetes_connection_needs_an_existing_cluster_and_pools(tutorial_conf
     problems = problems_for(tutorial_conf, kubernetes_conn_id="sim")
     assert "cluster_mode" in problems["kubernetes_conn_id"]
     assert "'existing'" in problems["tpu_pool_mode"]
-    RunConfig.from_params({**tutorial_conf, "kubernetes_conn_id": "sim", "cluster_mode": "existing",
-                           "tpu_pool_mode": "existing"})
+    RunConfig.from_params(
+        {**tutorial_conf, "kubernetes_conn_id": "sim", "cluster_mode": "existing", "tpu_pool_mode": "existing"}
+    )
 
 
 def test_unknown_model_and_unknown_param(tutorial_conf):
@@ -134,22 +141,33 @@ def test_extra_train_args_cannot_override_own_params(tutorial_conf):
     assert config.train_steps == 100
 
 
-@pytest.mark.parametrize("extra, steps", [
-    ({}, 50),
-    ({"rl.num_iterations": 2}, 100),
-    ({"num_iterations": 3, "rl.num_iterations": 2}, 150),  # the flat key wins, as in MaxText's pyconfig
-    ({"train_fraction": 0.5}, 25),
-    ({"num_epoch": 2, "train_fraction": 0.5}, 50),
-    ({"num_epoch": 3, "rl.num_iterations": 2, "train_fraction": 0.7}, 210),
-])
+@pytest.mark.parametrize(
+    "extra, steps",
+    [
+        ({}, 50),
+        ({"rl.num_iterations": 2}, 100),
+        ({"num_iterations": 3, "rl.num_iterations": 2}, 150),  # the flat key wins, as in MaxText's pyconfig
+        ({"train_fraction": 0.5}, 25),
+        ({"num_epoch": 2, "train_fraction": 0.5}, 50),
+        ({"num_epoch": 3, "rl.num_iterations": 2, "train_fraction": 0.7}, 210),
+    ],
+)
 def test_planned_steps_are_computed_as_maxtext_computes_them(tutorial_conf, extra, steps):
     """MaxText 0.2.4 configs/types.py: int(num_batches x rl.num_iterations x train_fraction x num_epoch). With
     only the first two multiplied, progress, ETA and the final-step check would be wrong."""
     assert RunConfig.from_params({**tutorial_conf, "extra_train_args": extra}).train_steps == steps
 
 
-@pytest.mark.parametrize("extra", [{"train_fraction": 0}, {"train_fraction": 1.5}, {"num_epoch": 0},
-                                   {"rl.num_iterations": "two"}, {"num_iterations": 1.5}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"train_fraction": 0},
+        {"train_fraction": 1.5},
+        {"num_epoch": 0},
+        {"rl.num_iterations": "two"},
+        {"num_iterations": 1.5},
+    ],
+)
 def test_step_keys_maxtext_would_refuse_are_refused(tutorial_conf, extra):
     assert next(iter(extra)) in problems_for(tutorial_conf, extra_train_args=extra)["extra_train_args"]
 
@@ -190,11 +208,13 @@ def test_conversion_must_fit_a_cpu_pool_node(tutorial_conf):
     # The blueprint's cpu-np is n4-standard-64: 256 GB, of which GKE leaves about 226Gi to pods.
     problems = problems_for(tutorial_conf, pw_cpu_machine_type="n4-standard-64", conversion_memory="256Gi")
     assert problems["conversion_memory"].startswith(
-        "conversion_memory: 256Gi does not fit on one n4-standard-64 node (227Gi")
+        "conversion_memory: 256Gi does not fit on one n4-standard-64 node (227Gi"
+    )
     problems = problems_for(tutorial_conf, pw_cpu_machine_type="n4-standard-32", conversion_cpu="40")
     assert "fix: request at most 31" in problems["conversion_cpu"]
-    assert RunConfig.from_params(
-        {**tutorial_conf, "pw_cpu_machine_type": "n4-standard-64"}).conversion_memory == "200Gi"
+    assert (
+        RunConfig.from_params({**tutorial_conf, "pw_cpu_machine_type": "n4-standard-64"}).conversion_memory == "200Gi"
+    )
 
 
 def test_only_shipped_jobset_releases_are_installed(tutorial_conf):
@@ -210,9 +230,17 @@ def test_v5p_topologies_gke_offers(tutorial_conf, topology):
     dims = [int(d) for d in topology.split("x")]
     chips = dims[0] * dims[1] * dims[2]
     config = RunConfig.from_params(
-        {**tutorial_conf, "tpu_type": f"v5p-{2 * chips}", "topology": topology, "compute_type": "ct5p-hightpu-4t",
-         "trainer_devices_fraction": 0.5, "sampler_devices_fraction": 0.5, "ici_tensor_parallelism": 1,
-         "ici_expert_parallelism": 1, "rollout_tensor_parallelism": 1}
+        {
+            **tutorial_conf,
+            "tpu_type": f"v5p-{2 * chips}",
+            "topology": topology,
+            "compute_type": "ct5p-hightpu-4t",
+            "trainer_devices_fraction": 0.5,
+            "sampler_devices_fraction": 0.5,
+            "ici_tensor_parallelism": 1,
+            "ici_expert_parallelism": 1,
+            "rollout_tensor_parallelism": 1,
+        }
     )
     assert config.chips == chips
 
@@ -226,7 +254,8 @@ def test_choices_are_checked_outside_the_form(tutorial_conf):
     """The plan command and the REST API bypass the form's enum: the config refuses a value it cannot act on."""
     problems = problems_for(tutorial_conf, control_plane_endpoint="public", cluster_mode="reuse")
     assert problems["control_plane_endpoint"] == (
-        "control_plane_endpoint: 'public' is not one of its choices; fix: use 'dns' or 'ip'.")
+        "control_plane_endpoint: 'public' is not one of its choices; fix: use 'dns' or 'ip'."
+    )
     assert "cluster_mode" in problems
 
 
@@ -241,7 +270,8 @@ def test_a_created_cluster_is_reached_through_its_dns_endpoint_unless_ip_is_aske
     run, now = RunIdentity("maxtext_rl_tpu", "manual__1"), datetime(2026, 12, 1, tzinfo=UTC)
     config = RunConfig.from_params(tutorial_conf)
     assert cluster_body(config, run, now)["control_plane_endpoints_config"] == {
-        "dns_endpoint_config": {"allow_external_traffic": True}}
+        "dns_endpoint_config": {"allow_external_traffic": True}
+    }
     assert ClusterTarget.for_run(config).use_dns_endpoint
     ip = RunConfig.from_params({**tutorial_conf, "control_plane_endpoint": "ip"})
     assert "control_plane_endpoints_config" not in cluster_body(ip, run, now)
@@ -253,8 +283,10 @@ def test_reservation_goes_with_capacity_type_reservation(tutorial_conf):
     is consumed only when capacity_type says so, never silently ignored."""
     assert RunConfig.from_params(tutorial_conf).capacity_type == "on_demand"
     problems = problems_for(tutorial_conf, capacity_type="reservation")
-    assert problems["reservation"] == ("reservation: is required when capacity_type is 'reservation'; fix: name the "
-                                       "reservation to consume, or choose another capacity_type.")
+    assert problems["reservation"] == (
+        "reservation: is required when capacity_type is 'reservation'; fix: name the "
+        "reservation to consume, or choose another capacity_type."
+    )
     problems = problems_for(tutorial_conf, capacity_type="spot", reservation="my-v6e")
     assert "capacity_type is 'spot', which consumes no reservation" in problems["reservation"]
     assert "set capacity_type to 'reservation', or clear reservation" in problems["reservation"]
@@ -267,9 +299,12 @@ def test_capacity_settings_that_would_be_ignored_are_refused(tutorial_conf):
     assert problems_for(tutorial_conf, capacity_type="spot", **existing)["capacity_type"] == (
         "capacity_type: 'spot' says how the TPU pools the run creates get their VMs, but tpu_pool_mode is 'existing' "
         "(the run creates none; preemptions are resumed on any capacity); fix: leave capacity_type 'on_demand', or "
-        "set tpu_pool_mode to 'per_run'.")
-    assert "the run creates no pool" in problems_for(tutorial_conf, capacity_wait_minutes=30, **existing)[
-        "capacity_wait_minutes"]
+        "set tpu_pool_mode to 'per_run'."
+    )
+    assert (
+        "the run creates no pool"
+        in problems_for(tutorial_conf, capacity_wait_minutes=30, **existing)["capacity_wait_minutes"]
+    )
     flex = problems_for(tutorial_conf, capacity_type="flex_start", capacity_wait_minutes=30)["capacity_wait_minutes"]
     assert "a flex_start pool is created empty at once" in flex and flex.endswith("fix: set it to 0.")
     assert RunConfig.from_params({**tutorial_conf, "capacity_type": "spot", "capacity_wait_minutes": 30})
@@ -277,7 +312,8 @@ def test_capacity_settings_that_would_be_ignored_are_refused(tutorial_conf):
 
 def test_capacity_wait_is_bounded_outside_the_form_too(tutorial_conf):
     assert problems_for(tutorial_conf, capacity_wait_minutes=-5)["capacity_wait_minutes"] == (
-        "capacity_wait_minutes: -5 is out of range; fix: use a value from 0 to 1440.")
+        "capacity_wait_minutes: -5 is out of range; fix: use a value from 0 to 1440."
+    )
     assert "capacity_wait_minutes" in problems_for(tutorial_conf, capacity_wait_minutes=2000)
     assert RunConfig.from_params({**tutorial_conf, "capacity_wait_minutes": 90}).capacity_wait_minutes == 90
 
@@ -285,8 +321,10 @@ def test_capacity_wait_is_bounded_outside_the_form_too(tutorial_conf):
 def test_flex_start_is_refused_for_tpu_v4(tutorial_conf):
     v4 = {"tpu_type": "v4-128", "topology": "4x4x4", "compute_type": "ct4p-hightpu-4t"}
     problems = problems_for(tutorial_conf, capacity_type="flex_start", **v4)
-    assert problems["capacity_type"] == ("capacity_type: flex_start does not offer TPU v4; fix: use on_demand, spot or "
-                                         "reservation, or a v5e, v5p or v6e slice.")
+    assert problems["capacity_type"] == (
+        "capacity_type: flex_start does not offer TPU v4; fix: use on_demand, spot or "
+        "reservation, or a v5e, v5p or v6e slice."
+    )
     assert RunConfig.from_params({**tutorial_conf, "capacity_type": "spot", **v4}).capacity_type == "spot"
 
 
@@ -296,19 +334,33 @@ def test_a_hub_dataset_alone_is_refused_with_maxtexts_recipe(tutorial_conf):
     evaluation set together."""
     problems = problems_for(tutorial_conf, dataset_name="nvidia/OpenMathInstruct-2")
     assert "hf_subset 'main'" in problems["dataset_name"] and "run_qwen3_30b_rl.sh" in problems["dataset_name"]
-    recipe = {"hf_train_files": "hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet",
-              "train_split": "train_1M", "eval_dataset_name": "nvidia/OpenMathInstruct-2"}
+    recipe = {
+        "hf_train_files": "hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet",
+        "train_split": "train_1M",
+        "eval_dataset_name": "nvidia/OpenMathInstruct-2",
+    }
     RunConfig.from_params({**tutorial_conf, "dataset_name": "nvidia/OpenMathInstruct-2", "extra_train_args": recipe})
     # Evaluating on another set is allowed when said so; not evaluating at all needs no evaluation set.
-    RunConfig.from_params({**tutorial_conf, "dataset_name": "nvidia/OpenMathInstruct-2",
-                           "extra_train_args": {**recipe, "eval_dataset_name": "openai/gsm8k"}})
-    RunConfig.from_params({**tutorial_conf, "dataset_name": "nvidia/OpenMathInstruct-2",
-                           "extra_train_args": {"hf_subset": "default", "num_test_batches": 0}})
+    RunConfig.from_params(
+        {
+            **tutorial_conf,
+            "dataset_name": "nvidia/OpenMathInstruct-2",
+            "extra_train_args": {**recipe, "eval_dataset_name": "openai/gsm8k"},
+        }
+    )
+    RunConfig.from_params(
+        {
+            **tutorial_conf,
+            "dataset_name": "nvidia/OpenMathInstruct-2",
+            "extra_train_args": {"hf_subset": "default", "num_test_batches": 0},
+        }
+    )
 
 
 def test_a_split_slice_with_data_files_is_refused(tutorial_conf):
     """With hf_train_files MaxText loads parquet files whose split is named by train_split: datasets refuses a
     slice there ("Split name should match '^\\w+(\\.\\w+)*$'")."""
-    problems = problems_for(tutorial_conf, extra_train_args={"hf_train_files": "gs://b/p/*.parquet",
-                                                             "train_split": "train[0:200]"})
+    problems = problems_for(
+        tutorial_conf, extra_train_args={"hf_train_files": "gs://b/p/*.parquet", "train_split": "train[0:200]"}
+    )
     assert "refuses slices" in problems["extra_train_args"]

@@ -57,8 +57,13 @@ def test_a_templated_pull_renders_as_airflow_reads_it():
 READ_IN_CODE = {
     Task.QUALITY_GATE: (contract.TRAINING_EVALUATION,),
     Task.PUBLISH_EXPORT: (contract.TRAINING_EVALUATION, contract.SLICE_TIMES),
-    Task.PIPELINE_DONE: (contract.TRAINING_EVALUATION, contract.SLICE_TIMES, contract.FINAL_STEP,
-                         contract.PUBLISHED_MODEL, contract.TRAINING_PREEMPTIONS),
+    Task.PIPELINE_DONE: (
+        contract.TRAINING_EVALUATION,
+        contract.SLICE_TIMES,
+        contract.FINAL_STEP,
+        contract.PUBLISHED_MODEL,
+        contract.TRAINING_PREEMPTIONS,
+    ),
 }
 
 

@@ -51,8 +51,9 @@ def test_the_training_tab_loads_from_the_installed_distribution_without_importin
         "print(sorted(m for m in sys.modules if m.startswith('tpu_rl.') or m == 'fastapi')); "
         "import tpu_rl; print(tpu_rl.__file__)"
     )
-    out = subprocess.run([sys.executable, "-I", "-W", "ignore", "-c", probe], capture_output=True, text=True,
-                         check=True, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-I", "-W", "ignore", "-c", probe], capture_output=True, text=True, check=True, cwd="/"
+    )
     folder, plugins, imported, package = out.stdout.strip().splitlines()[-4:]
     assert folder == "[]"
     assert plugins.startswith("[('tpu_rl_run_view', \"tpu-rl==") and "group='airflow.plugins'" in plugins
@@ -143,14 +144,23 @@ def test_clearing_training_reruns_its_setups_and_teardowns_not_the_conversion(da
     train = dag.get_task("train_rl")
     related = {t.task_id for t in train.get_upstreams_only_setups_and_teardowns()}
     assert related == {
-        "guard", "create_cluster", "wait_for_cluster", "ensure_jobset", "hf_token_secret",
-        "tpu_pools_guard", "wait_for_tpu_capacity", "create_tpu_pools", "delete_tpu_pools", "delete_cluster",
+        "guard",
+        "create_cluster",
+        "wait_for_cluster",
+        "ensure_jobset",
+        "hf_token_secret",
+        "tpu_pools_guard",
+        "wait_for_tpu_capacity",
+        "create_tpu_pools",
+        "delete_tpu_pools",
+        "delete_cluster",
     }
     assert "hf_to_maxtext" not in related
 
 
 def run_with_failure(dag, failing: str | None):
     for task in dag.tasks:
+
         def execute(context, task_id=task.task_id):
             if task_id == failing:
                 raise AirflowException(f"injected failure in {task_id}")
@@ -172,13 +182,24 @@ def run_with_failure(dag, failing: str | None):
         ("create_tpu_pools", "failed", ["delete_tpu_pools", "delete_cluster"], ["train_rl", "maxtext_to_hf"]),
         ("train_rl", "failed", ["delete_tpu_pools", "delete_cluster"], ["maxtext_to_hf"]),
         # A model that fails the quality gate is never exported or published; everything is torn down.
-        ("quality_gate", "failed", ["delete_tpu_pools", "delete_cluster"],
-         ["maxtext_to_hf", "publish_export", "pipeline_done"]),
+        (
+            "quality_gate",
+            "failed",
+            ["delete_tpu_pools", "delete_cluster"],
+            ["maxtext_to_hf", "publish_export", "pipeline_done"],
+        ),
         ("delete_cluster", "failed", ["publish_export", "pipeline_done"], []),
         (None, "success", ["delete_tpu_pools", "delete_cluster", "pipeline_done"], []),
     ],
-    ids=["triggerer check fails", "create fails", "pool create fails", "training fails", "gate fails", "teardown fails",
-         "all succeed"],
+    ids=[
+        "triggerer check fails",
+        "create fails",
+        "pool create fails",
+        "training fails",
+        "gate fails",
+        "teardown fails",
+        "all succeed",
+    ],
 )
 def test_teardown_wiring(dag, failing, run_state, must_run, must_not_run):
     state, tasks = run_with_failure(dag, failing)

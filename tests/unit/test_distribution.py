@@ -18,6 +18,8 @@ import tpu_rl
 from tpu_rl_testing import TRIGGER_IMPORT_PROBE, trigger_samples
 
 REPO = Path(__file__).resolve().parents[2]
+
+
 def _package_triggers() -> set[type]:
     from airflow.triggers.base import BaseTrigger
 
@@ -44,8 +46,14 @@ def test_every_trigger_classpath_imports_in_a_fresh_interpreter_with_only_the_wh
     serialized = [trigger.serialize() for trigger in trigger_samples()]
     payload = json.dumps([[classpath, kwargs] for classpath, kwargs in serialized])
 
-    out = subprocess.run([sys.executable, "-I", "-c", TRIGGER_IMPORT_PROBE], input=payload, capture_output=True,
-                         text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", TRIGGER_IMPORT_PROBE],
+        input=payload,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
 
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
@@ -75,10 +83,13 @@ def test_requirements_txt_pins_the_distributions_version():
     assert lines == [f"tpu-rl=={tpu_rl.__version__}"]
 
 
-@pytest.mark.parametrize("entry_point, target", [
-    ("airflow.plugins", "tpu_rl.run_view_plugin:TpuRlRunViewPlugin"),
-    ("apache_airflow_provider", "tpu_rl.provider:get_provider_info"),
-])
+@pytest.mark.parametrize(
+    "entry_point, target",
+    [
+        ("airflow.plugins", "tpu_rl.run_view_plugin:TpuRlRunViewPlugin"),
+        ("apache_airflow_provider", "tpu_rl.provider:get_provider_info"),
+    ],
+)
 def test_the_wheel_registers_its_entry_points(entry_point, target):
     from importlib.metadata import entry_points
 

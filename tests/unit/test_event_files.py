@@ -22,9 +22,14 @@ def _write(tmp_path: Path, form: str = "simple_value") -> bytes:
     import numpy as np
 
     folder = tmp_path / form
-    points = [(tag, value, step) for step in range(1, 6)
-              for tag, value, step in (("actor/train/loss", 1.0 / step, step),
-                                       ("rewards/train/sum", step * 0.25 - 3, step - 1))]
+    points = [
+        (tag, value, step)
+        for step in range(1, 6)
+        for tag, value, step in (
+            ("actor/train/loss", 1.0 / step, step),
+            ("rewards/train/sum", step * 0.25 - 3, step - 1),
+        )
+    ]
     if form == "simple_value":
         from tensorboardX import SummaryWriter
 
@@ -57,9 +62,12 @@ def _write(tmp_path: Path, form: str = "simple_value") -> bytes:
 def _tensorboard_scalars(data: bytes, tmp_path: Path) -> list[tuple[int, str, float]]:
     path = tmp_path / "events.out.tfevents.copy"
     path.write_bytes(data)
-    return [(event.step, value.tag, float(tensor_util.make_ndarray(value.tensor).item()))
-            for event in EventFileLoader(str(path)).Load() for value in event.summary.value
-            if value.metadata.plugin_data.plugin_name == "scalars"]
+    return [
+        (event.step, value.tag, float(tensor_util.make_ndarray(value.tensor).item()))
+        for event in EventFileLoader(str(path)).Load()
+        for value in event.summary.value
+        if value.metadata.plugin_data.plugin_name == "scalars"
+    ]
 
 
 def _ours(data: bytes) -> list[tuple[int, str, float]]:
@@ -82,7 +90,7 @@ def test_a_file_cut_while_its_writer_flushes_yields_the_whole_records_before_the
 
     for cut in (len(data) - 1, len(data) * 2 // 3, len(data) // 2, 20):
         read = _ours(data[:cut])
-        assert read == whole[:len(read)] == _tensorboard_scalars(data[:cut], tmp_path)
+        assert read == whole[: len(read)] == _tensorboard_scalars(data[:cut], tmp_path)
         if cut < len(data) * 2 // 3 + 1:
             assert len(read) < len(whole)
 
@@ -94,7 +102,7 @@ def test_a_damaged_record_ends_the_reading_instead_of_yielding_a_wrong_value(tmp
 
     damaged = _ours(bytes(data))
 
-    assert len(damaged) < len(whole) and damaged == whole[:len(damaged)]
+    assert len(damaged) < len(whole) and damaged == whole[: len(damaged)]
 
 
 def test_the_package_reads_event_files_without_tensorboard():
@@ -119,6 +127,11 @@ def test_the_package_reads_event_files_without_tensorboard():
         encoded = base64.b64encode(path.read_bytes()).decode()
         module = Path(folder) / "sim_writer.py"
         module.write_text(writer % encoded)
-        out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {folder!r}); {probe}"],
-                             capture_output=True, text=True, check=True, cwd="/")
+        out = subprocess.run(
+            [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {folder!r}); {probe}"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/",
+        )
     assert out.stdout.split() == ["1", "[]"]

@@ -26,8 +26,11 @@ def tpu_pool(**overrides):
         "name": "tpu-slice-0",
         "initial_node_count": 16,
         "locations": ["us-east5-b"],
-        "config": {"machine_type": "ct6e-standard-4t", "disk_type": "hyperdisk-balanced",
-                   "workload_metadata_config": {"mode": "GKE_METADATA"}},
+        "config": {
+            "machine_type": "ct6e-standard-4t",
+            "disk_type": "hyperdisk-balanced",
+            "workload_metadata_config": {"mode": "GKE_METADATA"},
+        },
         "placement_policy": {"type": "COMPACT", "tpu_topology": "8x8"},
         "management": {"auto_repair": True, "auto_upgrade": True},
     }
@@ -36,9 +39,12 @@ def tpu_pool(**overrides):
 
 
 def cluster(**overrides):
-    body = {"name": "tpu-rl", "release_channel": {"channel": "REGULAR"},
-            "workload_identity_config": {"workload_pool": f"{PROJECT}.svc.id.goog"},
-            "node_pools": [{"name": "system", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}}]}
+    body = {
+        "name": "tpu-rl",
+        "release_channel": {"channel": "REGULAR"},
+        "workload_identity_config": {"workload_pool": f"{PROJECT}.svc.id.goog"},
+        "node_pools": [{"name": "system", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}}],
+    }
     body.update(overrides)
     return body
 
@@ -63,8 +69,9 @@ def test_auto_upgrade_off_on_release_channel_refused_auto_repair_off_accepted():
     rules.check_management_with_release_channel(cluster(release_channel={"channel": "UNSPECIFIED"}), pool)
     rules.check_management_with_release_channel(cluster(), {k: v for k, v in pool.items() if k != "management"})
     # Auto-repair may be off on a channel cluster (flex-start needs it off).
-    rules.check_management_with_release_channel(cluster(),
-                                                tpu_pool(management={"auto_repair": False, "auto_upgrade": True}))
+    rules.check_management_with_release_channel(
+        cluster(), tpu_pool(management={"auto_repair": False, "auto_upgrade": True})
+    )
 
 
 @pytest.mark.parametrize("name", ["1abc", "Abc", "abc-", "a_b", "a" * 41, ""])
@@ -93,16 +100,23 @@ def test_tpu_node_count_must_match_topology():
 
 
 def test_tpu_topology_must_exist_for_generation():
-    assert "7x9" in refused(rules.check_tpu_slice,
-                            tpu_pool(placement_policy={"type": "COMPACT", "tpu_topology": "7x9"}))
+    assert "7x9" in refused(
+        rules.check_tpu_slice, tpu_pool(placement_policy={"type": "COMPACT", "tpu_topology": "7x9"})
+    )
     # v5p/v4 are 3D: 2x2x2 is a v5p topology, 8x8 is not.
-    v5p = tpu_pool(config={"machine_type": "ct5p-hightpu-4t"}, initial_node_count=2,
-                   placement_policy={"type": "COMPACT", "tpu_topology": "2x2x2"})
+    v5p = tpu_pool(
+        config={"machine_type": "ct5p-hightpu-4t"},
+        initial_node_count=2,
+        placement_policy={"type": "COMPACT", "tpu_topology": "2x2x2"},
+    )
     rules.check_tpu_slice(v5p)
-    rules.check_tpu_slice({**v5p, "initial_node_count": 48,
-                           "placement_policy": {"type": "COMPACT", "tpu_topology": "4x4x12"}})
-    refused(rules.check_tpu_slice, {**v5p, "initial_node_count": 12,
-                                    "placement_policy": {"type": "COMPACT", "tpu_topology": "2x4x6"}})
+    rules.check_tpu_slice(
+        {**v5p, "initial_node_count": 48, "placement_policy": {"type": "COMPACT", "tpu_topology": "4x4x12"}}
+    )
+    refused(
+        rules.check_tpu_slice,
+        {**v5p, "initial_node_count": 12, "placement_policy": {"type": "COMPACT", "tpu_topology": "2x4x6"}},
+    )
     refused(rules.check_tpu_slice, {**v5p, "placement_policy": {"type": "COMPACT", "tpu_topology": "8x8"}})
 
 
@@ -111,8 +125,11 @@ def test_multi_host_slice_needs_compact_placement_and_4_chip_hosts():
     eight = tpu_pool(config={"machine_type": "ct6e-standard-8t"}, initial_node_count=8)
     refused(rules.check_tpu_slice, eight)
     # single host: an 8-chip VM holds a whole 2x4 slice, no placement needed
-    rules.check_tpu_slice(tpu_pool(config={"machine_type": "ct6e-standard-8t"}, initial_node_count=1,
-                                   placement_policy={"tpu_topology": "2x4"}))
+    rules.check_tpu_slice(
+        tpu_pool(
+            config={"machine_type": "ct6e-standard-8t"}, initial_node_count=1, placement_policy={"tpu_topology": "2x4"}
+        )
+    )
 
 
 def test_topology_without_tpu_machine_refused():
@@ -126,23 +143,35 @@ def with_reservation(affinity):
 
 
 def test_specific_reservation_form():
-    good = {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
-            "values": [f"projects/{PROJECT}/reservations/res-a"]}
+    good = {
+        "consume_reservation_type": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": [f"projects/{PROJECT}/reservations/res-a"],
+    }
     rules.check_reservation_affinity(with_reservation(good), PROJECT, {"res-a"})
-    rules.check_reservation_affinity(with_reservation({**good, "values": ["res-a"]}), PROJECT,
-                                     {f"projects/{PROJECT}/reservations/res-a"})
+    rules.check_reservation_affinity(
+        with_reservation({**good, "values": ["res-a"]}), PROJECT, {f"projects/{PROJECT}/reservations/res-a"}
+    )
     refused(rules.check_reservation_affinity, with_reservation({**good, "key": "reservation"}), PROJECT, {"res-a"})
-    refused(rules.check_reservation_affinity, with_reservation({**good, "values": ["res-a", "res-b"]}), PROJECT,
-            {"res-a", "res-b"})
+    refused(
+        rules.check_reservation_affinity,
+        with_reservation({**good, "values": ["res-a", "res-b"]}),
+        PROJECT,
+        {"res-a", "res-b"},
+    )
     refused(rules.check_reservation_affinity, with_reservation({**good, "values": []}), PROJECT, {"res-a"})
 
 
 def test_unknown_reservation_not_found():
-    affinity = {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
-                "values": ["gone"]}
+    affinity = {
+        "consume_reservation_type": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["gone"],
+    }
     message = refused(rules.check_reservation_affinity, with_reservation(affinity), PROJECT, set(), code="NOT_FOUND")
-    assert message == ('Google Compute Engine: reservation "gone" not found for node pool "tpu-slice-0" at zone '
-                       '"us-east5-b".')
+    assert message == (
+        'Google Compute Engine: reservation "gone" not found for node pool "tpu-slice-0" at zone "us-east5-b".'
+    )
     # ANY_RESERVATION names none
     rules.check_reservation_affinity(with_reservation({"consume_reservation_type": "ANY_RESERVATION"}), PROJECT, set())
 
@@ -154,10 +183,16 @@ def spot_pool(**config):
 
 
 def flex_pool(**overrides):
-    pool = tpu_pool(initial_node_count=0, management={"auto_repair": False, "auto_upgrade": True},
-                    autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 16, "location_policy": "ANY"})
-    pool["config"] = {**pool["config"], "flex_start": True,
-                      "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}}
+    pool = tpu_pool(
+        initial_node_count=0,
+        management={"auto_repair": False, "auto_upgrade": True},
+        autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 16, "location_policy": "ANY"},
+    )
+    pool["config"] = {
+        **pool["config"],
+        "flex_start": True,
+        "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"},
+    }
     pool.update(overrides)
     return pool
 
@@ -167,7 +202,8 @@ def test_spot_pool_consumes_no_reservation():
     rules.check_capacity(spot_pool(reservation_affinity={"consume_reservation_type": "NO_RESERVATION"}))
     for kind in ("ANY_RESERVATION", "SPECIFIC_RESERVATION"):
         assert "Spot VMs cannot consume reservations" in refused(
-            rules.check_capacity, spot_pool(reservation_affinity={"consume_reservation_type": kind}))
+            rules.check_capacity, spot_pool(reservation_affinity={"consume_reservation_type": kind})
+        )
 
 
 def test_flex_start_pool_as_gke_documents_it_passes():
@@ -199,8 +235,11 @@ def test_flex_start_excludes_reservations_and_spot():
 
 
 def test_flex_start_refuses_tpu_v4():
-    pool = flex_pool(initial_node_count=0, placement_policy={"type": "COMPACT", "tpu_topology": "2x2x4"},
-                     autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 4})
+    pool = flex_pool(
+        initial_node_count=0,
+        placement_policy={"type": "COMPACT", "tpu_topology": "2x2x4"},
+        autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 4},
+    )
     pool["config"] = {**pool["config"], "machine_type": "ct4p-hightpu-4t", "disk_type": "pd-balanced"}
     assert 'does not support machine type "ct4p-hightpu-4t"' in refused(rules.check_capacity, pool)
     rules.check_tpu_slice(pool)
@@ -209,7 +248,8 @@ def test_flex_start_refuses_tpu_v4():
 def test_autoscaled_slice_pool_is_sized_by_its_maximum():
     pool = flex_pool(autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 8})
     assert refused(rules.check_tpu_slice, pool).startswith(
-        "Maximum node count 8 is not a valid size of TPU pod slice with topology 8x8")
+        "Maximum node count 8 is not a valid size of TPU pod slice with topology 8x8"
+    )
     rules.check_tpu_slice(flex_pool())
 
 
@@ -224,8 +264,9 @@ def test_hyperdisk_only_machine_types_refuse_pd(machine_type):
 
 
 def test_c4d_refuses_gvnic_off():
-    refused(rules.check_gvnic,
-            {"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": False}}})
+    refused(
+        rules.check_gvnic, {"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": False}}}
+    )
     rules.check_gvnic({"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": True}}})
     rules.check_gvnic({"name": "p", "config": {"machine_type": "n2-standard-8", "gvnic": {"enabled": False}}})
 
@@ -249,15 +290,23 @@ def test_concurrent_operations_refused_only_on_the_same_pool_or_the_cluster():
     """GKE runs operations on different node pools side by side; it refuses a pool's second operation, any
     operation during a cluster-level one, and a cluster-level one during any."""
     creating = [{"name": "operation-1-abc", "operation_type": "CREATE_NODE_POOL", "pool": "tpu-0"}]
-    message = refused(rules.check_no_running_operation, "tpu-rl", creating, "delete node pool", "tpu-0",
-                      code="FAILED_PRECONDITION")
-    assert message == ("Operation operation-1-abc is currently creating a node pool for cluster tpu-rl. "
-                       "Please wait and try again once it is done.")
+    message = refused(
+        rules.check_no_running_operation, "tpu-rl", creating, "delete node pool", "tpu-0", code="FAILED_PRECONDITION"
+    )
+    assert message == (
+        "Operation operation-1-abc is currently creating a node pool for cluster tpu-rl. "
+        "Please wait and try again once it is done."
+    )
     rules.check_no_running_operation("tpu-rl", creating, "create node pool", "tpu-1")  # another pool: allowed
     refused(rules.check_no_running_operation, "tpu-rl", creating, "delete cluster", code="FAILED_PRECONDITION")
-    message = refused(rules.check_no_running_operation, "tpu-rl",
-                      [{"name": "operation-2-def", "operation_type": "CREATE_CLUSTER", "pool": None}],
-                      "create node pool", "tpu-1", code="FAILED_PRECONDITION")
+    message = refused(
+        rules.check_no_running_operation,
+        "tpu-rl",
+        [{"name": "operation-2-def", "operation_type": "CREATE_CLUSTER", "pool": None}],
+        "create node pool",
+        "tpu-1",
+        code="FAILED_PRECONDITION",
+    )
     assert message == "Cluster is running incompatible operation operation-2-def."
     rules.check_no_running_operation("tpu-rl", [], "delete cluster")
 
@@ -283,14 +332,37 @@ def test_cluster_checks_its_pools():
 
 def test_node_metadata_keys_gke_reserves_or_cannot_hold_are_refused():
     for key in ("kube-env", "startup-script"):
-        assert "is reserved" in refused(rules.check_node_pool, cluster(), tpu_pool(config={
-            **tpu_pool()["config"], "metadata": {key: "x"}}), REGION, PROJECT, set())
-    assert "must match" in refused(rules.check_node_pool, cluster(), tpu_pool(config={
-        **tpu_pool()["config"], "metadata": {"tpu.rl/run": "x"}}), REGION, PROJECT, set())
-    assert "exceeds 32 KB" in refused(rules.check_node_pool, cluster(), tpu_pool(config={
-        **tpu_pool()["config"], "metadata": {"big": "x" * 40000}}), REGION, PROJECT, set())
-    rules.check_node_pool(cluster(), tpu_pool(config={**tpu_pool()["config"], "metadata": {
-        "tpu-rl-run-id": "manual__2026-12-01T00:00:00+00:00"}}), REGION, PROJECT, set())
+        assert "is reserved" in refused(
+            rules.check_node_pool,
+            cluster(),
+            tpu_pool(config={**tpu_pool()["config"], "metadata": {key: "x"}}),
+            REGION,
+            PROJECT,
+            set(),
+        )
+    assert "must match" in refused(
+        rules.check_node_pool,
+        cluster(),
+        tpu_pool(config={**tpu_pool()["config"], "metadata": {"tpu.rl/run": "x"}}),
+        REGION,
+        PROJECT,
+        set(),
+    )
+    assert "exceeds 32 KB" in refused(
+        rules.check_node_pool,
+        cluster(),
+        tpu_pool(config={**tpu_pool()["config"], "metadata": {"big": "x" * 40000}}),
+        REGION,
+        PROJECT,
+        set(),
+    )
+    rules.check_node_pool(
+        cluster(),
+        tpu_pool(config={**tpu_pool()["config"], "metadata": {"tpu-rl-run-id": "manual__2026-12-01T00:00:00+00:00"}}),
+        REGION,
+        PROJECT,
+        set(),
+    )
 
 
 def test_allocatable_follows_gke_reservations():
@@ -314,14 +386,25 @@ def test_allocatable_follows_gke_reservations():
         {},
         {"tpu_pool_mode": "cluster"},
         {"cluster_nodepool_count": 2, "capacity_type": "reservation", "reservation": "my-v6e-reservation"},
-        {"tpu_type": "v5p-256", "topology": "4x4x8", "compute_type": "ct5p-hightpu-4t",
-         "pw_cpu_machine_type": "n4-standard-64"},
+        {
+            "tpu_type": "v5p-256",
+            "topology": "4x4x8",
+            "compute_type": "ct5p-hightpu-4t",
+            "pw_cpu_machine_type": "n4-standard-64",
+        },
         {"capacity_type": "spot"},
         {"capacity_type": "flex_start"},
         {"capacity_type": "flex_start", "tpu_pool_mode": "cluster", "cluster_nodepool_count": 2},
     ],
-    ids=["tutorial", "pools-with-the-cluster", "two-slices-reserved", "v5p-on-n4", "spot", "flex-start",
-         "flex-start-pools-with-the-cluster"],
+    ids=[
+        "tutorial",
+        "pools-with-the-cluster",
+        "two-slices-reserved",
+        "v5p-on-n4",
+        "spot",
+        "flex-start",
+        "flex-start-pools-with-the-cluster",
+    ],
 )
 def test_every_request_the_pipeline_makes_passes_gkes_rules(overrides):
     """The pipeline's cluster and node pool bodies (what the plan prints and the operators send) against

@@ -49,7 +49,11 @@ def jobset_schema() -> dict:
     version = _versions()["JOBSET_VERSION"]
     result = subprocess.run(
         ["go", "mod", "download", "-json", f"sigs.k8s.io/jobset@{version}"],
-        capture_output=True, text=True, check=True, cwd="/", env={**os.environ, "GOFLAGS": "-mod=mod"},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
     )
     crd_path = Path(json.loads(result.stdout)["Dir"]) / "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
     crd = yaml.safe_load(crd_path.read_text())
@@ -65,8 +69,11 @@ def unknown_fields(obj, schema: dict, path: str = "") -> list[str]:
         properties = schema.get("properties")
         if properties is None:
             extra = schema.get("additionalProperties")
-            return ([p for k, v in obj.items() for p in unknown_fields(v, extra, f"{path}.{k}")]
-                    if isinstance(extra, dict) else [])
+            return (
+                [p for k, v in obj.items() for p in unknown_fields(v, extra, f"{path}.{k}")]
+                if isinstance(extra, dict)
+                else []
+            )
         found = []
         for key, value in obj.items():
             if key not in properties:
@@ -102,8 +109,14 @@ def test_pod_templates_secret_and_service_account_match_the_kubernetes_schema(pl
     assert len(objects) == 2
     for jobset in (d for d in plan if d.get("kind") == "JobSet"):
         for job in jobset["spec"]["replicatedJobs"]:
-            objects.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job["name"]},
-                            "spec": job["template"]["spec"]})
+            objects.append(
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": job["name"]},
+                    "spec": job["template"]["spec"],
+                }
+            )
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -111,12 +124,16 @@ def test_pod_templates_secret_and_service_account_match_the_kubernetes_schema(pl
 def test_unknown_fields_are_caught():
     """The checker itself: a misspelt field in a pod template is reported."""
     schema = jobset_schema()
-    bad = {"spec": {"replicatedJobs": [{"name": "x",
-                                        "template": {"spec": {"template": {"spec": {"nodeSelecter": {}}}}}}]}}
+    bad = {
+        "spec": {"replicatedJobs": [{"name": "x", "template": {"spec": {"template": {"spec": {"nodeSelecter": {}}}}}}]}
+    }
     assert unknown_fields(bad, schema) == [".spec.replicatedJobs[0].template.spec.template.spec.nodeSelecter"]
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "strngData": {}},
-                                     KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "strngData": {}},
+            KUBERNETES_VERSION,
+            strict=True,
+        )
 
 
 def test_gke_bodies_parse_as_container_v1_types(plan):

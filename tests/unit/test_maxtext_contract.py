@@ -38,8 +38,20 @@ def cached_wheel(project: str, version: str) -> zipfile.ZipFile:
     wheels = list(folder.glob("*.whl"))
     if not wheels:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.12", f"{project}=={version}", "-d", str(folder)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+                f"{project}=={version}",
+                "-d",
+                str(folder),
+            ],
             check=True,
         )
         wheels = list(folder.glob("*.whl"))
@@ -96,13 +108,24 @@ def module_invocations(config: RunConfig, run) -> list[tuple[str, list[str]]]:
                 words = shlex.split(container["command"][2].split("||")[-1].split(";")[-1])
                 if "-m" in words:
                     at = words.index("-m")
-                    found.append((words[at + 1], words[at + 2:]))
+                    found.append((words[at + 1], words[at + 2 :]))
     return found
 
 
-@pytest.fixture(params=[{}, {"dataset_name": "nvidia/OpenMathInstruct-2", "extra_train_args": {
-    "rl.num_iterations": 2, "hf_train_files": "hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet",
-    "train_split": "train_1M", "eval_dataset_name": "nvidia/OpenMathInstruct-2"}}])
+@pytest.fixture(
+    params=[
+        {},
+        {
+            "dataset_name": "nvidia/OpenMathInstruct-2",
+            "extra_train_args": {
+                "rl.num_iterations": 2,
+                "hf_train_files": "hf://datasets/nvidia/OpenMathInstruct-2/data/train_1M-*.parquet",
+                "train_split": "train_1M",
+                "eval_dataset_name": "nvidia/OpenMathInstruct-2",
+            },
+        },
+    ]
+)
 def config(request, tutorial_conf) -> RunConfig:
     return RunConfig.from_params({**tutorial_conf, **request.param})
 
@@ -160,10 +183,12 @@ def test_the_release_requires_the_tunix_and_metrax_read_here():
 
 def test_event_files_are_where_the_layout_looks(tutorial_config, run):
     """tensorboard_dir is <base_output_directory>/<run_name>/tensorboard/, and train_rl logs there."""
-    assert ('tensorboard_dir = os.path.join(self.base_output_directory, self.run_name, "tensorboard", "")'
-            in read("configs/types.py"))
-    assert re.search(r"MetricsLoggerOptions\(\s*log_dir=trainer_config.tensorboard_dir",
-                     read("trainers/post_train/rl/train_rl.py"))
+    assert 'tensorboard_dir = os.path.join(self.base_output_directory, self.run_name, "tensorboard", "")' in read(
+        "configs/types.py"
+    )
+    assert re.search(
+        r"MetricsLoggerOptions\(\s*log_dir=trainer_config.tensorboard_dir", read("trainers/post_train/rl/train_rl.py")
+    )
     layout = GcsLayout(tutorial_config, run)
     args = dict(maxtext.train_rl(tutorial_config, layout).config)
     assert layout.uri(layout.tensorboard_prefix) == f"{args['base_output_directory']}{args['run_name']}/tensorboard/"
@@ -187,8 +212,9 @@ def test_the_tags_read_are_the_ones_tunix_writes():
     assert '_calculate_scalar_reward_log_metrics(rewards, prefix="rewards")' in reward_manager
     assert training_metrics.REWARD_TAG == "rewards/train/sum"
     assert 'actor_config.metrics_prefix = "actor"' in tunix("rl/rl_cluster.py")
-    assert ('self.metrics_logger.log(self.metrics_prefix, "loss", loss, self._mode, step)'
-            in tunix("sft/peft_trainer.py"))
+    assert 'self.metrics_logger.log(self.metrics_prefix, "loss", loss, self._mode, step)' in tunix(
+        "sft/peft_trainer.py"
+    )
     assert training_metrics.LOSS_TAG == "actor/train/loss"
     assert '"kl": np.mean,' in tunix("rl/grpo/grpo_learner.py")
     assert training_metrics.KL_TAG == "actor/train/kl"
@@ -202,21 +228,29 @@ def evaluation_format(when: str) -> str:
 
 @pytest.mark.parametrize("when", ["Pre", "Post"])
 def test_the_evaluation_lines_of_this_release_are_parsed(when):
-    values = {"corr": 12, "total": 20, "accuracy": 60.0, "partial_accuracy": 65.0, "format_accuracy": 95.0,
-              "mean_reward": 0.71234}
+    values = {
+        "corr": 12,
+        "total": 20,
+        "accuracy": 60.0,
+        "partial_accuracy": 65.0,
+        "format_accuracy": 95.0,
+        "mean_reward": 0.71234,
+    }
     line = eval(f"({evaluation_format(when)})", {}, values)  # the release's own f-string, filled in
 
     evaluation = training_metrics.parse_evaluation([f"W1201 10:00:00.000000 1 train_rl.py:786] {line}"])
 
     score = evaluation.before if when == "Pre" else evaluation.after
-    assert score == training_metrics.Score(correct=12, total=20, accuracy=60.0, partial_accuracy=65.0,
-                                           format_accuracy=95.0, mean_reward=0.7123)
+    assert score == training_metrics.Score(
+        correct=12, total=20, accuracy=60.0, partial_accuracy=65.0, format_accuracy=95.0, mean_reward=0.7123
+    )
 
 
 def test_evaluation_runs_around_training_only_with_test_batches():
     source = read("trainers/post_train/rl/train_rl.py")
-    pre, success, post = (source.index(text)
-                          for text in ('f"Pre RL Training', f'"{TRAINER_SUCCESS_LINE}"', 'f"Post RL Training'))
+    pre, success, post = (
+        source.index(text) for text in ('f"Pre RL Training', f'"{TRAINER_SUCCESS_LINE}"', 'f"Post RL Training')
+    )
     assert pre < success < post
     for at in (pre, post):
         assert source.rfind("if trainer_config.num_test_batches > 0:", 0, at) > source.rfind("\n  max_logging", 0, at)
@@ -224,8 +258,9 @@ def test_evaluation_runs_around_training_only_with_test_batches():
     assert rl_defaults["num_test_batches"] == MAXTEXT_DEFAULT_TEST_BATCHES
 
 
-@pytest.mark.parametrize("data", [{"train_split": "train[{first}:{stop}]"},
-                                  {"hf_train_files": "gs://b/prompts/week={ds}/*.parquet"}])
+@pytest.mark.parametrize(
+    "data", [{"train_split": "train[{first}:{stop}]"}, {"hf_train_files": "gs://b/prompts/week={ds}/*.parquet"}]
+)
 def test_a_programs_interval_data_reaches_the_keys_train_rl_loads_its_training_data_from(tutorial_conf, run, data):
     """A program's data keys are passed to train_rl as config keys of this release, and they are what its
     get_dataset reads the training split from (a key it ignored would train every interval on the same data)."""
@@ -236,8 +271,9 @@ def test_a_programs_interval_data_reaches_the_keys_train_rl_loads_its_training_d
 
     interval = DataInterval(datetime(2026, 11, 3, tzinfo=UTC), datetime(2026, 11, 4, tzinfo=UTC), 2)
     config = RunConfig.from_params({**tutorial_conf, "interval_data": data, "examples_per_interval": 200})
-    [train_args] = [args for module, args in module_invocations(config.for_interval(interval), run)
-                    if module == maxtext.TRAIN_RL]
+    [train_args] = [
+        args for module, args in module_invocations(config.for_interval(interval), run) if module == maxtext.TRAIN_RL
+    ]
     rendered = {key: template.format(**interval.template_values(200)) for key, template in data.items()}
     assert {f"{key}={value}" for key, value in rendered.items()} <= set(train_args)
     assert set(data) <= set(INTERVAL_DATA_KEYS) and set(data) <= known_config_keys(maxtext.TRAIN_RL)
@@ -277,8 +313,10 @@ def test_orbax_skips_a_step_without_its_commit_marker_and_writes_the_marker_last
 def test_the_planned_steps_are_maxtexts():
     """configs/types.py: train_steps = int(num_batches x rl.num_iterations x train_fraction x num_epoch)."""
     source = read("configs/types.py")
-    assert ("int(self.dataset.num_batches * self.rl.num_iterations * self.dataset.train_fraction * self.num_epoch)"
-            in source)
+    assert (
+        "int(self.dataset.num_batches * self.rl.num_iterations * self.dataset.train_fraction * self.num_epoch)"
+        in source
+    )
 
 
 def test_a_hub_dataset_is_loaded_with_hf_subset_and_the_recipe_sets_files_split_and_evaluation():
@@ -295,5 +333,7 @@ def test_a_hub_dataset_is_loaded_with_hf_subset_and_the_recipe_sets_files_split_
 def test_tunix_logs_the_step_it_restored():
     """The line that tells an attempt that resumed (its Pre evaluation scores trained weights)."""
     assert "'Restored params from step: %d in %.3f seconds'" in tunix("sft/checkpoint_manager.py")
-    assert training_metrics.kept_line_kind(
-        "I1 checkpoint_manager.py:293] Restored params from step: 40 in 1.2 seconds") == "Restored"
+    assert (
+        training_metrics.kept_line_kind("I1 checkpoint_manager.py:293] Restored params from step: 40 in 1.2 seconds")
+        == "Restored"
+    )

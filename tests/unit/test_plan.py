@@ -81,8 +81,10 @@ def test_no_token_anywhere_in_the_plan(tutorial_config, run):
             for container in pod.get("containers", []) + pod.get("initContainers", []):
                 for env in container.get("env", []):
                     if env["name"] == "HF_TOKEN":
-                        assert env["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"],
-                                                                    "key": "HF_TOKEN"}
+                        assert env["valueFrom"]["secretKeyRef"] == {
+                            "name": secret["metadata"]["name"],
+                            "key": "HF_TOKEN",
+                        }
 
 
 def test_every_workload_pod_runs_as_the_packages_service_account_without_a_token(tutorial_config, run):
@@ -91,12 +93,19 @@ def test_every_workload_pod_runs_as_the_packages_service_account_without_a_token
     docs = list(yaml.safe_load_all(render(tutorial_config, run)))
     [account] = [d for d in docs if d.get("kind") == "ServiceAccount"]
     assert account["automountServiceAccountToken"] is False
-    pods = [job["template"]["spec"]["template"]["spec"] for d in docs if d.get("kind") == "JobSet"
-            for job in d["spec"]["replicatedJobs"]]
+    pods = [
+        job["template"]["spec"]["template"]["spec"]
+        for d in docs
+        if d.get("kind") == "JobSet"
+        for job in d["spec"]["replicatedJobs"]
+    ]
     assert len(pods) == 4  # the two conversions, the Pathways head and workers
     for pod in pods:
         assert (pod["serviceAccountName"], pod["automountServiceAccountToken"], pod["hostNetwork"]) == (
-            account["metadata"]["name"], False, True)
+            account["metadata"]["name"],
+            False,
+            True,
+        )
 
 
 def test_names_are_stable_for_a_run_and_distinct_between_runs(tutorial_config):
@@ -108,8 +117,9 @@ def test_names_are_stable_for_a_run_and_distinct_between_runs(tutorial_config):
 def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
     good = tmp_path / "good.json"
     good.write_text((REPO / "include/examples/tutorial.json").read_text())
-    result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(good)], capture_output=True, text=True,
-                            cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_rl.plan", "--conf", str(good)], capture_output=True, text=True, cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     kinds = [d.get("kind") or d.get("gkeRequest") for d in yaml.safe_load_all(result.stdout)]
     assert kinds == ["CreateCluster", "CreateNodePool", "ServiceAccount", "Secret", "JobSet", "JobSet", "JobSet"]
@@ -119,8 +129,9 @@ def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**json.loads(good.read_text()), "topology": "7x9"}))
-    result = subprocess.run([sys.executable, "-m", "tpu_rl.plan", "--conf", str(bad)], capture_output=True, text=True,
-                            cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_rl.plan", "--conf", str(bad)], capture_output=True, text=True, cwd=REPO
+    )
     assert result.returncode != 0
     assert result.stdout == ""
     assert "topology: '7x9' is not a v6e topology" in result.stderr
@@ -143,8 +154,10 @@ def test_requests_gke_accepts_on_a_release_channel_cluster(tutorial_conf, run):
     [exclusion] = window["maintenance_exclusions"].values()
     assert exclusion == {
         "start_time": "2026-11-30T12:00:00Z",
-        "maintenance_exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES",
-                                          "end_time_behavior": "UNTIL_END_OF_SUPPORT"},
+        "maintenance_exclusion_options": {
+            "scope": "NO_MINOR_OR_NODE_UPGRADES",
+            "end_time_behavior": "UNTIL_END_OF_SUPPORT",
+        },
     }
     tpu_pools = [p for p in cluster["node_pools"] if p["config"]["machine_type"] == "ct6e-standard-4t"]
     assert tpu_pools and all(p["management"] == {"auto_repair": True, "auto_upgrade": True} for p in tpu_pools)
@@ -159,8 +172,12 @@ def test_every_workload_pod_reaches_gcs_as_the_node_service_account(tutorial_con
     """Pods without hostNetwork on GKE_METADATA nodes act as their Kubernetes service account's Workload
     Identity principal, which has no bucket access."""
     jobsets, _ = _by_kind(plan_documents(tutorial_config, run))
-    for stage, replicated_job in (("hf2mt", "main-job"), ("mt2hf", "main-job"), ("train", "pathways-head"),
-                                  ("train", "worker")):
+    for stage, replicated_job in (
+        ("hf2mt", "main-job"),
+        ("mt2hf", "main-job"),
+        ("train", "pathways-head"),
+        ("train", "worker"),
+    ):
         _, pod = _pod_spec(jobsets[stage], replicated_job)
         assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet"), (stage, replicated_job)
 
@@ -171,10 +188,10 @@ def test_pathways_containers_match_cluster_toolkit(tutorial_config, run):
     worker_job, worker = _pod_spec(train, "worker")
     _, head = _pod_spec(train, "pathways-head")
     for container in [*head["initContainers"], *head["containers"], *worker["containers"]]:
-        assert ({"name": "ABSL_FLAGS", "value": "--pathways_pipe_unreachable_timeout=60s"}
-                in container["env"]), container["name"]
+        assert {"name": "ABSL_FLAGS", "value": "--pathways_pipe_unreachable_timeout=60s"} in container["env"], (
+            container["name"]
+        )
     assert worker_job["template"]["spec"]["backoffLimit"] == 16 * 4
-
 
 
 def test_the_plan_shows_each_capacity_type_and_what_it_sets(tutorial_conf, run):
@@ -190,7 +207,9 @@ def test_the_plan_shows_each_capacity_type_and_what_it_sets(tutorial_conf, run):
     comment, pool = pool_request(capacity_type="spot")
     assert "capacity_type spot: config.spot true" in comment
     assert (pool["config"]["spot"], pool["config"]["reservation_affinity"]) == (
-        True, {"consume_reservation_type": "NO_RESERVATION"})
+        True,
+        {"consume_reservation_type": "NO_RESERVATION"},
+    )
 
     comment, pool = pool_request(capacity_type="flex_start")
     assert "capacity_type flex_start: config.flex_start true" in comment
@@ -206,6 +225,7 @@ def test_the_plan_shows_each_capacity_type_and_what_it_sets(tutorial_conf, run):
 def test_the_conversion_asks_for_the_disk_its_download_needs(tutorial_conf, run):
     """MaxText's converter downloads the model into the Hugging Face cache (an emptyDir on the node's boot disk):
     62 GB for Qwen3-30B-A3B. Without a request the pod may land on a node without the room and be evicted."""
+
     def conversion(**params):
         config = RunConfig.from_params({**tutorial_conf, **params})
         docs = plan_documents(config, run)

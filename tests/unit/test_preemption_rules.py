@@ -22,45 +22,67 @@ def failed_jobset(first_failed=FIRST_FAILED_HEAD, restarts=0):
     return {
         "metadata": {"name": NAME, "namespace": "default", "uid": "u1"},
         "spec": {"replicatedJobs": [{"name": "pathways-head"}, {"name": "worker"}]},
-        "status": {"restarts": restarts, "conditions": [
-            {"type": "Failed", "status": "True", "reason": "FailedJobs", "message": message}]},
+        "status": {
+            "restarts": restarts,
+            "conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs", "message": message}],
+        },
     }
 
 
 def pod(name, *, rj="pathways-head", attempt=0, node="cpu-np-0", exit_code=None, disruption=None, reason=""):
-    conditions = [{"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": "m"}] \
-        if disruption else []
-    statuses = [{"name": "workload-container", "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}}] \
-        if exit_code is not None else []
+    conditions = (
+        [{"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": "m"}] if disruption else []
+    )
+    statuses = (
+        [{"name": "workload-container", "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}}]
+        if exit_code is not None
+        else []
+    )
     status = {"phase": "Failed", "conditions": conditions, "containerStatuses": statuses}
     if reason:
         status.update(reason=reason, message="Pod was terminated in response to imminent node shutdown.")
-    return st.PodRecord.from_pod({
-        "metadata": {"name": name, "uid": name, "labels": {
-            st.REPLICATED_JOB_LABEL: rj, st.JOB_INDEX_LABEL: "0", st.COMPLETION_INDEX_LABEL: "0",
-            st.RESTART_ATTEMPT_LABEL: str(attempt)}},
-        "spec": {"nodeName": node},
-        "status": status,
-    })
+    return st.PodRecord.from_pod(
+        {
+            "metadata": {
+                "name": name,
+                "uid": name,
+                "labels": {
+                    st.REPLICATED_JOB_LABEL: rj,
+                    st.JOB_INDEX_LABEL: "0",
+                    st.COMPLETION_INDEX_LABEL: "0",
+                    st.RESTART_ATTEMPT_LABEL: str(attempt),
+                },
+            },
+            "spec": {"nodeName": node},
+            "status": status,
+        }
+    )
 
 
 def test_a_preempted_tpu_worker_makes_the_trainers_crash_a_preemption():
-    pods = [pod("head", exit_code=1), pod("worker-3", rj="worker", node="tpu-3", exit_code=143,
-                                          disruption="TerminationByKubelet")]
+    pods = [
+        pod("head", exit_code=1),
+        pod("worker-3", rj="worker", node="tpu-3", exit_code=143, disruption="TerminationByKubelet"),
+    ]
     found = st.preemption(failed_jobset(), pods)
-    assert found == {"reason": ("DisruptionTarget TerminationByKubelet: "
-                                + st.DISRUPTION_REASONS["TerminationByKubelet"]),
-                     "pod": "worker-3", "node": "tpu-3"}
+    assert found == {
+        "reason": ("DisruptionTarget TerminationByKubelet: " + st.DISRUPTION_REASONS["TerminationByKubelet"]),
+        "pod": "worker-3",
+        "node": "tpu-3",
+    }
     assert "Spot VM" in found["reason"]
 
 
-@pytest.mark.parametrize("signal, expected", [
-    (dict(reason="Terminated"), "pod Terminated: Pod was terminated in response to imminent node shutdown."),
-    (dict(exit_code=143), "exit code 143"),
-    (dict(disruption="DeletionByTaintManager"), "DisruptionTarget DeletionByTaintManager"),
-    (dict(disruption="EvictionByEvictionAPI"), "DisruptionTarget EvictionByEvictionAPI"),
-    (dict(disruption="PreemptionByScheduler"), "DisruptionTarget PreemptionByScheduler"),
-])
+@pytest.mark.parametrize(
+    "signal, expected",
+    [
+        (dict(reason="Terminated"), "pod Terminated: Pod was terminated in response to imminent node shutdown."),
+        (dict(exit_code=143), "exit code 143"),
+        (dict(disruption="DeletionByTaintManager"), "DisruptionTarget DeletionByTaintManager"),
+        (dict(disruption="EvictionByEvictionAPI"), "DisruptionTarget EvictionByEvictionAPI"),
+        (dict(disruption="PreemptionByScheduler"), "DisruptionTarget PreemptionByScheduler"),
+    ],
+)
 def test_each_named_signal_counts_as_a_preemption(signal, expected):
     found = st.preemption(failed_jobset(), [pod("head", **{"exit_code": 1, **signal})])
     assert found is not None and found["reason"].startswith(expected)
@@ -93,24 +115,39 @@ def test_the_budget_is_per_run_and_separate_from_retries():
 
 
 def record(number=1, step=30, resumed_from=20, lost=120.0, set_aside=()):
-    return pr.PreemptionRecord(number, "DisruptionTarget TerminationByKubelet: Spot", "2026-01-01T00:00:00+00:00",
-                               step, resumed_from, lost, set_aside)
+    return pr.PreemptionRecord(
+        number,
+        "DisruptionTarget TerminationByKubelet: Spot",
+        "2026-01-01T00:00:00+00:00",
+        step,
+        resumed_from,
+        lost,
+        set_aside,
+    )
 
 
 def test_messages_say_where_the_training_resumes_and_when_the_budget_is_spent():
     assert pr.resume_message(record(), 3) == (
-        "preempted (DisruptionTarget TerminationByKubelet: Spot) at step 30: resuming from step 20 (preemption 1 of 3)")
+        "preempted (DisruptionTarget TerminationByKubelet: Spot) at step 30: resuming from step 20 (preemption 1 of 3)"
+    )
     spent = pr.budget_spent_message(record(number=3, resumed_from=None), 2, 20)
     assert "preemption 3 is beyond max_preemptions 2, so the training is not resumed" in spent
     assert "newest complete step: 20" in spent
 
 
 def test_accounting_counts_preemptions_time_lost_and_steps_recomputed():
-    records = [record(step=30, resumed_from=24, lost=90.5), record(2, step=40, resumed_from=40, lost=10.0),
-               record(3, step=45, resumed_from=None, lost=30.0)]
+    records = [
+        record(step=30, resumed_from=24, lost=90.5),
+        record(2, step=40, resumed_from=40, lost=10.0),
+        record(3, step=45, resumed_from=None, lost=30.0),
+    ]
     summary = pr.accounting(records, 2)
     assert {k: summary[k] for k in ("count", "max_preemptions", "seconds_lost", "steps_recomputed")} == {
-        "count": 3, "max_preemptions": 2, "seconds_lost": 130.5, "steps_recomputed": 6}
+        "count": 3,
+        "max_preemptions": 2,
+        "seconds_lost": 130.5,
+        "steps_recomputed": 6,
+    }
     assert [e["steps_recomputed"] for e in summary["events"]] == [6, 0, 0]
     assert pr.PreemptionRecord.from_json(summary["events"][0]) == records[0]
     assert pr.describe_accounting(summary) == "3 of at most 2, 2 min lost, 6 step(s) recomputed"
@@ -131,8 +168,10 @@ ITEM_META = b'{"tree_metadata": {"k": {"key_metadata": [{"key": "w"}], "value_me
 def verdict(step, *, committed=True, leaf=True):
     names = ["_CHECKPOINT_METADATA", "model_params/_METADATA"] + (["model_params/w/.zarray"] if leaf else [])
     names += ["commit_success.txt"] if committed else []
-    documents = {"_CHECKPOINT_METADATA": META if committed else b'{"commit_timestamp_nsecs": null}',
-                 "model_params/_METADATA": ITEM_META}
+    documents = {
+        "_CHECKPOINT_METADATA": META if committed else b'{"commit_timestamp_nsecs": null}',
+        "model_params/_METADATA": ITEM_META,
+    }
     return step, ck.check_orbax_step(f"actor/{step}/", names, documents, ITEMS)
 
 

@@ -55,7 +55,7 @@ def test_airflow_presets_and_cron_expressions_are_accepted(schedule):
 
 def test_a_program_declared_twice_is_refused_instead_of_the_first_one_vanishing(tmp_path):
     body = EXAMPLE.read_text()
-    daily = body[body.index("  maxtext_rl_tpu_daily:"):body.index("  maxtext_rl_tpu_weekly:")]
+    daily = body[body.index("  maxtext_rl_tpu_daily:") : body.index("  maxtext_rl_tpu_weekly:")]
     doubled = tmp_path / "programs.yaml"
     doubled.write_text(body + "\n" + daily)
     with pytest.raises(ProgramError, match=r"program 'maxtext_rl_tpu_daily' cannot be scheduled:\n  - declared twice"):
@@ -83,13 +83,19 @@ def test_interval_data_templates_are_checked():
     with pytest.raises(ConfigError, match=r"unknown field\(s\) \['day'\]"):
         RunConfig.from_params({**conf, "interval_data": {"hf_train_files": "gs://b/{day}/*.parquet"}})
     with pytest.raises(ConfigError, match="fewer than num_batches x batch_size = 200"):
-        RunConfig.from_params({**conf, "interval_data": {"train_split": "train[{first}:{stop}]"},
-                               "examples_per_interval": 100})
+        RunConfig.from_params(
+            {**conf, "interval_data": {"train_split": "train[{first}:{stop}]"}, "examples_per_interval": 100}
+        )
 
 
 def test_each_interval_trains_on_its_own_slice_of_the_data_and_records_it():
-    config = RunConfig.from_params({**TUTORIAL_CONF, "interval_data": {"train_split": "train[{first}:{stop}]",
-                                    "hf_train_files": ""}, "examples_per_interval": 200})
+    config = RunConfig.from_params(
+        {
+            **TUTORIAL_CONF,
+            "interval_data": {"train_split": "train[{first}:{stop}]", "hf_train_files": ""},
+            "examples_per_interval": 200,
+        }
+    )
     day = config.for_interval(DAY)
     assert day.extra_train_args["train_split"] == "train[400:600]"
     run = RunIdentity("maxtext_rl_tpu_daily", "backfill__2026-11-03T00:00:00+00:00", DAY.start.isoformat())
@@ -160,7 +166,8 @@ def test_a_shared_cluster_names_its_lease_and_its_creator_in_its_description():
     description = gke.cluster_body(config, run, datetime(2026, 12, 1, tzinfo=UTC))["description"]
     assert gke.cluster_owner(description) == run
     assert gke.cluster_lease_uri(description) == (
-        f"gs://{config.gcs_bucket}/tpu-rl/leases/cluster/{config.project}-{config.region}-{config.cluster_name}.json")
+        f"gs://{config.gcs_bucket}/tpu-rl/leases/cluster/{config.project}-{config.region}-{config.cluster_name}.json"
+    )
     assert gke.cluster_lease_uri(gke.owner_description(run)) is None
 
 
@@ -216,11 +223,21 @@ def test_a_scheduled_pipeline_refuses_defaults_its_form_would_refuse():
 
     program = load_programs(EXAMPLE)[0]
     with pytest.raises(ValueError, match=r"num_batches: 'many' is not valid: 'many' is not of type 'integer'"):
-        build_pipeline("p_bad", doc_md="", schedule="@daily", start_date=program.start_date,
-                       param_defaults={**program.params, "num_batches": "many"})
+        build_pipeline(
+            "p_bad",
+            doc_md="",
+            schedule="@daily",
+            start_date=program.start_date,
+            param_defaults={**program.params, "num_batches": "many"},
+        )
     with pytest.raises(ValueError, match=r"project: required"):
-        build_pipeline("p_missing", doc_md="", schedule="@daily", start_date=program.start_date,
-                       param_defaults={k: v for k, v in program.params.items() if k != "project"})
+        build_pipeline(
+            "p_missing",
+            doc_md="",
+            schedule="@daily",
+            start_date=program.start_date,
+            param_defaults={k: v for k, v in program.params.items() if k != "project"},
+        )
 
 
 def test_programs_share_no_param_and_their_tasks_hold_no_copy_of_the_form():
@@ -228,10 +245,13 @@ def test_programs_share_no_param_and_their_tasks_hold_no_copy_of_the_form():
     when they run (Airflow's process_params), so they do not each carry a copy."""
     from tpu_rl.pipeline import build_pipeline
 
-    daily, weekly = (build_pipeline(p.dag_id, doc_md="", schedule="@daily", start_date=p.start_date,
-                                    param_defaults=p.params) for p in load_programs(EXAMPLE))
+    daily, weekly = (
+        build_pipeline(p.dag_id, doc_md="", schedule="@daily", start_date=p.start_date, param_defaults=p.params)
+        for p in load_programs(EXAMPLE)
+    )
     assert daily.params.get_param("cluster_name") is not weekly.params.get_param("cluster_name")
-    assert (daily.params["dataset_name"] == "openai/gsm8k"
-            and weekly.params["dataset_name"] == "nvidia/OpenMathInstruct-2")
+    assert (
+        daily.params["dataset_name"] == "openai/gsm8k" and weekly.params["dataset_name"] == "nvidia/OpenMathInstruct-2"
+    )
     assert len(daily.params) == len(weekly.params) > 60
     assert all(len(task.params) == 0 for task in daily.tasks)

@@ -14,8 +14,17 @@ OTHER = RunIdentity("maxtext_rl_tpu", "scheduled__2026-12-01T11:00:00+00:00")
 
 
 def resource(kind=rp.NODE_POOL, age_minutes=120, chips=64, **extra) -> rp.Resource:
-    return rp.Resource(kind, "tpu-1234abcd-0", RUN, NOW - timedelta(minutes=age_minutes), "p", "us-east5",
-                       cluster="c", chips=chips, **extra)
+    return rp.Resource(
+        kind,
+        "tpu-1234abcd-0",
+        RUN,
+        NOW - timedelta(minutes=age_minutes),
+        "p",
+        "us-east5",
+        cluster="c",
+        chips=chips,
+        **extra,
+    )
 
 
 def test_the_pipelines_cluster_pools_and_secret_name_their_run(tutorial_conf):
@@ -53,12 +62,26 @@ def test_grace_keep_cluster_and_other_users_hold_a_resource():
 
 
 def test_the_report_and_what_fails_the_reaper():
-    decisions = [rp.decide(resource(), rp.MISSING, NOW, timedelta()),
-                 rp.decide(resource(rp.SECRET, chips=0, namespace="default"), rp.MISSING, NOW, timedelta()),
-                 rp.decide(resource(age_minutes=5), "running", NOW, timedelta())]
+    decisions = [
+        rp.decide(resource(), rp.MISSING, NOW, timedelta()),
+        rp.decide(resource(rp.SECRET, chips=0, namespace="default"), rp.MISSING, NOW, timedelta()),
+        rp.decide(resource(age_minutes=5), "running", NOW, timedelta()),
+    ]
     table = rp.report(decisions).splitlines()
-    assert table[0].split() == ["decision", "kind", "resource", "owner", "run", "run", "state", "age", "TPU",
-                                "chips", "chip-hours", "reason"]
+    assert table[0].split() == [
+        "decision",
+        "kind",
+        "resource",
+        "owner",
+        "run",
+        "run",
+        "state",
+        "age",
+        "TPU",
+        "chips",
+        "chip-hours",
+        "reason",
+    ]
     assert table[2].startswith("reap") and "128.00" in table[2] and "no longer exists" in table[2]
     assert table[4].startswith("keep") and "its run is running" in table[4]
     # Only TPU capacity that is still there fails the task: the Secret holds no chips, a deleted pool no longer bills.
@@ -72,14 +95,22 @@ def test_a_shared_cluster_whose_lease_a_live_run_holds_is_kept_though_that_run_h
     """A run that joined a shared cluster's lease and has not created its Secret yet still uses the cluster."""
     from tpu_rl.operators.reaper import ReapOrphanedResourcesOperator
 
-    cluster = rp.Resource(rp.CLUSTER, "c", RUN, NOW - timedelta(hours=5), "p", "us-east5",
-                          lease="gs://b/tpu-rl/leases/cluster/p-us-east5-c.json")
+    cluster = rp.Resource(
+        rp.CLUSTER,
+        "c",
+        RUN,
+        NOW - timedelta(hours=5),
+        "p",
+        "us-east5",
+        lease="gs://b/tpu-rl/leases/cluster/p-us-east5-c.json",
+    )
     states = {RUN: "success", OTHER: "running"}
     users = ReapOrphanedResourcesOperator._live_users([cluster], states, {("p", "us-east5", "c"): (RUN, OTHER)})
     decision = rp.decide(cluster, states[RUN], NOW, timedelta(minutes=60), users[("p", "us-east5", "c")])
     assert (decision.reap, decision.reason) == (False, f"in use by the live run {OTHER.dag_id} / {OTHER.run_id}")
-    ended = ReapOrphanedResourcesOperator._live_users([cluster], {**states, OTHER: "failed"},
-                                                      {("p", "us-east5", "c"): (RUN, OTHER)})
+    ended = ReapOrphanedResourcesOperator._live_users(
+        [cluster], {**states, OTHER: "failed"}, {("p", "us-east5", "c"): (RUN, OTHER)}
+    )
     assert ended == {} and rp.decide(cluster, "success", NOW, timedelta(minutes=60)).reap
 
 

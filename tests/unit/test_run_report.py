@@ -32,10 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
 import maxtext_emulator as emulator  # noqa: E402
 
 DAG_ID, RUN_ID = "maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00"
-PRE = ("Pre RL Training: corr=8, total=20, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, "
-       "mean_reward=0.4950")
-POST = ("Post RL Training: corr=5, total=20, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, "
-        "mean_reward=0.3400")
+PRE = (
+    "Pre RL Training: corr=8, total=20, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, "
+    "mean_reward=0.4950"
+)
+POST = (
+    "Post RL Training: corr=5, total=20, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, "
+    "mean_reward=0.3400"
+)
 SLICES = [{"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
 
 
@@ -55,7 +59,7 @@ def records(data: bytes) -> list[int]:
     """Where each TFRecord of an event file ends (length, its CRC, the data, its CRC)."""
     ends, offset = [], 0
     while offset < len(data):
-        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        (length,) = struct.unpack("<Q", data[offset : offset + 8])
         offset += 8 + 4 + length + 4
         ends.append(offset)
     return ends
@@ -78,7 +82,7 @@ class GrowingBucket:
 
     async def read(self, name: str, first: int | None = None, last: int | None = None) -> bytes:
         self.reads += 1
-        data = self.full[: self.size][first or 0: None if last is None else last + 1]
+        data = self.full[: self.size][first or 0 : None if last is None else last + 1]
         self.bytes_read += len(data)
         return data
 
@@ -107,8 +111,15 @@ def test_progress_reads_only_what_the_trainer_added_at_most_two_requests_a_minut
 
 def test_the_training_trigger_serialises_where_its_event_files_are():
     training = {"bucket": "b", "prefix": "m/trained/r/rl/tensorboard/", "train_steps": 50, "gcp_conn_id": "g"}
-    trigger = JobSetTrigger(name="t", namespace="default", uid="u", log_replicated_job="pathways-head",
-                            log_container="c", kubernetes_conn_id="k", training=training)
+    trigger = JobSetTrigger(
+        name="t",
+        namespace="default",
+        uid="u",
+        log_replicated_job="pathways-head",
+        log_container="c",
+        kubernetes_conn_id="k",
+        training=training,
+    )
 
     path, kwargs = trigger.serialize()
     again = JobSetTrigger(**kwargs)
@@ -124,8 +135,11 @@ def test_train_rl_points_its_trigger_at_the_runs_event_files_and_pushes_the_eval
     scope = train.bind_scope(ctx)
 
     assert train.trigger_kwargs()["training"] == {
-        "bucket": scope.config.gcs_bucket, "prefix": scope.layout.tensorboard_prefix, "train_steps": 50,
-        "gcp_conn_id": "google_cloud_default"}
+        "bucket": scope.config.gcs_bucket,
+        "prefix": scope.layout.tensorboard_prefix,
+        "train_steps": 50,
+        "gcp_conn_id": "google_cloud_default",
+    }
     train.after_completed(ctx, {"evaluation_lines": [PRE, POST]})
     assert ctx["ti"].xcoms["train_rl", "evaluation"] == evaluation_xcom(PRE, POST)
     train.after_completed(ctx, {})  # an adopted Completed JobSet: nothing was watched
@@ -136,16 +150,21 @@ def test_train_rl_points_its_trigger_at_the_runs_event_files_and_pushes_the_eval
 
 
 #: The same fall in accuracy as PRE -> POST, on 200 test prompts: beyond chance.
-PRE_200 = ("Pre RL Training: corr=80, total=200, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, "
-           "mean_reward=0.4950")
-POST_200 = ("Post RL Training: corr=50, total=200, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, "
-            "mean_reward=0.3400")
+PRE_200 = (
+    "Pre RL Training: corr=80, total=200, accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, "
+    "mean_reward=0.4950"
+)
+POST_200 = (
+    "Post RL Training: corr=50, total=200, accuracy=25.0%, partial_accuracy=30.0%, format_accuracy=90.0%, "
+    "mean_reward=0.3400"
+)
 
 
 def test_a_regression_fails_the_gate_without_retry_with_both_sets_of_figures():
     gate = QualityGateOperator(task_id="quality_gate")
-    ctx = context("quality_gate", {("train_rl", "evaluation"): evaluation_xcom(PRE_200, POST_200)},
-                  require_no_regression=True)
+    ctx = context(
+        "quality_gate", {("train_rl", "evaluation"): evaluation_xcom(PRE_200, POST_200)}, require_no_regression=True
+    )
 
     with pytest.raises(AirflowFailException) as failure:
         gate.execute(ctx)
@@ -159,10 +178,13 @@ def test_a_regression_fails_the_gate_without_retry_with_both_sets_of_figures():
 def test_a_fall_within_chance_on_few_prompts_passes_the_gate_and_says_why(capsys):
     """8/20 -> 5/20: one prompt is 5 points on 20, and the fall is within what 20 prompts can tell from chance."""
     gate = QualityGateOperator(task_id="quality_gate")
-    gate.execute(context("quality_gate", {("train_rl", "evaluation"): evaluation_xcom(PRE, POST)},
-                         require_no_regression=True))
-    assert "require_no_regression passes: accuracy fell from 40.0% (8/20) to 25.0% (5/20), within chance" in \
-        capsys.readouterr().out
+    gate.execute(
+        context("quality_gate", {("train_rl", "evaluation"): evaluation_xcom(PRE, POST)}, require_no_regression=True)
+    )
+    assert (
+        "require_no_regression passes: accuracy fell from 40.0% (8/20) to 25.0% (5/20), within chance"
+        in capsys.readouterr().out
+    )
 
 
 def test_without_a_gate_a_worse_model_goes_on():
@@ -184,22 +206,25 @@ def test_a_slice_counts_from_its_last_successful_create_to_its_delete():
     ]
 
     assert gke.slice_times(ops, ["tpu-0", "tpu-1"]) == [
-        {"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00.123456+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
+        {"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00.123456+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}
+    ]
 
 
 # --- the Asset event and the summary ------------------------------------------------------------------------
 
 
 def published_extra(xcoms: dict, **params: Any) -> dict:
-    publish = RunPublishHfExportOperator(task_id="publish_export", source_prefix="s/", asset=SimpleNamespace(),
-                                         final_step=50)
+    publish = RunPublishHfExportOperator(
+        task_id="publish_export", source_prefix="s/", asset=SimpleNamespace(), final_step=50
+    )
     publish.bind_scope(context("publish_export", xcoms, **params))
     return publish.event_extra
 
 
 def test_the_published_event_carries_the_evaluation_and_the_tpu_cost():
-    extra = published_extra({("train_rl", "evaluation"): evaluation_xcom(PRE, POST),
-                             ("delete_tpu_pools", "tpu_slices"): SLICES})
+    extra = published_extra(
+        {("train_rl", "evaluation"): evaluation_xcom(PRE, POST), ("delete_tpu_pools", "tpu_slices"): SLICES}
+    )
 
     assert extra["evaluation"]["before"]["accuracy"] == 40.0 and extra["evaluation"]["after"]["accuracy"] == 25.0
     assert extra["tpu"]["chip_hours"] == 96.0 and extra["tpu"]["cost_usd"] == 259.2
@@ -214,16 +239,23 @@ def test_a_run_without_evaluation_publishes_no_figures_and_says_why():
 
 
 def summary_context(**params: Any) -> dict:
-    return context("pipeline_done", {
-        ("train_rl", "evaluation"): evaluation_xcom(PRE, POST), ("delete_tpu_pools", "tpu_slices"): SLICES,
-        ("verify_training", "return_value"): 50, ("publish_export", "return_value"): "gs://b/m/hf-trained/r/",
-    }, **params)
+    return context(
+        "pipeline_done",
+        {
+            ("train_rl", "evaluation"): evaluation_xcom(PRE, POST),
+            ("delete_tpu_pools", "tpu_slices"): SLICES,
+            ("verify_training", "return_value"): 50,
+            ("publish_export", "return_value"): "gs://b/m/hf-trained/r/",
+        },
+        **params,
+    )
 
 
 def test_the_last_task_logs_and_returns_the_summary_and_sends_nothing_by_default(monkeypatch):
     sent = []
-    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify",
-                        lambda self, ctx: sent.append(self))
+    monkeypatch.setattr(
+        "airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify", lambda self, ctx: sent.append(self)
+    )
 
     summary = RunSummaryOperator(task_id="pipeline_done").execute(summary_context())
 
@@ -233,11 +265,13 @@ def test_the_last_task_logs_and_returns_the_summary_and_sends_nothing_by_default
 
 def test_the_summary_is_mailed_through_the_configured_connection(monkeypatch):
     sent = []
-    monkeypatch.setattr("airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify",
-                        lambda self, ctx: sent.append(self))
+    monkeypatch.setattr(
+        "airflow.providers.smtp.notifications.smtp.SmtpNotifier.notify", lambda self, ctx: sent.append(self)
+    )
 
     summary = RunSummaryOperator(task_id="pipeline_done").execute(
-        summary_context(notify_conn_id="smtp_team", notify_to="ml@example.com"))
+        summary_context(notify_conn_id="smtp_team", notify_to="ml@example.com")
+    )
 
     (mail,) = sent
     assert mail.smtp_conn_id == "smtp_team" and mail.to == "ml@example.com"
@@ -255,18 +289,23 @@ def test_a_mail_that_cannot_go_out_does_not_fail_a_published_run(monkeypatch, ca
     assert "Could not send the summary through connection smtp: smtp down" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("params, field", [({"notify_conn_id": "smtp"}, "notify_to"),
-                                           ({"notify_to": "a@b.c"}, "notify_conn_id")])
+@pytest.mark.parametrize(
+    "params, field", [({"notify_conn_id": "smtp"}, "notify_to"), ({"notify_to": "a@b.c"}, "notify_conn_id")]
+)
 def test_a_notification_needs_its_connection_and_its_recipients(params, field):
     with pytest.raises(ConfigError, match=f"{field}: is empty"):
         RunConfig.from_params({**TUTORIAL_CONF, **params})
 
 
-
 def gke_operation(kind: str, pool: str, end: str, cluster: str = TUTORIAL_CONF["cluster_name"]) -> SimpleNamespace:
     link = f"https://container.googleapis.com/v1/projects/p/locations/r/clusters/{cluster}/nodePools/{pool}"
-    return SimpleNamespace(operation_type=SimpleNamespace(name=kind), target_link=link, end_time=end,
-                           error=SimpleNamespace(code=0), status_message="")
+    return SimpleNamespace(
+        operation_type=SimpleNamespace(name=kind),
+        target_link=link,
+        end_time=end,
+        error=SimpleNamespace(code=0),
+        status_message="",
+    )
 
 
 def delete_pools_after_the_last_delete(monkeypatch, list_operations) -> dict:
@@ -283,14 +322,17 @@ def delete_pools_after_the_last_delete(monkeypatch, list_operations) -> dict:
 
 def test_delete_tpu_pools_counts_the_runs_slice_from_gkes_operations(monkeypatch):
     pool = RunIdentity(DAG_ID, RUN_ID).tpu_pool_name(0)
-    ops = [gke_operation("CREATE_NODE_POOL", pool, "2026-12-01T10:00:00Z"),
-           gke_operation("DELETE_NODE_POOL", pool, "2026-12-01T11:30:00Z"),
-           gke_operation("DELETE_NODE_POOL", pool, "2026-12-01T12:00:00Z", cluster="another-cluster")]
+    ops = [
+        gke_operation("CREATE_NODE_POOL", pool, "2026-12-01T10:00:00Z"),
+        gke_operation("DELETE_NODE_POOL", pool, "2026-12-01T11:30:00Z"),
+        gke_operation("DELETE_NODE_POOL", pool, "2026-12-01T12:00:00Z", cluster="another-cluster"),
+    ]
 
     xcoms = delete_pools_after_the_last_delete(monkeypatch, lambda: ops)
 
     assert xcoms["delete_tpu_pools", "tpu_slices"] == [
-        {"pool": pool, "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
+        {"pool": pool, "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}
+    ]
 
 
 def test_a_slice_time_that_cannot_be_read_never_fails_the_teardown(monkeypatch, capsys):
@@ -315,8 +357,9 @@ class LinesLog:
     warning = info
 
 
-def training_trigger_lines(monkeypatch, bucket: GrowingBucket, steps: list[tuple[float, int]], ends_after: float,
-                           interval: float = 3) -> list[str]:
+def training_trigger_lines(
+    monkeypatch, bucket: GrowingBucket, steps: list[tuple[float, int]], ends_after: float, interval: float = 3
+) -> list[str]:
     """The progress lines of the training trigger's loop: the file grows to ``steps`` (seconds, size) and the
     JobSet ends after ``ends_after`` seconds."""
     import contextlib
@@ -328,9 +371,15 @@ def training_trigger_lines(monkeypatch, bucket: GrowingBucket, steps: list[tuple
         yield bucket
 
     monkeypatch.setattr(trigger_module.GcsReadHook, "reader", reader)
-    trigger = JobSetTrigger(name="t", namespace="default", uid="u", log_replicated_job="pathways-head",
-                            log_container="c", kubernetes_conn_id="k",
-                            training={"bucket": "b", "prefix": "p/", "train_steps": 30, "interval": interval})
+    trigger = JobSetTrigger(
+        name="t",
+        namespace="default",
+        uid="u",
+        log_replicated_job="pathways-head",
+        log_container="c",
+        kubernetes_conn_id="k",
+        training={"bucket": "b", "prefix": "p/", "train_steps": 30, "interval": interval},
+    )
     trigger._log = LinesLog()
 
     async def run() -> None:

@@ -26,10 +26,22 @@ import maxtext_emulator as emulator  # noqa: E402
 RUN_ID = "manual__2026-11-29T10:00:00+00:00"
 CONF = {**TUTORIAL_CONF, "num_batches": 20, "notify_conn_id": "smtp_team", "notify_to": "team@example.com"}
 EVALUATION = {
-    "before": {"correct": 8, "total": 20, "accuracy": 40.0, "partial_accuracy": 50.0, "format_accuracy": 95.0,
-               "mean_reward": 0.495},
-    "after": {"correct": 12, "total": 20, "accuracy": 60.0, "partial_accuracy": 70.0, "format_accuracy": 100.0,
-              "mean_reward": 0.7},
+    "before": {
+        "correct": 8,
+        "total": 20,
+        "accuracy": 40.0,
+        "partial_accuracy": 50.0,
+        "format_accuracy": 95.0,
+        "mean_reward": 0.495,
+    },
+    "after": {
+        "correct": 12,
+        "total": 20,
+        "accuracy": 60.0,
+        "partial_accuracy": 70.0,
+        "format_accuracy": 100.0,
+        "mean_reward": 0.7,
+    },
 }
 SLICES = [{"pool": "tpu-0", "nodes_from": "2026-11-29T10:10:00+00:00", "nodes_gone": "2026-11-29T11:40:00+00:00"}]
 MODEL_URI = f"gs://{CONF['gcs_bucket']}/qwen3-30b-a3b/hf-trained/run/"
@@ -54,8 +66,10 @@ def tokens(metadata_db) -> dict[str, str]:
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
     manager = init_auth_manager()
-    return {"viewer": manager.generate_jwt(SimpleAuthManagerUser(username="viewer", role="viewer")),
-            "nobody": manager.generate_jwt(SimpleAuthManagerUser(username="nobody", role=None))}
+    return {
+        "viewer": manager.generate_jwt(SimpleAuthManagerUser(username="viewer", role="viewer")),
+        "nobody": manager.generate_jwt(SimpleAuthManagerUser(username="nobody", role=None)),
+    }
 
 
 def client_for(state: str, xcoms: dict, files: list[Path]):
@@ -88,12 +102,19 @@ def page_of(client, token: str | None, cookie: bool = False):
 
 def curves_on(html: str) -> dict[str, list[tuple[int, float]]]:
     """The points of each curve, from the markers' data attributes."""
-    return {tag: [(int(s), float(v)) for s, v in re.findall(r'data-step="(\d+)" data-value="([^"]+)"', body)]
-            for tag, body in re.findall(r'<figure data-tag="([^"]+)">(.*?)</figure>', html, re.S)}
+    return {
+        tag: [(int(s), float(v)) for s, v in re.findall(r'data-step="(\d+)" data-value="([^"]+)"', body)]
+        for tag, body in re.findall(r'<figure data-tag="([^"]+)">(.*?)</figure>', html, re.S)
+    }
 
 
-FINISHED = {"evaluation": EVALUATION, "slices": SLICES, "final_step": 20, "model_uri": MODEL_URI,
-            "preemptions": {"count": 1, "max_preemptions": 3, "seconds_lost": 600, "steps_recomputed": 2}}
+FINISHED = {
+    "evaluation": EVALUATION,
+    "slices": SLICES,
+    "final_step": 20,
+    "model_uri": MODEL_URI,
+    "preemptions": {"count": 1, "max_preemptions": 3, "seconds_lost": 600, "steps_recomputed": 2},
+}
 
 
 def test_a_finished_run_shows_its_curves_evaluation_cost_and_outputs(tokens, event_files):
@@ -113,8 +134,10 @@ def test_a_finished_run_shows_its_curves_evaluation_cost_and_outputs(tokens, eve
     assert "1 of at most 3, 10 min lost, 2 step(s) recomputed" in html
     layout = RunScope(CONF, RunIdentity(DAG_ID, RUN_ID)).layout
     assert layout.uri(layout.actor_checkpoints_prefix) in html and MODEL_URI in html
-    assert (f"https://console.cloud.google.com/storage/browser/{CONF['gcs_bucket']}/"
-            f"qwen3-30b-a3b/hf-trained/run/?project={CONF['project']}") in html
+    assert (
+        f"https://console.cloud.google.com/storage/browser/{CONF['gcs_bucket']}/"
+        f"qwen3-30b-a3b/hf-trained/run/?project={CONF['project']}"
+    ) in html
     assert "Training progress" not in html and "http-equiv" not in html  # nothing moves any more
     # Nothing of the run's connections or recipients, and nothing loaded from elsewhere.
     for private in ("huggingface_default", "smtp_team", "team@example.com", "<script", "src="):
@@ -128,7 +151,7 @@ def test_a_running_run_shows_its_progress_and_reloads_itself(tokens, event_files
     assert '<meta http-equiv="refresh" content="60">' in html
     assert "final step not resolved yet (of 20 planned)" in html
     assert "no evaluation logged yet" in html and "unknown: delete_tpu_pools recorded no slice times" in html
-    assert "Exported model</th><td class=\"note\">not published" in html
+    assert 'Exported model</th><td class="note">not published' in html
 
 
 def test_a_run_before_its_first_event_file_says_so(tokens):
@@ -184,6 +207,7 @@ def test_the_page_of_a_run_in_the_metadata_database_shows_its_xcoms(tokens, even
     pushed = {"train_rl": {XCOM_EVALUATION: EVALUATION}, "delete_tpu_pools": {XCOM_TPU_SLICES: SLICES}}
     returned = {"verify_training": 20, "publish_export": MODEL_URI}
     for task in dag.tasks:
+
         def execute(context, task_id=task.task_id):
             for key, value in pushed.get(task_id, {}).items():
                 context["ti"].xcom_push(key=key, value=value)

@@ -19,10 +19,14 @@ sys.path.insert(0, str(REPO / "sim"))
 import maxtext_emulator as emulator  # noqa: E402
 
 RUN = "gs://tpu-rl-sim/qwen3-30b-a3b/trained/run-1/rl"
-PRE = ("W1201 10:02:11.482113 139872 train_rl.py:786] Pre RL Training: corr=8, total=20, accuracy=40.0%, "
-       "partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950")
-POST = ("W1201 11:14:52.015220 139872 train_rl.py:824] Post RL Training: corr=12, total=20, accuracy=60.0%, "
-        "partial_accuracy=70.0%, format_accuracy=100.0%, mean_reward=0.7000")
+PRE = (
+    "W1201 10:02:11.482113 139872 train_rl.py:786] Pre RL Training: corr=8, total=20, accuracy=40.0%, "
+    "partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950"
+)
+POST = (
+    "W1201 11:14:52.015220 139872 train_rl.py:824] Post RL Training: corr=12, total=20, accuracy=60.0%, "
+    "partial_accuracy=70.0%, format_accuracy=100.0%, mean_reward=0.7000"
+)
 
 
 def test_event_files_of_the_emulated_trainer_read_back_as_written():
@@ -69,23 +73,32 @@ def test_a_file_cut_short_while_it_is_written_gives_the_steps_before_the_cut():
 
 
 def test_evaluation_lines_are_read_from_the_trainers_log():
-    log = ["I1201 10:00:00 train_rl.py:799] Starting RL training...", PRE, "...",
-           "W1201 11:14:50 train_rl.py:810] RL Training Completed Successfully!", POST]
+    log = [
+        "I1201 10:00:00 train_rl.py:799] Starting RL training...",
+        PRE,
+        "...",
+        "W1201 11:14:50 train_rl.py:810] RL Training Completed Successfully!",
+        POST,
+    ]
 
     evaluation = tm.parse_evaluation(log)
 
-    assert evaluation.before == tm.Score(correct=8, total=20, accuracy=40.0, partial_accuracy=50.0,
-                                         format_accuracy=95.0, mean_reward=0.495)
+    assert evaluation.before == tm.Score(
+        correct=8, total=20, accuracy=40.0, partial_accuracy=50.0, format_accuracy=95.0, mean_reward=0.495
+    )
     assert evaluation.after.accuracy == 60.0 and evaluation.after.format_accuracy == 100.0
     assert evaluation.after.mean_reward == 0.7
 
 
 def test_evaluation_lines_with_pass_at_1_scores_or_no_test_prompts():
     """eval_mode pass_at_1 makes corr a float; an empty test set gives the int 0 for every accuracy."""
-    fractional = ("Pre RL Training: corr=7.5, total=20, accuracy=37.5%, partial_accuracy=40.0%, format_accuracy=90.0%, "
-                  "mean_reward=-0.1250")
-    empty = ("Post RL Training: corr=0, total=0, accuracy=0%, partial_accuracy=0%, format_accuracy=0%, "
-             "mean_reward=0.0000")
+    fractional = (
+        "Pre RL Training: corr=7.5, total=20, accuracy=37.5%, partial_accuracy=40.0%, format_accuracy=90.0%, "
+        "mean_reward=-0.1250"
+    )
+    empty = (
+        "Post RL Training: corr=0, total=0, accuracy=0%, partial_accuracy=0%, format_accuracy=0%, mean_reward=0.0000"
+    )
 
     evaluation = tm.parse_evaluation([fractional, empty])
 
@@ -133,8 +146,14 @@ class MemoryBucket:
 
 def emulated_training(*faults, **args):
     storage = MemoryBucket()
-    args = {"base_output_directory": "gs://b/trained/run-1", "run_name": "rl", "num_batches": "10",
-            "batch_size": "4", "checkpoint_period": "5", **args}
+    args = {
+        "base_output_directory": "gs://b/trained/run-1",
+        "run_name": "rl",
+        "num_batches": "10",
+        "batch_size": "4",
+        "checkpoint_period": "5",
+        **args,
+    }
     lines, _ = emulator.train_rl(storage, args, {}, list(faults))
     return lines, storage.objects
 
@@ -181,8 +200,10 @@ def test_evaluation_is_described_with_both_sets_of_figures(tutorial_config):
 
 
 def curves(steps: int, first_reward: float, last_reward: float) -> dict:
-    return {tm.LOSS_TAG: [(s, 1 / s) for s in range(1, steps + 1)],
-            tm.REWARD_TAG: [(0, first_reward), *[(s, 0.3) for s in range(1, steps - 1)], (steps - 1, last_reward)]}
+    return {
+        tm.LOSS_TAG: [(s, 1 / s) for s in range(1, steps + 1)],
+        tm.REWARD_TAG: [(0, first_reward), *[(s, 0.3) for s in range(1, steps - 1)], (steps - 1, last_reward)],
+    }
 
 
 def test_progress_line_shows_step_elapsed_eta_and_reward_change():
@@ -200,7 +221,8 @@ def test_progress_of_a_resumed_attempt_counts_only_its_own_steps():
 def test_progress_before_the_first_step_and_at_the_end():
     assert tm.progress_line({}, 50, 40) == "step 0/50 (0%), 40s elapsed, ETA after the first logged step"
     assert tm.progress_line(curves(50, 0.2, 0.6), 50, 3 * 3600 + 5 * 60) == (
-        "step 50/50 (100%), 3h05m elapsed, reward 0.60 (+0.40 since start)")
+        "step 50/50 (100%), 3h05m elapsed, reward 0.60 (+0.40 since start)"
+    )
 
 
 # --- cost ---------------------------------------------------------------------------------------------------
@@ -230,16 +252,20 @@ def gated(conf: dict, **gate) -> RunConfig:
 
 def test_a_regression_fails_the_gate_only_beyond_chance_with_both_sets_of_figures(tutorial_conf):
     """The same fall (40% -> 25%) fails on 200 prompts and passes on 20, where one prompt is 5 points."""
+
     def lines(total):
         before = PRE.replace("corr=8, total=20", f"corr={total * 2 // 5}, total={total}")
-        after = (POST.replace("corr=12, total=20", f"corr={total // 4}, total={total}")
-                 .replace("accuracy=60.0%", "accuracy=25.0%", 1))
+        after = POST.replace("corr=12, total=20", f"corr={total // 4}, total={total}").replace(
+            "accuracy=60.0%", "accuracy=25.0%", 1
+        )
         return tm.parse_evaluation([before, after])
 
     config = gated(tutorial_conf, require_no_regression=True)
     [reason] = tm.quality_gate(lines(200), config)
-    assert reason.startswith("accuracy fell from 40.0% (80/200) to 25.0% (50/200), beyond chance: the 95% interval of "
-                             "the change, -23.8 to -5.8 points")
+    assert reason.startswith(
+        "accuracy fell from 40.0% (80/200) to 25.0% (50/200), beyond chance: the 95% interval of "
+        "the change, -23.8 to -5.8 points"
+    )
     assert "before training: accuracy 40.0% (80/200)" in reason and "after: accuracy 25.0% (50/200)" in reason
     assert tm.quality_gate(lines(20), config) == []
     assert "within chance" in tm.regression_note(lines(20))
@@ -247,6 +273,7 @@ def test_a_regression_fails_the_gate_only_beyond_chance_with_both_sets_of_figure
 
 def test_the_change_interval_is_newcombes():
     """Newcombe (1998), Table II, example (a): 56/70 vs 48/80, method 10 gives 0.0524 to 0.3339."""
+
     def score(correct, total):
         return tm.Score(correct, total, 100 * correct / total, 0, 0, 0)
 
@@ -270,10 +297,12 @@ def test_an_improved_model_passes_and_no_gate_checks_nothing(tutorial_conf, tuto
 def test_a_gate_without_the_after_figures_fails_rather_than_passing(tutorial_conf):
     reasons = tm.quality_gate(tm.parse_evaluation([PRE]), gated(tutorial_conf, min_post_accuracy=50))
 
-    assert reasons == ["the trainer logged no 'Post RL Training' line, so the quality gate cannot be checked "
-                       "(before training: accuracy 40.0% (8/20), partial 50.0% (10/20), format 95.0% (19/20), "
-                       "mean reward 0.4950; "
-                       "after: not logged)"]
+    assert reasons == [
+        "the trainer logged no 'Post RL Training' line, so the quality gate cannot be checked "
+        "(before training: accuracy 40.0% (8/20), partial 50.0% (10/20), format 95.0% (19/20), "
+        "mean reward 0.4950; "
+        "after: not logged)"
+    ]
 
 
 def test_a_gate_on_a_run_without_evaluation_is_refused_before_anything_starts(tutorial_conf):
@@ -284,11 +313,14 @@ def test_a_gate_on_a_run_without_evaluation_is_refused_before_anything_starts(tu
     assert "num_test_batches to 0" in str(error.value)
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"min_post_accuracy": 120}, "min_post_accuracy"),
-    ({"tpu_price_per_chip_hour": -1}, "tpu_price_per_chip_hour"),
-    ({"extra_train_args": {"num_test_batches": -2}}, "extra_train_args"),
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"min_post_accuracy": 120}, "min_post_accuracy"),
+        ({"tpu_price_per_chip_hour": -1}, "tpu_price_per_chip_hour"),
+        ({"extra_train_args": {"num_test_batches": -2}}, "extra_train_args"),
+    ],
+)
 def test_evaluation_and_cost_params_out_of_range_are_refused(tutorial_conf, params, field):
     with pytest.raises(ConfigError) as error:
         RunConfig.from_params({**tutorial_conf, **params})
@@ -343,7 +375,8 @@ def test_the_cost_counts_each_slice_the_run_created(tutorial_config):
 
     assert cost["chip_hours"] == 160.0 and cost["cost_usd"] == 432.0 and cost["price_per_chip_hour"] == 2.70
     assert tm.describe_cost(cost, tutorial_config) == (
-        "160.0 chip-hours, about $432.00 at $2.70 per chip-hour, 1 slice(s)")
+        "160.0 chip-hours, about $432.00 at $2.70 per chip-hour, 1 slice(s)"
+    )
 
 
 def test_a_slice_the_run_did_not_create_is_not_counted(tutorial_conf):
@@ -355,16 +388,22 @@ def test_a_slice_the_run_did_not_create_is_not_counted(tutorial_conf):
 def test_the_summary_names_step_evaluation_cost_and_model(tutorial_config):
     slices = [{"pool": "tpu-0", "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:00:00+00:00"}]
 
-    summary = tm.run_summary(final_step=50, evaluation=tm.parse_evaluation([PRE, POST]),
-                             cost=tm.tpu_cost(slices, tutorial_config), model_uri="gs://b/m/hf-trained/r/",
-                             config=tutorial_config)
+    summary = tm.run_summary(
+        final_step=50,
+        evaluation=tm.parse_evaluation([PRE, POST]),
+        cost=tm.tpu_cost(slices, tutorial_config),
+        model_uri="gs://b/m/hf-trained/r/",
+        config=tutorial_config,
+    )
 
     assert summary.splitlines() == [
         "Run summary",
         "  final step   50/50",
         "  evaluation   before accuracy 40.0% (8/20), partial 50.0% (10/20), format 95.0% (19/20), mean reward 0.4950",
-        ("               after  accuracy 60.0% (12/20), partial 70.0% (14/20), format 100.0% (20/20), "
-         "mean reward 0.7000"),
+        (
+            "               after  accuracy 60.0% (12/20), partial 70.0% (14/20), format 100.0% (20/20), "
+            "mean reward 0.7000"
+        ),
         "  TPU          64.0 chip-hours, about $172.80 at $2.70 per chip-hour, 1 slice(s)",
         "  preemptions  none",
         "  model        gs://b/m/hf-trained/r/",
@@ -388,16 +427,21 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
 
     from tpu_rl.triggers.jobset import JobSetTrigger, _LogCursor, _Progress
 
-    lines = [PRE, "I1201 11:14:00.1 1 train_rl.py:810] RL Training Completed Successfully!",
-             *[f"vLLM engine: processed prompt {i}" for i in range(150)], POST]
+    lines = [
+        PRE,
+        "I1201 11:14:00.1 1 train_rl.py:810] RL Training Completed Successfully!",
+        *[f"vLLM engine: processed prompt {i}" for i in range(150)],
+        POST,
+    ]
 
     class Hook:
         async def follow_log(self, pod, namespace, container, since):
             for i, text in enumerate(lines):
                 yield f"2026-12-01T11:14:{i // 100:02d}.{i % 100:02d}Z {text}"
 
-    trigger = JobSetTrigger(name="n", namespace="ns", uid="u", log_replicated_job="pathways-head",
-                            log_container="c", kubernetes_conn_id="k")
+    trigger = JobSetTrigger(
+        name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
+    )
     progress = _Progress(tail_lines=100)
     asyncio.run(trigger._stream_log(Hook(), SimpleNamespace(name="head-0"), _LogCursor(), progress))
     kept = list(progress.evaluation.values())
@@ -417,8 +461,9 @@ def test_the_eta_is_never_an_earlier_attempts_while_the_resumed_trainer_loads_th
     assert "ETA" in tm.attempt_progress(earlier, 50, now)  # without the attempt's start, as before
 
     resumed = {**earlier, "events.out.tfevents.1764586900.head-0": {tm.LOSS_TAG: [(s, 0.4) for s in range(25, 29)]}}
-    assert tm.attempt_progress(resumed, 50, resubmitted_at + 300,
-                               attempt_started=resubmitted_at).startswith("step 28/50")
+    assert tm.attempt_progress(resumed, 50, resubmitted_at + 300, attempt_started=resubmitted_at).startswith(
+        "step 28/50"
+    )
 
 
 def test_the_emulated_trainer_grows_its_event_file_as_the_real_one_flushes():
@@ -443,8 +488,11 @@ def test_the_emulated_training_uploads_growing_versions_then_the_whole_file():
         def upload_from_string(self, data):
             uploads.append((clock.monotonic(), data))
 
-    out = type("Out", (), {"written": [], "key": lambda self, rel: rel,
-                           "bucket": type("B", (), {"blob": lambda self, key: Blob()})()})()
+    out = type(
+        "Out",
+        (),
+        {"written": [], "key": lambda self, rel: rel, "bucket": type("B", (), {"blob": lambda self, key: Blob()})()},
+    )()
     name, data, sizes = emulator.growing_event_file(emulator.training_scalars(RUN, 12, range(1, 13)))
     started = clock.monotonic()
     emulator.put_event_file(out, f"tensorboard/{name}", data, sizes, duration=20.0)

@@ -13,10 +13,14 @@ from tpu_rl.operators.setup import TriggererCheckOperator
 from tpu_rl.triggers.triggerer import TriggererCheckTrigger
 
 # What the triggerer hands back (Trigger.submit_failure) when it cannot import the trigger's classpath.
-MISSING = {"error": "Trigger failure", "traceback": [
-    "Traceback (most recent call last):\n",
-    '  File ".../airflow/jobs/triggerer_job_runner.py", line 1340, in create_triggers\n',
-    "ModuleNotFoundError: No module named 'tpu_rl'\n"]}
+MISSING = {
+    "error": "Trigger failure",
+    "traceback": [
+        "Traceback (most recent call last):\n",
+        '  File ".../airflow/jobs/triggerer_job_runner.py", line 1340, in create_triggers\n',
+        "ModuleNotFoundError: No module named 'tpu_rl'\n",
+    ],
+}
 
 
 def _operator() -> TriggererCheckOperator:
@@ -28,8 +32,10 @@ def test_defers_on_the_packages_own_trigger_which_reports_the_triggerers_version
         _operator().execute({})
     trigger = deferred.value.trigger
     assert type(trigger) is TriggererCheckTrigger
-    assert trigger.serialize() == ("tpu_rl.triggers.triggerer.TriggererCheckTrigger",
-                                   {"sent_by": tpu_rl.__version__, "hold_seconds": 10.0})
+    assert trigger.serialize() == (
+        "tpu_rl.triggers.triggerer.TriggererCheckTrigger",
+        {"sent_by": tpu_rl.__version__, "hold_seconds": 10.0},
+    )
 
     async def first_event():
         return await anext(TriggererCheckTrigger(sent_by="x", hold_seconds=0).run())

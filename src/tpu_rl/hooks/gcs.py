@@ -184,8 +184,9 @@ async def training_state(
             committed_at = marker[""].updated if "" in marker else None
             break
     events, _ = await reader.list(tensorboard_prefix)
-    files = [await reader.read(tensorboard_prefix + name) for name in sorted(events)
-             if training_metrics.is_event_file(name)]
+    files = [
+        await reader.read(tensorboard_prefix + name) for name in sorted(events) if training_metrics.is_event_file(name)
+    ]
     loss = training_metrics.read_scalars(files).get(training_metrics.LOSS_TAG, []) if files else []
     logged = loss[-1][0] if loss else 0
     return TrainingState(steps, committed_at, max(numbers[:1] + [logged]))
@@ -494,7 +495,11 @@ class GcsLock:
                 if self._write(if_generation_match=state.generation):
                     self.log.warning(
                         "Took over %s: it was held by %s, %.0f s ago, longer than its %.0f s limit (that try "
-                        "cannot still be running)", self.uri, state.describe(), state.age(), stale_after,
+                        "cannot still be running)",
+                        self.uri,
+                        state.describe(),
+                        state.age(),
+                        stale_after,
                     )
                     return True, None
                 continue  # another waiter took it over first

@@ -66,15 +66,15 @@ class GkeApiHook:
         from google.api_core.exceptions import AlreadyExists
 
         try:
-            return self.provider_hook.create_cluster(cluster=body, project_id=self.project_id,
-                                                     wait_to_complete=False).name
+            return self.provider_hook.create_cluster(
+                cluster=body, project_id=self.project_id, wait_to_complete=False
+            ).name
         except AlreadyExists:
             return None
 
     def delete_cluster(self, cluster: str) -> str | None:
         """Asks GKE to delete a cluster: its operation's name, or None when there is no such cluster."""
-        operation = self.provider_hook.delete_cluster(name=cluster, project_id=self.project_id,
-                                                      wait_to_complete=False)
+        operation = self.provider_hook.delete_cluster(name=cluster, project_id=self.project_id, wait_to_complete=False)
         return operation.name if operation is not None else None
 
     def list_clusters(self) -> list[Cluster]:
@@ -89,8 +89,9 @@ class GkeApiHook:
         from google.cloud.container_v1 import NodePool
 
         try:
-            return self.client.create_node_pool(parent=self.cluster_path(cluster),
-                                                node_pool=NodePool.from_json(json.dumps(body))).name
+            return self.client.create_node_pool(
+                parent=self.cluster_path(cluster), node_pool=NodePool.from_json(json.dumps(body))
+            ).name
         except AlreadyExists:
             return None
 
@@ -118,10 +119,15 @@ class GkeApiHook:
     def running_operation(self, cluster: str, pool: str) -> Operation | None:
         """GKE's unfinished operation on a node pool of the cluster, or on the cluster itself (either makes GKE
         refuse another operation on the pool), or None."""
-        return next((op for op in self.list_operations()
-                     if op.status.name in UNFINISHED and operation_target(op.target_link) in ((cluster, pool),
-                                                                                             (cluster, None))),
-                    None)
+        return next(
+            (
+                op
+                for op in self.list_operations()
+                if op.status.name in UNFINISHED
+                and operation_target(op.target_link) in ((cluster, pool), (cluster, None))
+            ),
+            None,
+        )
 
 
 async def node_pool_conditions(gke_async_hook: Any, pool_path: str) -> list[dict[str, str]]:

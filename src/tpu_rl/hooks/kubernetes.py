@@ -55,7 +55,11 @@ class ClusterTarget:
     """
 
     template_fields: ClassVar[Sequence[str]] = (
-        "kubernetes_conn_id", "project_id", "location", "cluster_name", "gcp_conn_id",
+        "kubernetes_conn_id",
+        "project_id",
+        "location",
+        "cluster_name",
+        "gcp_conn_id",
     )
     #: What the JobSet operator takes as keywords instead of a ClusterTarget.
     KEYWORDS: ClassVar[Sequence[str]] = (*template_fields, "use_dns_endpoint")
@@ -95,8 +99,13 @@ class ClusterTarget:
         """The run's cluster: its Kubernetes connection when it names one, else its GKE cluster."""
         if config.kubernetes_conn_id:
             return cls(kubernetes_conn_id=config.kubernetes_conn_id, gcp_conn_id=config.gcp_conn_id)
-        return cls(project_id=config.project, location=config.region, cluster_name=config.cluster_name,
-                   gcp_conn_id=config.gcp_conn_id, use_dns_endpoint=config.uses_dns_endpoint)
+        return cls(
+            project_id=config.project,
+            location=config.region,
+            cluster_name=config.cluster_name,
+            gcp_conn_id=config.gcp_conn_id,
+            use_dns_endpoint=config.uses_dns_endpoint,
+        )
 
 
 class KubernetesApiHook(LoggingMixin):
@@ -252,14 +261,17 @@ class KubernetesApiHook(LoggingMixin):
         api = self.kube_hook.get_conn()
         try:
             jobsets = self._custom.list_cluster_custom_object(
-                JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, label_selector=label_selector)["items"]
+                JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, label_selector=label_selector
+            )["items"]
         except ApiException as e:
             if e.status != 404:
                 raise
             jobsets = []
         secrets = CoreV1Api(api).list_secret_for_all_namespaces(label_selector=label_selector).items
-        return ([{"metadata": j["metadata"]} for j in jobsets],
-                [{"metadata": api.sanitize_for_serialization(s.metadata)} for s in secrets])
+        return (
+            [{"metadata": j["metadata"]} for j in jobsets],
+            [{"metadata": api.sanitize_for_serialization(s.metadata)} for s in secrets],
+        )
 
     def server_version(self) -> str:
         """The cluster's Kubernetes version (its API server answers)."""
@@ -325,10 +337,26 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client.exceptions import ApiException
 
         probe = {
-            "apiVersion": JOBSET_API, "kind": "JobSet",
+            "apiVersion": JOBSET_API,
+            "kind": "JobSet",
             "metadata": {"name": "tpu-rl-install-probe", "namespace": namespace},
-            "spec": {"replicatedJobs": [{"name": "probe", "template": {"spec": {"template": {"spec": {
-                "restartPolicy": "Never", "containers": [{"name": "probe", "image": "busybox"}]}}}}}]},
+            "spec": {
+                "replicatedJobs": [
+                    {
+                        "name": "probe",
+                        "template": {
+                            "spec": {
+                                "template": {
+                                    "spec": {
+                                        "restartPolicy": "Never",
+                                        "containers": [{"name": "probe", "image": "busybox"}],
+                                    }
+                                }
+                            }
+                        },
+                    }
+                ]
+            },
         }
         try:
             admitted = self._custom.create_namespaced_custom_object(
@@ -386,16 +414,22 @@ class AsyncKubernetesApiHook(LoggingMixin):
         return AsyncKubernetesHook(conn_id=t.kubernetes_conn_id)
 
     @contextlib.asynccontextmanager
-    async def _open(self, method: str, path: str, *, query: dict | None = None, body: Any = None,
-                    timeout: Any = 60) -> AsyncIterator[Any]:
+    async def _open(
+        self, method: str, path: str, *, query: dict | None = None, body: Any = None, timeout: Any = 60
+    ) -> AsyncIterator[Any]:
         """One request; yields the aiohttp response, or raises ApiException for an error status."""
         from kubernetes_asyncio.client import ApiException
 
         async with self.kube_hook.get_conn() as api:
             response = await api.call_api(
-                path, method, query_params=list((query or {}).items()), body=body,
+                path,
+                method,
+                query_params=list((query or {}).items()),
+                body=body,
                 header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
             )
             try:
                 if not 200 <= response.status <= 299:
@@ -422,7 +456,8 @@ class AsyncKubernetesApiHook(LoggingMixin):
 
     async def delete_jobset(self, name: str, namespace: str, uid: str) -> None:
         await self._request(
-            "DELETE", f"{_jobsets_path(namespace)}/{name}",
+            "DELETE",
+            f"{_jobsets_path(namespace)}/{name}",
             body={"propagationPolicy": "Foreground", "preconditions": {"uid": uid}},
         )
 
@@ -448,13 +483,15 @@ class AsyncKubernetesApiHook(LoggingMixin):
     async def kueue_workloads(self, namespace: str, jobset_uid: str) -> list[dict]:
         """Kueue's Workloads for the JobSet ([] when Kueue is not installed)."""
         listing = await self._request(
-            "GET", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{namespace}/{KUEUE_WORKLOADS}",
+            "GET",
+            f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{namespace}/{KUEUE_WORKLOADS}",
             query={"labelSelector": f"{KUEUE_JOB_UID_LABEL}={jobset_uid}"},
         )
         return listing.get("items", [])
 
-    async def _watch(self, path: str, *, field_selector: str = "",
-                     label_selector: str = "") -> AsyncIterator[tuple[str, dict]]:
+    async def _watch(
+        self, path: str, *, field_selector: str = "", label_selector: str = ""
+    ) -> AsyncIterator[tuple[str, dict]]:
         """Events (type, object) of a collection, forever: a list first (each item as ADDED), then a
         watch from its resourceVersion that reconnects where it left off, and lists again when the
         server has forgotten that version (410 Gone). Objects gone during a relist come as DELETED.
@@ -476,8 +513,13 @@ class AsyncKubernetesApiHook(LoggingMixin):
                     for uid, obj in current.items():
                         known[uid] = obj
                         yield "ADDED", obj
-                query = {**selectors, "watch": "true", "resourceVersion": resource_version,
-                         "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
+                query = {
+                    **selectors,
+                    "watch": "true",
+                    "resourceVersion": resource_version,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": str(WATCH_SECONDS),
+                }
                 async for event in self._stream_json(path, query, WATCH_SECONDS + 30):
                     kind, obj = event["type"], event["object"]
                     if kind == "ERROR":
@@ -525,8 +567,9 @@ class AsyncKubernetesApiHook(LoggingMixin):
             if pending:
                 yield pending
 
-    async def follow_log(self, pod: str, namespace: str, container: str,
-                         since_seconds: int | None) -> AsyncIterator[str]:
+    async def follow_log(
+        self, pod: str, namespace: str, container: str, since_seconds: int | None
+    ) -> AsyncIterator[str]:
         """Lines ``<RFC3339 timestamp> <text>`` of a container's log, followed until it exits or the
         stream is reopened after LOG_STREAM_SECONDS (the caller reconnects)."""
         import aiohttp

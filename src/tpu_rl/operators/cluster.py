@@ -59,8 +59,9 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         ``wait``: what an operator carries from one deferral to the next (the capacity deadline)."""
         raise NotImplementedError
 
-    def _await(self, config: RunConfig, operation_name: str, next_step: int | None = None,
-               method_name: str = "operation_done") -> None:
+    def _await(
+        self, config: RunConfig, operation_name: str, next_step: int | None = None, method_name: str = "operation_done"
+    ) -> None:
         from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
 
         self.defer(
@@ -86,8 +87,12 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
             message = operation.error.message or operation.status_message
             self.operation_failed(context, operation, message, next_step=next_step, **wait)
             return
-        self.log.info("GKE operation %s (%s %s) is done", operation.name, operation.operation_type.name,
-                      operation.target_link.rsplit("/projects/", 1)[-1])
+        self.log.info(
+            "GKE operation %s (%s %s) is done",
+            operation.name,
+            operation.operation_type.name,
+            operation.target_link.rsplit("/projects/", 1)[-1],
+        )
         if next_step is not None:
             self.submit(context, next_step, **wait)
 
@@ -111,8 +116,9 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         if not config.creates_cluster:
-            self.log.info("cluster_mode is 'existing': using cluster %s, which this run will not delete",
-                          config.cluster_name)
+            self.log.info(
+                "cluster_mode is 'existing': using cluster %s, which this run will not delete", config.cluster_name
+            )
             return
         hook = gke_api(config)
         if config.shares_cluster and not self._join_lease(context, hook):
@@ -121,13 +127,18 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         if operation is None:
             cluster = hook.get_cluster(config.cluster_name)
             if cluster is None:
-                raise AirflowException(f"GKE said cluster {config.cluster_name} exists, then that it does not (being "
-                                       "deleted?): a retry creates it")
+                raise AirflowException(
+                    f"GKE said cluster {config.cluster_name} exists, then that it does not (being "
+                    "deleted?): a retry creates it"
+                )
             self._check_adoptable(context, cluster)
             owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY, "none")
             self.log.info(
                 "Cluster %s already exists (status %s, created by run key %s; this run is %s): adopting it",
-                config.cluster_name, cluster.status.name, owner, run.key,
+                config.cluster_name,
+                cluster.status.name,
+                owner,
+                run.key,
             )
             return
         self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation)
@@ -140,8 +151,11 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         config = self.scope.config
         cluster_exists = hook.get_cluster(config.cluster_name) is not None
         if join_cluster_lease(self.scope, context["ti"], cluster_exists, self.log) is None:  # the lease is closing
-            self.log.info("Shared cluster %s is being deleted by the last run that used it: waiting %d s to "
-                          "create it again", config.cluster_name, self.CLOSING_POLL_SECONDS)
+            self.log.info(
+                "Shared cluster %s is being deleted by the last run that used it: waiting %d s to create it again",
+                config.cluster_name,
+                self.CLOSING_POLL_SECONDS,
+            )
             self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.CLOSING_POLL_SECONDS)), method_name="execute")
         return True
 
@@ -245,9 +259,12 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         hook = gke_api(config)
-        in_flight = [(operation, pool) for index in range(config.cluster_nodepool_count)
-                     for operation, pool in [self._advance_pool(hook, config, gke.tpu_node_pool(config, run, index))]
-                     if operation]
+        in_flight = [
+            (operation, pool)
+            for index in range(config.cluster_nodepool_count)
+            for operation, pool in [self._advance_pool(hook, config, gke.tpu_node_pool(config, run, index))]
+            if operation
+        ]
         if not in_flight:
             self.log.info("The run's %d TPU node pool(s) are RUNNING", config.cluster_nodepool_count)
             return
@@ -275,12 +292,18 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             operation = hook.create_node_pool(cluster, body)
         except GoogleAPICallError as refused:  # GKE refuses a create beyond quota at once (403)
             if gke.is_quota_error(str(refused.message)):
-                raise AirflowFailException(f"GKE refused TPU node pool {name}: {refused.message}; "
-                                           f"{gke.quota_hint(config)}") from None
+                raise AirflowFailException(
+                    f"GKE refused TPU node pool {name}: {refused.message}; {gke.quota_hint(config)}"
+                ) from None
             raise
         if operation is not None:
-            self.log.info("Creating node pool %s (%s, %s: %s)", name, config.compute_type, config.capacity_type,
-                          gke.capacity_fields(config))
+            self.log.info(
+                "Creating node pool %s (%s, %s: %s)",
+                name,
+                config.compute_type,
+                config.capacity_type,
+                gke.capacity_fields(config),
+            )
             return operation, name
         pool = hook.get_node_pool(cluster, name)
         status = pool.status.name
@@ -291,20 +314,30 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             operation = hook.running_operation(cluster, name)
             if operation is None:
                 raise AirflowException(f"Node pool {name} is {status} and GKE lists no operation on it; try again")
-            self.log.info("Node pool %s is %s: waiting for GKE's operation %s (%s)", name, status, operation.name,
-                          operation.operation_type.name)
+            self.log.info(
+                "Node pool %s is %s: waiting for GKE's operation %s (%s)",
+                name,
+                status,
+                operation.name,
+                operation.operation_type.name,
+            )
             return operation.name, name
         # RUNNING_WITH_ERROR (partly created, as after a stockout) or ERROR: it would never have all its hosts.
-        self.log.warning("Node pool %s is %s (%s): deleting it to create it again", name, status,
-                         "; ".join(c.message for c in pool.conditions) or pool.status_message)
+        self.log.warning(
+            "Node pool %s is %s (%s): deleting it to create it again",
+            name,
+            status,
+            "; ".join(c.message for c in pool.conditions) or pool.status_message,
+        )
         deleting = hook.delete_node_pool(cluster, name)
         return (deleting, name) if deleting else self._advance_pool(hook, config, body)  # gone meanwhile: create
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         if event["status"] == "quota":
             config = self.bind_scope(context).config
-            raise AirflowFailException(f"GKE cannot create TPU node pool {event['node_pool']}: {event['message']}; "
-                                       f"{gke.quota_hint(config)}")
+            raise AirflowFailException(
+                f"GKE cannot create TPU node pool {event['node_pool']}: {event['message']}; {gke.quota_hint(config)}"
+            )
         if event["status"] == "capacity_timeout":
             config = self.bind_scope(context).config
             raise AirflowFailException(
@@ -313,18 +346,22 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             )
         super().operation_done(context, event, next_step, **wait)
 
-    def operation_failed(self, context: Any, operation: Any, message: str, next_step: int | None, *,
-                         capacity_deadline: float = 0.0) -> None:
+    def operation_failed(
+        self, context: Any, operation: Any, message: str, next_step: int | None, *, capacity_deadline: float = 0.0
+    ) -> None:
         from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
         config = self.bind_scope(context).config
         pool = (gke.operation_target(operation.target_link) or ("", "?"))[1]
         if operation.operation_type.name != "CREATE_NODE_POOL":
-            raise AirflowException(f"GKE operation {operation.name} ({operation.operation_type.name}) on node pool "
-                                   f"{pool} failed: {message}")
+            raise AirflowException(
+                f"GKE operation {operation.name} ({operation.operation_type.name}) on node pool "
+                f"{pool} failed: {message}"
+            )
         if gke.is_quota_error(message):
-            raise AirflowFailException(f"GKE could not create TPU node pool {pool}: {message}; "
-                                       f"{gke.quota_hint(config)}")
+            raise AirflowFailException(
+                f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(config)}"
+            )
         if not gke.is_capacity_error(message):
             raise AirflowFailException(
                 f"GKE could not create TPU node pool {pool}: {message}; fix: see the message; delete_tpu_pools "
@@ -335,9 +372,13 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             raise AirflowFailException(
                 f"GKE could not create TPU node pool {pool}: {message}; {self._capacity_hint(config)}."
             )
-        self.log.warning("No capacity for node pool %s (GKE: %s); creating it again in %.0f s (waiting until %s)",
-                         pool, message, self.capacity_retry_interval,
-                         datetime.fromtimestamp(capacity_deadline, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"))
+        self.log.warning(
+            "No capacity for node pool %s (GKE: %s); creating it again in %.0f s (waiting until %s)",
+            pool,
+            message,
+            self.capacity_retry_interval,
+            datetime.fromtimestamp(capacity_deadline, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        )
         self.defer(
             trigger=DateTimeTrigger(moment=datetime.fromtimestamp(retry_at, UTC)),
             method_name="retry_after_stockout",
@@ -356,8 +397,9 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         )
 
     def _check_slice_nodes(self, config: RunConfig) -> None:
-        selector = (f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},"
-                    f"{TPU_TOPOLOGY_LABEL}={config.topology}")
+        selector = (
+            f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},{TPU_TOPOLOGY_LABEL}={config.topology}"
+        )
         nodes = KubernetesApiHook(self.scope.cluster_target).list_nodes(selector)
         needed = config.hosts_per_slice * config.cluster_nodepool_count
         self.log.info("Found %d nodes with %s (the training needs %d)", len(nodes), selector, needed)
@@ -366,8 +408,6 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 f"tpu_pool_mode: the cluster has {len(nodes)} {config.tpu_type} {config.topology} hosts, the run needs "
                 f"{needed}; fix: create the TPU node pool(s), or set tpu_pool_mode to 'per_run'."
             )
-
-
 
 
 class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
@@ -405,8 +445,13 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
                 blocking = hook.running_operation(config.cluster_name, pool)
                 if blocking is None:
                     raise
-                self.log.info("GKE refuses to delete node pool %s while operation %s (%s) runs (%s): waiting for it",
-                              pool, blocking.name, blocking.operation_type.name, refused.message)
+                self.log.info(
+                    "GKE refuses to delete node pool %s while operation %s (%s) runs (%s): waiting for it",
+                    pool,
+                    blocking.name,
+                    blocking.operation_type.name,
+                    refused.message,
+                )
                 in_flight.append(blocking.name)
                 continue
             if operation is None:
@@ -424,8 +469,12 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         for (a create that ended in a stockout, say) is not ours to judge: look again."""
         if operation.operation_type.name == "DELETE_NODE_POOL":
             super().operation_failed(context, operation, message, next_step, **wait)
-        self.log.info("Operation %s (%s) ended (%s): deleting the pools again", operation.name,
-                      operation.operation_type.name, message)
+        self.log.info(
+            "Operation %s (%s) ended (%s): deleting the pools again",
+            operation.name,
+            operation.operation_type.name,
+            message,
+        )
         self.submit(context, 0)
 
     def _record_slice_times(self, context: Any) -> None:
@@ -438,15 +487,20 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
             self.log.warning("Could not list GKE's operations to count the slices' TPU time: %s", error)
             return
         operations = [
-            {"type": op.operation_type.name, "pool": target[1], "end": op.end_time,
-             "failed": bool(op.error.code or op.status_message)}
+            {
+                "type": op.operation_type.name,
+                "pool": target[1],
+                "end": op.end_time,
+                "failed": bool(op.error.code or op.status_message),
+            }
             for op in listed
             if (target := gke.operation_target(op.target_link)) and target[0] == config.cluster_name and target[1]
         ]
         times = gke.slice_times(operations, pools)
         for slice_ in times:
-            self.log.info("TPU slice %s: nodes from %s to %s", slice_["pool"], slice_["nodes_from"],
-                          slice_["nodes_gone"])
+            self.log.info(
+                "TPU slice %s: nodes from %s to %s", slice_["pool"], slice_["nodes_from"], slice_["nodes_gone"]
+            )
         context["ti"].xcom_push(key=XCOM_TPU_SLICES, value=times)
 
 
@@ -479,7 +533,9 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if owner != run.key and not config.shares_cluster:
             self.log.warning(
                 "Cluster %s was created by run key %s, not by this run (%s): leaving it",
-                config.cluster_name, owner, run.key,
+                config.cluster_name,
+                owner,
+                run.key,
             )
             return
         operation = hook.delete_cluster(config.cluster_name)

@@ -184,7 +184,10 @@ class JobSetOperator(BaseOperator):
         if condition is None:
             self.log.info(
                 "Adopting running JobSet %s/%s (uid %s, submitted by try %s): not resubmitting",
-                meta["namespace"], meta["name"], meta["uid"], _submitted_try(existing),
+                meta["namespace"],
+                meta["name"],
+                meta["uid"],
+                _submitted_try(existing),
             )
             self._defer(context, existing)
             return None
@@ -372,8 +375,10 @@ def _adoptable(jobset: dict) -> bool:
 
 
 def _check_pathways_name(manifest: dict, name: str) -> None:
-    if st.is_pathways(manifest) and len(name) > PATHWAYS_JOBSET_NAME_MAX and not (
-        manifest.get("spec", {}).get("network", {}).get("subdomain")
+    if (
+        st.is_pathways(manifest)
+        and len(name) > PATHWAYS_JOBSET_NAME_MAX
+        and not (manifest.get("spec", {}).get("network", {}).get("subdomain"))
     ):
         raise ValueError(
             f"Pathways JobSet name {name!r} is longer than {PATHWAYS_JOBSET_NAME_MAX} characters: the "

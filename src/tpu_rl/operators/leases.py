@@ -96,8 +96,12 @@ def join_cluster_lease(scope: RunScope, ti: Any, cluster_exists: bool, log: Any)
     for note in change.notes:
         log.warning("%s (%s)", note, store.uri)
     if change.result is not None:
-        log.info("Joined the lease of shared cluster %s (%s): %s", scope.config.cluster_name, store.uri,
-                 "; ".join(h.describe() for h in change.result.holders))
+        log.info(
+            "Joined the lease of shared cluster %s (%s): %s",
+            scope.config.cluster_name,
+            store.uri,
+            "; ".join(h.describe() for h in change.result.holders),
+        )
     return change.result
 
 
@@ -113,11 +117,18 @@ def leave_cluster_lease(scope: RunScope, ti: Any, closing: bool, log: Any) -> bo
     leaving = change.result
     if not leaving.last:
         users = "; ".join(h.describe() for h in leaving.still_used_by)
-        log.info("Shared cluster %s stays: still used by %s", config.cluster_name,
-                 users if leaving.held else f"{users or 'nobody'}: this run does not hold it")
+        log.info(
+            "Shared cluster %s stays: still used by %s",
+            config.cluster_name,
+            users if leaving.held else f"{users or 'nobody'}: this run does not hold it",
+        )
         return False
-    log.info("This run is the last of shared cluster %s's lease (%s)%s", config.cluster_name, store.uri,
-             ": deleting the cluster" if closing else "")
+    log.info(
+        "This run is the last of shared cluster %s's lease (%s)%s",
+        config.cluster_name,
+        store.uri,
+        ": deleting the cluster" if closing else "",
+    )
     return True
 
 
@@ -145,18 +156,27 @@ class WaitForTpuCapacitySensor(RunScoped, BaseSensorOperator):
         me = Holder.of(run, now_text(), config.cluster_nodepool_count)
         store = capacity_store(scope)
         change = store.change(
-            lambda lease: take_capacity(lease, me, config.capacity_slices, lambda r: dag_run_state(ti, r)))
+            lambda lease: take_capacity(lease, me, config.capacity_slices, lambda r: dag_run_state(ti, r))
+        )
         for note in change.notes:
             self.log.warning("%s (%s)", note, store.uri)
         if change.result.taken:
-            self.log.info("Holding %d of the %d slice(s) of capacity group '%s' (%s)", me.slices,
-                          config.capacity_slices, config.capacity_group, store.uri)
+            self.log.info(
+                "Holding %d of the %d slice(s) of capacity group '%s' (%s)",
+                me.slices,
+                config.capacity_slices,
+                config.capacity_group,
+                store.uri,
+            )
             return True
         held = change.result.lease
         self.log.info(
             "Waiting for TPU capacity: group '%s' has %d slice(s), %d held by %s; this run needs %d",
-            config.capacity_group, config.capacity_slices, held.slices,
-            "; ".join(h.describe() for h in held.holders) or "nobody", me.slices,
+            config.capacity_group,
+            config.capacity_slices,
+            held.slices,
+            "; ".join(h.describe() for h in held.holders) or "nobody",
+            me.slices,
         )
         return False
 
@@ -169,5 +189,6 @@ def release_capacity(scope: RunScope, log: Any) -> None:
     store = capacity_store(scope)
     change = store.change(lambda lease: drop_holder(lease, run.key))
     if change.result is not None:
-        log.info("Gave back %d slice(s) to capacity group '%s' (%s)", change.result.slices, config.capacity_group,
-                 store.uri)
+        log.info(
+            "Gave back %d slice(s) to capacity group '%s' (%s)", change.result.slices, config.capacity_group, store.uri
+        )

@@ -39,7 +39,12 @@ class PublishHfExportOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "bucket", "source_prefix", "destination_prefix", "final_step", "source_run", "gcp_conn_id"
+        "bucket",
+        "source_prefix",
+        "destination_prefix",
+        "final_step",
+        "source_run",
+        "gcp_conn_id",
     )
 
     def __init__(
@@ -115,5 +120,6 @@ class RunPublishHfExportOperator(RunScoped, PublishHfExportOperator):
         self.destination_prefix, self.source_run = layout.export_prefix, layout.uri(layout.training_prefix)
         self.event_extra = TrainingFigures.of(context, scope).event_extra(scope)
         if scope.interval:
-            self.event_extra.update(data_interval_start=scope.interval.start.isoformat(),
-                                    data_interval_end=scope.interval.end.isoformat())
+            self.event_extra.update(
+                data_interval_start=scope.interval.start.isoformat(), data_interval_end=scope.interval.end.isoformat()
+            )

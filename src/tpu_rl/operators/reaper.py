@@ -67,13 +67,21 @@ class ReapOrphanedResourcesOperator(BaseOperator):
         runs = {r.owner for r in resources} | {h for found in holders.values() for h in found}
         states = {owner: dag_run_state(context["ti"], owner) for owner in runs}
         users = self._live_users(resources, states, holders)
-        decisions = [rp.decide(r, states[r.owner], now, grace,
-                               users.get((r.project, r.location, r.name), ()) if r.kind == rp.CLUSTER else ())
-                     for r in resources]
+        decisions = [
+            rp.decide(
+                r,
+                states[r.owner],
+                now,
+                grace,
+                users.get((r.project, r.location, r.name), ()) if r.kind == rp.CLUSTER else (),
+            )
+            for r in resources
+        ]
         if delete:
             decisions = self._delete(decisions, clusters, params["gcp_conn_id"])
-        self.log.info("Reaper report (%s, grace %s):\n%s", "deleting" if delete else "dry run", grace,
-                      rp.report(decisions))
+        self.log.info(
+            "Reaper report (%s, grace %s):\n%s", "deleting" if delete else "dry run", grace, rp.report(decisions)
+        )
         rows = [d.row() for d in decisions]
         context["ti"].xcom_push(key="report", value=rows)
         left = rp.left_behind_capacity(decisions)
@@ -92,8 +100,9 @@ class ReapOrphanedResourcesOperator(BaseOperator):
         bad = [w for w in watch if not _LOCATION.fullmatch(str(w))]
         if not watch or bad:
             raise AirflowFailException(
-                "watch: " + (f"{bad} are not project/location entries" if bad else "nothing to watch")
-                + "; fix: list the projects and locations runs create clusters in, e.g. [\"my-project/us-east5\"]"
+                "watch: "
+                + (f"{bad} are not project/location entries" if bad else "nothing to watch")
+                + '; fix: list the projects and locations runs create clusters in, e.g. ["my-project/us-east5"]'
             )
         grace = params.get("grace_minutes")
         if not isinstance(grace, (int, float)) or grace < 0:
@@ -104,8 +113,11 @@ class ReapOrphanedResourcesOperator(BaseOperator):
         """This package's clusters and node pools in one location; the clusters whose Kubernetes API to read."""
         hook = GkeApiHook(gcp_conn_id, project, location)
         # A node pool has no creation time of its own: its create operation's start.
-        pool_created = {gke.operation_target(op.target_link): op.start_time
-                        for op in hook.list_operations() if op.operation_type.name == "CREATE_NODE_POOL"}
+        pool_created = {
+            gke.operation_target(op.target_link): op.start_time
+            for op in hook.list_operations()
+            if op.operation_type.name == "CREATE_NODE_POOL"
+        }
         found, reachable = [], {}
         for cluster in hook.list_clusters():
             base = {"project": project, "location": location}
@@ -116,28 +128,47 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 if pool_owner is None:
                     continue
                 created = _time(pool_created.get((cluster.name, pool.name)) or cluster.create_time)
-                resource = rp.Resource(rp.NODE_POOL, pool.name, pool_owner, created, cluster=cluster.name,
-                                       chips=pool_chips(pool), **base)
+                resource = rp.Resource(
+                    rp.NODE_POOL, pool.name, pool_owner, created, cluster=cluster.name, chips=pool_chips(pool), **base
+                )
                 found.append(resource)
                 tpu_pools.append(resource)
             if owner is not None:
                 keep = "created with keep_cluster" if cluster.resource_labels.get(GKE_LABEL_KEEP) == "true" else ""
-                found.append(rp.Resource(rp.CLUSTER, cluster.name, owner, _time(cluster.create_time),
-                                         chips=sum(p.chips for p in tpu_pools), kept_by_design=keep,
-                                         lease=gke.cluster_lease_uri(cluster.description) or "", **base))
+                found.append(
+                    rp.Resource(
+                        rp.CLUSTER,
+                        cluster.name,
+                        owner,
+                        _time(cluster.create_time),
+                        chips=sum(p.chips for p in tpu_pools),
+                        kept_by_design=keep,
+                        lease=gke.cluster_lease_uri(cluster.description) or "",
+                        **base,
+                    )
+                )
             if cluster.status.name == "RUNNING":  # it may hold JobSets of runs that used it as an existing cluster
                 dns = cluster.control_plane_endpoints_config.dns_endpoint_config
                 reachable[(project, location, cluster.name)] = ClusterTarget(
-                    project_id=project, location=location, cluster_name=cluster.name, gcp_conn_id=gcp_conn_id,
-                    use_dns_endpoint=bool(dns.endpoint and dns.allow_external_traffic))
+                    project_id=project,
+                    location=location,
+                    cluster_name=cluster.name,
+                    gcp_conn_id=gcp_conn_id,
+                    use_dns_endpoint=bool(dns.endpoint and dns.allow_external_traffic),
+                )
         return found, reachable
 
     def _kubernetes_resources(self, project: str, location: str, cluster: str, target: ClusterTarget):
         try:
             jobsets, secrets = KubernetesApiHook(target).list_labelled(LABEL_RUN_KEY)
         except Exception as e:  # noqa: BLE001 - one unreachable cluster must not hide the others' report
-            self.log.warning("Cluster %s/%s/%s is unreachable (%s): its JobSets and Secrets are not checked",
-                             project, location, cluster, str(e)[:300])
+            self.log.warning(
+                "Cluster %s/%s/%s is unreachable (%s): its JobSets and Secrets are not checked",
+                project,
+                location,
+                cluster,
+                str(e)[:300],
+            )
             return []
         found = []
         for kind, objects in ((rp.JOBSET, jobsets), (rp.SECRET, secrets)):
@@ -146,10 +177,19 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 notes = meta.get("annotations") or {}
                 if ANNOTATION_DAG_ID not in notes or ANNOTATION_RUN_ID not in notes:
                     continue
-                found.append(rp.Resource(
-                    kind, meta["name"], RunIdentity(notes[ANNOTATION_DAG_ID], notes[ANNOTATION_RUN_ID]),
-                    _time(str(meta["creationTimestamp"])), project, location, cluster=cluster,
-                    namespace=meta["namespace"], uid=meta.get("uid", "")))
+                found.append(
+                    rp.Resource(
+                        kind,
+                        meta["name"],
+                        RunIdentity(notes[ANNOTATION_DAG_ID], notes[ANNOTATION_RUN_ID]),
+                        _time(str(meta["creationTimestamp"])),
+                        project,
+                        location,
+                        cluster=cluster,
+                        namespace=meta["namespace"],
+                        uid=meta.get("uid", ""),
+                    )
+                )
         return found
 
     def _lease_holders(self, resources: list[rp.Resource], gcp_conn_id: str) -> dict[tuple, tuple[RunIdentity, ...]]:
@@ -174,8 +214,9 @@ class ReapOrphanedResourcesOperator(BaseOperator):
         return holders
 
     @staticmethod
-    def _live_users(resources: list[rp.Resource], states: dict[RunIdentity, str],
-                    holders: dict[tuple, tuple[RunIdentity, ...]]) -> dict[tuple, tuple]:
+    def _live_users(
+        resources: list[rp.Resource], states: dict[RunIdentity, str], holders: dict[tuple, tuple[RunIdentity, ...]]
+    ) -> dict[tuple, tuple]:
         """Per cluster, the live runs with node pools, JobSets or Secrets in it, or holding its lease (a shared
         cluster): a cluster is kept while another run uses it."""
         users: dict[tuple, list[RunIdentity]] = {}
@@ -189,8 +230,11 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     # --- deletion -------------------------------------------------------------------------------------
     def _delete(self, decisions: list[rp.Decision], targets: dict, gcp_conn_id: str) -> list[rp.Decision]:
         """Kubernetes objects first, then pools of clusters that stay, then clusters (their pools go with them)."""
-        reaped_clusters = {(d.resource.project, d.resource.location, d.resource.name)
-                           for d in decisions if d.reap and d.resource.kind == rp.CLUSTER}
+        reaped_clusters = {
+            (d.resource.project, d.resource.location, d.resource.name)
+            for d in decisions
+            if d.reap and d.resource.kind == rp.CLUSTER
+        }
         order = {rp.JOBSET: 0, rp.SECRET: 1, rp.NODE_POOL: 2, rp.CLUSTER: 3}
         result = []
         for d in sorted(decisions, key=lambda d: order[d.resource.kind]):
@@ -204,7 +248,8 @@ class ReapOrphanedResourcesOperator(BaseOperator):
             try:
                 if r.kind == rp.JOBSET:
                     KubernetesApiHook(targets[(r.project, r.location, r.cluster)]).delete_jobset(
-                        r.name, r.namespace, uid=r.uid)
+                        r.name, r.namespace, uid=r.uid
+                    )
                 elif r.kind == rp.SECRET:
                     KubernetesApiHook(targets[(r.project, r.location, r.cluster)]).delete_secret(r.name, r.namespace)
                 elif r.kind == rp.NODE_POOL:
@@ -215,7 +260,15 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 self.log.warning("Could not delete %s %s: %s", r.kind, r.path, str(e)[:300])
                 result.append(dataclasses.replace(d, reason=f"{d.reason}; delete failed: {str(e)[:120]}"))
                 continue
-            self.log.warning("Deleted %s %s: owner %s / %s, run %s, age %s, %s chips", r.kind, r.path,
-                             r.owner.dag_id, r.owner.run_id, d.run_state, d.age, r.chips)
+            self.log.warning(
+                "Deleted %s %s: owner %s / %s, run %s, age %s, %s chips",
+                r.kind,
+                r.path,
+                r.owner.dag_id,
+                r.owner.run_id,
+                d.run_state,
+                d.age,
+                r.chips,
+            )
             result.append(dataclasses.replace(d, deleted=True))
         return result

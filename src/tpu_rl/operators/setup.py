@@ -62,10 +62,12 @@ class TriggererCheckOperator(BaseOperator):
     """
 
     ui_color = "#e8f4fd"
-    INSTALL_FIX = ("install the distribution tpu-rl in every Airflow component (scheduler, DAG processor, workers, "
-                   "triggerer, API server): on Cloud Composer 3 as a custom PyPI package (make deploy-composer "
-                   "builds the wheel, uploads it and installs it; docs/composer.md), not in plugins/, which Composer 3 "
-                   "gives to neither the scheduler nor the triggerer")
+    INSTALL_FIX = (
+        "install the distribution tpu-rl in every Airflow component (scheduler, DAG processor, workers, "
+        "triggerer, API server): on Cloud Composer 3 as a custom PyPI package (make deploy-composer "
+        "builds the wheel, uploads it and installs it; docs/composer.md), not in plugins/, which Composer 3 "
+        "gives to neither the scheduler nor the triggerer"
+    )
 
     def __init__(self, *, timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -73,15 +75,17 @@ class TriggererCheckOperator(BaseOperator):
 
     def execute(self, context: Any) -> None:
         self.log.info("tpu-rl %s on this worker: deferring once to prove the triggerer imports it", __version__)
-        self.defer(trigger=TriggererCheckTrigger(sent_by=__version__), method_name="execute_complete",
-                   timeout=self.timeout)
+        self.defer(
+            trigger=TriggererCheckTrigger(sent_by=__version__), method_name="execute_complete", timeout=self.timeout
+        )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
         if event["version"] != __version__:
             raise AirflowFailException(
                 f"the triggerer ({event['host']}) runs tpu-rl {event['version']}, this worker {__version__}: "
                 "install the same version everywhere (on Cloud Composer, one --update-pypi-package updates "
-                "every component together), then clear this task")
+                "every component together), then clear this task"
+            )
         self.log.info("the triggerer (%s) imports tpu-rl %s", event["host"], event["version"])
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
@@ -93,11 +97,13 @@ class TriggererCheckOperator(BaseOperator):
             raise AirflowFailException(
                 f"no triggerer ran this task's trigger within {self.timeout}: every wait of the pipeline is "
                 "deferred, so the environment needs a running triggerer (Cloud Composer: --triggerer-count 1 or "
-                "more; docs/composer.md). Nothing was created.")
+                "more; docs/composer.md). Nothing was created."
+            )
         traceback = next_kwargs.get("traceback") or []
         cause = next((line.strip() for line in reversed(traceback) if line.strip()), str(next_kwargs.get("error")))
-        raise AirflowFailException(f"the triggerer cannot run this package's trigger ({cause}): {self.INSTALL_FIX}. "
-                                   "Nothing was created.")
+        raise AirflowFailException(
+            f"the triggerer cannot run this package's trigger ({cause}): {self.INSTALL_FIX}. Nothing was created."
+        )
 
 
 class EnsureBucketOperator(RunScoped, BaseOperator):
@@ -153,8 +159,10 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
             hook.apply(obj)
             self.log.info("  applied %s", describe(obj))
         deadline = time.monotonic() + self.install_timeout.total_seconds()
-        while problem := (hook.deployment_problem(CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE)
-                          or hook.jobset_admission_problem(namespace)):
+        while problem := (
+            hook.deployment_problem(CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE)
+            or hook.jobset_admission_problem(namespace)
+        ):
             if time.monotonic() > deadline:
                 raise AirflowException(
                     f"JobSet {version} was applied but does not admit JobSets after "
@@ -168,17 +176,27 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
         """A conversion pod that fits no node of the CPU pool would stay Pending for ever: fail now."""
         nodes = hook.list_nodes(f"{NODEPOOL_LABEL}={config.cpu_pool_name}")
         if not nodes:
-            self.log.info("The CPU pool %s has no node now (autoscaled to zero?): conversion size not checked",
-                          config.cpu_pool_name)
+            self.log.info(
+                "The CPU pool %s has no node now (autoscaled to zero?): conversion size not checked",
+                config.cpu_pool_name,
+            )
             return
         memory = max(quantity_gib(n.status.allocatable["memory"]) for n in nodes)
         cpu = max(quantity_cpu(n.status.allocatable["cpu"]) for n in nodes)
         disk = max(quantity_gib(n.status.allocatable.get("ephemeral-storage", "0")) for n in nodes)
-        self.log.info("CPU pool %s: largest node leaves %.1fGi, %.2f CPUs and %.0fGi of local disk to pods",
-                      config.cpu_pool_name, memory, cpu, disk)
+        self.log.info(
+            "CPU pool %s: largest node leaves %.1fGi, %.2f CPUs and %.0fGi of local disk to pods",
+            config.cpu_pool_name,
+            memory,
+            cpu,
+            disk,
+        )
         for problem in conversion_fit_problems(
-            config, cpu, memory,
-            where=f"any node of the CPU pool '{config.cpu_pool_name}'", larger="use a pool of larger machines",
+            config,
+            cpu,
+            memory,
+            where=f"any node of the CPU pool '{config.cpu_pool_name}'",
+            larger="use a pool of larger machines",
         ):
             raise AirflowFailException(str(problem))
         if disk < config.conversion_disk_gib:
@@ -186,11 +204,13 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
                 f"cpu_pool_name: the conversion downloads {config.model_name} to the node's disk and asks for "
                 f"{config.conversion_disk_gib}Gi of it, and no node of the CPU pool '{config.cpu_pool_name}' leaves "
                 f"more than {disk:.0f}Gi to pods; fix: give the pool a larger boot disk (e.g. gcloud container "
-                f"node-pools create ... --disk-size {config.cpu_pool_disk_gb}), or name another pool")
+                f"node-pools create ... --disk-size {config.cpu_pool_disk_gb}), or name another pool"
+            )
 
     def _check_local_queue(self, hook: Any, config: Any) -> None:
-        if not hook.has_custom_object(KUEUE_GROUP, KUEUE_VERSION, KUEUE_LOCALQUEUES, config.kueue_queue_name,
-                                      config.namespace):
+        if not hook.has_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, KUEUE_LOCALQUEUES, config.kueue_queue_name, config.namespace
+        ):
             raise AirflowFailException(
                 f"kueue_queue_name: no Kueue LocalQueue '{config.kueue_queue_name}' in namespace "
                 f"'{config.namespace}'; fix: install Kueue with a ClusterQueue covering {TPU_RESOURCE}, cpu and "
@@ -218,8 +238,14 @@ class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
         hook = KubernetesApiHook(scope.cluster_target)
         account = workload_service_account(config)
         if hook.create_service_account(account, config.namespace):
-            self.log.info("Created ServiceAccount %s/%s for the workloads", config.namespace,
-                          account["metadata"]["name"])
+            self.log.info(
+                "Created ServiceAccount %s/%s for the workloads", config.namespace, account["metadata"]["name"]
+            )
         created = hook.put_secret(secret, config.namespace)
-        self.log.info("%s Secret %s/%s from connection '%s'", "Created" if created else "Updated", config.namespace,
-                      secret["metadata"]["name"], config.hf_token_conn_id)
+        self.log.info(
+            "%s Secret %s/%s from connection '%s'",
+            "Created" if created else "Updated",
+            config.namespace,
+            secret["metadata"]["name"],
+            config.hf_token_conn_id,
+        )

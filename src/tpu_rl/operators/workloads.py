@@ -24,6 +24,7 @@ from tpu_rl.contract import (
 from tpu_rl.hooks.gcs import (
     GcsLock,
     GcsReadHook,
+    TrainingState,
     parse_not_before,
     training_state,
 )
@@ -111,16 +112,20 @@ class HfToMaxTextOperator(RunJobSetOperator):
     def lock(self) -> GcsLock:
         """The conversion lock, held by this task instance (one GCS client per task execution)."""
         scope = self.scope
-        owner = {"dag_id": scope.run.dag_id, "run_id": scope.run.run_id, "task_id": scope.task_id,
-                 "try_number": scope.try_number}
-        return GcsLock(scope.bucket.json_object(scope.layout.conversion_lock_object), owner,
-                       self.stale_after, self.log)
+        owner = {
+            "dag_id": scope.run.dag_id,
+            "run_id": scope.run.run_id,
+            "task_id": scope.task_id,
+            "try_number": scope.try_number,
+        }
+        return GcsLock(scope.bucket.json_object(scope.layout.conversion_lock_object), owner, self.stale_after, self.log)
 
     def _step(self) -> tuple[str, Any]:
         """The converted step folder's URI and verdict, now."""
         config, prefix = self.scope.config, self.scope.layout.converted_step_prefix
-        verdict, _ = GcsReadHook(config.gcp_conn_id).run_now(config.gcs_bucket, OrbaxStep(prefix=prefix,
-                                                                                          items=self.items))
+        verdict, _ = GcsReadHook(config.gcp_conn_id).run_now(
+            config.gcs_bucket, OrbaxStep(prefix=prefix, items=self.items)
+        )
         return f"gs://{config.gcs_bucket}/{prefix}", verdict
 
     def _skip(self, reason: str) -> None:
@@ -156,7 +161,10 @@ class HfToMaxTextOperator(RunJobSetOperator):
         if not acquired:
             self.log.info(
                 "%s is held by %s: waiting (deferred) until that conversion ends; this lock counts as stale "
-                "%.0f s after it was written", self.lock.uri, state.describe(), state.stale_after(self.stale_after),
+                "%.0f s after it was written",
+                self.lock.uri,
+                state.describe(),
+                state.stale_after(self.stale_after),
             )
             self._wait_for_holder(context, state.holder)
         try:
@@ -185,8 +193,13 @@ class HfToMaxTextOperator(RunJobSetOperator):
         self.defer(
             trigger=GcsOutputTrigger(
                 scope.config.gcs_bucket,
-                ConversionLockWait(prefix=scope.layout.converted_step_prefix, items=self.items,
-                                   lock_object=self.lock.object.name, holder=holder, stale_after=self.stale_after),
+                ConversionLockWait(
+                    prefix=scope.layout.converted_step_prefix,
+                    items=self.items,
+                    lock_object=self.lock.object.name,
+                    holder=holder,
+                    stale_after=self.stale_after,
+                ),
                 deadline=deadline,
                 poll_interval=self.lock_poll_interval,
                 gcp_conn_id=scope.config.gcp_conn_id,
@@ -256,8 +269,14 @@ class TrainRlOperator(RunJobSetOperator):
 
     def trigger_kwargs(self) -> dict[str, Any]:
         config, layout = self.scope.config, self.scope.layout
-        return {"training": {"bucket": config.gcs_bucket, "prefix": layout.tensorboard_prefix,
-                             "train_steps": config.train_steps, "gcp_conn_id": config.gcp_conn_id}}
+        return {
+            "training": {
+                "bucket": config.gcs_bucket,
+                "prefix": layout.tensorboard_prefix,
+                "train_steps": config.train_steps,
+                "gcp_conn_id": config.gcp_conn_id,
+            }
+        }
 
     def after_completed(self, context: Any, event: dict[str, Any]) -> None:
         kept = event.get("evaluation_lines") or []
@@ -278,15 +297,19 @@ class TrainRlOperator(RunJobSetOperator):
         if evaluation and restored:
             evaluation = Evaluation(before=None, after=evaluation.after)
         try:
-            recorded = record_baseline(self.scope.bucket, layout.training_record_object,
-                                       asdict(before) if before else None)
+            recorded = record_baseline(
+                self.scope.bucket, layout.training_record_object, asdict(before) if before else None
+            )
         except Exception as error:  # The figures inform the gate: without the record, the attempt's own.
             self.log.warning("Could not keep the evaluation before training in the run's record: %s", error)
             return evaluation
         if not recorded or (before and asdict(before) == recorded):
             return evaluation
-        self.log.info("Evaluation before training: the run's first attempt's figures, from %s (this attempt's "
-                      "own Pre line evaluated the weights it resumed from)", layout.uri(layout.training_record_object))
+        self.log.info(
+            "Evaluation before training: the run's first attempt's figures, from %s (this attempt's "
+            "own Pre line evaluated the weights it resumed from)",
+            layout.uri(layout.training_record_object),
+        )
         return Evaluation(before=Score(**recorded), after=evaluation.after if evaluation else None)
 
     def before_submit(self, context: Any) -> None:
@@ -309,20 +332,15 @@ class TrainRlOperator(RunJobSetOperator):
         training, say) is complete: resubmitting it would reload the model and evaluate twice for nothing."""
         scope, config = self.scope, self.scope.config
         layout, bucket = scope.layout, scope.bucket
-        state = GcsReadHook(config.gcp_conn_id).run_now(
-            config.gcs_bucket,
-            lambda reader: training_state(reader, layout.actor_checkpoints_prefix, layout.tensorboard_prefix,
-                                          self.items),
-        )
-        now = datetime.now(UTC)
-        plan = checkpoints.plan_resume(state.steps)
-        for step, why in plan.committed_warnings:
-            self.log.warning(
-                "actor/%d/ is committed (%s) but %s: Orbax restores a committed step, so the trainer resumes from it "
-                "(the leaf layout of Pathways' persistence is not documented)", step, checkpoints.COMMIT_SUCCESS, why)
+        state, now = self._training_state(), datetime.now(UTC)
+        plan = self._resume_plan(state)
         if checkpoints.check_final_step(plan.resume_from, config.train_steps, config.checkpoint_period).complete:
-            self.log.warning("Preempted after its final save (actor/%d/ is the run's last step): the training is "
-                             "complete, not resubmitted.\n%s", plan.resume_from, event["message"])
+            self.log.warning(
+                "Preempted after its final save (actor/%d/ is the run's last step): the training is "
+                "complete, not resubmitted.\n%s",
+                plan.resume_from,
+                event["message"],
+            )
             try:
                 return self.succeed(context, {**event, "message": f"training complete at step {plan.resume_from}"})
             finally:
@@ -356,6 +374,29 @@ class TrainRlOperator(RunJobSetOperator):
         self.hook.wait_until_gone(name, namespace, uid, self.deletion_timeout)
         return self.run_jobset(context)  # Submits the resumed training and defers.
 
+    def _training_state(self) -> TrainingState:
+        """What the preempted training left in the bucket."""
+        config, layout = self.scope.config, self.scope.layout
+        return GcsReadHook(config.gcp_conn_id).run_now(
+            config.gcs_bucket,
+            lambda reader: training_state(
+                reader, layout.actor_checkpoints_prefix, layout.tensorboard_prefix, self.items
+            ),
+        )
+
+    def _resume_plan(self, state: TrainingState) -> checkpoints.ResumePlan:
+        """Which step the trainer resumes from and what is set aside; warns of committed steps it doubts."""
+        plan = checkpoints.plan_resume(state.steps)
+        for step, why in plan.committed_warnings:
+            self.log.warning(
+                "actor/%d/ is committed (%s) but %s: Orbax restores a committed step, so the trainer resumes from it "
+                "(the leaf layout of Pathways' persistence is not documented)",
+                step,
+                checkpoints.COMMIT_SUCCESS,
+                why,
+            )
+        return plan
+
     def _set_aside(self, step: int, why: str, now: datetime) -> str:
         """Moves one step folder out of the checkpoint manager's view (copied, then removed); logs both places."""
         layout = self.scope.layout
@@ -363,8 +404,12 @@ class TrainRlOperator(RunJobSetOperator):
         destination = layout.set_aside_prefix + checkpoints.set_aside_folder(step, now)
         count = self.scope.bucket.move_folder(source, destination)
         self.log.warning(
-            "actor/%d/ is not a complete step (%s): set aside, %d objects moved from %s to %s", step, why, count,
-            layout.uri(source), layout.uri(destination),
+            "actor/%d/ is not a complete step (%s): set aside, %d objects moved from %s to %s",
+            step,
+            why,
+            count,
+            layout.uri(source),
+            layout.uri(destination),
         )
         return layout.uri(destination)
 

@@ -86,8 +86,13 @@ class GcsOutputSensor(BaseSensorOperator):
             return done.xcom_value
         from tpu_rl.triggers.checkpoints import GcsOutputTrigger
 
-        trigger = GcsOutputTrigger(self.bucket, self.output_check(), deadline=time.time() + self.timeout,
-                                   poll_interval=self.poke_interval, gcp_conn_id=self.gcp_conn_id)
+        trigger = GcsOutputTrigger(
+            self.bucket,
+            self.output_check(),
+            deadline=time.time() + self.timeout,
+            poll_interval=self.poke_interval,
+            gcp_conn_id=self.gcp_conn_id,
+        )
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
@@ -97,9 +102,7 @@ class GcsOutputSensor(BaseSensorOperator):
         return self.result(event)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        verdict, found = GcsReadHook(self.gcp_conn_id).run_now(
-            self.bucket, self.output_check()
-        )
+        verdict, found = GcsReadHook(self.gcp_conn_id).run_now(self.bucket, self.output_check())
         if not verdict.complete:
             self.log.info("%s not complete yet: %s", self.uri, verdict.describe())
             return False
@@ -136,7 +139,10 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
     """
 
     template_fields: Sequence[str] = (
-        *GcsOutputSensor.template_fields, "train_steps", "checkpoint_period", "trainer_completed"
+        *GcsOutputSensor.template_fields,
+        "train_steps",
+        "checkpoint_period",
+        "trainer_completed",
     )
 
     def __init__(
@@ -156,9 +162,13 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
 
     def output_check(self) -> OutputCheck:
         # Typed: templated fields render as strings.
-        return FinalTrainingStep(prefix=self.prefix, train_steps=int(self.train_steps),
-                                 checkpoint_period=int(self.checkpoint_period), items=self.items,
-                                 trainer_completed=str(self.trainer_completed) == "True")
+        return FinalTrainingStep(
+            prefix=self.prefix,
+            train_steps=int(self.train_steps),
+            checkpoint_period=int(self.checkpoint_period),
+            items=self.items,
+            trainer_completed=str(self.trainer_completed) == "True",
+        )
 
     def result(self, event: dict[str, Any]) -> int:
         return int(event["step"])

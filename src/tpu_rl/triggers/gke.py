@@ -40,8 +40,9 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
     :param create_seconds: how long a create with capacity takes (:data:`CREATE_SECONDS`).
     """
 
-    def __init__(self, *, pool_path: str, capacity_deadline: float, create_seconds: float = CREATE_SECONDS,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, pool_path: str, capacity_deadline: float, create_seconds: float = CREATE_SECONDS, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.pool_path = pool_path
         self.capacity_deadline = capacity_deadline
@@ -49,8 +50,15 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
-        return (f"{__name__}.{type(self).__name__}", {**kwargs, "pool_path": self.pool_path,
-                "capacity_deadline": self.capacity_deadline, "create_seconds": self.create_seconds})
+        return (
+            f"{__name__}.{type(self).__name__}",
+            {
+                **kwargs,
+                "pool_path": self.pool_path,
+                "capacity_deadline": self.capacity_deadline,
+                "create_seconds": self.create_seconds,
+            },
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from google.cloud.container_v1 import Operation
@@ -69,27 +77,39 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
                     continue
                 conditions = await node_pool_conditions(hook, self.pool_path)
                 if (quota := quota_reason(conditions)) is not None:  # no wait brings quota
-                    yield TriggerEvent({"status": "quota", "operation_name": operation.name, "node_pool": pool,
-                                        "message": quota})
+                    yield TriggerEvent(
+                        {"status": "quota", "operation_name": operation.name, "node_pool": pool, "message": quota}
+                    )
                     return
                 reason = capacity_wait_reason(conditions)
                 running = time.time() - _started(operation.start_time)
                 if reason is None and running >= self.create_seconds:
-                    reason = (f"GKE has been creating the pool for {running / 60:.0f} minutes, longer than a create "
-                              "with capacity takes: it most likely retries for want of capacity (it does for about "
-                              "35 minutes before it fails the create with GCE_STOCKOUT)")
+                    reason = (
+                        f"GKE has been creating the pool for {running / 60:.0f} minutes, longer than a create "
+                        "with capacity takes: it most likely retries for want of capacity (it does for about "
+                        "35 minutes before it fails the create with GCE_STOCKOUT)"
+                    )
                 if reason is not None:
                     if time.time() >= self.capacity_deadline:
                         # GKE may have ended the create between the two reads: its error then says why
                         ended = await hook.get_operation(operation_name=self.operation_name, project_id=self.project_id)
                         status = "success" if ended.status == Operation.Status.DONE else "capacity_timeout"
-                        yield TriggerEvent({"status": status, "operation_name": operation.name,
-                                            **({"node_pool": pool, "message": reason} if status != "success" else {})})
+                        yield TriggerEvent(
+                            {
+                                "status": status,
+                                "operation_name": operation.name,
+                                **({"node_pool": pool, "message": reason} if status != "success" else {}),
+                            }
+                        )
                         return
                     if logged_at is None or time.monotonic() - logged_at >= CAPACITY_LOG_SECONDS:
                         until = datetime.fromtimestamp(self.capacity_deadline, UTC)
-                        self.log.info("Node pool %s waits for TPU capacity (GKE: %s); waiting until %s",
-                                      pool, reason, until.strftime("%Y-%m-%d %H:%M:%S UTC"))
+                        self.log.info(
+                            "Node pool %s waits for TPU capacity (GKE: %s); waiting until %s",
+                            pool,
+                            reason,
+                            until.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                        )
                         logged_at = time.monotonic()
                 await asyncio.sleep(self.poll_interval)
         except Exception as error:  # noqa: BLE001 - reported to the task as the provider's trigger does

@@ -137,8 +137,17 @@ class JobSetTrigger(BaseTrigger):
         self.training = dict(training) if training else None
 
     #: Serialised as they are; ``cluster`` as its ``to_dict()``.
-    _SERIALIZED = ("name", "namespace", "uid", "log_replicated_job", "log_container", "progress_interval",
-                   "log_tail_lines", "delete_on_kill", "training")
+    _SERIALIZED = (
+        "name",
+        "namespace",
+        "uid",
+        "log_replicated_job",
+        "log_container",
+        "progress_interval",
+        "log_tail_lines",
+        "delete_on_kill",
+        "training",
+    )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         kwargs = {key: getattr(self, key) for key in self._SERIALIZED}
@@ -236,9 +245,13 @@ class JobSetTrigger(BaseTrigger):
     def _log_target(self, progress: _Progress) -> st.PodRecord | None:
         """The workload pod of the latest restart attempt whose container has started."""
         candidates = [
-            p for p in progress.pods.values()
-            if p.replicated_job == self.log_replicated_job and p.job_index == "0"
-            and p.completion_index == "0" and p.phase in ("Running", "Succeeded", "Failed") and not p.deleted
+            p
+            for p in progress.pods.values()
+            if p.replicated_job == self.log_replicated_job
+            and p.job_index == "0"
+            and p.completion_index == "0"
+            and p.phase in ("Running", "Succeeded", "Failed")
+            and not p.deleted
         ]
         return max(candidates, key=lambda p: p.restart_attempt, default=None)
 
@@ -285,8 +298,9 @@ class JobSetTrigger(BaseTrigger):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(progress.pods_changed.wait(), 10)
 
-    async def _stream_while_current(self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: _LogCursor,
-                                    progress: _Progress) -> tuple[bool, bool]:
+    async def _stream_while_current(
+        self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: _LogCursor, progress: _Progress
+    ) -> tuple[bool, bool]:
         """:meth:`_stream_log`, stopped when a newer pod is the one to follow, or shortly after this one ended."""
         stream = asyncio.create_task(self._stream_log(hook, pod, cursor, progress))
         ended_at = None
@@ -306,8 +320,9 @@ class JobSetTrigger(BaseTrigger):
                 stream.cancel()
         return stream.result() if not stream.cancelled() else (False, True)
 
-    async def _stream_log(self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: _LogCursor,
-                          progress: _Progress) -> tuple[bool, bool]:
+    async def _stream_log(
+        self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: _LogCursor, progress: _Progress
+    ) -> tuple[bool, bool]:
         """One log request: (whether it brought new lines, whether it ended without an error)."""
         received = False
         since = int(time.time() - _epoch(cursor.last_ts)) + 5 if cursor.last_ts else None
@@ -364,18 +379,25 @@ class JobSetTrigger(BaseTrigger):
                     ended = progress.finished.is_set()
                     if ended or training.due():
                         try:
-                            await training.report(reader, self.log, _created(progress.jobset),
-                                                  only_news=ended and not training.due())
+                            await training.report(
+                                reader, self.log, _created(progress.jobset), only_news=ended and not training.due()
+                            )
                         except Exception as e:
-                            self.log.warning("Could not read the training's event files under gs://%s/%s (%s: %s)",
-                                             training.bucket, training.prefix, type(e).__name__, str(e)[:300])
+                            self.log.warning(
+                                "Could not read the training's event files under gs://%s/%s (%s: %s)",
+                                training.bucket,
+                                training.prefix,
+                                type(e).__name__,
+                                str(e)[:300],
+                            )
                     if ended:
                         return
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(progress.finished.wait(), training.interval)
         except Exception as e:  # No reader (credentials, network): the wait goes on without progress lines.
-            self.log.warning("No training progress: cannot read gs://%s (%s: %s)", training.bucket,
-                             type(e).__name__, str(e)[:300])
+            self.log.warning(
+                "No training progress: cannot read gs://%s (%s: %s)", training.bucket, type(e).__name__, str(e)[:300]
+            )
 
     async def _event(self, hook: AsyncKubernetesApiHook, progress: _Progress, final: dict | None) -> dict[str, Any]:
         event: dict[str, Any] = {
@@ -394,8 +416,11 @@ class JobSetTrigger(BaseTrigger):
             restarts=st.restarts(final),
         )
         if condition.get("type") == st.COMPLETED:
-            return {**event, "status": "success",
-                    "message": f"JobSet {self.ref} completed: {condition.get('message', '')}"}
+            return {
+                **event,
+                "status": "success",
+                "message": f"JobSet {self.ref} completed: {condition.get('message', '')}",
+            }
         lost = await self._lost_nodes(hook, progress)
         message = st.explain_failure(final, progress.pods.values(), lost, event["log_tail"], progress.log_pod)
         preemption = st.preemption(final, progress.pods.values(), lost)

@@ -55,8 +55,11 @@ class TrainingProgress:
         listing, _ = await reader.list(self.prefix)
         for name, stored in sorted(listing.items()):
             known = self.files.get(name)
-            if (not is_event_file(name) or not stored.size
-                    or (known and (known.size, known.updated) == (stored.size, stored.updated))):
+            if (
+                not is_event_file(name)
+                or not stored.size
+                or (known and (known.size, known.updated) == (stored.size, stored.updated))
+            ):
                 continue
             if known and stored.size > known.size:
                 data = known.data + await reader.read(self.prefix + name, known.size, stored.size - 1)
@@ -66,8 +69,9 @@ class TrainingProgress:
             scalars = await asyncio.to_thread(read_scalars, [data])
             self.files[name] = _EventFile(stored.size, stored.updated, data, scalars)
 
-    async def report(self, reader: GcsReader, log: Any, attempt_started: float | None = None,
-                     only_news: bool = False) -> None:
+    async def report(
+        self, reader: GcsReader, log: Any, attempt_started: float | None = None, only_news: bool = False
+    ) -> None:
         """Read what changed and log the progress line (nothing before the trainer wrote its first file).
         ``attempt_started``: when the JobSet of the current attempt was created (POSIX seconds); ``only_news``:
         log only if the event files grew since the last line."""
@@ -76,8 +80,9 @@ class TrainingProgress:
         sizes = {name: f.size for name, f in self.files.items()}
         if only_news and sizes == self.logged_sizes:
             return
-        line = attempt_progress({name: f.scalars for name, f in self.files.items()}, self.train_steps, time.time(),
-                                attempt_started)
+        line = attempt_progress(
+            {name: f.scalars for name, f in self.files.items()}, self.train_steps, time.time(), attempt_started
+        )
         if line:
             log.info("Training progress: %s", line)
             self.logged_at, self.logged_sizes = started, sizes

@@ -30,7 +30,9 @@ class TriggererCheckTrigger(BaseTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", {
-            "sent_by": self.sent_by, "hold_seconds": self.hold_seconds}
+            "sent_by": self.sent_by,
+            "hold_seconds": self.hold_seconds,
+        }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from tpu_rl import __version__

@@ -18,5 +18,6 @@ class RunNamedJobSetOperator(JobSetOperator):
 
 
 with DAG("jobset_operator_dag_test", schedule=None, catchup=False):
-    RunNamedJobSetOperator(task_id="train", kubernetes_conn_id=CONN_ID, progress_interval=10,
-                           execution_timeout=timedelta(minutes=5))
+    RunNamedJobSetOperator(
+        task_id="train", kubernetes_conn_id=CONN_ID, progress_interval=10, execution_timeout=timedelta(minutes=5)
+    )
