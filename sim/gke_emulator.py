@@ -30,65 +30,52 @@ emulator knows: $SIM/gke/reservations.json (a JSON list of names or projects/P/r
 none); capacity faults: $SIM/gke/faults.json (sim/gke_faults.py), read on each request. Durations:
 TPU_RL_SIM_GKE_CLUSTER_CREATE_SECONDS (3, after the control plane is ready), _POOL_CREATE_SECONDS (3),
 _DELETE_SECONDS (2), _PENDING_SECONDS (0.3), _STOCKOUT_SECONDS (10: GKE's ~35 minutes of retrying a create for
-capacity, time-scaled). Validation: sim/gke_rules.py. See sim/README.md.
+capacity, time-scaled). See sim/README.md.
+
+Split by job: this file holds the emulated project (its state, operations and the ClusterManager methods);
+sim/gke_settings.py its files, ports and durations; sim/gke_auth.py the keys, tokens and token endpoint;
+sim/gke_transport.py the gRPC server and the CONNECT proxy; sim/gke_dns.py the DNS endpoints;
+sim/gke_nodes.py the nodes a pool registers; sim/gke_rules.py what GKE refuses.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import logging
-import os
-import select
-import socket
 import sys
 import threading
 import time
 import uuid
-from concurrent import futures
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs
 
 SRC = Path(__file__).resolve().parent
 sys.path.insert(0, str(SRC))
 
 import gke_dns  # noqa: E402
 import gke_rules  # noqa: E402
+from gke_auth import Accounts, init_files, serve_tokens  # noqa: E402
+from gke_nodes import PoolNodes  # noqa: E402
 from gke_rules import GkeError  # noqa: E402
-
-SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or SRC.parent / ".sim")
-os.environ.setdefault("TPU_RL_SIM_DIR", str(SIM))  # sim/control_plane.py reads it
-GKE_DIR = SIM / "gke"
-PKI = SIM / "pki"
-HOST = "container.googleapis.com"
-PROXY_PORT = int(os.environ.get("TPU_RL_SIM_GKE_PROXY_PORT", "14480"))
-GRPC_PORT = int(os.environ.get("TPU_RL_SIM_GKE_GRPC_PORT", "14481"))
-TOKEN_PORT = int(os.environ.get("TPU_RL_SIM_GKE_TOKEN_PORT", "14482"))
-DNS_PORT = int(os.environ.get("TPU_RL_SIM_GKE_DNS_PORT", "14483"))
-PROJECT = "tpu-rl-sim"
-SA_EMAIL = f"tpu-rl-sim@{PROJECT}.iam.gserviceaccount.com"
-SERVICE = "google.container.v1.ClusterManager"
-TOKEN_SECONDS = 3600
-MAX_SLOTS = 50
-
-
-def seconds(name, default):
-    return float(os.environ.get(f"TPU_RL_SIM_GKE_{name}_SECONDS", default))
-
-
-PENDING_S = seconds("PENDING", "0.3")
-CLUSTER_CREATE_S = seconds("CLUSTER_CREATE", "3")
-POOL_CREATE_S = seconds("POOL_CREATE", "3")
-DELETE_S = seconds("DELETE", "2")
-#: How long a create GKE cannot get capacity for stays RUNNING while GKE retries, before it fails: about 35
-#: minutes on GKE (observed: "Not all instances running in IGM after 35m ... [GCE_STOCKOUT]", Cluster Toolkit PR
-#: 6278; retries about every 4 minutes, NVIDIA/aicr issue 2764), time-scaled here.
-STOCKOUT_S = seconds("STOCKOUT", "10")
-DEFAULT_BOOT_DISK = os.environ.get("TPU_RL_SIM_GKE_DEFAULT_BOOT_DISK", gke_rules.DEFAULT_BOOT_DISK)
+from gke_settings import (  # noqa: E402
+    CLUSTER_CREATE_S,
+    DEFAULT_BOOT_DISK,
+    DELETE_S,
+    DNS_PORT,
+    GKE_DIR,
+    GRPC_PORT,
+    HOST,
+    MAX_SLOTS,
+    PENDING_S,
+    PKI,
+    POOL_CREATE_S,
+    PROXY_PORT,
+    STOCKOUT_S,
+    TOKEN_PORT,
+    read_json,
+)
+from gke_transport import serve_grpc, serve_proxy  # noqa: E402
 
 log = logging.getLogger("gke")
 
@@ -112,119 +99,8 @@ def now_iso():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Service account key and tokens
-# ------------------------------------------------------------------------------------------------------------
-
-
-def init_files():
-    """The service-account key file (fresh RSA key) and the token secret, if missing."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    GKE_DIR.mkdir(parents=True, exist_ok=True)
-    key_file = GKE_DIR / "service-account.json"
-    token_uri = f"http://127.0.0.1:{TOKEN_PORT}/token"
-    if key_file.exists():
-        info = json.loads(key_file.read_text())
-        if info.get("token_uri") != token_uri:  # the port changed: same key, new token endpoint
-            info["token_uri"] = token_uri
-            key_file.write_text(json.dumps(info, indent=2))
-    else:
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ).decode()
-        info = {
-            "type": "service_account",
-            "project_id": PROJECT,
-            "private_key_id": uuid.uuid4().hex,
-            "private_key": pem,
-            "client_email": SA_EMAIL,
-            "client_id": str(int(uuid.uuid4().int % 10**21)),
-            "auth_uri": "http://127.0.0.1/unused",
-            "token_uri": token_uri,
-        }
-        key_file.write_text(json.dumps(info, indent=2))
-        key_file.chmod(0o600)
-    gke_dns.ensure_public_ca(PKI)
-    secret = GKE_DIR / "token-secret"
-    if not secret.exists():
-        secret.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
-        secret.chmod(0o600)
-    return key_file
-
-
-class Accounts:
-    """The service accounts this emulator knows (every $SIM/gke/*service-account*.json) and their tokens."""
-
-    def __init__(self):
-        from cryptography.hazmat.primitives import serialization
-
-        self.secret = (GKE_DIR / "token-secret").read_bytes()
-        self.public_keys = {}  # client_email -> public key
-        for path in sorted(GKE_DIR.glob("*service-account*.json")):
-            info = json.loads(path.read_text())
-            key = serialization.load_pem_private_key(info["private_key"].encode(), password=None)
-            self.public_keys[info["client_email"]] = key.public_key()
-        self.tokens = {self.token_for(email): email for email in self.public_keys}
-
-    def token_for(self, email: str) -> str:
-        mac = hmac.new(self.secret, email.encode(), hashlib.sha256).digest()
-        return "ya29.sim-" + base64.urlsafe_b64encode(mac).decode().rstrip("=")
-
-    def grant(self, assertion: str) -> tuple[str, str]:
-        """JWT-bearer grant: returns (access_token, email) or raises ValueError with the OAuth error text."""
-        import jwt
-
-        try:
-            claims = jwt.decode(assertion, options={"verify_signature": False})
-        except jwt.PyJWTError as e:
-            raise ValueError(f"Invalid JWT: {e}") from None
-        email = claims.get("iss")
-        if email not in self.public_keys:
-            raise ValueError("Invalid JWT Signature.")
-        try:
-            # google-auth puts Google's token endpoint in "aud" whatever the key's token_uri says.
-            jwt.decode(
-                assertion,
-                self.public_keys[email],
-                algorithms=["RS256"],
-                leeway=60,
-                audience=[f"http://127.0.0.1:{TOKEN_PORT}/token", "https://oauth2.googleapis.com/token"],
-            )
-        except jwt.PyJWTError as e:
-            raise ValueError(f"Invalid JWT Signature. ({e})") from None
-        return self.token_for(email), email
-
-    def caller(self, bearer: str) -> str | None:
-        """The service account a gRPC bearer token belongs to: an issued token or a self-signed JWT."""
-        if bearer in self.tokens:
-            return self.tokens[bearer]
-        import jwt
-
-        try:
-            claims = jwt.decode(bearer, options={"verify_signature": False})
-            email = claims.get("iss")
-            if email in self.public_keys and claims.get("sub", email) == email:
-                jwt.decode(
-                    bearer, self.public_keys[email], algorithms=["RS256"], leeway=60, options={"verify_aud": False}
-                )
-                return email
-        except jwt.PyJWTError:
-            pass
-        return None
-
-
-# ------------------------------------------------------------------------------------------------------------
 # Faults and reservations (files read on each request)
 # ------------------------------------------------------------------------------------------------------------
-
-
-def read_json(path, default):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return default
 
 
 def reservations() -> set[str]:
@@ -446,7 +322,7 @@ class Emulator:
             for p in cluster.node_pools:
                 p.status = c.NodePool.Status.RUNNING
             cluster.status = c.Cluster.Status.RUNNING
-            cluster.current_node_count = sum(self._node_count(key, p) for _, p in pools)
+            cluster.current_node_count = sum(self._nodes(key, p).count for _, p in pools)
         self._finish(op_name)
 
     def _delete_cluster(self, op_name, rec):
@@ -526,13 +402,13 @@ class Emulator:
 
     def _stockout_message(self, key, body: dict, running: int = 0) -> str:
         """GKE's text for a pool create that found no capacity (the operation's error, the pool's condition)."""
-        zone = self._zones(key, body)[0]
+        zone = self._nodes(key, body).zones[0]
         project = key.split("/")[0]
-        count = self._node_count(key, body)
+        count = self._nodes(key, body).count
         return (
             f"Google Compute Engine: Not all instances running in IGM after {POOL_CREATE_S + STOCKOUT_S:.1f}s. "
             f"Expected {count}, running {running}, transitioning {count - running}. "
-            f"Current errors: [GCE_STOCKOUT]: Instance '{self._node_names(key, body)[0]}' creation failed: "
+            f"Current errors: [GCE_STOCKOUT]: Instance '{self._nodes(key, body).names()[0]}' creation failed: "
             f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to fulfill "
             "the request.  '(resource type:compute)'."
         )
@@ -547,124 +423,15 @@ class Emulator:
         self._finish(op_name)
 
     # --- nodes ------------------------------------------------------------------------------------------
-    def _zones(self, key, pool: dict) -> list[str]:
-        cluster = self.clusters[key]["cluster"]
-        location = key.split("/")[1]
-        return list(pool.get("locations") or cluster.locations or gke_rules.zones_of(location)[:3])
-
-    @staticmethod
-    def _nodes_per_zone(pool: dict) -> int:
-        """A pool's nodes in each of its zones. A flex-start pool starts empty and GKE's autoscaler adds its
-        slice when a workload asks for it; with no autoscaler here, it gets its maximum (the whole slice)."""
-        if (pool.get("config") or {}).get("flex_start"):
-            return int((pool.get("autoscaling") or {}).get("max_node_count") or 0)
-        return int(pool.get("initial_node_count") or 0)
-
-    def _node_count(self, key, pool: dict) -> int:
-        return self._nodes_per_zone(pool) * len(self._zones(key, pool))
-
-    def _node_names(self, key, pool: dict) -> list[str]:
-        cname = key.split("/")[2]
-        names = []
-        for zone in self._zones(key, pool):
-            group = hashlib.sha256(f"{key}/{pool['name']}/{zone}".encode()).hexdigest()[:8]
-            for i in range(self._nodes_per_zone(pool)):
-                suffix = hashlib.sha256(f"{group}/{i}".encode()).hexdigest()[:4]
-                names.append(f"gke-{cname[:20]}-{pool['name'][:16]}-{group}-{suffix}")
-        return names
-
-    def _node_bodies(self, key, pool: dict) -> list[dict]:
-        """Node objects as GKE's nodes register them (labels and taints of the pool), managed by kwok."""
-        project, location, cname = key.split("/")
-        config = pool.get("config") or {}
-        mt = (
-            gke_rules.machine(config.get("machine_type") or "e2-medium")
-            if (config.get("machine_type") or "e2-medium") in gke_rules.MACHINE_TYPES
-            else gke_rules.MACHINE_TYPES["e2-standard-8"]
-        )
-        capacity, allocatable = gke_rules.node_resources(
-            mt, int(config.get("disk_size_gb") or gke_rules.DEFAULT_DISK_GB)
-        )
-        region = location if location.count("-") == 1 else location.rsplit("-", 1)[0]
-        base_labels = {
-            "cloud.google.com/gke-nodepool": pool["name"],
-            "cloud.google.com/machine-family": mt.family,
-            "cloud.google.com/gke-os-distribution": "cos",
-            "cloud.google.com/gke-boot-disk": config.get("disk_type") or DEFAULT_BOOT_DISK,
-            "node.kubernetes.io/instance-type": mt.name,
-            "topology.kubernetes.io/region": region,
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            "beta.kubernetes.io/os": "linux",
-            "beta.kubernetes.io/arch": "amd64",
-            "type": "kwok",
-            **(config.get("labels") or {}),
-        }
-        if (config.get("workload_metadata_config") or {}).get("mode") == "GKE_METADATA":
-            base_labels["iam.gke.io/gke-metadata-server-enabled"] = "true"
-        if config.get("spot"):
-            base_labels["cloud.google.com/gke-spot"] = "true"
-        if config.get("preemptible"):
-            base_labels["cloud.google.com/gke-preemptible"] = "true"
-        taints = []
-        placement = pool.get("placement_policy") or {}
-        if mt.tpu_chips:
-            base_labels["cloud.google.com/gke-tpu-accelerator"] = mt.tpu_accelerator
-            base_labels["cloud.google.com/gke-accelerator-count"] = str(mt.tpu_chips)
-            if placement.get("tpu_topology"):
-                base_labels["cloud.google.com/gke-tpu-topology"] = placement["tpu_topology"]
-            taints.append({"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"})
-        if placement.get("type") == "COMPACT":
-            base_labels["cloud.google.com/gke-placement-group"] = (
-                placement.get("policy_name") or f"{pool['name']}-placement"
-            )
-        effects = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
-        for t in config.get("taints") or []:
-            taint = {"key": t["key"], "value": t.get("value", ""), "effect": effects.get(t.get("effect"), "NoSchedule")}
-            if taint not in taints:
-                taints.append(taint)
-        # A pool without a service account runs as the Compute Engine default account.
-        node_account = (
-            config.get("service_account") or f"{gke_rules.PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
-        )
-        bodies, names = [], iter(self._node_names(key, pool))
-        for zone in self._zones(key, pool):
-            for _ in range(self._nodes_per_zone(pool)):
-                name = next(names)
-                bodies.append(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Node",
-                        "metadata": {
-                            "name": name,
-                            "annotations": {
-                                "kwok.x-k8s.io/node": "fake",
-                                "node.alpha.kubernetes.io/ttl": "0",
-                                # Who the node is to Google APIs (GKE: the metadata server);
-                                # the MaxText emulator checks bucket access with it.
-                                gke_rules.NODE_SERVICE_ACCOUNT_ANNOTATION: node_account,
-                                "container.googleapis.com/instance_id": str(
-                                    int(hashlib.sha256(name.encode()).hexdigest()[:15], 16)
-                                ),
-                            },
-                            "labels": {
-                                **base_labels,
-                                "kubernetes.io/hostname": name,
-                                "topology.kubernetes.io/zone": zone,
-                            },
-                        },
-                        "spec": {"providerID": f"gce://{project}/{zone}/{name}", "taints": taints},
-                        "status": {"capacity": capacity, "allocatable": allocatable},
-                    }
-                )
-        return bodies
+    def _nodes(self, key, pool: dict) -> PoolNodes:
+        return PoolNodes(key, list(self.clusters[key]["cluster"].locations), pool)
 
     def _create_nodes(self, key, pool: dict, limit: int | None = None):
         """The pool's nodes (the first ``limit`` of them: a partial create)."""
         import urllib.error
 
         cp = self.control_plane(key)
-        for body in self._node_bodies(key, pool)[:limit]:
+        for body in self._nodes(key, pool).bodies()[:limit]:
             try:
                 cp.api("POST", "/api/v1/nodes", body)
             except urllib.error.HTTPError as e:
@@ -912,190 +679,6 @@ def parse_operation(name, project_id="", zone="", operation_id=""):
     return tuple(got)
 
 
-# ------------------------------------------------------------------------------------------------------------
-# gRPC server
-# ------------------------------------------------------------------------------------------------------------
-
-UNAUTHENTICATED_TEXT = (
-    "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid "
-    "authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project."
-)
-
-
-def grpc_handler(emulator: Emulator):
-    import grpc
-    from google.cloud import container_v1 as c
-
-    methods = {
-        "CreateCluster": (c.CreateClusterRequest, c.Operation, emulator.create_cluster),
-        "GetCluster": (c.GetClusterRequest, c.Cluster, emulator.get_cluster),
-        "ListClusters": (c.ListClustersRequest, c.ListClustersResponse, emulator.list_clusters),
-        "DeleteCluster": (c.DeleteClusterRequest, c.Operation, emulator.delete_cluster),
-        "CreateNodePool": (c.CreateNodePoolRequest, c.Operation, emulator.create_node_pool),
-        "GetNodePool": (c.GetNodePoolRequest, c.NodePool, emulator.get_node_pool),
-        "ListNodePools": (c.ListNodePoolsRequest, c.ListNodePoolsResponse, emulator.list_node_pools),
-        "DeleteNodePool": (c.DeleteNodePoolRequest, c.Operation, emulator.delete_node_pool),
-        "GetOperation": (c.GetOperationRequest, c.Operation, emulator.get_operation),
-        "ListOperations": (c.ListOperationsRequest, c.ListOperationsResponse, emulator.list_operations),
-    }
-
-    def wrap(method, call):
-        def handle(request, context):
-            metadata = dict(context.invocation_metadata())
-            auth = metadata.get("authorization", "")
-            caller = emulator.accounts.caller(auth[7:]) if auth.startswith("Bearer ") else None
-            if caller is None:
-                log.info("%s: UNAUTHENTICATED", method)
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_TEXT)
-            try:
-                answer = call(request)
-                log.info("%s by %s: OK", method, caller)
-                return answer
-            except GkeError as e:
-                log.info("%s by %s: %s %s", method, caller, e.code, e.message)
-                context.abort(getattr(grpc.StatusCode, e.code), e.message)
-
-        return handle
-
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            wrap(name, call), request_deserializer=req.deserialize, response_serializer=resp.serialize
-        )
-        for name, (req, resp, call) in methods.items()
-    }
-    return grpc.method_handlers_generic_handler(SERVICE, handlers)
-
-
-def serve_grpc(emulator):
-    import grpc
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    server.add_generic_rpc_handlers((grpc_handler(emulator),))
-    creds = grpc.ssl_server_credentials([((PKI / "gke.key").read_bytes(), (PKI / "gke.crt").read_bytes())])
-    if server.add_secure_port(f"127.0.0.1:{GRPC_PORT}", creds) == 0:
-        raise SystemExit(f"cannot listen on 127.0.0.1:{GRPC_PORT}")
-    server.start()
-    return server
-
-
-# ------------------------------------------------------------------------------------------------------------
-# CONNECT proxy
-# ------------------------------------------------------------------------------------------------------------
-
-
-def serve_proxy():
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", PROXY_PORT))
-    listener.listen(64)
-
-    def pipe(a, b):
-        try:
-            while True:
-                readable, _, _ = select.select([a, b], [], [], 300)
-                if not readable:
-                    return
-                for s in readable:
-                    data = s.recv(65536)
-                    if not data:
-                        return
-                    (b if s is a else a).sendall(data)
-        except OSError:
-            return
-        finally:
-            for s in (a, b):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def handle(conn):
-        try:
-            conn.settimeout(10)
-            head = b""
-            while b"\r\n\r\n" not in head and len(head) < 8192:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    conn.close()
-                    return
-                head += chunk
-            line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            parts = line.split()
-            target = parts[1].rsplit(":", 1) if len(parts) == 3 and parts[0] == "CONNECT" else ["", ""]
-            if target == [HOST, "443"]:
-                port = GRPC_PORT
-            elif gke_dns.is_endpoint_host(target[0]) and target[1] == "443":
-                port = DNS_PORT
-            else:
-                log.info("proxy refused %r", line)
-                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                conn.close()
-                return
-            upstream = socket.create_connection(("127.0.0.1", port), timeout=10)
-            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            rest = head.split(b"\r\n\r\n", 1)[1]
-            if rest:
-                upstream.sendall(rest)
-            conn.settimeout(None)
-            upstream.settimeout(None)
-            pipe(conn, upstream)
-        except OSError:
-            try:
-                conn.close()
-            except OSError:
-                pass
-
-    def accept():
-        while True:
-            conn, _ = listener.accept()
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, name="proxy", daemon=True).start()
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Token endpoint
-# ------------------------------------------------------------------------------------------------------------
-
-
-def serve_tokens(emulator):
-    class Handler(BaseHTTPRequestHandler):
-        def _json(self, code, body):
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):  # noqa: N802
-            if self.path == "/healthz":
-                self._json(200, {"status": "ok"})
-            else:
-                self._json(404, {"error": "not_found"})
-
-        def do_POST(self):  # noqa: N802
-            if self.path != "/token":
-                return self._json(404, {"error": "not_found"})
-            form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
-            if form.get("grant_type", [""])[0] != "urn:ietf:params:oauth:grant-type:jwt-bearer":
-                return self._json(400, {"error": "unsupported_grant_type", "error_description": "Invalid grant_type."})
-            try:
-                token, email = emulator.accounts.grant(form.get("assertion", [""])[0])
-            except ValueError as e:
-                log.info("token refused: %s", e)
-                return self._json(400, {"error": "invalid_grant", "error_description": str(e)})
-            log.info("token issued to %s", email)
-            self._json(200, {"access_token": token, "expires_in": TOKEN_SECONDS, "token_type": "Bearer"})
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", TOKEN_PORT), Handler)
-    threading.Thread(target=server.serve_forever, name="token", daemon=True).start()
-    return server
-
-
 def main():
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     if sys.argv[1:] == ["init"]:
@@ -1105,7 +688,7 @@ def main():
     emulator = Emulator()
     server = serve_grpc(emulator)
     serve_proxy()
-    serve_tokens(emulator)
+    serve_tokens(emulator.accounts)
     gke_dns.serve(DNS_PORT, PKI, emulator.dns_route, emulator.accounts.caller)
     emulator.resume()
     log.info(
