@@ -89,3 +89,25 @@ def test_no_function_of_the_package_is_longer_than_60_lines():
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60
     ]
     assert long == []
+
+
+def test_operators_sensors_and_triggers_reach_clouds_only_through_the_package_hooks():
+    """Hooks call, operators decide: no operator, sensor or trigger module builds an API client or a provider's
+    hook (a new call to GKE, Kubernetes or Cloud Storage becomes a hook method, with a public seam for tests)."""
+    deciders = [
+        p
+        for name, p in modules().items()
+        if name.startswith(("tpu_rl.operators.", "tpu_rl.sensors.", "tpu_rl.triggers."))
+    ]
+    built = []
+    for path in deciders:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", "")
+                if name.endswith(("Client", "Api")) or (name.endswith("Hook") and not name.startswith(PACKAGE_HOOKS)):
+                    built.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name}")
+    assert deciders and built == []
+
+
+#: The hooks of the package (hooks/): what operators, sensors and triggers call.
+PACKAGE_HOOKS = ("GkeApiHook", "KubernetesApiHook", "AsyncKubernetesApiHook", "GcsBucketHook", "GcsReadHook")
