@@ -66,11 +66,14 @@ class LeaseStore:
         stored = self.object.read()
         return (Lease(), 0) if stored is None else (Lease.parse(stored.data), stored.generation)
 
-    def change(self, decide: Callable[[Lease], LeaseChange]) -> LeaseChange:
+    def change(self, decide: Callable[[Lease], LeaseChange], log: Any = None) -> LeaseChange:
+        """Applies ``decide`` to the current lease; the decision's notes are logged as warnings on ``log``."""
         for _ in range(LEASE_WRITE_ATTEMPTS):
             lease, generation = self.read()
             change = decide(lease)
             if change.lease is None or change.lease == lease or self.object.write(change.lease.dump(), generation):
+                for note in change.notes if log else ():
+                    log.warning("%s (%s)", note, self.uri)
                 return change
             # another run changed it first: decide again on what it wrote
         raise AirflowException(f"{self.uri} keeps changing: could not update it")
@@ -92,9 +95,7 @@ def join_cluster_lease(scope: RunScope, ti: Any, cluster_exists: bool, log: Any)
     the cluster)."""
     store = cluster_lease(scope)
     me = Holder.of(scope.run, now_text())
-    change = store.change(lambda lease: join_cluster(lease, me, lambda r: dag_run_state(ti, r), cluster_exists))
-    for note in change.notes:
-        log.warning("%s (%s)", note, store.uri)
+    change = store.change(lambda lease: join_cluster(lease, me, lambda r: dag_run_state(ti, r), cluster_exists), log)
     if change.result is not None:
         log.info(
             "Joined the lease of shared cluster %s (%s): %s",
@@ -111,9 +112,7 @@ def leave_cluster_lease(scope: RunScope, ti: Any, closing: bool, log: Any) -> bo
     waits for the delete; without it (keep_cluster) the cluster stays, free to join."""
     config, store = scope.config, cluster_lease(scope)
     me = Holder.of(scope.run, now_text())
-    change = store.change(lambda lease: leave_cluster(lease, me, lambda r: dag_run_state(ti, r), closing))
-    for note in change.notes:
-        log.warning("%s (%s)", note, store.uri)
+    change = store.change(lambda lease: leave_cluster(lease, me, lambda r: dag_run_state(ti, r), closing), log)
     leaving = change.result
     if not leaving.last:
         users = "; ".join(h.describe() for h in leaving.still_used_by)
@@ -156,10 +155,8 @@ class WaitForTpuCapacitySensor(RunScoped, BaseSensorOperator):
         me = Holder.of(run, now_text(), config.cluster_nodepool_count)
         store = capacity_store(scope)
         change = store.change(
-            lambda lease: take_capacity(lease, me, config.capacity_slices, lambda r: dag_run_state(ti, r))
+            lambda lease: take_capacity(lease, me, config.capacity_slices, lambda r: dag_run_state(ti, r)), self.log
         )
-        for note in change.notes:
-            self.log.warning("%s (%s)", note, store.uri)
         if change.result.taken:
             self.log.info(
                 "Holding %d of the %d slice(s) of capacity group '%s' (%s)",
