@@ -50,3 +50,78 @@ def test_reconnect_drops_lines_already_seen_and_keeps_new_ones():
     # A reconnect with sinceSeconds returns some lines again; kubelet timestamps drop trailing zeros.
     again = ["2026-11-29T10:00:01.5Z step 1", "2026-11-29T10:00:02Z step 2b", "2026-11-29T10:00:02.000000001Z step 3"]
     assert [cursor.new_text(x) for x in again] == [None, None, "step 3"]
+
+
+class _Bucket:
+    """The trigger's reader for the log cursor, in memory: what a dead triggerer's trigger wrote stays."""
+
+    def __init__(self) -> None:
+        self.objects: dict = {}
+        self.writes = 0
+
+    async def read_json(self, name):
+        return self.objects.get(name)
+
+    async def write_json(self, name, document):
+        self.writes += 1
+        self.objects[name] = document
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, message, *args):
+        self.lines.append(message % args)
+
+    warning = info
+
+
+def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_twice():
+    """Airflow gives a dead triggerer's trigger to another triggerer, rebuilt from its serialised form: the new
+    one reads the log from its start (for the tail and the evaluation), logs from the line after the last one
+    the dead trigger recorded, and so the task log holds every line once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tpu_rl.triggers.jobset import _LogPrinter, _Progress
+
+    stamped = [f"2026-12-02T10:{i // 60:02d}:{i % 60:02d}.5Z line {i}" for i in range(120)]
+    stamped[5] = (
+        "2026-12-02T10:00:05.5Z W1202 10:00:05.482113 139872 train_rl.py:786] Pre RL Training: corr=8, total=20, "
+        "accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950"
+    )
+    pod = SimpleNamespace(uid="pod-uid", name="head-0")
+    bucket = _Bucket()
+    trigger = JobSetTrigger(
+        name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
+    )
+
+    class Hook:
+        def __init__(self, upto: int) -> None:
+            self.upto = upto
+
+        async def follow_log(self, pod, namespace, container, since):
+            for raw in stamped[: self.upto]:
+                yield raw
+
+    async def wait(upto: int, record_every: int, log: _Log, saved) -> _Progress:
+        printer = _LogPrinter(log, bucket, "cursor.json", saved)
+        progress = _Progress(tail_lines=200, printer=printer)
+        for end in range(record_every, upto + 1, record_every):
+            await trigger._stream_log(Hook(end), pod, trigger_cursor, progress)
+            await printer.flush()
+        return progress
+
+    first_log, second_log = _Log(), _Log()
+    trigger_cursor = _LogCursor()
+    # The first triggerer logs 70 lines in batches of 10, reads 5 more, and dies before the next batch.
+    asyncio.run(wait(70, 10, first_log, None))
+    asyncio.run(trigger._stream_log(Hook(75), pod, trigger_cursor, _Progress(200, _LogPrinter(first_log, bucket))))
+    trigger_cursor = _LogCursor()
+    second = asyncio.run(wait(120, 120, second_log, asyncio.run(bucket.read_json("cursor.json"))))
+
+    logged = [line.partition("] ")[2] for line in first_log.lines + second_log.lines if line.startswith("[head-0]")]
+    assert logged == [raw.partition(" ")[2] for raw in stamped]
+    assert len(second.tail) == 120 and "Pre" in second.evaluation  # what came before the takeover is read again
+    assert bucket.writes == 8  # one write a batch

@@ -383,14 +383,15 @@ def training_trigger_lines(
     trigger._log = LinesLog()
 
     async def run() -> None:
-        progress = trigger_module._Progress(10)
-        loop = asyncio.create_task(trigger._report_training(progress))
-        for at, size in steps:
-            await asyncio.sleep(at)
-            bucket.flush_to(size)
-        await asyncio.sleep(ends_after - sum(at for at, _ in steps))
-        progress.finished.set()
-        await asyncio.wait_for(loop, 5)
+        progress = trigger_module._Progress(10, trigger_module._LogPrinter(trigger.log))
+        async with contextlib.AsyncExitStack() as readers:
+            loop = asyncio.create_task(trigger._report_training(progress, readers))
+            for at, size in steps:
+                await asyncio.sleep(at)
+                bucket.flush_to(size)
+            await asyncio.sleep(ends_after - sum(at for at, _ in steps))
+            progress.finished.set()
+            await asyncio.wait_for(loop, 5)
 
     asyncio.run(run())
     return [line for line in trigger._log.lines if line.startswith("Training progress")]

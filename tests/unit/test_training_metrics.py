@@ -425,7 +425,7 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
     import asyncio
     from types import SimpleNamespace
 
-    from tpu_rl.triggers.jobset import JobSetTrigger, _LogCursor, _Progress
+    from tpu_rl.triggers.jobset import JobSetTrigger, _LogCursor, _LogPrinter, _Progress
 
     lines = [
         PRE,
@@ -442,8 +442,8 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
     trigger = JobSetTrigger(
         name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
     )
-    progress = _Progress(tail_lines=100)
-    asyncio.run(trigger._stream_log(Hook(), SimpleNamespace(name="head-0"), _LogCursor(), progress))
+    progress = _Progress(tail_lines=100, printer=_LogPrinter(trigger.log))
+    asyncio.run(trigger._stream_log(Hook(), SimpleNamespace(name="head-0", uid="u0"), _LogCursor(), progress))
     kept = list(progress.evaluation.values())
     assert not any("Completed Successfully" in line for line in progress.tail)
     assert tm.trainer_completed(kept) and tm.parse_evaluation(kept).after.correct == 12

@@ -54,7 +54,8 @@ def parse_not_before(text: str | None) -> datetime | None:
 
 
 class GcsReader:
-    """Lists and reads one bucket's objects with the gcloud-aio client that GCSAsyncHook provides."""
+    """Lists and reads one bucket's objects with the gcloud-aio client that GCSAsyncHook provides, and writes the
+    small documents a wait keeps for whoever takes it over (a trigger's log cursor)."""
 
     def __init__(self, storage: Any, bucket: str) -> None:
         self.storage = storage
@@ -79,6 +80,21 @@ class GcsReader:
         """An object's bytes, or only bytes ``first..last`` (inclusive) with a ranged download."""
         headers = {"Range": f"bytes={first}-{last}"} if first is not None else None
         return await self.storage.download(self.bucket, name, headers=headers)
+
+    async def read_json(self, name: str) -> Any:
+        """A JSON object's document, or None when there is no such object."""
+        from aiohttp import ClientResponseError
+
+        try:
+            return json.loads(await self.read(name))
+        except ClientResponseError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def write_json(self, name: str, document: Any) -> None:
+        """Replaces (or creates) a small JSON object."""
+        await self.storage.upload(self.bucket, name, json.dumps(document), content_type="application/json")
 
 
 class GcsReadHook:

@@ -61,6 +61,12 @@ class RunJobSetOperator(RunScoped, JobSetOperator):
         self.namespace, self.cluster = scope.config.namespace, scope.cluster_target
         self.manifest = self.stage_manifest(scope, context)
 
+    def trigger_kwargs(self) -> dict[str, Any]:
+        """The run's bucket keeps how far the trigger logged the workload's log, for a triggerer that takes over."""
+        config, layout = self.scope.config, self.scope.layout
+        cursor = {"bucket": config.gcs_bucket, "prefix": layout.log_cursors_prefix, "gcp_conn_id": config.gcp_conn_id}
+        return {**super().trigger_kwargs(), "log_cursor": cursor}
+
 
 class HfToMaxTextOperator(RunJobSetOperator):
     """Converts the Hugging Face checkpoint into the base checkpoint that runs of the same model and
@@ -270,12 +276,13 @@ class TrainRlOperator(RunJobSetOperator):
     def trigger_kwargs(self) -> dict[str, Any]:
         config, layout = self.scope.config, self.scope.layout
         return {
+            **super().trigger_kwargs(),
             "training": {
                 "bucket": config.gcs_bucket,
                 "prefix": layout.tensorboard_prefix,
                 "train_steps": config.train_steps,
                 "gcp_conn_id": config.gcp_conn_id,
-            }
+            },
         }
 
     def after_completed(self, context: Any, event: dict[str, Any]) -> None:

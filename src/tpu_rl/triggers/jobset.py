@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -20,7 +21,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import jobset_status as st
-from tpu_rl.hooks.gcs import GcsReadHook
+from tpu_rl.hooks.gcs import GcsReader, GcsReadHook
 from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget
 from tpu_rl.training_metrics import kept_line_kind
 from tpu_rl.triggers.training_progress import TrainingProgress
@@ -33,12 +34,16 @@ LOG_DRAIN_SECONDS = 10
 POD_END_GRACE_SECONDS = 3
 #: After the JobSet finished, how long the training's last progress read may take.
 TRAINING_LAST_READ_SECONDS = 30
+#: With a log cursor, how often the lines read are logged: each batch is recorded in the bucket first (one
+#: small write a batch), so the task log lags the workload by at most this long.
+LOG_BATCH_SECONDS = 30
 
 
 class _Progress:
     """What the trigger has seen so far: the JobSet, its pods and the log tail."""
 
-    def __init__(self, tail_lines: int) -> None:
+    def __init__(self, tail_lines: int, printer: _LogPrinter) -> None:
+        self.printer = printer
         self.jobset: dict = {}
         self.pods: dict[str, st.PodRecord] = {}
         self.tail: deque[str] = deque(maxlen=tail_lines)
@@ -75,21 +80,79 @@ class _Progress:
 
 class _LogCursor:
     """Where a pod's log was read up to, by the kubelet's line timestamps: a reconnect asks for a
-    little more than needed (``sinceSeconds``) and drops the lines already seen."""
+    little more than needed (``sinceSeconds``) and drops the lines already seen. The lines of the last
+    timestamp are kept as short digests (a program may print many lines at once)."""
 
-    def __init__(self) -> None:
-        self.last_ts = ""
-        self.at_last_ts: set[str] = set()
+    def __init__(self, last_ts: str = "", at_last_ts: set[str] | None = None) -> None:
+        self.last_ts = last_ts
+        self.at_last_ts: set[str] = at_last_ts or set()
+
+    def is_new(self, raw: str) -> bool:
+        ts = _sortable(raw.partition(" ")[0])
+        return ts > self.last_ts or (ts == self.last_ts and _digest(raw) not in self.at_last_ts)
 
     def new_text(self, raw: str) -> str | None:
+        if not self.is_new(raw):
+            return None
         stamp, _, text = raw.partition(" ")
         ts = _sortable(stamp)
-        if ts < self.last_ts or (ts == self.last_ts and raw in self.at_last_ts):
-            return None
         if ts != self.last_ts:
             self.last_ts, self.at_last_ts = ts, set()
-        self.at_last_ts.add(raw)
+        self.at_last_ts.add(_digest(raw))
         return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"last_ts": self.last_ts, "at_last_ts": sorted(self.at_last_ts)}
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> _LogCursor:
+        return cls(str(saved.get("last_ts", "")), set(saved.get("at_last_ts") or ()))
+
+
+class _LogPrinter:
+    """Logs the workload's lines into the task log. With a cursor object (the trigger's ``log_cursor``) it logs
+    them in batches, each recorded in the bucket (pod, last line) before it is logged: a trigger that takes the
+    wait over from a triggerer that died (Airflow reassigns its triggers) reads the log again from its start, for
+    the tail and the evaluation lines, and logs only what comes after the last line logged: no line twice, none
+    skipped."""
+
+    def __init__(self, log: Any, store: GcsReader | None = None, name: str = "", saved: Any = None) -> None:
+        self.log, self.store, self.name = log, store, name
+        saved = saved if isinstance(saved, Mapping) else {}
+        #: What an earlier trigger of this wait logged (of the pod ``resumed_pod``).
+        self.resumed_pod = str(saved.get("pod", ""))
+        self.resumed = _LogCursor.from_dict(saved)
+        self.logged_pod, self.logged = self.resumed_pod, _LogCursor.from_dict(saved)
+        self.pending: list[tuple[st.PodRecord, str, str]] = []
+        self.store_failed = False
+
+    def logged_before(self, pod: st.PodRecord, raw: str) -> bool:
+        """Whether an earlier trigger of this wait logged this line already."""
+        return pod.uid == self.resumed_pod and not self.resumed.is_new(raw)
+
+    def add(self, pod: st.PodRecord, raw: str, text: str) -> None:
+        if self.store is None:
+            self.log.info("[%s] %s", pod.name, text)
+        else:
+            self.pending.append((pod, raw, text))
+
+    async def flush(self) -> None:
+        """Records the pending lines as logged, then logs them."""
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        for pod, raw, _ in batch:
+            if pod.uid != self.logged_pod:
+                self.logged_pod, self.logged = pod.uid, _LogCursor()
+            self.logged.new_text(raw)
+        try:
+            await self.store.write_json(self.name, {"pod": self.logged_pod, **self.logged.to_dict()})
+        except Exception as e:  # The log goes on; only a takeover after this would repeat lines.
+            if not self.store_failed:
+                self.log.warning("Could not record how far the log was logged (%s: %s)", type(e).__name__, str(e)[:200])
+            self.store_failed = True
+        for pod, _, text in batch:
+            self.log.info("[%s] %s", pod.name, text)
 
 
 class JobSetTrigger(BaseTrigger):
@@ -104,6 +167,10 @@ class JobSetTrigger(BaseTrigger):
     :param training: for the training, where its event files are (see
         :class:`~tpu_rl.triggers.training_progress.TrainingProgress`): its progress is logged at most once
         per interval, and once more when it ended if the trainer wrote more since (the step it got to).
+    :param log_cursor: ``bucket``, ``prefix`` and ``gcp_conn_id``: where to record how far the workload's log
+        was logged (the object ``<prefix><uid>.json``), so that the wait taken over by another triggerer goes on
+        after the last line logged (see :class:`_LogPrinter`). Without it, lines are logged as they come, and a
+        takeover logs the log again from its start.
     :param connection: instead of ``cluster``, the keywords a trigger serialised before ``cluster`` existed
         named it by (``kubernetes_conn_id``, or ``cluster_url``, ``ssl_ca_cert``, ``gcp_conn_id``,
         ``use_dns_endpoint``): a task deferred across a deploy resumes its wait.
@@ -122,6 +189,7 @@ class JobSetTrigger(BaseTrigger):
         log_tail_lines: int = 100,
         delete_on_kill: bool = True,
         training: Mapping[str, Any] | None = None,
+        log_cursor: Mapping[str, Any] | None = None,
         **connection: Any,
     ) -> None:
         super().__init__()
@@ -135,6 +203,8 @@ class JobSetTrigger(BaseTrigger):
         self.log_tail_lines = log_tail_lines
         self.delete_on_kill = delete_on_kill
         self.training = dict(training) if training else None
+        self.log_cursor = dict(log_cursor) if log_cursor else None
+        self._readers: dict[tuple[str, str], GcsReader] = {}
 
     #: Serialised as they are; ``cluster`` as its ``to_dict()``.
     _SERIALIZED = (
@@ -147,6 +217,7 @@ class JobSetTrigger(BaseTrigger):
         "log_tail_lines",
         "delete_on_kill",
         "training",
+        "log_cursor",
     )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -162,30 +233,65 @@ class JobSetTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self.hook()
-        progress = _Progress(self.log_tail_lines)
-        helpers = [
-            asyncio.create_task(self._keep_running(fn, hook, progress))
-            for fn in (self._watch_pods, self._follow_log, self._report)
-        ]
-        if self.training:
-            helpers.append(asyncio.create_task(self._report_training(progress)))
-        try:
-            final = await self._watch_jobset(hook, progress)
-            if final:
-                await self._drain_log(progress)
+        async with contextlib.AsyncExitStack() as readers:
+            progress = _Progress(self.log_tail_lines, await self._log_printer(readers))
+            waits = [self._watch_pods, self._follow_log, self._report]
+            if progress.printer.store is not None:
+                waits.append(self._flush_log)
+            helpers = [asyncio.create_task(self._keep_running(fn, hook, progress)) for fn in waits]
             if self.training:
-                progress.finished.set()
-                await asyncio.wait(helpers[-1:], timeout=TRAINING_LAST_READ_SECONDS)
-            event = await self._event(hook, progress, final)
-        except asyncio.CancelledError:
-            if not _TRIGGERER_CALLS_ON_KILL and await self._task_left_deferred():
-                await self.on_kill()
-            raise
-        finally:
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+                helpers.append(asyncio.create_task(self._report_training(progress, readers)))
+            try:
+                final = await self._watch_jobset(hook, progress)
+                if final:
+                    await self._drain_log(progress)
+                if self.training:
+                    progress.finished.set()
+                    await asyncio.wait(helpers[-1:], timeout=TRAINING_LAST_READ_SECONDS)
+                event = await self._event(hook, progress, final)
+            except asyncio.CancelledError:
+                if not _TRIGGERER_CALLS_ON_KILL and await self._task_left_deferred():
+                    await self.on_kill()
+                raise
+            finally:
+                for task in helpers:
+                    task.cancel()
+                await asyncio.gather(*helpers, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(progress.printer.flush(), 10)
         yield TriggerEvent(event)
+
+    async def _open_reader(self, readers: contextlib.AsyncExitStack, bucket: str, gcp_conn_id: str) -> GcsReader:
+        """One HTTP session per bucket for the whole wait, shared by the progress reads and the log cursor."""
+        key = (bucket, gcp_conn_id)
+        if key not in self._readers:
+            self._readers[key] = await readers.enter_async_context(GcsReadHook(gcp_conn_id).reader(bucket))
+        return self._readers[key]
+
+    async def _log_printer(self, readers: contextlib.AsyncExitStack) -> _LogPrinter:
+        """The printer of the workload's log, with what an earlier trigger of this wait logged of it."""
+        if not self.log_cursor:
+            return _LogPrinter(self.log)
+        bucket, name = self.log_cursor["bucket"], f"{self.log_cursor['prefix']}{self.uid}.json"
+        gcp_conn_id = self.log_cursor.get("gcp_conn_id", "google_cloud_default")
+        try:
+            reader = await self._open_reader(readers, bucket, gcp_conn_id)
+            saved = await reader.read_json(name)
+        except Exception as e:
+            self.log.warning(
+                "Cannot read the log cursor gs://%s/%s (%s: %s): lines are logged as they come",
+                bucket,
+                name,
+                type(e).__name__,
+                str(e)[:300],
+            )
+            return _LogPrinter(self.log)
+        return _LogPrinter(self.log, reader, name, saved)
+
+    async def _flush_log(self, hook: AsyncKubernetesApiHook, progress: _Progress) -> None:
+        while True:
+            await asyncio.sleep(LOG_BATCH_SECONDS)
+            await progress.printer.flush()
 
     async def on_kill(self) -> None:
         """Airflow >= 3.3 calls this when a user marks the deferred task failed or clears it."""
@@ -275,7 +381,15 @@ class JobSetTrigger(BaseTrigger):
                     progress.tail.append(f"--- pod {target.name} (restart attempt {target.restart_attempt}) ---")
                 pod, cursor = target, _LogCursor()
                 progress.log_pod = pod.name
-                self.log.info("Following %s of pod %s", self.log_container, pod.name)
+                if pod.uid == progress.printer.resumed_pod:
+                    self.log.info(
+                        "Following %s of pod %s after the last line an earlier trigger of this wait logged (%sZ)",
+                        self.log_container,
+                        pod.name,
+                        progress.printer.resumed.last_ts,
+                    )
+                else:
+                    self.log.info("Following %s of pod %s", self.log_container, pod.name)
             received, clean = await self._stream_while_current(hook, pod, cursor, progress)
             if progress.pod_ended(pod.uid):
                 # An ended pod's log is still readable: after an error, try again (its last lines
@@ -334,7 +448,8 @@ class JobSetTrigger(BaseTrigger):
                     progress.tail.append(text)
                     if kind := kept_line_kind(text):
                         progress.evaluation[kind] = text
-                    self.log.info("[%s] %s", pod.name, text)
+                    if not progress.printer.logged_before(pod, raw):
+                        progress.printer.add(pod, raw, text)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # not started yet, gone, or the API restarted: look again shortly
@@ -368,36 +483,37 @@ class JobSetTrigger(BaseTrigger):
                 self.log.info("JobSet %s after %dm%02ds: %s", self.ref, elapsed // 60, elapsed % 60, line)
                 last_line, last_time = line, now
 
-    async def _report_training(self, progress: _Progress) -> None:
+    async def _report_training(self, progress: _Progress, readers: contextlib.AsyncExitStack) -> None:
         """The training's progress line at most once per interval while it runs, and once more when it ended if
         the event files grew since the last line (the step it got to). A failed read is logged and tried at the
         next one: progress only informs."""
         training = TrainingProgress(self.training)
         try:
-            async with GcsReadHook(training.gcp_conn_id).reader(training.bucket) as reader:
-                while True:
-                    ended = progress.finished.is_set()
-                    if ended or training.due():
-                        try:
-                            await training.report(
-                                reader, self.log, _created(progress.jobset), only_news=ended and not training.due()
-                            )
-                        except Exception as e:
-                            self.log.warning(
-                                "Could not read the training's event files under gs://%s/%s (%s: %s)",
-                                training.bucket,
-                                training.prefix,
-                                type(e).__name__,
-                                str(e)[:300],
-                            )
-                    if ended:
-                        return
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(progress.finished.wait(), training.interval)
+            reader = await self._open_reader(readers, training.bucket, training.gcp_conn_id)
         except Exception as e:  # No reader (credentials, network): the wait goes on without progress lines.
             self.log.warning(
                 "No training progress: cannot read gs://%s (%s: %s)", training.bucket, type(e).__name__, str(e)[:300]
             )
+            return
+        while True:
+            ended = progress.finished.is_set()
+            if ended or training.due():
+                try:
+                    await training.report(
+                        reader, self.log, _created(progress.jobset), only_news=ended and not training.due()
+                    )
+                except Exception as e:
+                    self.log.warning(
+                        "Could not read the training's event files under gs://%s/%s (%s: %s)",
+                        training.bucket,
+                        training.prefix,
+                        type(e).__name__,
+                        str(e)[:300],
+                    )
+            if ended:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(progress.finished.wait(), training.interval)
 
     async def _event(self, hook: AsyncKubernetesApiHook, progress: _Progress, final: dict | None) -> dict[str, Any]:
         event: dict[str, Any] = {
@@ -453,6 +569,10 @@ def _cluster_target(cluster: ClusterTarget | Mapping[str, Any] | None, connectio
     if connection:
         raise TypeError(f"Give the cluster as cluster=, not also {sorted(connection)}")
     return ClusterTarget.from_dict(cluster) if isinstance(cluster, Mapping) else cluster
+
+
+def _digest(raw: str) -> str:
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
 def _sortable(stamp: str) -> str:
