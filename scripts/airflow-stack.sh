@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# A local Airflow like a deployment's: api-server (UI and REST API), scheduler, dag-processor and
-# triggerer on a PostgreSQL metadata database of its own (scripts/postgres.sh must run), LocalExecutor.
-#   start: starts what is not running (idempotent); stop [COMPONENT...]: stops what start started (or the
-#   components named); status; cli ARGS: the Airflow CLI on the stack's database; exec CMD...: a command in the
-#   stack's environment (e.g. a component started otherwise, as tests/e2e does to a triggerer).
+# A local Airflow laid out as Cloud Composer 3 and docker-compose.yaml run it: CeleryExecutor with a Redis broker
+# (Debian's redis-server), two Celery workers that share nothing but the DAGs and the logs folder (each its own
+# HOME, temporary directory, working directory and Airflow home, as two machines), two schedulers, two
+# triggerers, the DAG processor and the API server, on a PostgreSQL database of its own (scripts/postgres.sh
+# must run). Airflow's settings are docker-compose.yaml's own (scripts/compose_env.py), so that file is what
+# the end-to-end tests prove.
+#   start [COMPONENT...]: starts what is not running (idempotent), or only the components named; stop [COMPONENT...]: stops what start started (or the
+#   components named), stop --kill COMPONENT...: SIGKILL, as a machine that dies; status; url; cli ARGS: the
+#   Airflow CLI on the stack's database; exec CMD...: a command in the stack's environment (e.g. a component
+#   started otherwise, as tests/e2e does to a triggerer); celery ARGS: Celery's CLI on the stack's broker.
 # Connections come from the environment (source .sim/airflow.env first to aim it at the simulation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,40 +16,101 @@ source scripts/airflow-env.sh
 STATE=$AIRFLOW_HOME/stack
 # Its own database: test processes run dag.test() on the main one, and a scheduler would pick those runs up.
 DB=airflow_stack
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=$(scripts/postgres.sh url $DB)
 PORT=${TPU_RL_AIRFLOW_PORT:-18080}
-COMPONENTS=(api-server scheduler dag-processor triggerer)
+REDIS_PORT=${TPU_RL_REDIS_PORT:-16379}
+COMPONENTS=(redis api-server scheduler scheduler-2 dag-processor triggerer triggerer-2 worker-a worker-b)
+WORKERS=(worker-a worker-b)
 mkdir -p "$STATE"
 
-export AIRFLOW__CORE__EXECUTOR=LocalExecutor
-export AIRFLOW__CORE__PARALLELISM=8
-export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$PORT/execution/
+# Shared by every component: tasks authenticate to the api-server with tokens signed by it.
+if [ ! -f "$STATE/jwt_secret" ]; then head -c 32 /dev/urandom | base64 > "$STATE/jwt_secret"; fi
+eval "$(python scripts/compose_env.py --postgres "$(scripts/postgres.sh url $DB)" --redis-port "$REDIS_PORT" \
+  --api-url "http://127.0.0.1:$PORT" --jwt-secret-file "$STATE/jwt_secret")"
+
 export AIRFLOW__API__BASE_URL=http://127.0.0.1:$PORT
 export AIRFLOW__API__PORT=$PORT
 export AIRFLOW__API__HOST=127.0.0.1
 # Local only: everyone is admin, so the UI needs no login (never do this on a shared host).
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True
-# Shared by every component: tasks authenticate to the api-server with tokens signed by it.
-if [ ! -f "$STATE/jwt_secret" ]; then head -c 32 /dev/urandom | base64 > "$STATE/jwt_secret"; fi
-export AIRFLOW__API_AUTH__JWT_SECRET=$(cat "$STATE/jwt_secret")
+# Each scheduler sends at most 8 tasks at once; each worker runs 6 (the e2e scenarios run several DAG runs at
+# once, and most of their tasks defer).
+export AIRFLOW__CORE__PARALLELISM=8
+export AIRFLOW__CELERY__WORKER_CONCURRENCY=6
 # Each re-parse of the three DAG files costs a few CPU seconds, on two cores shared with the simulation and
 # the tasks: every 2 minutes (Airflow's default, 30 s, was a tenth of a core here). New files are found
 # within 10 s; an edited file is seen within 2 minutes.
 export AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL=120
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=10
 export AIRFLOW__TRIGGERER__CAPACITY=100
+# How soon the survivors notice a component that died (Airflow's defaults: a task's heartbeat 300 s, orphaned
+# tasks checked every 300 s): short enough for a test to wait for, long enough for a busy 2-core machine.
+export AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT=90
+export AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL=60
+# The logs folder is shared by every component, as docker-compose.yaml mounts ./logs into each container
+# (on Composer: the environment's bucket). One log server answers for the host: worker-a's and triggerer's.
+export AIRFLOW__LOGGING__BASE_LOG_FOLDER=$AIRFLOW_HOME/logs
 
 running() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
+# The command line of a component.
+command_of() {
+  case $1 in
+    redis) echo "redis-server --port $REDIS_PORT --bind 127.0.0.1 --save '' --appendonly no --dir $STATE" ;;
+    api-server | dag-processor | triggerer) echo "airflow $1" ;;
+    triggerer-2) echo "airflow triggerer --skip-serve-logs" ;;
+    scheduler) echo "airflow scheduler --skip-serve-logs" ;;
+    # Its health check on a port of its own (the first one has 8974).
+    scheduler-2) echo "env AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT=8975 airflow scheduler --skip-serve-logs" ;;
+    worker-a) echo "airflow celery worker --celery-hostname worker-a@%h" ;;
+    worker-b) echo "airflow celery worker --celery-hostname worker-b@%h --skip-serve-logs" ;;
+  esac
+}
+
+start_component() {
+  local c=$1 dir=$STATE/$1
+  # Airflow records a job's user (getpass: LOGNAME): on one host, the jobs API then tells the components apart.
+  export LOGNAME=$c USER=$c
+  if [[ " ${WORKERS[*]} " == *" $c "* ]]; then
+    # A machine of its own: nothing a task leaves in HOME, /tmp, its working directory or AIRFLOW_HOME is
+    # seen by a task on the other worker.
+    mkdir -p "$dir/home" "$dir/tmp" "$dir/work" "$dir/airflow/empty-plugins"
+    (
+      cd "$dir/work"
+      HOME=$dir/home TMPDIR=$dir/tmp AIRFLOW_HOME=$dir/airflow AIRFLOW__CORE__PLUGINS_FOLDER=$dir/airflow/empty-plugins \
+        setsid bash -c "exec $(command_of "$c")" >> "$STATE/$c.log" 2>&1 &
+      echo $! > "$STATE/$c.pid"
+    )
+  else
+    setsid bash -c "exec $(command_of "$c")" >> "$STATE/$c.log" 2>&1 &
+    echo $! > "$STATE/$c.pid"
+  fi
+  echo "started $c (pid $(cat "$STATE/$c.pid"), log $STATE/$c.log)"
+}
+
+stop_component() {
+  local c=$1 signal=$2 pid
+  if running "$c"; then
+    pid=$(cat "$STATE/$c.pid")
+    kill "-$signal" -- "-$pid" 2>/dev/null || kill "-$signal" "$pid"
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    echo "stopped $c"
+  fi
+  rm -f "$STATE/$c.pid"
+}
+
 case "${1:-}" in
   start)
+    command -v redis-server >/dev/null || {
+      echo "installing Redis from Debian's packages"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    }
+    shift
     scripts/postgres.sh ensure-db $DB
     airflow db migrate >/dev/null
-    for c in "${COMPONENTS[@]}"; do
-      if running "$c"; then echo "airflow $c already running (pid $(cat "$STATE/$c.pid"))"; continue; fi
-      setsid airflow "$c" > "$STATE/$c.log" 2>&1 &
-      echo $! > "$STATE/$c.pid"
-      echo "started airflow $c (pid $!, log $STATE/$c.log)"
+    for c in "${@:-${COMPONENTS[@]}}"; do
+      if running "$c"; then echo "$c already running (pid $(cat "$STATE/$c.pid"))"; continue; fi
+      start_component "$c"
     done
     for _ in $(seq 120); do
       curl -sf "http://127.0.0.1:$PORT/api/v2/version" >/dev/null && break
@@ -55,27 +121,26 @@ case "${1:-}" in
     ;;
   stop)
     shift
-    for c in "${@:-${COMPONENTS[@]}}"; do
-      if running "$c"; then
-        pid=$(cat "$STATE/$c.pid")
-        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
-        for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-        kill -KILL -- "-$pid" 2>/dev/null || true
-        echo "stopped airflow $c"
-      fi
-      rm -f "$STATE/$c.pid"
-    done
+    signal=TERM
+    if [ "${1:-}" = --kill ]; then signal=KILL; shift; fi
+    if [ $# -gt 0 ]; then targets=("$@"); else
+      # Workers first (a warm shutdown finishes what they run), the broker last.
+      targets=(); for ((i=${#COMPONENTS[@]}-1; i>=0; i--)); do targets+=("${COMPONENTS[i]}"); done
+    fi
+    for c in "${targets[@]}"; do stop_component "$c" "$signal"; done
     ;;
   status)
     rc=0
     for c in "${COMPONENTS[@]}"; do
-      if running "$c"; then echo "airflow $c: running (pid $(cat "$STATE/$c.pid"))"; else echo "airflow $c: stopped"; rc=1; fi
+      if running "$c"; then echo "$c: running (pid $(cat "$STATE/$c.pid"))"; else echo "$c: stopped"; rc=1; fi
     done
     exit $rc
     ;;
   url) echo "http://127.0.0.1:$PORT" ;;
+  pid) cat "$STATE/${2:?usage: $0 pid COMPONENT}.pid" ;;
   # The Airflow CLI on the stack's database, e.g. `scripts/airflow-stack.sh cli backfill create --dag-id ...`.
   cli) shift; exec airflow "$@" ;;
+  celery) shift; exec celery --app airflow.providers.celery.executors.celery_executor.app "$@" ;;
   exec) shift; exec "$@" ;;
-  *) echo "usage: $0 start|stop [component...]|status|url|cli <airflow arguments>|exec <command>" >&2; exit 2 ;;
+  *) echo "usage: $0 start [component...]|stop [--kill] [component...]|status|url|pid COMPONENT|cli <airflow arguments>|celery <arguments>|exec <command>" >&2; exit 2 ;;
 esac

@@ -108,18 +108,18 @@ def reservations() -> set[str]:
 
 
 def held_seconds(fault_name: str) -> float:
-    """How long a capacity-held fault keeps a pool's capacity back."""
+    """How long a capacity-held fault keeps a pool's capacity back (a slow-reply fault: its reply)."""
     import gke_faults
 
     return float(gke_faults.list_faults().get(fault_name, {}).get("seconds") or 0)
 
 
-def take_fault(kind: str, pool_name: str, machine_type: str):
+def take_fault(kind: str, pool_name: str, machine_type: str, cluster: str = ""):
     """The first fault rule of `kind` matching the pool; counts one use against its `times`."""
     sys.path.insert(0, str(SRC))
     import gke_faults
 
-    return gke_faults.take(kind, pool_name, machine_type)
+    return gke_faults.take(kind, pool_name, machine_type, cluster)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -566,7 +566,7 @@ class Emulator:
             gke_rules.check_node_pool_absent(name, pool.name, {p.name for p in cluster.node_pools})
             gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool", pool=pool.name)
             machine_type = body.get("config", {}).get("machine_type", "")
-            if take_fault("reservation-missing", pool.name, machine_type):
+            if take_fault("reservation-missing", pool.name, machine_type, name):
                 affinity = body.get("config", {}).get("reservation_affinity") or {}
                 res = (affinity.get("values") or ["(any)"])[0].rsplit("/", 1)[-1]
                 zone = (body.get("locations") or list(cluster.locations) or ["?"])[0]
@@ -575,23 +575,27 @@ class Emulator:
                     f'Google Compute Engine: reservation "{res}" not found for node pool '
                     f'"{pool.name}" at zone "{zone}".',
                 )
-            if take_fault("quota", pool.name, machine_type):
+            if take_fault("quota", pool.name, machine_type, name):
                 raise GkeError("PERMISSION_DENIED", gke_rules.quota_message(body, location))
-            fault = take_fault("stockout", pool.name, machine_type)
-            held = take_fault("capacity-held", pool.name, machine_type)
+            fault = take_fault("stockout", pool.name, machine_type, name)
+            held = take_fault("capacity-held", pool.name, machine_type, name)
+            slow = take_fault("slow-reply", pool.name, machine_type, name)
             pool.status = c.NodePool.Status.PROVISIONING
             pool.version = "1.34.4-gke.sim"
             pool.self_link = f"{cluster.self_link}/nodePools/{pool.name}"
             if not pool.locations:
                 pool.locations.extend(cluster.locations)
             cluster.node_pools.append(pool)
-            return self.new_op(
+            operation = self.new_op(
                 key,
                 "CREATE_NODE_POOL",
                 pool=pool.name,
                 fault=fault,
                 held_until=time.time() + held_seconds(held) if held else None,
             )
+        if slow:  # Applied, answered late: outside the lock, the pool's create goes on meanwhile.
+            time.sleep(held_seconds(slow))
+        return operation
 
     def get_node_pool(self, req):
         project, location, name, pool = parse_pool(req.name, req.project_id, req.zone, req.cluster_id, req.node_pool_id)

@@ -14,15 +14,20 @@ A rule is a JSON object under its name:
                   operation stays RUNNING, the pool PROVISIONING with no condition (no source shows GKE filling
                   one during a create), then its nodes appear; a flex-start pool's create is done at once and
                   its nodes (the slice the autoscaler would add) appear after "seconds"
-  "seconds"       for capacity-held: how long the capacity is held back
+                  "slow-reply": a matching node pool create is applied (the pool PROVISIONING, its operation
+                  RUNNING) and its reply sent only "seconds" later: the caller may die before it has it, as a
+                  worker lost in the middle of the request (its retry must find the pool and wait on the
+                  operation, not create it again)
+  "seconds"       for capacity-held: how long the capacity is held back; for slow-reply: how late the reply is
   "nodes"         for stockout: how many of the pool's nodes GKE created before it ran out (default 0)
   "pool_prefix"   the node pool's name starts with it (absent: any pool)
   "machine_type"  the pool's machine type equals it (absent: any)
+  "cluster"       the pool's cluster is named so (absent: any)
   "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
 
 CLI:
-  gke_faults.py set NAME --kind stockout|reservation-missing|capacity-held|quota [--pool-prefix P]
-                [--machine-type M] [--times N] [--seconds S] [--nodes N]
+  gke_faults.py set NAME --kind stockout|reservation-missing|capacity-held|quota|slow-reply [--pool-prefix P]
+                [--machine-type M] [--cluster C] [--times N] [--seconds S] [--nodes N]
   gke_faults.py list
   gke_faults.py clear [NAME]
 """
@@ -35,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
-KINDS = ("stockout", "reservation-missing", "capacity-held", "quota")
+KINDS = ("stockout", "reservation-missing", "capacity-held", "quota", "slow-reply")
 
 
 def path() -> Path:
@@ -59,11 +64,11 @@ def _rules():
         tmp.replace(p)
 
 
-def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None, nodes=None):
+def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None, nodes=None, cluster=None):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
-    if (kind == "capacity-held") != (seconds is not None):
-        raise ValueError("seconds is required by capacity-held, and only by it")
+    if (kind in ("capacity-held", "slow-reply")) != (seconds is not None):
+        raise ValueError("seconds is required by capacity-held and slow-reply, and only by them")
     if nodes is not None and kind != "stockout":
         raise ValueError("nodes is for stockout only")
     rule = {"kind": kind, "applied": 0}
@@ -73,6 +78,7 @@ def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, secon
         ("times", times),
         ("seconds", seconds),
         ("nodes", nodes),
+        ("cluster", cluster),
     ):
         if value is not None:
             rule[field] = value
@@ -94,7 +100,7 @@ def clear_faults(name=None):
             rules.pop(name, None)
 
 
-def take(kind, pool_name, machine_type):
+def take(kind, pool_name, machine_type, cluster=""):
     """The name of the first rule of `kind` matching the pool that has uses left; counts the use. None if none."""
     if not path().exists():
         return None
@@ -106,6 +112,8 @@ def take(kind, pool_name, machine_type):
             if rule.get("pool_prefix") and not pool_name.startswith(rule["pool_prefix"]):
                 continue
             if rule.get("machine_type") and rule["machine_type"] != machine_type:
+                continue
+            if rule.get("cluster") and rule["cluster"] != cluster:
                 continue
             if rule.get("times") is not None and rule.get("applied", 0) >= rule["times"]:
                 continue
@@ -125,6 +133,7 @@ def main():
     s.add_argument("--times", type=int)
     s.add_argument("--seconds", type=float)
     s.add_argument("--nodes", type=int)
+    s.add_argument("--cluster")
     sub.add_parser("list")
     c = sub.add_parser("clear")
     c.add_argument("name", nargs="?")
@@ -134,7 +143,14 @@ def main():
             json.dumps(
                 {
                     args.name: set_fault(
-                        args.name, args.kind, args.pool_prefix, args.machine_type, args.times, args.seconds, args.nodes
+                        args.name,
+                        args.kind,
+                        args.pool_prefix,
+                        args.machine_type,
+                        args.times,
+                        args.seconds,
+                        args.nodes,
+                        args.cluster,
                     )
                 }
             )

@@ -203,3 +203,22 @@ def test_credentials_are_mounted_read_only_where_the_env_points():
     assert _under_read_only_mount("airflow-worker", kube["extra"]["kube_config_path"])
     # Secrets stay out of the file itself.
     assert not re.search(r"hf_[A-Za-z0-9]{20,}", (REPO / "docker-compose.yaml").read_text())
+
+
+def test_the_local_stack_runs_with_the_compose_files_airflow_settings():
+    """scripts/airflow-stack.sh takes its Airflow settings from this file (scripts/compose_env.py): what the
+    end-to-end tests ran on is what `docker compose up` runs, but for where the services are."""
+    from scripts.compose_env import CONTAINER_ONLY, LOCAL_ONLY, compose_environment, local_environment
+
+    local = local_environment("postgresql+psycopg2://postgres@127.0.0.1:5/db", 6, "http://127.0.0.1:7", "s")
+    compose = compose_environment()
+    assert set(local) == set(compose) - CONTAINER_ONLY - LOCAL_ONLY
+    assert local["AIRFLOW__CORE__EXECUTOR"] == compose["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert local["AIRFLOW__CELERY__BROKER_URL"] == "redis://:@127.0.0.1:6/0"
+    assert local["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+postgresql://postgres@127.0.0.1:5/db"
+    addresses = {k for k, v in compose.items() if any(part in v for part in ("postgres", "redis", "${", "airflow-"))}
+    same = set(local) - addresses
+    assert same and all(local[k] == compose[k] for k in same)
+    stack = (REPO / "scripts" / "airflow-stack.sh").read_text()
+    for component in ("redis-server", "celery worker", "scheduler-2", "triggerer-2", "dag-processor", "api-server"):
+        assert component in stack

@@ -12,6 +12,7 @@ At the end it stops only what it started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -131,8 +132,8 @@ def airflow_stack():
             _run("scripts/postgres.sh stop", check=False)
 
 
-@pytest.fixture(scope="module")
-def gke():
+@contextlib.contextmanager
+def _gke_client():
     """The GKE API as the pipeline reaches it: gRPC through the simulation's egress proxy, a service-account key."""
     import json
 
@@ -146,12 +147,27 @@ def gke():
     credentials = service_account.Credentials.from_service_account_file(
         key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"]
     )
-    yield ClusterManagerClient(credentials=credentials)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    try:
+        yield ClusterManagerClient(credentials=credentials)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def gke():
+    with _gke_client() as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def session_gke():
+    """:func:`gke` for a scenario that runs through the whole e2e session."""
+    with _gke_client() as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

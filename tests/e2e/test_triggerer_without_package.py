@@ -1,7 +1,7 @@
 """A run on an Airflow whose triggerer cannot import the package (Cloud Composer 3 with the package in
 plugins/): it fails in check_triggerer, before anything billable exists, naming the fix.
 
-The stack's triggerer is replaced for this one run by Airflow's own triggerer started in an interpreter
+The stack's two triggerers are replaced for this one run by Airflow's own triggerer started in an interpreter
 without ``tpu_rl`` (tests/e2e/without_package.py), then restored. No other run may defer meanwhile, so
 these tests run before every other end-to-end test (marker ``e2e_first``).
 """
@@ -32,7 +32,7 @@ def failed_run(airflow):
         "cluster_name": f"e2e-notrig-{suffix}",
         "gcs_bucket": f"tpu-rl-notrig-{suffix}",
     }
-    airflow.script("stop", "triggerer")
+    airflow.script("stop", "triggerer", "triggerer-2")
     log = REPO / ".airflow" / "stack" / "triggerer-without-package.log"
     triggerer = airflow.script("exec", "python", "tests/e2e/without_package.py", "triggerer", background=True, log=log)
     try:
