@@ -45,7 +45,7 @@ CLUSTER = f"e2e-loss-{TOKEN}"
 RUN_ID = f"e2e__component_loss__{TOKEN}"
 CONF = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": CLUSTER}
 #: Long enough for a triggerer to die, be noticed (30 s) and its trigger to start elsewhere while the trainer runs.
-TRAINING_SECONDS = 150
+TRAINING_SECONDS = 200
 #: How late GKE answers the pool create: the worker is killed meanwhile (the client's own deadline is 45 s).
 SLOW_REPLY_SECONDS = 40
 WORKERS = ("worker-a", "worker-b")
