@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the linter, then every test: installs the browser, starts the metadata database and the simulated cluster when
-# they are not running (the e2e fixture starts the local Airflow stack), runs pytest on Airflow 3.3.2,
-# with the Composer-compatibility run on Airflow 3.1.7 beside it. Stops only what it started.
+# they are not running (the e2e fixture starts the local Airflow stack), runs pytest on Airflow 3.3.2 (the tests
+# that need only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow
+# 3.1.7 beside them. Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
@@ -27,6 +28,7 @@ if ! sim/status.sh >/dev/null 2>&1; then
   started+=(sim)
 fi
 status=0
+UNIT="not jobset and not checkpoints and not sim and not gke and not e2e"
 # The Composer-compatibility run (Airflow 3.1.7, tests/unit) needs only PostgreSQL: it goes on beside the main
 # run, at a lower priority, in the time the end-to-end scenarios spend waiting; its output follows the main run's.
 if [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
@@ -34,7 +36,18 @@ if [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
   nice -n 10 scripts/test-compat.sh > "$compat_log" 2>&1 &
   compat=$!
 fi
-python -m pytest "$@" || status=$?
+# The tests that need only PostgreSQL (as `make unit`) go on beside the ones that drive the simulation, which
+# mostly wait; with arguments, pytest runs just those.
+if [ $# -eq 0 ]; then
+  unit_log=$(mktemp)
+  nice -n 5 python -m pytest -p no:cacheprovider -m "$UNIT" > "$unit_log" 2>&1 &
+  unit=$!
+  python -m pytest -m "not ($UNIT)" || status=$?
+  wait "$unit" || status=$?
+  cat "$unit_log"; rm -f "$unit_log"
+else
+  python -m pytest "$@" || status=$?
+fi
 if [ -n "${compat:-}" ]; then
   wait "$compat" || status=$?
   cat "$compat_log"; rm -f "$compat_log"
