@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test lint format unit demo plan sim-up sim-down sim-status bench
+.PHONY: venv wheel test lint format unit demo plan sim-up sim-down sim-status bench bench-triggerer
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
@@ -72,6 +72,11 @@ sim-status:
 
 bench: venv
 	$(VENV)/bin/python benchmarks/dag_parse.py
+
+# One triggerer holding N deferred trainings on the simulated cluster (sim-up first): CPU, memory, requests per
+# training (benchmarks/triggerer_load.py; about 25 minutes). make bench-triggerer ARGS="--trainings 10"
+bench-triggerer: venv
+	nice -n 5 $(VENV)/bin/python benchmarks/triggerer_load.py $(ARGS)
 
 # make deploy-composer ENV=<name> LOCATION=<region> REPOSITORY=<Artifact Registry Python repository>
 #   [PROJECT=...] [REPOSITORY_LOCATION=...] [DRY_RUN=1] [REPLACE_PROGRAMS=1]: the wheel into the repository, the
