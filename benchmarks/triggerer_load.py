@@ -410,7 +410,7 @@ def run_workload(spec_path: str) -> None:
     for i in range(count):
         flush(i)
     print("flushed", flush=True)
-    next_flush = [start + interval * (1 + i / count) for i in range(count)]
+    next_flush = [start + interval * (i + 1) / count for i in range(count)]
     next_line = [start + i * spec["log_interval"] / count for i in range(count)]
     while not stop:
         now = time.monotonic()
