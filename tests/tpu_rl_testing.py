@@ -1,7 +1,10 @@
 """Constants shared by the test folders (imported by name: each folder has its own conftest.py)."""
 
+import contextlib
 import json
+import os
 import shlex
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -82,6 +85,32 @@ def cluster_or_none(gke, name: str):
         return gke.get_cluster(name=f"{GKE_PARENT}/clusters/{name}")
     except NotFound:
         return None
+
+
+def wait_until(what: str, predicate, timeout: float = 60, interval: float = 0.5):
+    """``predicate()``'s first true value, asked every ``interval`` seconds; AssertionError after ``timeout``."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]):
+    """The process's environment with ``values`` set, restored after (a fixture wider than a test cannot use
+    pytest's monkeypatch)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def read_env(path: Path) -> dict[str, str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from scripts.local_airflow import AirflowApiError, LocalAirflow
-from tpu_rl_testing import read_env
+from tpu_rl_testing import environ, read_env
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -141,20 +141,12 @@ def _gke_client():
     from google.oauth2 import service_account
 
     env = read_env(REPO / ".sim/airflow.env")
-    saved = {k: os.environ.get(k) for k in ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")}
-    os.environ.update({k: env[k] for k in saved})
     key_path = json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
     credentials = service_account.Credentials.from_service_account_file(
         key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"]
     )
-    try:
+    with environ({k: env[k] for k in ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")}):
         yield ClusterManagerClient(credentials=credentials)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

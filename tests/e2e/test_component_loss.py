@@ -26,7 +26,6 @@ import json
 import re
 import socket
 import threading
-import time
 import traceback
 import uuid
 
@@ -34,7 +33,7 @@ import pytest
 
 from sim import faults
 from tpu_rl.run import RunIdentity
-from tpu_rl_testing import GKE_PARENT, REPO, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
+from tpu_rl_testing import GKE_PARENT, REPO, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -59,15 +58,6 @@ def executions(task_id: str) -> list[str]:
             if "Executing workload in Celery" in line and f"task_id='{task_id}'" in line and RUN_ID in line:
                 seen.append((line[:27], worker))
     return [worker for _, worker in sorted(seen)]
-
-
-def wait(what: str, predicate, timeout: float, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class ComponentLoss:
@@ -97,7 +87,7 @@ class ComponentLoss:
         try:
             self._lose_the_worker_mid_request()
             # 2. The resumption of train_rl must run on the other worker.
-            wait("train_rl to defer", lambda: self.task("train_rl")["state"] == "deferred", 900)
+            wait_until("train_rl to defer", lambda: self.task("train_rl")["state"] == "deferred", 900)
             first = executions("train_rl")[0]
             cancelled = f"{first}@{host}"
             self.celery("cancel_consumer", "default", "-d", cancelled)
@@ -106,7 +96,7 @@ class ComponentLoss:
             # 4. A scheduler goes while the training runs, and stays away until the run ended.
             self.stack.script("stop", "--kill", "scheduler")
             self.notes["scheduler killed"] = True
-            wait("train_rl to resume", lambda: len(executions("train_rl")) > 1, 900)
+            wait_until("train_rl to resume", lambda: len(executions("train_rl")) > 1, 900)
             self.notes["train_rl resumed on"] = executions("train_rl")[1]
             self.celery("add_consumer", "default", "-d", cancelled)
             cancelled = None
@@ -120,7 +110,7 @@ class ComponentLoss:
 
     def _lose_the_worker_mid_request(self) -> None:
         """1. The worker sending the pool create dies before GKE's reply comes."""
-        wait("create_tpu_pools to run", lambda: executions("create_tpu_pools"), 900)
+        wait_until("create_tpu_pools to run", lambda: executions("create_tpu_pools"), 900)
         worker = executions("create_tpu_pools")[0]
         node = f"{worker}@{socket.gethostname()}"
         # It takes no more work, so that the scenarios beside this one lose no task with it (a moment to finish).
@@ -130,9 +120,9 @@ class ComponentLoss:
             cluster = cluster_or_none(self.gke, CLUSTER)
             return cluster and any(p.name.startswith("tpu-") for p in cluster.node_pools)
 
-        wait("GKE to apply the pool create", pool_applied, SLOW_REPLY_SECONDS / 2, 0.5)
-        with contextlib.suppress(TimeoutError):
-            wait("the worker's other tasks to end", lambda: self.active_tasks(node) <= 1, 10)
+        wait_until("GKE to apply the pool create", pool_applied, SLOW_REPLY_SECONDS / 2, 0.5)
+        with contextlib.suppress(AssertionError):
+            wait_until("the worker's other tasks to end", lambda: self.active_tasks(node) <= 1, 10)
         assert self.task("create_tpu_pools")["state"] == "running", "the worker answered before it was killed"
         self.stack.script("stop", "--kill", worker)
         self.notes["worker killed mid-request"] = worker
@@ -140,7 +130,8 @@ class ComponentLoss:
 
     def _lose_the_triggerer(self) -> None:
         """3. SIGKILL the triggerer holding train_rl's trigger once it has logged the trainer a while."""
-        wait("the trainer's lines in the task log", lambda: "[simulated] python3 -m maxtext" in self._train_log(), 300)
+        trainer_started = "[simulated] python3 -m maxtext"
+        wait_until("the trainer's lines in the task log", lambda: trainer_started in self._train_log(), 300, 1)
         holder = self.task("train_rl")["triggerer_job"]["id"]
         jobs = self.stack.request("GET", "/api/v2/jobs?job_type=TriggererJob&is_alive=true&limit=100")["jobs"]
         component = next(job["unixname"] for job in jobs if job["id"] == holder)
@@ -151,7 +142,8 @@ class ComponentLoss:
             job = self.task("train_rl").get("triggerer_job") or {}
             return job.get("id") not in (None, holder) and job
 
-        self.notes["trigger taken over by"] = wait("another triggerer to take the trigger", taken_over, 240)["unixname"]
+        taker = wait_until("another triggerer to take the trigger", taken_over, 240, 1)
+        self.notes["trigger taken over by"] = taker["unixname"]
         self.stack.script("start", component)
 
     def _train_log(self) -> str:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from tpu_rl_testing import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
@@ -42,12 +43,7 @@ class Cluster:
         return self.core.list_namespaced_pod(namespace, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
 
     def wait(self, what: str, predicate, timeout: float = 60, interval: float = 0.5):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if value := predicate():
-                return value
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        return wait_until(what, predicate, timeout, interval)
 
 
 def tpu_jobset(

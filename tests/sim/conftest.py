@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_rl_testing import read_env
+from tpu_rl_testing import read_env, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
@@ -70,13 +70,7 @@ class Sim:
         return self.core.list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset}").items
 
     def wait(self, what, predicate, timeout=60, interval=0.5):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        return wait_until(what, predicate, timeout, interval)
 
     # GCS
     def names(self, gs_prefix):

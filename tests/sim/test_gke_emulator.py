@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tpu_rl_testing import environ
+
 pytestmark = pytest.mark.sim
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,15 +43,8 @@ def gke_env(sim):
         "NO_PROXY",
         "SSL_CERT_FILE",
     )
-    saved = {n: os.environ.get(n) for n in names}
-    for n in names:
-        os.environ[n] = sim.env[n]
-    yield sim.env
-    for n, v in saved.items():
-        if v is None:
-            os.environ.pop(n, None)
-        else:
-            os.environ[n] = v
+    with environ({n: sim.env[n] for n in names}):
+        yield sim.env
 
 
 @pytest.fixture(scope="module")

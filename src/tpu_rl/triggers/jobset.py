@@ -88,14 +88,16 @@ class _LogCursor:
         self.at_last_ts: set[str] = at_last_ts or set()
 
     def is_new(self, raw: str) -> bool:
-        ts = _sortable(raw.partition(" ")[0])
+        return self._is_new(_sortable(raw.partition(" ")[0]), raw)
+
+    def _is_new(self, ts: str, raw: str) -> bool:
         return ts > self.last_ts or (ts == self.last_ts and _digest(raw) not in self.at_last_ts)
 
     def new_text(self, raw: str) -> str | None:
-        if not self.is_new(raw):
-            return None
         stamp, _, text = raw.partition(" ")
         ts = _sortable(stamp)
+        if not self._is_new(ts, raw):
+            return None
         if ts != self.last_ts:
             self.last_ts, self.at_last_ts = ts, set()
         self.at_last_ts.add(_digest(raw))
