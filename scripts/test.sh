@@ -42,7 +42,7 @@ if [ $# -eq 0 ]; then
   unit_log=$(mktemp)
   nice -n 5 python -m pytest -p no:cacheprovider -m "$UNIT" > "$unit_log" 2>&1 &
   unit=$!
-  python -m pytest -m "not ($UNIT)" || status=$?
+  python -m pytest --durations=20 -m "not ($UNIT)" || status=$?  # the slowest, to plan the next overlap
   wait "$unit" || status=$?
   cat "$unit_log"; rm -f "$unit_log"
 else
