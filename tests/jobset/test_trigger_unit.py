@@ -125,3 +125,50 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
     assert logged == [raw.partition(" ")[2] for raw in stamped]
     assert len(second.tail) == 120 and "Pre" in second.evaluation  # what came before the takeover is read again
     assert bucket.writes == 8  # one write a batch
+
+
+def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():
+    """A container that runs but whose log cannot be read yet makes the follower back off (up to 30 s); the pod
+    failing meanwhile wakes it, so a short-lived pod's last lines (the failure report's, the evaluation's) are
+    read before the JobSet's end is reported, not lost to the back-off."""
+    import asyncio
+    import time
+
+    from tpu_rl.triggers.jobset import _LogPrinter, _Progress
+    from tpu_rl.vocabulary import COMPLETION_INDEX_LABEL, JOB_INDEX_LABEL, REPLICATED_JOB_LABEL
+
+    trigger = JobSetTrigger(
+        name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
+    )
+    labels = {REPLICATED_JOB_LABEL: "pathways-head", JOB_INDEX_LABEL: "0", COMPLETION_INDEX_LABEL: "0"}
+
+    def pod(phase: str) -> dict:
+        return {"metadata": {"name": "head-0", "uid": "pod-uid", "labels": labels}, "status": {"phase": phase}}
+
+    class Hook:
+        calls = 0
+
+        async def follow_log(self, name, namespace, container, since):
+            Hook.calls += 1
+            if progress.pods["pod-uid"].phase == "Running":
+                raise RuntimeError('(400) no logs found for container "c"')
+            yield "2026-12-02T10:00:05.5Z Post RL Training: corr=9, total=20"
+
+    async def scenario() -> float:
+        follower = asyncio.create_task(trigger._follow_log(Hook(), progress))
+        while Hook.calls < 2:  # the second read failed: the follower now backs off for 4 s
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        ended = time.monotonic()
+        progress.record_pod("MODIFIED", pod("Failed"))
+        while not progress.tail:
+            await asyncio.sleep(0.05)
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        return time.monotonic() - ended
+
+    progress = _Progress(tail_lines=10, printer=_LogPrinter(_Log()))
+    progress.record_pod("ADDED", pod("Running"))
+    waited = asyncio.run(scenario())
+    assert list(progress.tail) == ["Post RL Training: corr=9, total=20"]
+    assert waited < 1.5, f"the ended pod's log was read {waited:.1f} s after it ended, at the end of the back-off"

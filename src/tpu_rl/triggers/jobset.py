@@ -404,7 +404,19 @@ class JobSetTrigger(BaseTrigger):
             elif self._log_target(progress) is target:
                 # The stream ended while the container runs: reconnect, backing off while it stays quiet.
                 retry_delay = 1 if received else min(retry_delay * 2, 30)
-                await asyncio.sleep(retry_delay)
+                await self._back_off(progress, pod, retry_delay)
+
+    async def _back_off(self, progress: _Progress, pod: st.PodRecord, seconds: float) -> None:
+        """Wait up to ``seconds`` before reconnecting, and no longer once the pod ended or another pod is the one
+        to follow: a pod that fails during a long back-off still has its log read while it can be."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            progress.pods_changed.clear()
+            target = self._log_target(progress)
+            if progress.pod_ended(pod.uid) or (target is not None and target.uid != pod.uid):
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(progress.pods_changed.wait(), left)
 
     @staticmethod
     async def _wait_for_pods(progress: _Progress) -> None:
