@@ -699,6 +699,8 @@ class Emulator:
             elif PREFIX + "exit-at" not in annotations and meta.uid not in self.handled:
                 if self.workers_ready(pod):
                     self.handle(pod)
+                elif meta.uid not in self.logged:  # a running container has a log while it waits (kubelet)
+                    self.publish_logs(pod, None, [])
         except Exception:
             log(f"error handling pod {meta.namespace}/{meta.name}, will retry:\n" + traceback.format_exc())
 
@@ -929,7 +931,9 @@ class Emulator:
 
     def publish_logs(self, pod, stage, lines):
         """What the containers would print, for `kubectl logs`: CRI-format files under .sim/podlogs/ and a
-        kwok Logs object (owned by the pod, so it goes with it) that points kwok at them."""
+        kwok Logs object (owned by the pod, so it goes with it) that points kwok at them. A container's file
+        only grows, as a kubelet's log does: what it printed before (its start line, while the Pathways head
+        waited for its workers) is neither rewritten nor printed again."""
         from kubernetes.client.exceptions import ApiException
 
         meta = pod.metadata
@@ -942,7 +946,8 @@ class Emulator:
             if c.name == "workload-container":
                 body += ([f"[simulated] python3 -m maxtext ... ({stage})"] if stage else []) + lines
             path = folder / f"{c.name}.log"
-            path.write_text("".join(f"{now} stdout F {line}\n" for line in body))
+            with path.open("a") as out:
+                out.write("".join(f"{now} stdout F {line}\n" for line in body[1 if path.stat().st_size else 0 :]))
             entries.append({"containers": [c.name], "logsFile": str(path), "follow": True})
         logs = {
             "apiVersion": "kwok.x-k8s.io/v1alpha1",

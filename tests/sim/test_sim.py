@@ -16,6 +16,7 @@ from tpu_rl import manifests
 from tpu_rl.config import RunConfig
 from tpu_rl.layout import GcsLayout
 from tpu_rl.run import RunIdentity
+from tpu_rl.vocabulary import REPLICATED_JOB_LABEL
 
 pytestmark = pytest.mark.sim
 
@@ -196,6 +197,35 @@ def test_pathways_jobset_is_admitted_placed_and_completes(sim, config, converted
     assert step["custom_metadata"] == {"global_step": 6} and step["commit_timestamp_nsecs"]
     assert {"6/model_params/_METADATA", "6/optimizer_state/_METADATA"} <= names
     assert any("/tensorboard/events.out.tfevents." in n for n in sim.names(layout.uri(layout.training_prefix)))
+
+
+def test_a_pathways_head_waiting_for_its_workers_already_has_a_log(sim, config):
+    """A running container has a log under a kubelet (its start line), never "no logs found": a trainer's
+    follower that met that error backed off for up to 30 s and could miss a short-lived head's last lines."""
+    run, _ = new_run(sim, config, "train")
+    body = manifests.training_jobset(config, run)
+    name = body["metadata"]["name"]
+    for job in body["spec"]["replicatedJobs"]:
+        spec = job["template"]["spec"]["template"]["spec"]
+        if any(c["name"] == "pathways-worker" for c in spec["containers"]):  # workers that never get a node
+            spec["nodeSelector"] = {**spec.get("nodeSelector", {}), "cloud.google.com/gke-nodepool": "no-such-pool"}
+    sim.create_jobset(body)
+    try:
+
+        def head_log():
+            heads = [p for p in sim.pods(name) if p.metadata.labels[REPLICATED_JOB_LABEL] == "pathways-head"]
+            if not heads or heads[0].status.phase != "Running":
+                return None
+            try:
+                pod = heads[0].metadata.name
+                return sim.core.read_namespaced_pod_log(pod, "default", container="workload-container")
+            except Exception:
+                return None
+
+        log = sim.wait("the waiting head's log", head_log, timeout=60)
+        assert "[simulated] workload-container started on" in log and "python3 -m maxtext" not in log, log
+    finally:
+        sim.delete_jobset(name)
 
 
 def test_export_writes_safetensors_shards_and_the_index_last(sim, config, converted):
