@@ -22,7 +22,7 @@ is checked by a test ordered last (``e2e_last``).
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import re
 import socket
 import threading
@@ -30,6 +30,7 @@ import traceback
 import uuid
 
 import pytest
+from celery import Celery
 
 from sim import faults
 from tpu_rl.run import RunIdentity
@@ -48,6 +49,8 @@ TRAINING_SECONDS = 200
 #: How late GKE answers the pool create: the worker is killed meanwhile (the client's own deadline is 45 s).
 SLOW_REPLY_SECONDS = 40
 WORKERS = ("worker-a", "worker-b")
+#: The stack's Celery broker (scripts/airflow-stack.sh), for control commands to its workers.
+CONTROL = Celery(broker=f"redis://127.0.0.1:{os.environ.get('TPU_RL_REDIS_PORT', '16379')}/0")
 
 
 def executions(task_id: str) -> list[str]:
@@ -72,13 +75,17 @@ class ComponentLoss:
     def task(self, task_id: str) -> dict:
         return self.stack.task_instances(DAG_ID, RUN_ID)[task_id]
 
-    def celery(self, *args: str) -> None:
-        self.stack.script("celery", "control", *args)
+    @staticmethod
+    def consume(node: str, taking_work: bool) -> None:
+        """Celery's ``add_consumer``/``cancel_consumer`` of the default queue, sent through the broker from this
+        process (the celery command takes half a minute to start on a loaded machine)."""
+        change = CONTROL.control.add_consumer if taking_work else CONTROL.control.cancel_consumer
+        change("default", destination=[node], reply=True, timeout=10)
 
-    def active_tasks(self, worker: str) -> int:
+    @staticmethod
+    def active_tasks(node: str) -> int:
         """How many tasks the worker runs now (Celery's ``inspect active``)."""
-        out = self.stack.script("celery", "inspect", "active", "-j", "-d", worker).stdout
-        replies = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
+        replies = CONTROL.control.inspect(destination=[node], timeout=10).active() or {}
         return sum(len(tasks) for tasks in replies.values())
 
     def _drive(self) -> None:
@@ -90,7 +97,7 @@ class ComponentLoss:
             wait_until("train_rl to defer", lambda: self.task("train_rl")["state"] == "deferred", 900)
             first = executions("train_rl")[0]
             cancelled = f"{first}@{host}"
-            self.celery("cancel_consumer", "default", "-d", cancelled)
+            self.consume(cancelled, taking_work=False)
             self.notes["train_rl first part on"] = first
             self._lose_the_triggerer()
             # 4. A scheduler goes while the training runs, and stays away until the run ended.
@@ -98,14 +105,14 @@ class ComponentLoss:
             self.notes["scheduler killed"] = True
             wait_until("train_rl to resume", lambda: len(executions("train_rl")) > 1, 900)
             self.notes["train_rl resumed on"] = executions("train_rl")[1]
-            self.celery("add_consumer", "default", "-d", cancelled)
+            self.consume(cancelled, taking_work=True)
             cancelled = None
             self.notes["final state"] = self.stack.wait_for_run(DAG_ID, RUN_ID, 1500)
         except Exception:
             self.error = traceback.format_exc()
         finally:
             if cancelled:
-                self.celery("add_consumer", "default", "-d", cancelled)
+                self.consume(cancelled, taking_work=True)
             self.stack.script("start")
 
     def _lose_the_worker_mid_request(self) -> None:
@@ -113,17 +120,21 @@ class ComponentLoss:
         wait_until("create_tpu_pools to run", lambda: executions("create_tpu_pools"), 900)
         worker = executions("create_tpu_pools")[0]
         node = f"{worker}@{socket.gethostname()}"
-        # It takes no more work, so that the scenarios beside this one lose no task with it (a moment to finish).
-        self.celery("cancel_consumer", "default", "-d", node)
+        # It takes no more work, so that the scenarios beside this one lose no task with it (a moment to finish
+        # what it runs, while this task prepares its request).
+        self.consume(node, taking_work=False)
+        with contextlib.suppress(AssertionError):
+            wait_until("the worker's other tasks to end", lambda: self.active_tasks(node) <= 1, 15)
 
         def pool_applied():
             cluster = cluster_or_none(self.gke, CLUSTER)
             return cluster and any(p.name.startswith("tpu-") for p in cluster.node_pools)
 
-        wait_until("GKE to apply the pool create", pool_applied, SLOW_REPLY_SECONDS / 2, 0.5)
-        with contextlib.suppress(AssertionError):
-            wait_until("the worker's other tasks to end", lambda: self.active_tasks(node) <= 1, 10)
-        assert self.task("create_tpu_pools")["state"] == "running", "the worker answered before it was killed"
+        # The task reads the cluster and its pools first: on a loaded machine its request can come a while after
+        # it started. From the moment GKE applied it, the reply is SLOW_REPLY_SECONDS away.
+        wait_until("GKE to apply the pool create", pool_applied, 300, 0.5)
+        running = self.task("create_tpu_pools")["state"] == "running"
+        assert running and executions("create_tpu_pools") == [worker], "GKE answered before the worker was killed"
         self.stack.script("stop", "--kill", worker)
         self.notes["worker killed mid-request"] = worker
         self.stack.script("start", worker)  # a new machine in its place
