@@ -321,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--env needs --location")
     if args.env and not (args.repository or args.repository_url):
         parser.error("--env needs --repository: the Artifact Registry Python repository the environment installs from")
+    if args.repository and not (args.repository_location or args.location):
+        parser.error("--repository needs --repository-location (or --location): the repository's region")
+    if args.repository and args.bucket and not args.service_account and not args.dry_run:
+        parser.error(
+            "--repository with --bucket needs --service-account: the environment's service account, which is "
+            "granted roles/artifactregistry.reader on the repository (without --bucket, gcloud's describe gives it)"
+        )
     run = Runner(args.dry_run)
     wheel = wheel_path()
     requirement = f"{DISTRIBUTION}=={version()}"

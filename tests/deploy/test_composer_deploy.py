@@ -381,3 +381,17 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
         check=True,
     ).stdout.split()
     assert versions == ["3.1.7", deploy.version()]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bucket", "b", "--repository", "r", "--location", "us-east5"], "needs --service-account"),
+        (["--bucket", "b", "--repository", "r", "--service-account", "sa@p.iam.gserviceaccount.com"], "region"),
+    ],
+)
+def test_a_repository_grant_without_its_account_or_region_is_refused_before_any_call(args, message, capsys):
+    """Given the bucket, nothing describes the environment: the reader role would go to no account."""
+    with pytest.raises(SystemExit):
+        deploy.main(args)
+    assert message in capsys.readouterr().err
