@@ -66,8 +66,8 @@ class FinalTrainingStep(OutputCheck):
     """The RL run's end-of-run save under ``checkpoints/actor/``; the event carries its ``step``.
 
     The final step is resolved, never assumed: a run that dropped long prompts ends early. ``train_steps`` is
-    ``num_batches * rl.num_iterations``; ``trainer_completed`` (the trainer printed its success line) tells an
-    early end on a multiple of ``checkpoint_period`` from an interrupted run.
+    MaxText's planned steps (``RunConfig.train_steps``); ``trainer_completed`` (the trainer printed its success
+    line) tells an early end on a multiple of ``checkpoint_period`` from an interrupted run.
     """
 
     train_steps: int

@@ -3,7 +3,9 @@ page lists the distribution with its version, and every component's providers ma
 links (so a serialised DAG's links resolve on the scheduler and the API server as on the worker).
 
 The Training tab is registered through the entry point ``airflow.plugins`` only: the providers manager
-would load a plugin it declares a second time.
+would load a plugin it declares a second time. No connection types: the hooks reach GKE and Cloud Storage through
+the Google provider's ``google_cloud_platform`` connection and a cluster through GKE or the cncf-kubernetes
+provider's ``kubernetes`` connection, both declared by those providers.
 """
 
 from __future__ import annotations

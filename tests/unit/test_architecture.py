@@ -110,4 +110,11 @@ def test_operators_sensors_and_triggers_reach_clouds_only_through_the_package_ho
 
 
 #: The hooks of the package (hooks/): what operators, sensors and triggers call.
-PACKAGE_HOOKS = ("GkeApiHook", "KubernetesApiHook", "AsyncKubernetesApiHook", "GcsBucketHook", "GcsReadHook")
+PACKAGE_HOOKS = (
+    "GkeApiHook",
+    "AsyncGkeApiHook",
+    "KubernetesApiHook",
+    "AsyncKubernetesApiHook",
+    "GcsBucketHook",
+    "GcsReadHook",
+)

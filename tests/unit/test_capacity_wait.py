@@ -15,7 +15,6 @@ from google.cloud.container_v1 import Operation
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.hooks.gke import GkeApiHook
 from tpu_rl.operators import cluster as cluster_ops
-from tpu_rl.triggers import gke as gke_triggers
 from tpu_rl.triggers.gke import TpuPoolCreateTrigger
 
 try:  # Airflow >= 3.1 task SDK
@@ -40,21 +39,20 @@ def scripted_trigger(monkeypatch, answers, deadline, started="", create_seconds=
     answers = iter(answers)
     current = {}
 
-    class Hook:
-        async def get_operation(self, operation_name, project_id):
+    class Hook:  # AsyncGkeApiHook
+        async def get_operation(self, name):
             current["status"], current["conditions"] = next(answers)
             return SimpleNamespace(
-                name=operation_name,
+                name=name,
                 status=current["status"],
                 start_time=started,
                 operation_type=Operation.Type.CREATE_NODE_POOL,
             )
 
-    async def conditions(hook, pool_path):
-        assert pool_path == POOL_PATH
-        return current["conditions"]
+        async def node_pool_conditions(self, pool_path):
+            assert pool_path == POOL_PATH
+            return current["conditions"]
 
-    monkeypatch.setattr(gke_triggers, "node_pool_conditions", conditions)
     trigger = TpuPoolCreateTrigger(
         operation_name="operation-1",
         project_id="my-project",
@@ -64,7 +62,7 @@ def scripted_trigger(monkeypatch, answers, deadline, started="", create_seconds=
         capacity_deadline=deadline,
         create_seconds=create_seconds,
     )
-    monkeypatch.setattr(trigger, "_get_hook", lambda: Hook())
+    monkeypatch.setattr(trigger, "gke_api", lambda: Hook())
     return trigger
 
 
@@ -262,7 +260,7 @@ def test_pool_conditions_are_read_with_their_enum_names():
     """canonical_code is a google.rpc.Code number in the API types, code a proto-plus enum."""
     from google.cloud.container_v1 import NodePool, StatusCondition
 
-    from tpu_rl.hooks.gke import node_pool_conditions
+    from tpu_rl.hooks.gke import AsyncGkeApiHook
 
     pool = NodePool(
         name="tpu-1a2b3c4d-0",
@@ -276,11 +274,13 @@ def test_pool_conditions_are_read_with_their_enum_names():
             assert name == POOL_PATH
             return pool
 
-    class Hook:  # the provider's GKEAsyncHook: its sync hook holds the client
+    class ProviderHook:  # the provider's GKEAsyncHook: its sync hook holds the client
         async def get_sync_hook(self):
             return SimpleNamespace(get_cluster_manager_client=Client)
 
-    assert asyncio.run(node_pool_conditions(Hook(), POOL_PATH)) == [STOCKOUT]
+    hook = AsyncGkeApiHook("google_cloud_default", "my-project", "us-east5")
+    hook.provider_hook = ProviderHook()
+    assert asyncio.run(hook.node_pool_conditions(POOL_PATH)) == [STOCKOUT]
 
 
 @pytest.mark.parametrize(

@@ -53,8 +53,10 @@ def test_a_templated_pull_renders_as_airflow_reads_it():
     )
 
 
-#: The XComs operators read in code (``run_report.TrainingFigures``, ``RunSummaryOperator``), by reader.
+#: The XComs operators read in code (the export's step, ``run_report.TrainingFigures``, ``RunSummaryOperator``), by
+#: reader.
 READ_IN_CODE = {
+    Task.MAXTEXT_TO_HF: (contract.FINAL_STEP,),
     Task.QUALITY_GATE: (contract.TRAINING_EVALUATION,),
     Task.PUBLISH_EXPORT: (contract.TRAINING_EVALUATION, contract.SLICE_TIMES),
     Task.PIPELINE_DONE: (

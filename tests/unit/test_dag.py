@@ -74,7 +74,7 @@ def test_the_provider_metadata_lists_the_version_hooks_and_extra_links():
     info = manager.providers["tpu-rl"]
     assert info.version == tpu_rl.__version__ == info.data["versions"][0]
     hook_modules = {m for entry in info.data["hooks"] for m in entry["python-modules"]}
-    assert {"tpu_rl.hooks.kubernetes", "tpu_rl.hooks.gcs"} <= hook_modules
+    assert {"tpu_rl.hooks.gke", "tpu_rl.hooks.kubernetes", "tpu_rl.hooks.gcs"} <= hook_modules
     assert {"tpu_rl.links.JobSetWorkloadLink", "tpu_rl.links.JobSetLogsLink"} <= set(manager.extra_links_class_names)
 
 

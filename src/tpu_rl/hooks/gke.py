@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_rl.gke import operation_target
 
 if TYPE_CHECKING:
-    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
     from google.cloud.container_v1 import Cluster, ClusterManagerClient, NodePool, Operation
 
 #: States of a GKE operation that has not ended.
@@ -130,15 +130,36 @@ class GkeApiHook:
         )
 
 
-async def node_pool_conditions(gke_async_hook: Any, pool_path: str) -> list[dict[str, str]]:
-    """A node pool's ``conditions`` (GKE's reasons for its current state) as plain dicts with enum names, read
-    through the client of the provider's GKE hook behind ``gke_async_hook`` (its credentials and client options,
-    in every provider version), in a thread: the provider's async hook reads operations only."""
-    from google.rpc.code_pb2 import Code
+class AsyncGkeApiHook:
+    """GKE's operations and a node pool's conditions from a trigger's event loop, in ``project_id``/``location``:
+    the operations through the provider's ``GKEAsyncHook``; the conditions, which that hook does not read,
+    through its sync hook's client (its credentials and client options, in every provider version), in a
+    thread."""
 
-    client = (await gke_async_hook.get_sync_hook()).get_cluster_manager_client()
-    pool = await asyncio.to_thread(client.get_node_pool, name=pool_path)
-    return [
-        {"code": c.code.name, "message": c.message, "canonical_code": Code.Name(c.canonical_code)}
-        for c in pool.conditions
-    ]
+    def __init__(self, gcp_conn_id: str, project_id: str, location: str, impersonation_chain: Any = None) -> None:
+        self.gcp_conn_id = gcp_conn_id
+        self.project_id = project_id
+        self.location = location
+        self.impersonation_chain = impersonation_chain
+
+    @cached_property
+    def provider_hook(self) -> GKEAsyncHook:
+        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook
+
+        return GKEAsyncHook(
+            gcp_conn_id=self.gcp_conn_id, location=self.location, impersonation_chain=self.impersonation_chain
+        )
+
+    async def get_operation(self, name: str) -> Operation:
+        return await self.provider_hook.get_operation(operation_name=name, project_id=self.project_id)
+
+    async def node_pool_conditions(self, pool_path: str) -> list[dict[str, str]]:
+        """The pool's ``conditions`` (GKE's reasons for its current state) as plain dicts with enum names."""
+        from google.rpc.code_pb2 import Code
+
+        client = (await self.provider_hook.get_sync_hook()).get_cluster_manager_client()
+        pool = await asyncio.to_thread(client.get_node_pool, name=pool_path)
+        return [
+            {"code": c.code.name, "message": c.message, "canonical_code": Code.Name(c.canonical_code)}
+            for c in pool.conditions
+        ]

@@ -42,10 +42,10 @@ def gke_api(config: RunConfig) -> GkeApiHook:
 
 
 class _AwaitsGkeOperations(RunScoped, BaseOperator):
-    """Defers on GKE long-running operations, one at a time: GKE refuses a node pool create or delete while
-    another one runs on the cluster ("Operation ... is currently creating a node pool ... Please wait and try
-    again once it is done"), so an operator with several submits the next one (``submit(context, step)``)
-    only when the previous one is done.
+    """Defers on GKE long-running operations, one deferral at a time: an operator submits what it can
+    (``submit(context, step)``: the TPU pools' creates and deletes all at once, since GKE runs operations on
+    different node pools side by side; the cluster's operations one after another, since GKE refuses any other
+    operation during one of them), defers on one operation still running, and submits again when it is done.
 
     :param poll_interval: seconds between the trigger's checks of an operation.
     """

@@ -130,7 +130,7 @@ class FinalTrainingCheckpointSensor(GcsOutputSensor):
 
     The final step is resolved, never assumed: a run that dropped long prompts ends early.
 
-    :param train_steps: planned steps, ``num_batches * rl.num_iterations``.
+    :param train_steps: the planned steps as MaxText computes them (``RunConfig.train_steps``).
     :param checkpoint_period: the run's ``checkpoint_period``.
     :param trainer_completed: whether the trainer printed its success line (templated; "True" when rendered):
         a normal exit, which tells an early end on a multiple of ``checkpoint_period`` from an interrupted run.

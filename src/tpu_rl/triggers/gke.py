@@ -21,7 +21,7 @@ from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperati
 from airflow.triggers.base import TriggerEvent
 
 from tpu_rl.gke import capacity_wait_reason, quota_reason
-from tpu_rl.hooks.gke import node_pool_conditions
+from tpu_rl.hooks.gke import AsyncGkeApiHook
 
 #: The log says at most this often that the pool still waits for capacity.
 CAPACITY_LOG_SECONDS = 60
@@ -60,22 +60,25 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
             },
         )
 
+    def gke_api(self) -> AsyncGkeApiHook:
+        return AsyncGkeApiHook(self.gcp_conn_id, self.project_id, self.location, self.impersonation_chain)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from google.cloud.container_v1 import Operation
 
-        hook = self._get_hook()
+        hook = self.gke_api()
         pool = self.pool_path.rsplit("/", 1)[-1]
         logged_at = None
         try:
             while True:
-                operation = await hook.get_operation(operation_name=self.operation_name, project_id=self.project_id)
+                operation = await hook.get_operation(self.operation_name)
                 if operation.status == Operation.Status.DONE:
                     yield TriggerEvent({"status": "success", "operation_name": operation.name})
                     return
                 if operation.operation_type != Operation.Type.CREATE_NODE_POOL:  # a pool replaced or reconciled
                     await asyncio.sleep(self.poll_interval)
                     continue
-                conditions = await node_pool_conditions(hook, self.pool_path)
+                conditions = await hook.node_pool_conditions(self.pool_path)
                 if (quota := quota_reason(conditions)) is not None:  # no wait brings quota
                     yield TriggerEvent(
                         {"status": "quota", "operation_name": operation.name, "node_pool": pool, "message": quota}
@@ -92,7 +95,7 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
                 if reason is not None:
                     if time.time() >= self.capacity_deadline:
                         # GKE may have ended the create between the two reads: its error then says why
-                        ended = await hook.get_operation(operation_name=self.operation_name, project_id=self.project_id)
+                        ended = await hook.get_operation(self.operation_name)
                         status = "success" if ended.status == Operation.Status.DONE else "capacity_timeout"
                         yield TriggerEvent(
                             {
