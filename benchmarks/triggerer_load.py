@@ -612,7 +612,7 @@ def free_port() -> int:
 
 def trigger_kwargs(jobset: dict, prefix: str, train_steps: int) -> dict:
     """What JobSetOperator._trigger gives JobSetTrigger for a training (TrainRlOperator.trigger_kwargs: training=
-    and the log cursor, under the training's folder)."""
+    and the log cursor, kept on the JobSet)."""
     from tpu_rl import jobset_status as st
 
     meta = jobset["metadata"]
@@ -628,7 +628,7 @@ def trigger_kwargs(jobset: dict, prefix: str, train_steps: int) -> dict:
         "log_tail_lines": 100,
         "delete_on_kill": True,
         "training": {"bucket": BUCKET, "prefix": prefix, "train_steps": train_steps, "gcp_conn_id": GCP_CONN_ID},
-        "log_cursor": {"bucket": BUCKET, "prefix": f"{prefix}log-cursors/", "gcp_conn_id": GCP_CONN_ID},
+        "log_cursor": True,
     }
 
 

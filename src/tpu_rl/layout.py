@@ -113,12 +113,6 @@ class GcsLayout:
         return f"{self.training_prefix}{self.config.run_name}/tensorboard/"
 
     @property
-    def log_cursors_prefix(self) -> str:
-        """Where each JobSet's trigger records how far it logged the workload's log (one object per JobSet uid),
-        so that a trigger that takes over from a dead triggerer neither repeats nor skips lines."""
-        return f"{self.training_prefix}{self.config.run_name}/tpu_rl_log_cursors/"
-
-    @property
     def training_record_object(self) -> str:
         """The record of the parameters the run trains with, checked before every resume."""
         return f"{self.training_prefix}{self.config.run_name}/tpu_rl_training_record.json"

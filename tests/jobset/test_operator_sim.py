@@ -256,3 +256,26 @@ def test_pathways_jobset_follows_the_head_and_completes_with_it(sim, capfd):
     assert result["state"] == "Completed"
     assert f"Following workload-container of pod {name}-pathways-head-0-0-" in capfd.readouterr().out
     assert any("[simulated] workload-container started on" in line for line in result["log_tail"])
+
+
+def test_a_jobsets_log_cursor_is_an_annotation_of_that_incarnation_only(sim):
+    """How far a trigger logged is recorded as the real apiserver and JobSet webhooks take a merge patch of one
+    annotation; a patch for a replaced incarnation (another uid under the same name) is refused."""
+    from kubernetes_asyncio.client import ApiException
+
+    from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget, KubernetesApiHook
+
+    name = unique("cursor")
+    target = ClusterTarget(kubernetes_conn_id=CONN_ID)
+    created = KubernetesApiHook(target).create_jobset(tpu_jobset(name, run_seconds=60), "default")
+    uid, hook = created["metadata"]["uid"], AsyncKubernetesApiHook(target)
+    try:
+        asyncio.run(hook.annotate_jobset(name, "default", uid, {"tpu-rl.dev/log-cursor": '{"pod":"p"}'}))
+        (jobset,) = sim.jobsets(name)
+        assert jobset["metadata"]["annotations"]["tpu-rl.dev/log-cursor"] == '{"pod":"p"}'
+        assert jobset["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"]  # the others stay
+        with pytest.raises(ApiException) as refused:
+            asyncio.run(hook.annotate_jobset(name, "default", "another-uid", {"tpu-rl.dev/log-cursor": "{}"}))
+        assert refused.value.status == 422
+    finally:
+        sim.delete_jobset(name)

@@ -52,19 +52,21 @@ def test_reconnect_drops_lines_already_seen_and_keeps_new_ones():
     assert [cursor.new_text(x) for x in again] == [None, None, "step 3"]
 
 
-class _Bucket:
-    """The trigger's reader for the log cursor, in memory: what a dead triggerer's trigger wrote stays."""
+class _JobSetApi:
+    """The cluster's JobSet as the log cursor's store reaches it, in memory: what a dead triggerer's trigger
+    recorded on the JobSet stays there. A patch names the incarnation (uid) it is for."""
 
-    def __init__(self) -> None:
-        self.objects: dict = {}
-        self.writes = 0
+    def __init__(self, uid: str = "u") -> None:
+        self.jobset: dict = {"metadata": {"name": "n", "uid": uid, "annotations": {}}}
+        self.patches = 0
 
-    async def read_json(self, name):
-        return self.objects.get(name)
+    async def get_jobset(self, name, namespace):
+        return self.jobset
 
-    async def write_json(self, name, document):
-        self.writes += 1
-        self.objects[name] = document
+    async def annotate_jobset(self, name, namespace, uid, annotations):
+        assert uid == self.jobset["metadata"]["uid"]
+        self.patches += 1
+        self.jobset["metadata"]["annotations"].update(annotations)
 
 
 class _Log:
@@ -84,7 +86,7 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
     import asyncio
     from types import SimpleNamespace
 
-    from tpu_rl.triggers.jobset import _LogPrinter, _Progress
+    from tpu_rl.triggers.jobset import _JobSetCursorStore, _LogPrinter, _Progress
 
     stamped = [f"2026-12-02T10:{i // 60:02d}:{i % 60:02d}.5Z line {i}" for i in range(120)]
     stamped[5] = (
@@ -92,7 +94,7 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
         "accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950"
     )
     pod = SimpleNamespace(uid="pod-uid", name="head-0")
-    bucket = _Bucket()
+    api = _JobSetApi()
     trigger = JobSetTrigger(
         name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
     )
@@ -106,7 +108,7 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
                 yield raw
 
     async def wait(upto: int, record_every: int, log: _Log, saved) -> _Progress:
-        printer = _LogPrinter(log, bucket, "cursor.json", saved)
+        printer = _LogPrinter(log, _JobSetCursorStore(api, "n", "ns", "u"), saved)
         progress = _Progress(tail_lines=200, printer=printer)
         for end in range(record_every, upto + 1, record_every):
             await trigger._stream_log(Hook(end), pod, trigger_cursor, progress)
@@ -117,14 +119,17 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
     trigger_cursor = _LogCursor()
     # The first triggerer logs 70 lines in batches of 10, reads 5 more, and dies before the next batch.
     asyncio.run(wait(70, 10, first_log, None))
-    asyncio.run(trigger._stream_log(Hook(75), pod, trigger_cursor, _Progress(200, _LogPrinter(first_log, bucket))))
+    store = _JobSetCursorStore(api, "n", "ns", "u")
+    asyncio.run(trigger._stream_log(Hook(75), pod, trigger_cursor, _Progress(200, _LogPrinter(first_log, store))))
     trigger_cursor = _LogCursor()
-    second = asyncio.run(wait(120, 120, second_log, asyncio.run(bucket.read_json("cursor.json"))))
+    saved = _JobSetCursorStore.saved(asyncio.run(api.get_jobset("n", "ns")), "u")
+    assert _JobSetCursorStore.saved(asyncio.run(api.get_jobset("n", "ns")), "another-uid") == {}  # a replacement's
+    second = asyncio.run(wait(120, 120, second_log, saved))
 
     logged = [line.partition("] ")[2] for line in first_log.lines + second_log.lines if line.startswith("[head-0]")]
     assert logged == [raw.partition(" ")[2] for raw in stamped]
     assert len(second.tail) == 120 and "Pre" in second.evaluation  # what came before the takeover is read again
-    assert bucket.writes == 8  # one write a batch
+    assert api.patches == 8  # one patch of the JobSet a batch
 
 
 def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():

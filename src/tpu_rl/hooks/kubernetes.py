@@ -415,7 +415,14 @@ class AsyncKubernetesApiHook(LoggingMixin):
 
     @contextlib.asynccontextmanager
     async def _open(
-        self, method: str, path: str, *, query: dict | None = None, body: Any = None, timeout: Any = 60
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict | None = None,
+        body: Any = None,
+        timeout: Any = 60,
+        content_type: str = "application/json",
     ) -> AsyncIterator[Any]:
         """One request; yields the aiohttp response, or raises ApiException for an error status."""
         from kubernetes_asyncio.client import ApiException
@@ -426,7 +433,7 @@ class AsyncKubernetesApiHook(LoggingMixin):
                 method,
                 query_params=list((query or {}).items()),
                 body=body,
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                header_params={"Accept": "application/json", "Content-Type": content_type},
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _request_timeout=timeout,
@@ -438,12 +445,14 @@ class AsyncKubernetesApiHook(LoggingMixin):
             finally:
                 response.release()
 
-    async def _request(self, method: str, path: str, *, query: dict | None = None, body: Any = None) -> dict:
+    async def _request(
+        self, method: str, path: str, *, query: dict | None = None, body: Any = None, **options: Any
+    ) -> dict:
         """The JSON answer, or {} for 404 Not Found."""
         from kubernetes_asyncio.client import ApiException
 
         try:
-            async with self._open(method, path, query=query, body=body) as response:
+            async with self._open(method, path, query=query, body=body, **options) as response:
                 return json.loads(await response.read())
         except ApiException as e:
             if e.status == 404:
@@ -459,6 +468,16 @@ class AsyncKubernetesApiHook(LoggingMixin):
             "DELETE",
             f"{_jobsets_path(namespace)}/{name}",
             body={"propagationPolicy": "Foreground", "preconditions": {"uid": uid}},
+        )
+
+    async def annotate_jobset(self, name: str, namespace: str, uid: str, annotations: Mapping[str, str]) -> None:
+        """Sets annotations of the JobSet ``name`` of incarnation ``uid`` (a JSON merge patch; the uid, which is
+        immutable, refuses the patch with 422 when another JobSet of that name replaced it; gone: nothing)."""
+        await self._request(
+            "PATCH",
+            f"{_jobsets_path(namespace)}/{name}",
+            body={"metadata": {"uid": uid, "annotations": dict(annotations)}},
+            content_type="application/merge-patch+json",
         )
 
     def watch_jobset(self, name: str, namespace: str) -> AsyncIterator[tuple[str, dict]]:

@@ -62,10 +62,8 @@ class RunJobSetOperator(RunScoped, JobSetOperator):
         self.manifest = self.stage_manifest(scope, context)
 
     def trigger_kwargs(self) -> dict[str, Any]:
-        """The run's bucket keeps how far the trigger logged the workload's log, for a triggerer that takes over."""
-        config, layout = self.scope.config, self.scope.layout
-        cursor = {"bucket": config.gcs_bucket, "prefix": layout.log_cursors_prefix, "gcp_conn_id": config.gcp_conn_id}
-        return {**super().trigger_kwargs(), "log_cursor": cursor}
+        """The JobSet keeps how far its trigger logged the workload's log, for a triggerer that takes over."""
+        return {**super().trigger_kwargs(), "log_cursor": True}
 
 
 class HfToMaxTextOperator(RunJobSetOperator):
@@ -341,7 +339,11 @@ class TrainRlOperator(RunJobSetOperator):
         layout, bucket = scope.layout, scope.bucket
         state, now = self._training_state(), datetime.now(UTC)
         plan = self._resume_plan(state)
-        if checkpoints.check_final_step(plan.resume_from, config.train_steps, config.checkpoint_period).complete:
+        completed = trainer_completed(event.get("evaluation_lines") or [])  # an early end on a save boundary
+        final = checkpoints.check_final_step(
+            plan.resume_from, config.train_steps, config.checkpoint_period, trainer_completed=completed
+        )
+        if final.complete:
             self.log.warning(
                 "Preempted after its final save (actor/%d/ is the run's last step): the training is "
                 "complete, not resubmitted.\n%s",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -21,10 +22,11 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import jobset_status as st
-from tpu_rl.hooks.gcs import GcsReader, GcsReadHook
+from tpu_rl.hooks.gcs import GcsReadHook
 from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget
 from tpu_rl.training_metrics import kept_line_kind
 from tpu_rl.triggers.training_progress import TrainingProgress
+from tpu_rl.vocabulary import ANNOTATION_LOG_CURSOR
 
 #: Airflow 3.3 added BaseTrigger.on_kill, called when a user kills the deferred task.
 _TRIGGERER_CALLS_ON_KILL = "on_kill" in vars(BaseTrigger)
@@ -34,9 +36,9 @@ LOG_DRAIN_SECONDS = 10
 POD_END_GRACE_SECONDS = 3
 #: After the JobSet finished, how long the training's last progress read may take.
 TRAINING_LAST_READ_SECONDS = 30
-#: With a log cursor, how often the lines read are logged: each batch is recorded in the bucket first (one
-#: small write a batch), so the task log lags the workload by at most this long.
-LOG_BATCH_SECONDS = 30
+#: With a log cursor, how often the lines read are logged: each batch is recorded on the JobSet first (one
+#: small patch a batch), so the task log lags the workload by at most this long.
+LOG_BATCH_SECONDS = 60
 
 
 class _Progress:
@@ -111,15 +113,34 @@ class _LogCursor:
         return cls(str(saved.get("last_ts", "")), set(saved.get("at_last_ts") or ()))
 
 
-class _LogPrinter:
-    """Logs the workload's lines into the task log. With a cursor object (the trigger's ``log_cursor``) it logs
-    them in batches, each recorded in the bucket (pod, last line) before it is logged: a trigger that takes the
-    wait over from a triggerer that died (Airflow reassigns its triggers) reads the log again from its start, for
-    the tail and the evaluation lines, and logs only what comes after the last line logged: no line twice, none
-    skipped."""
+class _JobSetCursorStore:
+    """Where a JobSet's trigger records how far it logged: an annotation of that JobSet. It goes with the JobSet
+    (a replacement starts with none), needs no permission beyond the JobSet's, and costs a Kubernetes request a
+    batch, no storage request."""
 
-    def __init__(self, log: Any, store: GcsReader | None = None, name: str = "", saved: Any = None) -> None:
-        self.log, self.store, self.name = log, store, name
+    def __init__(self, hook: AsyncKubernetesApiHook, name: str, namespace: str, uid: str) -> None:
+        self.hook, self.name, self.namespace, self.uid = hook, name, namespace, uid
+
+    @staticmethod
+    def saved(jobset: Mapping[str, Any], uid: str) -> dict[str, Any]:
+        """What an earlier trigger of this wait recorded on the JobSet (``{}``: nothing, or another incarnation)."""
+        meta = jobset.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR)
+        return json.loads(text) if text and meta.get("uid") == uid else {}
+
+    async def save(self, cursor: Mapping[str, Any]) -> None:
+        text = json.dumps(cursor, separators=(",", ":"), sort_keys=True)
+        await self.hook.annotate_jobset(self.name, self.namespace, self.uid, {ANNOTATION_LOG_CURSOR: text})
+
+
+class _LogPrinter:
+    """Logs the workload's lines into the task log. With a cursor store (the trigger's ``log_cursor``) it logs
+    them in batches, each recorded (pod, last line) before it is logged: a trigger that takes the wait over from a
+    triggerer that died (Airflow reassigns its triggers) reads the log again from its start, for the tail and the
+    evaluation lines, and logs only what comes after the last line logged: no line twice, none skipped."""
+
+    def __init__(self, log: Any, store: _JobSetCursorStore | None = None, saved: Any = None) -> None:
+        self.log, self.store = log, store
         saved = saved if isinstance(saved, Mapping) else {}
         #: What an earlier trigger of this wait logged (of the pod ``resumed_pod``).
         self.resumed_pod = str(saved.get("pod", ""))
@@ -148,7 +169,7 @@ class _LogPrinter:
                 self.logged_pod, self.logged = pod.uid, _LogCursor()
             self.logged.new_text(raw)
         try:
-            await self.store.write_json(self.name, {"pod": self.logged_pod, **self.logged.to_dict()})
+            await self.store.save({"pod": self.logged_pod, **self.logged.to_dict()})
         except Exception as e:  # The log goes on; only a takeover after this would repeat lines.
             if not self.store_failed:
                 self.log.warning("Could not record how far the log was logged (%s: %s)", type(e).__name__, str(e)[:200])
@@ -169,10 +190,12 @@ class JobSetTrigger(BaseTrigger):
     :param training: for the training, where its event files are (see
         :class:`~tpu_rl.triggers.training_progress.TrainingProgress`): its progress is logged at most once
         per interval, and once more when it ended if the trainer wrote more since (the step it got to).
-    :param log_cursor: ``bucket``, ``prefix`` and ``gcp_conn_id``: where to record how far the workload's log
-        was logged (the object ``<prefix><uid>.json``), so that the wait taken over by another triggerer goes on
-        after the last line logged (see :class:`_LogPrinter`). Without it, lines are logged as they come, and a
-        takeover logs the log again from its start.
+    :param log_cursor: record on the JobSet how far the workload's log was logged (the annotation
+        ``tpu-rl.dev/log-cursor``), so that the wait taken over by another triggerer goes on after the last line
+        logged (see :class:`_LogPrinter`); lines are then logged once a minute. Without it, lines are logged as
+        they come, and a takeover logs the log again from its start. A mapping (a bucket object, as 2.0.0's
+        triggers were serialised) counts as true: that object is not read, so a wait deferred under 2.0.0 and
+        taken over after the upgrade logs the log once more from its start.
     :param connection: instead of ``cluster``, the keywords a trigger serialised before ``cluster`` existed
         named it by (``kubernetes_conn_id``, or ``cluster_url``, ``ssl_ca_cert``, ``gcp_conn_id``,
         ``use_dns_endpoint``): a task deferred across a deploy resumes its wait.
@@ -191,7 +214,7 @@ class JobSetTrigger(BaseTrigger):
         log_tail_lines: int = 100,
         delete_on_kill: bool = True,
         training: Mapping[str, Any] | None = None,
-        log_cursor: Mapping[str, Any] | None = None,
+        log_cursor: bool | Mapping[str, Any] | None = None,
         **connection: Any,
     ) -> None:
         super().__init__()
@@ -205,8 +228,7 @@ class JobSetTrigger(BaseTrigger):
         self.log_tail_lines = log_tail_lines
         self.delete_on_kill = delete_on_kill
         self.training = dict(training) if training else None
-        self.log_cursor = dict(log_cursor) if log_cursor else None
-        self._readers: dict[tuple[str, str], GcsReader] = {}
+        self.log_cursor = bool(log_cursor)
 
     #: Serialised as they are; ``cluster`` as its ``to_dict()``.
     _SERIALIZED = (
@@ -235,14 +257,14 @@ class JobSetTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self.hook()
-        async with contextlib.AsyncExitStack() as readers:
-            progress = _Progress(self.log_tail_lines, await self._log_printer(readers))
+        async with contextlib.AsyncExitStack() as sessions:
+            progress = _Progress(self.log_tail_lines, await self._log_printer(hook))
             waits = [self._watch_pods, self._follow_log, self._report]
             if progress.printer.store is not None:
                 waits.append(self._flush_log)
             helpers = [asyncio.create_task(self._keep_running(fn, hook, progress)) for fn in waits]
             if self.training:
-                helpers.append(asyncio.create_task(self._report_training(progress, readers)))
+                helpers.append(asyncio.create_task(self._report_training(progress, sessions)))
             try:
                 final = await self._watch_jobset(hook, progress)
                 if final:
@@ -263,32 +285,21 @@ class JobSetTrigger(BaseTrigger):
                     await asyncio.wait_for(progress.printer.flush(), 10)
         yield TriggerEvent(event)
 
-    async def _open_reader(self, readers: contextlib.AsyncExitStack, bucket: str, gcp_conn_id: str) -> GcsReader:
-        """One HTTP session per bucket for the whole wait, shared by the progress reads and the log cursor."""
-        key = (bucket, gcp_conn_id)
-        if key not in self._readers:
-            self._readers[key] = await readers.enter_async_context(GcsReadHook(gcp_conn_id).reader(bucket))
-        return self._readers[key]
-
-    async def _log_printer(self, readers: contextlib.AsyncExitStack) -> _LogPrinter:
+    async def _log_printer(self, hook: AsyncKubernetesApiHook) -> _LogPrinter:
         """The printer of the workload's log, with what an earlier trigger of this wait logged of it."""
         if not self.log_cursor:
             return _LogPrinter(self.log)
-        bucket, name = self.log_cursor["bucket"], f"{self.log_cursor['prefix']}{self.uid}.json"
-        gcp_conn_id = self.log_cursor.get("gcp_conn_id", "google_cloud_default")
         try:
-            reader = await self._open_reader(readers, bucket, gcp_conn_id)
-            saved = await reader.read_json(name)
+            saved = _JobSetCursorStore.saved(await hook.get_jobset(self.name, self.namespace), self.uid)
         except Exception as e:
             self.log.warning(
-                "Cannot read the log cursor gs://%s/%s (%s: %s): lines are logged as they come",
-                bucket,
-                name,
+                "Cannot read the log cursor of JobSet %s (%s: %s): lines are logged as they come",
+                self.ref,
                 type(e).__name__,
                 str(e)[:300],
             )
             return _LogPrinter(self.log)
-        return _LogPrinter(self.log, reader, name, saved)
+        return _LogPrinter(self.log, _JobSetCursorStore(hook, self.name, self.namespace, self.uid), saved)
 
     async def _flush_log(self, hook: AsyncKubernetesApiHook, progress: _Progress) -> None:
         while True:
@@ -497,13 +508,13 @@ class JobSetTrigger(BaseTrigger):
                 self.log.info("JobSet %s after %dm%02ds: %s", self.ref, elapsed // 60, elapsed % 60, line)
                 last_line, last_time = line, now
 
-    async def _report_training(self, progress: _Progress, readers: contextlib.AsyncExitStack) -> None:
+    async def _report_training(self, progress: _Progress, sessions: contextlib.AsyncExitStack) -> None:
         """The training's progress line at most once per interval while it runs, and once more when it ended if
         the event files grew since the last line (the step it got to). A failed read is logged and tried at the
-        next one: progress only informs."""
+        next one: progress only informs. One HTTP session for the whole wait."""
         training = TrainingProgress(self.training)
         try:
-            reader = await self._open_reader(readers, training.bucket, training.gcp_conn_id)
+            reader = await sessions.enter_async_context(GcsReadHook(training.gcp_conn_id).reader(training.bucket))
         except Exception as e:  # No reader (credentials, network): the wait goes on without progress lines.
             self.log.warning(
                 "No training progress: cannot read gs://%s (%s: %s)", training.bucket, type(e).__name__, str(e)[:300]
