@@ -32,18 +32,26 @@ def main() -> int:
     run_id = airflow.trigger(DAG_ID, conf)
     print(f"triggered {DAG_ID} run {run_id} with {args.conf}")
     train_for(run_id, conf, TRAINING_SECONDS)
-    started, last = time.monotonic(), None
+    started, last, shown, read_at = time.monotonic(), None, set(), 0.0
 
     def progress(_state: str) -> None:
-        nonlocal last
+        """The stages that run, when they change; while train_rl waits for the training, its new progress
+        lines as the triggerer logs them (its log read every 15 s)."""
+        nonlocal last, read_at
+        instances = airflow.task_instances(DAG_ID, run_id)
         running = sorted(
-            t
-            for t, ti in airflow.task_instances(DAG_ID, run_id).items()
-            if ti["state"] in ("running", "deferred", "up_for_reschedule")
+            t for t, ti in instances.items() if ti["state"] in ("running", "deferred", "up_for_reschedule")
         )
         if running != last:
             print(f"  {time.monotonic() - started:6.0f} s  {', '.join(running) or '...'}", flush=True)
             last = running
+        if "train_rl" in running and time.monotonic() - read_at >= 15:
+            read_at = time.monotonic()
+            log = airflow.task_log(DAG_ID, run_id, "train_rl", instances["train_rl"]["try_number"])
+            for line in progress_lines(log):
+                if line not in shown:
+                    shown.add(line)
+                    print(f"  {time.monotonic() - started:6.0f} s    {line}", flush=True)
 
     try:
         state = airflow.wait_for_run(DAG_ID, run_id, args.timeout, on_poll=progress)
@@ -63,15 +71,21 @@ def main() -> int:
                 print("\n".join(log.splitlines()[-25:]))
         return 1
     train_log = airflow.task_log(DAG_ID, run_id, "train_rl", instances["train_rl"]["try_number"])
-    progress_lines = [line for line in train_log.splitlines() if "Training progress:" in line]
     print("\ntraining progress (train_rl's log, at most one line a minute):")
-    print("\n".join(f"  {line.strip()}" for line in progress_lines[-5:]) or "  (none logged)")
+    print("\n".join(f"  {line}" for line in progress_lines(train_log)[-5:]) or "  (none logged)")
     print(f"\n{airflow.xcom(DAG_ID, run_id, 'pipeline_done')}")
     print("\noutputs:")
     print(f"  final training step: {airflow.xcom(DAG_ID, run_id, 'verify_training')}")
     print(f"  Hugging Face model:  {airflow.xcom(DAG_ID, run_id, 'publish_export')}")
     print(f"  base checkpoint:     {airflow.xcom(DAG_ID, run_id, 'verify_converted')}")
     return 0
+
+
+def progress_lines(log: str) -> list[str]:
+    """train_rl's progress lines, from ``Training progress:`` on."""
+    return [
+        line[line.index("Training progress:") :].strip() for line in log.splitlines() if "Training progress:" in line
+    ]
 
 
 def train_for(run_id: str, conf: dict, seconds: float | None) -> None:

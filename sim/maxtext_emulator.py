@@ -494,6 +494,24 @@ def to_maxtext(client, args, flags, faults_):
 #: Lines the evaluation after training logs at least (more than a log tail of 100 lines holds).
 EVALUATION_LOG_LINES = 150
 
+#: The Hub datasets' configs this emulator knows (their dataset cards' "Subset" lists): MaxText 0.2.4's
+#: train_rl.get_dataset loads a Hub dataset without data files as datasets.load_dataset(dataset_name,
+#: name=hf_subset, split=split), hf_subset defaulting to 'main' (configs/post_train/rl.yml), GSM8K's config.
+HUB_DATASET_CONFIGS = {"openai/gsm8k": ("main", "socratic"), "nvidia/OpenMathInstruct-2": ("default",)}
+
+
+def load_hub_dataset(name, subset, data_files):
+    """Refuses what datasets.load_dataset would: a config the dataset lacks (its ValueError). With data files
+    the split is read as parquet, whatever the name; a dataset this emulator does not know is refused too."""
+    if data_files:
+        return
+    if name not in HUB_DATASET_CONFIGS:
+        raise PodFailure(f"the emulator knows the configs of {sorted(HUB_DATASET_CONFIGS)} only, not of {name}")
+    if subset not in HUB_DATASET_CONFIGS[name]:
+        raise PodFailure(
+            f"ValueError: BuilderConfig '{subset}' not found. Available: {list(HUB_DATASET_CONFIGS[name])}"
+        )
+
 
 def train_rl(client, args, flags, faults_, duration=0.0):
     if args.get("load_parameters_path"):
@@ -508,6 +526,13 @@ def train_rl(client, args, flags, faults_, duration=0.0):
         * float(args.get("train_fraction", 1.0))
         * int(args.get("num_epoch", 1))
     )
+    subset = args.get("hf_subset", "main")
+    load_hub_dataset(args.get("dataset_name", "openai/gsm8k"), subset, args.get("hf_train_files"))
+    if (
+        int(args.get("num_test_batches", 5)) > 0
+    ):  # the test split: eval_dataset_name (rl.yml: GSM8K), else the training set
+        eval_name = args.get("eval_dataset_name", "openai/gsm8k") or args.get("dataset_name", "openai/gsm8k")
+        load_hub_dataset(eval_name, subset, args.get("hf_eval_files"))
     period = int(args.get("checkpoint_period", 50))
     keep = int(args.get("max_num_checkpoints_to_keep", 10))
     stop = min([train_steps] + [int(f.split("=")[1]) for f in faults_ if f.startswith("stop-at-step=")])

@@ -47,6 +47,7 @@ XCOM_PREEMPTIONS = "preemptions"
 XCOM_TPU_SLICES = "tpu_slices"
 XCOM_ATTEMPT_PREFIX = "attempt_prefix"
 XCOM_SUBMITTED_AT = "submitted_at"
+XCOM_JOBSET = "jobset"
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class Pull:
 TRAINING_EVALUATION = Pull(Task.TRAIN_RL, XCOM_EVALUATION)
 #: ``train_rl``: whether the trainer printed its success line (a normal exit).
 TRAINER_COMPLETED = Pull(Task.TRAIN_RL, XCOM_TRAINER_COMPLETED)
+#: ``train_rl``: the training JobSet it follows (``name``, ``namespace``, ``uid``, ``created``: when the current
+#: attempt was submitted, a retry's, a clear's or a preemption's resume).
+TRAINING_JOBSET = Pull(Task.TRAIN_RL, XCOM_JOBSET)
 #: ``train_rl``: the run's preemptions (``preemption.accounting``).
 TRAINING_PREEMPTIONS = Pull(Task.TRAIN_RL, XCOM_PREEMPTIONS)
 #: ``delete_tpu_pools``: when each slice the run created had its nodes (``gke.slice_times``).
@@ -82,6 +86,7 @@ PUBLISHED_MODEL = Pull(Task.PUBLISH_EXPORT)
 PULLED = (
     TRAINING_EVALUATION,
     TRAINER_COMPLETED,
+    TRAINING_JOBSET,
     TRAINING_PREEMPTIONS,
     SLICE_TIMES,
     FINAL_STEP,

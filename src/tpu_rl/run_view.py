@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -105,14 +106,41 @@ def run_page(
     model_uri: str | None,
     preemptions: Mapping[str, Any] | None,
     now: float,
+    training_jobset: Mapping[str, Any] | None = None,
 ) -> RunPage:
     """The page of a run from its config and layout, its event files' scalars (by file name) and its XComs:
-    ``train_rl``'s evaluation and preemptions, ``delete_tpu_pools``'s slices, ``verify_training``'s final
-    step and ``publish_export``'s model URI (each None while its task has not pushed it)."""
+    ``train_rl``'s evaluation, preemptions and training JobSet (its ``created``: when the current attempt was
+    submitted, so that an earlier attempt's event file gives no ETA), ``delete_tpu_pools``'s slices,
+    ``verify_training``'s final step and ``publish_export``'s model URI (each None while its task has not
+    pushed it)."""
     scores = tm.Evaluation.from_dict(evaluation)
     cost = tm.tpu_cost(slices, config) if slices is not None and config.tpu_pools_per_run else None
     shown = [(name, str(getattr(config, name))) for name in SHOWN_SETTINGS]
     shown.insert(SHOWN_SETTINGS.index("batch_size") + 1, ("train_steps", str(config.train_steps)))
+    return RunPage(
+        dag_id=dag_id,
+        run_id=run_id,
+        state=state,
+        train_steps=config.train_steps,
+        settings=shown,
+        curves=tm.merge_scalars(files),
+        progress=(
+            tm.attempt_progress(files, config.train_steps, now, _created(training_jobset))
+            if state in ACTIVE_STATES
+            else None
+        ),
+        evaluation=scores if config.evaluation_batches else None,
+        evaluation_note=tm.describe_evaluation(scores, config),
+        cost=cost,
+        cost_note=tm.describe_cost(cost, config),
+        final_step=final_step,
+        preemptions=describe_accounting(dict(preemptions) if preemptions else None),
+        links=_links(config, layout, model_uri),
+    )
+
+
+def _links(config: RunConfig, layout: GcsLayout, model_uri: str | None) -> list[Link]:
+    """The run's outputs in Cloud Storage: the checkpoints, the event files and, once published, the model."""
     checkpoints = layout.actor_checkpoints_prefix
     links = [
         Link("Checkpoints", layout.uri(checkpoints), storage_console_url(layout.bucket, checkpoints, config.project)),
@@ -123,31 +151,17 @@ def run_page(
         ),
     ]
     if model_uri:
-        links.append(
-            Link(
-                "Exported model",
-                model_uri,
-                storage_console_url(layout.bucket, model_uri.split("/", 3)[3], config.project),
-            )
-        )
+        bucket_path = model_uri.split("/", 3)[3]
+        links.append(Link("Exported model", model_uri, storage_console_url(layout.bucket, bucket_path, config.project)))
     else:
         links.append(Link("Exported model", None, None, "not published"))
-    return RunPage(
-        dag_id=dag_id,
-        run_id=run_id,
-        state=state,
-        train_steps=config.train_steps,
-        settings=shown,
-        curves=tm.merge_scalars(files),
-        progress=tm.attempt_progress(files, config.train_steps, now) if state in ACTIVE_STATES else None,
-        evaluation=scores if config.evaluation_batches else None,
-        evaluation_note=tm.describe_evaluation(scores, config),
-        cost=cost,
-        cost_note=tm.describe_cost(cost, config),
-        final_step=final_step,
-        preemptions=describe_accounting(dict(preemptions) if preemptions else None),
-        links=links,
-    )
+    return links
+
+
+def _created(jobset: Mapping[str, Any] | None) -> float | None:
+    """POSIX time of a tracked JobSet's ``created`` (its creationTimestamp), or None."""
+    stamp = (jobset or {}).get("created")
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
 # --- HTML -------------------------------------------------------------------------------------------------

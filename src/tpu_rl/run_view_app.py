@@ -28,7 +28,15 @@ from fastapi.responses import HTMLResponse
 
 from tpu_rl import run_view
 from tpu_rl.config import ConfigError
-from tpu_rl.contract import FINAL_STEP, PUBLISHED_MODEL, SLICE_TIMES, TRAINING_EVALUATION, TRAINING_PREEMPTIONS, Pull
+from tpu_rl.contract import (
+    FINAL_STEP,
+    PUBLISHED_MODEL,
+    SLICE_TIMES,
+    TRAINING_EVALUATION,
+    TRAINING_JOBSET,
+    TRAINING_PREEMPTIONS,
+    Pull,
+)
 from tpu_rl.run_scope import RunScope
 from tpu_rl.training_metrics import Scalars
 
@@ -36,6 +44,7 @@ from tpu_rl.training_metrics import Scalars
 XCOMS = {
     "evaluation": TRAINING_EVALUATION,
     "preemptions": TRAINING_PREEMPTIONS,
+    "training_jobset": TRAINING_JOBSET,
     "slices": SLICE_TIMES,
     "final_step": FINAL_STEP,
     "model_uri": PUBLISHED_MODEL,
@@ -146,6 +155,7 @@ def create_app() -> FastAPI:
             final_step=int(final_step) if final_step is not None else None,
             model_uri=xcoms.get("model_uri"),
             preemptions=xcoms.get("preemptions"),
+            training_jobset=xcoms.get("training_jobset"),
             now=time.time(),
         )
         return HTMLResponse(run_view.render(page))

@@ -325,6 +325,36 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
     assert "evaluation_before" not in json.loads(bucket.blob(record).download_as_bytes())
 
 
+def test_a_preemption_after_an_early_end_on_a_save_boundary_completes_the_training_without_a_resume(bucket):
+    """The trainer dropped prompts and ended at step 40 of 50, a multiple of checkpoint_period, saved it, printed
+    its success line, and lost its host in the evaluation after training: the training is complete."""
+    from tpu_rl.operators.workloads import TrainRlOperator
+    from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
+
+    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__2026-12-03T10:00:00+00:00", "train_rl")
+    ctx = task_context(ti, {**TUTORIAL_CONF, "gcs_bucket": bucket.name, "checkpoint_period": 20})
+    train = TrainRlOperator(task_id="train_rl")
+    layout = train.bind_scope(ctx).layout
+    put(bucket, layout.training_record_object, {"parameters": {"num_batches": 50}})
+    for step in (20, 40):
+        write_orbax_step(bucket, f"{layout.actor_checkpoints_prefix}{step}/", items=TrainRlOperator.items)
+    preempted = {
+        "status": "failed",
+        "preemption": {"reason": "DisruptionTarget TerminationByKubelet", "pod": "head"},
+        "message": "JobSet failed: the host is shutting down",
+        "evaluation_lines": ["RL Training Completed Successfully!"],
+        "log_tail": [],
+        "name": "qwen-train-1a2b3c4d",
+        "namespace": "default",
+        "uid": "u",
+    }
+
+    result = train.execute_complete(ctx, preempted)  # neither resubmitted (a TaskDeferred) nor failed
+
+    assert result["name"] == "qwen-train-1a2b3c4d" and ti.pushed("trainer_completed") is True
+    assert "preemptions" not in json.loads(bucket.blob(layout.training_record_object).download_as_bytes())
+
+
 def test_publish_replaces_stale_files_and_emits_the_asset_event(bucket):
     write_hf_export(bucket, STAGING, shards=2)
     put(bucket, f"{FINAL}model-00003-of-00003.safetensors", b"old")  # From an earlier, bigger export.

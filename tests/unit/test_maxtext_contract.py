@@ -330,6 +330,19 @@ def test_a_hub_dataset_is_loaded_with_hf_subset_and_the_recipe_sets_files_split_
         assert pair in recipe, pair
 
 
+def test_the_emulated_trainer_loads_a_hub_dataset_as_maxtext_does():
+    """The MaxText emulator refuses what train_rl's datasets.load_dataset(dataset_name, name=hf_subset) would: a
+    dataset alone whose configs lack rl.yml's hf_subset; data files are read as parquet, whatever the name."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
+    import maxtext_emulator as emulator
+
+    hf_subset = yaml.safe_load(read("configs/post_train/rl.yml"))["hf_subset"]
+    with pytest.raises(emulator.PodFailure, match=f"BuilderConfig '{hf_subset}' not found"):
+        emulator.load_hub_dataset("nvidia/OpenMathInstruct-2", hf_subset, None)
+    emulator.load_hub_dataset("nvidia/OpenMathInstruct-2", hf_subset, "gs://b/prompts/*.parquet")
+    emulator.load_hub_dataset("openai/gsm8k", hf_subset, None)
+
+
 def test_tunix_logs_the_step_it_restored():
     """The line that tells an attempt that resumed (its Pre evaluation scores trained weights)."""
     assert "'Restored params from step: %d in %.3f seconds'" in tunix("sft/checkpoint_manager.py")

@@ -154,6 +154,19 @@ def test_a_running_run_shows_its_progress_and_reloads_itself(tokens, event_files
     assert 'Exported model</th><td class="note">not published' in html
 
 
+def test_a_resumed_attempt_that_has_not_logged_yet_shows_no_eta_of_the_attempt_before(tokens, event_files):
+    """Resubmitted after its first attempt's file was written (a retry, a clear, a preemption's resume): while the
+    new trainer loads the model, the step reached is shown without the earlier attempt's ETA."""
+    from datetime import UTC, datetime, timedelta
+
+    created = (datetime.now(UTC) + timedelta(minutes=1)).isoformat().replace("+00:00", "Z")
+    xcoms = {"training_jobset": {"name": "qwen-train-x", "namespace": "default", "uid": "u", "created": created}}
+    html = page_of(client_for("running", xcoms, event_files[:1]), tokens["viewer"]).text
+
+    assert 'id="progress">step 12/20 (60%) before this attempt, which has not logged a step yet' in html
+    assert "ETA" not in html
+
+
 def test_a_run_before_its_first_event_file_says_so(tokens):
     html = page_of(client_for("running", {}, []), tokens["viewer"]).text
 

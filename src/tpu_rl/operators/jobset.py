@@ -20,6 +20,7 @@ from airflow.sdk import BaseOperator
 
 from tpu_rl import jobset_status as st
 from tpu_rl.compat import AirflowException, TaskDeferralTimeout, TaskDeferred
+from tpu_rl.contract import XCOM_JOBSET  # the JobSet the task tracks (name, namespace, uid, created)
 from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
 from tpu_rl.links import JobSetLogsLink, JobSetWorkloadLink
 from tpu_rl.run import RunIdentity, slug
@@ -35,9 +36,6 @@ from tpu_rl.vocabulary import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.triggers.base import BaseTrigger
-
-#: XCom key of the JobSet the task tracks (name, namespace, uid): what a kill or timeout deletes.
-XCOM_JOBSET = "jobset"
 
 
 class JobSetFailedError(AirflowException):
