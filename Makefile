@@ -35,7 +35,8 @@ $(INSTALLED): $(WHEEL) $(STAMP)
 	$(VENV)/bin/pip check
 	echo $(WHEEL) > $@
 
-test: venv
+# scripts/test.sh installs .venv (make venv) beside the simulation's build.
+test:
 	scripts/test.sh
 
 # The whole pipeline on the simulated cluster through a local Airflow; KEEP_UI=1 leaves the UI up.
@@ -79,7 +80,8 @@ bench-triggerer: venv
 	nice -n 5 $(VENV)/bin/python benchmarks/triggerer_load.py $(ARGS)
 
 # make deploy-composer ENV=<name> LOCATION=<region> REPOSITORY=<Artifact Registry Python repository>
-#   [PROJECT=...] [REPOSITORY_LOCATION=...] [DRY_RUN=1] [REPLACE_PROGRAMS=1]: the wheel into the repository, the
+#   [PROJECT=...] [REPOSITORY_LOCATION=...] [REPOSITORY_URL=...] [BUCKET=... SERVICE_ACCOUNT=...] [DRY_RUN=1]
+#   [REPLACE_PROGRAMS=1]: the wheel into the repository, the
 # environment's custom package to this version, then the DAG files and programs (docs/composer.md).
 DEPLOY_VENV := .venv-deploy
 .PHONY: deploy-composer
@@ -90,7 +92,9 @@ deploy-composer: wheel
 	  $(if $(LOCATION),--location "$(LOCATION)") $(if $(PROJECT),--project "$(PROJECT)") \
 	  $(if $(REPOSITORY),--repository "$(REPOSITORY)") \
 	  $(if $(REPOSITORY_LOCATION),--repository-location "$(REPOSITORY_LOCATION)") \
-	  $(if $(BUCKET),--bucket "$(BUCKET)") $(if $(DRY_RUN),--dry-run) $(if $(REPLACE_PROGRAMS),--replace-programs)
+	  $(if $(REPOSITORY_URL),--repository-url "$(REPOSITORY_URL)") $(if $(BUCKET),--bucket "$(BUCKET)") \
+	  $(if $(SERVICE_ACCOUNT),--service-account "$(SERVICE_ACCOUNT)") $(if $(DRY_RUN),--dry-run) \
+	  $(if $(REPLACE_PROGRAMS),--replace-programs)
 
 # Composer 3 compatibility: the DAG import and tests/unit on Airflow 3.1.7 (.venv-af31); see docs/compatibility.md.
 .PHONY: test-compat

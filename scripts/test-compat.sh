@@ -3,7 +3,7 @@
 # composer-3-airflow-3.1.7-build.0 (docs/compatibility.md). Its own venv (.venv-af31, reinstalled only
 # when requirements-af31.txt or constraints-af31.txt change), Airflow home (.airflow-af31) and database
 # (airflow_af31, beside the main one on the PostgreSQL of scripts/postgres.sh): nothing of the 3.3.2 setup
-# is touched. Arguments go to pytest instead of tests/unit.
+# is touched. Arguments go to pytest instead of tests/unit; --install-only installs the venv and stops there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -17,6 +17,9 @@ if [ ! -f "$STAMP" ] || [ requirements-af31.txt -nt "$STAMP" ] || [ constraints-
   test -x $VENV/bin/pip || "$PYTHON" -m venv --clear $VENV  # --clear: a half-deleted venv
   $VENV/bin/pip install -q -c constraints-af31.txt -r requirements-af31.txt
   touch "$STAMP"
+fi
+if [ "${1:-}" = --install-only ]; then
+  exit 0
 fi
 
 # The wheel, as Composer installs a custom package into its image: with the image's pins, and only if that

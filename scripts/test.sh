@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Runs the linter, then every test: installs the browser, starts the metadata database and the simulated cluster when
-# they are not running (the e2e fixture starts the local Airflow stack), runs pytest on Airflow 3.3.2 (the tests
-# that need only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow
-# 3.1.7 beside them. Stops only what it started.
+# Installs what the tests need, runs the linter, then every test: starts the metadata database and the simulated
+# cluster when they are not running (the e2e fixture starts the local Airflow stack), runs pytest on Airflow 3.3.2
+# (the tests that need only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on
+# Airflow 3.1.7 beside them. Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
 
 started=()
+build=""
 cleanup() {
+  if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi
   for ((i=${#started[@]}-1; i>=0; i--)); do
     case ${started[i]} in
       postgres) scripts/postgres.sh stop ;;
@@ -18,8 +20,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# From nothing, the installs take a third of the run: the simulation's Go build (CPU) goes on beside the pip
+# installs and the browser's (network and disk), and the Composer-compatibility run's virtualenv is installed here,
+# not beside the end-to-end scenarios, whose timing the load would strain. Warm, each is a check of seconds.
+begin=$SECONDS
+build_log=$(mktemp)
+bash sim/build.sh >"$build_log" 2>&1 &
+build=$!
+make -s venv
+echo "installed .venv at $((SECONDS - begin)) s"
 ruff check . && ruff format --check .  # linter and formatter first: a style slip fails in seconds, not after the suite
 scripts/install-browser.sh
+if [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
+  scripts/test-compat.sh --install-only
+fi
+wait "$build" || { cat "$build_log"; echo "sim/build.sh failed" >&2; exit 1; }
+build=""
+grep -v '^go: downloading' "$build_log" || true
+rm -f "$build_log"
+echo "installs done at $((SECONDS - begin)) s"
 out=$(scripts/postgres.sh start); echo "$out"
 [[ $out == started* ]] && started+=(postgres)
 airflow db migrate >/dev/null
