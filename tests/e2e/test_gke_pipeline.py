@@ -2,8 +2,9 @@
 real google-cloud-container client) creates the cluster and the TPU pools, the pipeline installs JobSet on
 the new cluster, trains, deletes the pools right after training and the cluster at the end.
 
-The scenarios do not share a cluster, so they run as concurrent DAG runs: all are triggered at once by the
-``runs`` fixture and each test reads the outcome of its own.
+The scenarios do not share a cluster, so they run as concurrent DAG runs: all are triggered at once, at the
+start of the e2e session (``gke_scenarios``), and go on while the other modules' scenarios run; each test,
+ordered last (``e2e_last``), reads the outcome of its own.
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ RUN_TIMEOUT = 1200
 HELD_SECONDS = 90
 
 
-@pytest.fixture(scope="module")
-def runs(airflow, gke):
-    """Triggers every scenario at once; yields {scenario: (run_id, conf, final state)}."""
+@pytest.fixture(scope="session")
+def gke_scenarios(airflow_stack, session_gke):
+    """Triggers every scenario at once; yields {scenario: (run_id, conf)}."""
+    airflow_stack.wait_for_healthy_dag(DAG_ID)
+    airflow_stack.unpause(DAG_ID)
+    gke = session_gke
     suffix = uuid.uuid4().hex[:6]
     scenarios = {
         # From nothing: cluster, JobSet, two slices (two pools), training across both.
@@ -79,14 +83,25 @@ def runs(airflow, gke):
     foreign = _create_foreign_cluster(gke, scenarios["foreign"]["cluster_name"])
     try:
         for name, conf in scenarios.items():
-            airflow.trigger(DAG_ID, conf, run_id=run_ids[name])
-        states = {name: airflow.wait_for_run(DAG_ID, run_ids[name], RUN_TIMEOUT) for name in scenarios}
-        yield {name: (run_ids[name], scenarios[name], states[name]) for name in scenarios}
+            airflow_stack.trigger(DAG_ID, conf, run_id=run_ids[name])
+        yield {name: (run_ids[name], scenarios[name]) for name in scenarios}
     finally:
         for name in ("stockout", "spot_held", "flex_start"):
             gke_faults.clear_faults(f"e2e-{name}-{suffix}")
         if cluster_or_none(gke, foreign):
             gke.delete_cluster(name=f"{PARENT}/clusters/{foreign}")
+
+
+@pytest.fixture(scope="module")
+def runs(airflow, gke_scenarios):
+    """{scenario: (run_id, conf, final state)}, once every scenario's run ended."""
+    states = {name: airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) for name, (run_id, _) in gke_scenarios.items()}
+    return {name: (run_id, conf, states[name]) for name, (run_id, conf) in gke_scenarios.items()}
+
+
+def test_the_scenarios_are_triggered_at_once(airflow, gke_scenarios):
+    for run_id, _ in gke_scenarios.values():
+        assert airflow.run(DAG_ID, run_id)["state"] in ("queued", "running", "success", "failed")
 
 
 def _create_foreign_cluster(gke, name: str) -> str:
@@ -140,6 +155,7 @@ def _time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@pytest.mark.e2e_last
 def test_a_new_cluster_gets_jobset_and_trains_on_two_slices(airflow, gke, runs):
     run_id, conf, state = runs["two_slices"]
     tasks = airflow.task_instances(DAG_ID, run_id)
@@ -161,6 +177,7 @@ def test_a_new_cluster_gets_jobset_and_trains_on_two_slices(airflow, gke, runs):
     assert cluster_or_none(gke, conf["cluster_name"]) is None
 
 
+@pytest.mark.e2e_last
 def test_a_stockout_fails_the_run_says_what_to_do_and_leaves_nothing(airflow, gke, runs):
     run_id, conf, state = runs["stockout"]
     tasks = airflow.task_instances(DAG_ID, run_id)
@@ -177,6 +194,7 @@ def test_a_stockout_fails_the_run_says_what_to_do_and_leaves_nothing(airflow, gk
     assert cluster_or_none(gke, conf["cluster_name"]) is None
 
 
+@pytest.mark.e2e_last
 def test_a_cluster_and_pool_the_run_did_not_create_are_never_deleted(airflow, gke, runs):
     run_id, conf, state = runs["foreign"]
     tasks = airflow.task_instances(DAG_ID, run_id)
@@ -190,6 +208,7 @@ def test_a_cluster_and_pool_the_run_did_not_create_are_never_deleted(airflow, gk
     assert sorted(p.name for p in cluster.node_pools) == ["cpu-np", "default-pool"]  # the run's own pool is gone
 
 
+@pytest.mark.e2e_last
 def test_spot_capacity_held_back_is_waited_for_deferred_and_the_run_trains(airflow, gke, runs):
     run_id, conf, state = runs["spot_held"]
     tasks = airflow.task_instances(DAG_ID, run_id)
@@ -203,6 +222,7 @@ def test_spot_capacity_held_back_is_waited_for_deferred_and_the_run_trains(airfl
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
 
 
+@pytest.mark.e2e_last
 def test_a_flex_start_pool_is_created_empty_and_the_training_waits_for_its_slice(airflow, gke, gcs, runs):
     from tpu_rl import training_metrics
     from tpu_rl.run_scope import RunScope
