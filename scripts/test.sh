@@ -10,7 +10,7 @@ source scripts/airflow-env.sh
 started=()
 build=""
 cleanup() {
-  if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi
+  for job in $build ${compat_install:-}; do kill "$job" 2>/dev/null || true; done
   for ((i=${#started[@]}-1; i>=0; i--)); do
     case ${started[i]} in
       postgres) scripts/postgres.sh stop ;;
@@ -20,19 +20,27 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# From nothing, the installs take a third of the run: the simulation's Go build (CPU) goes on beside the pip
-# installs and the browser's (network and disk), and the Composer-compatibility run's virtualenv is installed here,
-# not beside the end-to-end scenarios, whose timing the load would strain. Warm, each is a check of seconds.
+# The installs go on side by side, each mostly on one core: the simulation's Go build (from nothing only), the
+# Composer-compatibility run's virtualenv (installed here, not beside the end-to-end scenarios, whose timing the
+# load would strain) and .venv, then the browser's.
 begin=$SECONDS
 build_log=$(mktemp)
 bash sim/build.sh >"$build_log" 2>&1 &
 build=$!
+compat_install=""
+if [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
+  compat_install_log=$(mktemp)
+  scripts/test-compat.sh --install-only >"$compat_install_log" 2>&1 &
+  compat_install=$!
+fi
 make -s venv
 echo "installed .venv at $((SECONDS - begin)) s"
 ruff check . && ruff format --check .  # linter and formatter first: a style slip fails in seconds, not after the suite
 scripts/install-browser.sh
-if [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
-  scripts/test-compat.sh --install-only
+if [ -n "$compat_install" ]; then
+  wait "$compat_install" || { cat "$compat_install_log"; echo "the .venv-af31 install failed" >&2; exit 1; }
+  compat_install=""
+  cat "$compat_install_log"; rm -f "$compat_install_log"
 fi
 wait "$build" || { cat "$build_log"; echo "sim/build.sh failed" >&2; exit 1; }
 build=""
