@@ -135,11 +135,11 @@ def run_page(
         cost_note=tm.describe_cost(cost, config),
         final_step=final_step,
         preemptions=describe_accounting(dict(preemptions) if preemptions else None),
-        links=_links(config, layout, model_uri),
+        links=_output_links(config, layout, model_uri),
     )
 
 
-def _links(config: RunConfig, layout: GcsLayout, model_uri: str | None) -> list[Link]:
+def _output_links(config: RunConfig, layout: GcsLayout, model_uri: str | None) -> list[Link]:
     """The run's outputs in Cloud Storage: the checkpoints, the event files and, once published, the model."""
     checkpoints = layout.actor_checkpoints_prefix
     links = [
