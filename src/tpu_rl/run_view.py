@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +22,7 @@ from urllib.parse import quote
 from tpu_rl import __version__
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import RunConfig
+from tpu_rl.jobset_status import posix_time
 from tpu_rl.layout import GcsLayout
 from tpu_rl.preemption import describe_accounting
 
@@ -125,7 +125,7 @@ def run_page(
         settings=shown,
         curves=tm.merge_scalars(files),
         progress=(
-            tm.attempt_progress(files, config.train_steps, now, _created(training_jobset))
+            tm.attempt_progress(files, config.train_steps, now, posix_time((training_jobset or {}).get("created")))
             if state in ACTIVE_STATES
             else None
         ),
@@ -156,12 +156,6 @@ def _output_links(config: RunConfig, layout: GcsLayout, model_uri: str | None) -
     else:
         links.append(Link("Exported model", None, None, "not published"))
     return links
-
-
-def _created(jobset: Mapping[str, Any] | None) -> float | None:
-    """POSIX time of a tracked JobSet's ``created`` (its creationTimestamp), or None."""
-    stamp = (jobset or {}).get("created")
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
 # --- HTML -------------------------------------------------------------------------------------------------

@@ -609,8 +609,7 @@ def _sortable(stamp: str) -> str:
 
 def _created(obj: dict) -> float | None:
     """When a Kubernetes object was created (POSIX seconds), or None before it was read."""
-    stamp = (obj.get("metadata") or {}).get("creationTimestamp")
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+    return st.posix_time((obj.get("metadata") or {}).get("creationTimestamp"))
 
 
 def _epoch(sortable: str) -> float:
