@@ -22,8 +22,9 @@ trap cleanup EXIT
 
 # The installs go on side by side, each mostly on one core: the simulation's Go build (from nothing only), the
 # Composer-compatibility run's virtualenv (installed here, not beside the end-to-end scenarios, whose timing the
-# load would strain) and .venv, then the browser's.
+# load would strain) and .venv, both by uv (made first, so that they do not both make it), then the browser's.
 begin=$SECONDS
+scripts/uv.sh --version
 build_log=$(mktemp)
 bash sim/build.sh >"$build_log" 2>&1 &
 build=$!
