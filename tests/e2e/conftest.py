@@ -176,18 +176,21 @@ def gcs():
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``e2e_first`` run before every other e2e test (they replace the stack's triggerer for a
-    moment, when no other run may defer); tests marked ``e2e_last`` after them: a long scenario started by a
-    fixture at the beginning (the backfill) goes on while they run on the same stack, and is checked at the end."""
+    moment, when no other run may defer); then the tests marked ``e2e_start``, which start the long scenarios
+    (their runs go on while the other tests run on the same stack); tests marked ``e2e_last`` at the very end,
+    after the tests of the other folders (tests/gke, tests/jobset, tests/sim), which need the simulation but
+    not the stack: the long scenarios go on while they run, and are checked last."""
     here = Path(__file__).parent
     e2e = [item for item in items if Path(item.path).parent == here]
     if not e2e:
         return
-    first = [item for item in e2e if item.get_closest_marker("e2e_first")]
+    ordered = [[item for item in e2e if item.get_closest_marker(mark)] for mark in ("e2e_first", "e2e_start")]
     last = [item for item in e2e if item.get_closest_marker("e2e_last")]
-    middle = [item for item in e2e if item not in first and item not in last]
+    placed = {item for group in (*ordered, last) for item in group}
+    middle = [item for item in e2e if item not in placed]
     start = items.index(e2e[0])
     others = [item for item in items if item not in e2e]
-    items[:] = others[:start] + first + middle + last + others[start:]
+    items[:] = others[:start] + ordered[0] + ordered[1] + middle + others[start:] + last
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ created once and deleted by the last run to leave. One interval's training crash
 JobSet, every try); a second backfill with ``--reprocess-behavior failed`` runs only that interval again,
 which resumes from its last checkpoint.
 
-The backfill starts in a fixture at the start of the e2e session and is checked by a test ordered last
-(``e2e_last``, see conftest.py): its runs go on while the other scenarios run on the same stack (their own
+The backfill starts at the start of the e2e session (a test marked ``e2e_start``) and is checked by a test
+ordered last (``e2e_last``, see conftest.py): its runs go on while the other scenarios run on the same stack (their own
 clusters, bucket prefixes and capacity).
 """
 
@@ -125,6 +125,7 @@ def program_backfill(airflow_stack):
     airflow.request("PATCH", f"/api/v2/dags/{PROGRAM}", {"is_paused": True})
 
 
+@pytest.mark.e2e_start
 def test_the_backfill_is_created_from_the_cli_with_one_run_per_interval(program_backfill, airflow):
     runs = runs_by_day(airflow)
     assert set(days()) <= set(runs)

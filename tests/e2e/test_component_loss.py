@@ -15,8 +15,8 @@ One run (its own cluster and TPU pool, created by the run) meets every loss in t
 4. One scheduler is SIGKILLed during the run; the other carries it to the end.
 
 Every component killed is started again (as Composer replaces a machine), so the scenarios that run beside this
-one on the same stack keep two of each. The run starts in a session fixture at the start of the e2e session and
-is checked by a test ordered last (``e2e_last``).
+one on the same stack keep two of each. The run starts at the start of the e2e session (a test marked ``e2e_start``)
+and is checked by a test ordered last (``e2e_last``).
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ def component_loss(airflow_stack, session_gke):
         gke_faults.clear_faults(rule)
 
 
+@pytest.mark.e2e_start
 def test_the_run_is_started_on_the_distributed_stack(component_loss, airflow):
     status = airflow.script("status").stdout
     for component in ("redis", "scheduler-2", "triggerer-2", *WORKERS):

@@ -3,8 +3,8 @@ real google-cloud-container client) creates the cluster and the TPU pools, the p
 the new cluster, trains, deletes the pools right after training and the cluster at the end.
 
 The scenarios do not share a cluster, so they run as concurrent DAG runs: all are triggered at once, at the
-start of the e2e session (``gke_scenarios``), and go on while the other modules' scenarios run; each test,
-ordered last (``e2e_last``), reads the outcome of its own.
+start of the e2e session (``gke_scenarios``, by a test marked ``e2e_start``), and go on while the other modules'
+scenarios run; each test, ordered last (``e2e_last``), reads the outcome of its own.
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def runs(airflow, gke_scenarios):
     return {name: (run_id, conf, states[name]) for name, (run_id, conf) in gke_scenarios.items()}
 
 
+@pytest.mark.e2e_start
 def test_the_scenarios_are_triggered_at_once(airflow, gke_scenarios):
     for run_id, _ in gke_scenarios.values():
         assert airflow.run(DAG_ID, run_id)["state"] in ("queued", "running", "success", "failed")

@@ -1,11 +1,14 @@
 """cluster_mode=shared with manual runs of the pipeline: the cluster stays up until the last run using it
 ends, whichever ends first (the run that created it, or the one that joined), and cluster_mode=create is
-refused on a cluster that shared runs use (tests/gke has the refusal on a cluster another live run created)."""
+refused on a cluster that shared runs use (tests/gke has the refusal on a cluster another live run created).
+The scenario starts with its module's first test and goes on beside the tests after it; a test ordered last
+(``e2e_last``, see conftest.py) checks it."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -29,20 +32,56 @@ def wait_for_task(airflow, run_id: str, task_id: str, timeout: float = 600) -> N
         time.sleep(3)
 
 
-@pytest.fixture
-def held_trainings():
-    """Sets a rule holding the trainings of given runs; removes only its own rules."""
-    api, names = faults.core_api(), []
+def hold_training(api, run_id: str) -> str:
+    """Sets a rule holding the training of a run for HELD_SECONDS; returns the rule's name."""
+    name = f"e2e-shared-hold-{uuid.uuid4().hex[:6]}"
+    jobset = RunIdentity(DAG_ID, run_id).jobset_name("qwen", "train")
+    faults.set_fault(api, name, prefix=jobset, stage="train_rl", run_seconds=HELD_SECONDS)
+    return name
 
-    def hold(run_id: str) -> None:
-        name = f"e2e-shared-hold-{uuid.uuid4().hex[:6]}"
-        jobset = RunIdentity(DAG_ID, run_id).jobset_name("qwen", "train")
-        faults.set_fault(api, name, prefix=jobset, stage="train_rl", run_seconds=HELD_SECONDS)
-        names.append(name)
 
-    yield hold
-    for name in names:
-        faults.clear_faults(api, name)
+@pytest.fixture(scope="session")
+def shared_runs(airflow_stack, session_gke):
+    """The scenario, started by the module's first test: its runs create their own clusters and mostly wait, so
+    they go on while the tests after it run.
+
+    Two clusters at once: on the first the creator's training is held, on the second the joiner's, so that each
+    order of ending is likely. The creators are triggered here; a thread triggers each joiner once its creator
+    has made the cluster, then a run in create mode on the first cluster (the intruder), and watches which run
+    of each pair ends first. Yields ({order: (conf, creator, joiner)}, the intruder's run id, the thread's future
+    of :func:`first_to_end`). Removes its rules at the end."""
+    airflow_stack.wait_for_healthy_dag(DAG_ID)
+    airflow_stack.unpause(DAG_ID)
+    api, rules, token = faults.core_api(), [], uuid.uuid4().hex[:6]
+    scenarios = {}
+    try:
+        for order in ("creator-held", "joiner-held"):
+            conf = {
+                **SIM_CREATE_CONF,
+                **SMALL_SLICE,
+                "cluster_mode": "shared",
+                "cluster_name": f"tpu-rl-sh-{order[0]}-{token}",
+            }
+            creator, joiner = (f"e2e__shared__{order}__{role}__{token}" for role in ("creator", "joiner"))
+            rules.append(hold_training(api, creator if order == "creator-held" else joiner))
+            airflow_stack.trigger(DAG_ID, conf, run_id=creator)
+            scenarios[order] = (conf, creator, joiner)
+        intruder = f"e2e__shared__intruder__{token}"
+        with ThreadPoolExecutor(1, thread_name_prefix="e2e-shared-cluster") as thread:
+            ending = thread.submit(join_then_watch, airflow_stack, session_gke, scenarios, intruder)
+            yield scenarios, intruder, ending
+    finally:
+        for name in rules:
+            faults.clear_faults(api, name)
+
+
+def join_then_watch(airflow, gke, scenarios: dict, intruder: str) -> dict[str, tuple[str, str]]:
+    for conf, creator, joiner in scenarios.values():
+        wait_for_task(airflow, creator, "create_cluster")
+        airflow.trigger(DAG_ID, conf, run_id=joiner)
+    # A run in create mode with the name of a shared cluster, while its (held) creator uses it: refused.
+    airflow.trigger(DAG_ID, {**scenarios["creator-held"][0], "cluster_mode": "create"}, run_id=intruder)
+    return first_to_end(airflow, gke, scenarios)
 
 
 def first_to_end(airflow, gke, scenarios: dict, timeout: float = RUN_TIMEOUT) -> dict[str, tuple[str, str]]:
@@ -64,30 +103,17 @@ def first_to_end(airflow, gke, scenarios: dict, timeout: float = RUN_TIMEOUT) ->
     return found
 
 
-def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow, gke, held_trainings):
-    token = uuid.uuid4().hex[:6]
-    # Two clusters at once: on the first the creator's training is held, on the second the joiner's, so that
-    # each order of ending is likely; whichever run ends first, the cluster must outlive it.
-    scenarios = {}
-    for order in ("creator-held", "joiner-held"):
-        conf = {
-            **SIM_CREATE_CONF,
-            **SMALL_SLICE,
-            "cluster_mode": "shared",
-            "cluster_name": f"tpu-rl-sh-{order[0]}-{token}",
-        }
-        creator, joiner = (f"e2e__shared__{order}__{role}__{token}" for role in ("creator", "joiner"))
-        held_trainings(creator if order == "creator-held" else joiner)
-        airflow.trigger(DAG_ID, conf, run_id=creator)
-        scenarios[order] = (conf, creator, joiner)
-    for conf, creator, joiner in scenarios.values():
-        wait_for_task(airflow, creator, "create_cluster")
-        airflow.trigger(DAG_ID, conf, run_id=joiner)
-    # A run in create mode with the name of a shared cluster, while its (held) creator uses it: refused.
-    shared_conf, intruder = scenarios["creator-held"][0], f"e2e__shared__intruder__{token}"
-    airflow.trigger(DAG_ID, {**shared_conf, "cluster_mode": "create"}, run_id=intruder)
+def test_the_creators_are_triggered(airflow, shared_runs):
+    scenarios, _, _ = shared_runs
+    for _, creator, _ in scenarios.values():
+        assert airflow.run(DAG_ID, creator)["state"] in ("queued", "running", "success", "failed")
 
-    for order, (first, last) in first_to_end(airflow, gke, scenarios).items():
+
+@pytest.mark.e2e_last
+def test_a_shared_cluster_stays_until_the_last_run_ends_in_either_order(airflow, gke, shared_runs):
+    scenarios, intruder, ending = shared_runs
+    shared_conf = scenarios["creator-held"][0]
+    for order, (first, last) in ending.result().items():  # (the thread's own waits have deadlines)
         conf = scenarios[order][0]
         assert airflow.run(DAG_ID, first)["state"] == "success", stage_table(airflow.task_instances(DAG_ID, first))
         # The first run to end left the cluster to the other, which still used it.
