@@ -111,8 +111,12 @@ def program_backfill(airflow_stack):
     """Starts the first backfill (the DAG paused: nothing runs until it is unpaused, after the fault is set)."""
     airflow = airflow_stack.client
     airflow_stack.wait_for_healthy_dag(PROGRAM)
+    # What an earlier session on this database left: a backfill it did not see end would refuse the new one.
+    for earlier in airflow.request("GET", f"/api/v2/backfills?dag_id={PROGRAM}&limit=100")["backfills"]:
+        if not earlier["completed_at"]:
+            airflow.request("PUT", f"/api/v2/backfills/{earlier['id']}/cancel")
     for run in airflow.request("GET", f"/api/v2/dags/{PROGRAM}/dagRuns?limit=100")["dag_runs"]:
-        airflow.request("DELETE", f"/api/v2/dags/{PROGRAM}/dagRuns/{run['dag_run_id']}")  # an earlier session's
+        airflow.request("DELETE", f"/api/v2/dags/{PROGRAM}/dagRuns/{run['dag_run_id']}")
     api = faults.core_api()
     crashing = interval_run(days()[FAILING]).jobset_name("qwen", "train")
     faults.set_fault(
