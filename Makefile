@@ -19,7 +19,7 @@ venv: $(STAMP) $(INSTALLED)
 # it (scripts/uv.sh: seconds where pip takes minutes); pip stays in the venv for the wheel and its check.
 $(STAMP): requirements-dev.txt constraints.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	scripts/uv.sh pip install -q --python $(VENV)/bin/python -c constraints.txt -r requirements-dev.txt
+	scripts/uv.sh pip install -q --compile-bytecode --python $(VENV)/bin/python -c constraints.txt -r requirements-dev.txt
 	touch $@
 
 # setuptools keeps build/lib between builds (a deleted module would ship): every wheel starts clean. The

@@ -15,7 +15,7 @@ DB=airflow_af31
 if [ ! -f "$STAMP" ] || [ requirements-af31.txt -nt "$STAMP" ] || [ constraints-af31.txt -nt "$STAMP" ]; then
   echo "installing $VENV from requirements-af31.txt and constraints-af31.txt"
   test -x $VENV/bin/pip || "$PYTHON" -m venv --clear $VENV  # --clear: a half-deleted venv
-  scripts/uv.sh pip install -q --python $VENV/bin/python -c constraints-af31.txt -r requirements-af31.txt
+  scripts/uv.sh pip install -q --compile-bytecode --python $VENV/bin/python -c constraints-af31.txt -r requirements-af31.txt
   touch "$STAMP"
 fi
 if [ "${1:-}" = --install-only ]; then

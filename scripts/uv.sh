@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # uv, the installer of .venv and .venv-af31 (pip takes minutes to install what uv installs in seconds; the
-# constraints files pin every version, so both install the same packages). Its own small venv (.venv-uv), made
+# constraints files pin every version, so both install the same packages). Callers pass --compile-bytecode, as
+# pip compiles on install: without it, where PYTHONDONTWRITEBYTECODE is set, every Airflow task process compiles
+# Airflow's sources again (it made the end-to-end suite several times slower). Its own small venv (.venv-uv), made
 # on first use with pip from PyPI; arguments go to uv: scripts/uv.sh pip install --python .venv/bin/python ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
