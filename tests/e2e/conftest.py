@@ -184,13 +184,13 @@ def pytest_collection_modifyitems(config, items):
     e2e = [item for item in items if Path(item.path).parent == here]
     if not e2e:
         return
-    ordered = [[item for item in e2e if item.get_closest_marker(mark)] for mark in ("e2e_first", "e2e_start")]
-    last = [item for item in e2e if item.get_closest_marker("e2e_last")]
-    placed = {item for group in (*ordered, last) for item in group}
-    middle = [item for item in e2e if item not in placed]
+    first, starters, last = (
+        [item for item in e2e if item.get_closest_marker(m)] for m in ("e2e_first", "e2e_start", "e2e_last")
+    )
+    middle = [item for item in e2e if item not in (*first, *starters, *last)]
     start = items.index(e2e[0])
     others = [item for item in items if item not in e2e]
-    items[:] = others[:start] + ordered[0] + ordered[1] + middle + last + others[start:]
+    items[:] = others[:start] + first + starters + middle + last + others[start:]
 
 
 @pytest.fixture(scope="module")
