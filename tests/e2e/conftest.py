@@ -177,9 +177,9 @@ def gcs():
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``e2e_first`` run before every other e2e test (they replace the stack's triggerer for a
     moment, when no other run may defer); then the tests marked ``e2e_start``, which start the long scenarios
-    (their runs go on while the other tests run on the same stack); tests marked ``e2e_last`` after all the other
-    e2e tests, when those scenarios are checked. Not after tests/sim and tests/jobset: their fixtures remove the
-    simulation's fault rules, which the component-loss check reads."""
+    (their runs go on while the other tests run on the same stack); tests marked ``e2e_last`` at the very end,
+    after the tests that follow e2e (gke, jobset, sim), so the scenarios run on while those do and are checked
+    last. Those tests remove only the fault rules they added, so the scenarios' rules stay in place."""
     here = Path(__file__).parent
     e2e = [item for item in items if Path(item.path).parent == here]
     if not e2e:
@@ -190,7 +190,7 @@ def pytest_collection_modifyitems(config, items):
     middle = [item for item in e2e if item not in (*first, *starters, *last)]
     start = items.index(e2e[0])
     others = [item for item in items if item not in e2e]
-    items[:] = others[:start] + first + starters + middle + last + others[start:]
+    items[:] = others[:start] + first + starters + middle + others[start:] + last
 
 
 @pytest.fixture(scope="module")
