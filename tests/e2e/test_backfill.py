@@ -8,9 +8,10 @@ created once and deleted by the last run to leave. One interval's training crash
 JobSet, every try); a second backfill with ``--reprocess-behavior failed`` runs only that interval again,
 which resumes from its last checkpoint.
 
-The backfill starts at the start of the e2e session (a test marked ``e2e_start``) and is checked by a test
-ordered last (``e2e_last``, see conftest.py): its runs go on while the other scenarios run on the same stack (their own
-clusters, bucket prefixes and capacity).
+The backfill starts at the start of the e2e session (a test marked ``e2e_start``); a thread waits for its
+intervals and starts the second backfill as soon as they end. A test ordered last (``e2e_last``, see conftest.py)
+checks both: their runs go on while the other scenarios run on the same stack (their own clusters, bucket prefixes
+and capacity).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import json
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from itertools import pairwise
 
@@ -106,9 +109,66 @@ def slice_span(tasks: dict) -> tuple[datetime, datetime]:
     )
 
 
+def interval_events(airflow) -> dict[str, dict]:
+    """This module's Asset events by interval start: {data_interval_start: extra}."""
+    events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
+    ours = f"gs://{CONF['gcs_bucket']}/"  # (a reused stack keeps earlier sessions' events)
+    return {
+        e["extra"]["data_interval_start"]: e["extra"]
+        for e in events
+        if e["source_dag_id"] == PROGRAM and e["extra"]["uri"].startswith(ours)
+    }
+
+
+def cluster_creates(gke) -> int:
+    operations = gke.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
+    return sum(
+        op.operation_type.name == "CREATE_CLUSTER" and op.target_link.endswith(f"/clusters/{CLUSTER}")
+        for op in operations
+    )
+
+
+@dataclass
+class Backfilled:
+    """The first backfill as it ended (what the second one then changes), and the second one."""
+
+    states: dict[datetime, str]
+    runs: dict[datetime, dict]
+    tasks: dict[datetime, dict]
+    events: dict[str, dict]
+    cluster_creates: int
+    cluster_left: object
+    second: dict | None = None
+    redone_state: str | None = None
+
+
+def first_then_failed_again(airflow, gke) -> Backfilled:
+    """Waits for the first backfill's intervals, records them, then (if the crashing interval failed as meant)
+    removes its fault and backfills again with ``--reprocess-behavior failed``, waiting for the rerun interval.
+    Run in a thread from the start of the session, so the rerun goes on while the other tests run."""
+    states = wait_for_days(airflow)
+    runs = runs_by_day(airflow)
+    first = Backfilled(
+        states=states,
+        runs=runs,
+        tasks={day: airflow.task_instances(PROGRAM, runs[day]["dag_run_id"]) for day in days()},
+        events=interval_events(airflow),
+        cluster_creates=cluster_creates(gke),
+        cluster_left=cluster_or_none(gke, CLUSTER),
+    )
+    failing = days()[FAILING]
+    if states[failing] != "failed":
+        return first  # (the check fails on the states)
+    faults.clear_faults(faults.core_api(), f"e2e-backfill-{TOKEN}")
+    first.second = backfill(airflow, "failed")
+    first.redone_state = airflow.wait_for_run(PROGRAM, runs[failing]["dag_run_id"], RUN_TIMEOUT)
+    return first
+
+
 @pytest.fixture(scope="session")
-def program_backfill(airflow_stack):
-    """Starts the first backfill (the DAG paused: nothing runs until it is unpaused, after the fault is set)."""
+def program_backfill(airflow_stack, session_gke):
+    """Starts the first backfill (the DAG paused: nothing runs until it is unpaused, after the fault is set),
+    and the thread of :func:`first_then_failed_again`. Yields (the first backfill, the thread's future)."""
     airflow = airflow_stack.client
     airflow_stack.wait_for_healthy_dag(PROGRAM)
     # What an earlier session on this database left: a backfill it did not see end would refuse the new one.
@@ -122,31 +182,34 @@ def program_backfill(airflow_stack):
     faults.set_fault(
         api, f"e2e-backfill-{TOKEN}", prefix=crashing, stage="train_rl", maxtext_fault="crash-at-step=3", exit_code=3
     )
-    created = backfill(airflow, "none")
-    airflow.unpause(PROGRAM)
-    yield created
-    faults.clear_faults(api, f"e2e-backfill-{TOKEN}")
-    airflow.request("PATCH", f"/api/v2/dags/{PROGRAM}", {"is_paused": True})
+    try:
+        created = backfill(airflow, "none")
+        airflow.unpause(PROGRAM)
+        with ThreadPoolExecutor(1, thread_name_prefix="e2e-backfill") as thread:
+            yield created, thread.submit(first_then_failed_again, airflow, session_gke)
+    finally:
+        faults.clear_faults(api, f"e2e-backfill-{TOKEN}")
+        airflow.request("PATCH", f"/api/v2/dags/{PROGRAM}", {"is_paused": True})
 
 
 @pytest.mark.e2e_start
 def test_the_backfill_is_created_from_the_cli_with_one_run_per_interval(program_backfill, airflow):
+    created, _ = program_backfill
     runs = runs_by_day(airflow)
     assert set(days()) <= set(runs)
     assert {runs[day]["run_type"] for day in days()} == {"backfill"}
-    assert program_backfill["max_active_runs"] == 3 and program_backfill["dag_id"] == PROGRAM
+    assert created["max_active_runs"] == 3 and created["dag_id"] == PROGRAM
 
 
 @pytest.mark.e2e_last
 def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resumes_only_the_failed_one(
     program_backfill, airflow, gke, gcs
 ):
-    states = wait_for_days(airflow)
-    runs = runs_by_day(airflow)
-    failing = days()[FAILING]
-    tasks = {day: airflow.task_instances(PROGRAM, runs[day]["dag_run_id"]) for day in days()}
+    created, backfilled = program_backfill
+    first = backfilled.result()  # (the thread's waits have deadlines)
+    runs, tasks, failing = first.runs, first.tasks, days()[FAILING]
     detail = "\n".join(f"{day:%Y-%m-%d}\n{stage_table(tasks[day])}" for day in days())
-    assert states == {day: "failed" if day == failing else "success" for day in days()}, detail
+    assert first.states == {day: "failed" if day == failing else "success" for day in days()}, detail
     assert tasks[failing]["train_rl"]["state"] == "failed", detail
 
     # Capacity 1: the slices' lifetimes never overlap.
@@ -160,28 +223,16 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     for day in days():
         if day != failing:  # (a crashed trainer's log shows only its error)
             assert_trained_on_its_slice(airflow, runs[day]["dag_run_id"], tasks[day], day)
-    events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
-    ours = f"gs://{CONF['gcs_bucket']}/"  # (a reused stack keeps earlier sessions' events)
-    extras = {
-        e["extra"]["data_interval_start"]: e["extra"]
-        for e in events
-        if e["source_dag_id"] == PROGRAM and e["extra"]["uri"].startswith(ours)
-    }
     for day in days():
         if day == failing:
-            assert day.isoformat() not in extras
+            assert day.isoformat() not in first.events
             continue
         published = airflow.xcom(PROGRAM, runs[day]["dag_run_id"], "publish_export")
-        assert interval_run(day).slug in published and extras[day.isoformat()]["uri"] == published
+        assert interval_run(day).slug in published and first.events[day.isoformat()]["uri"] == published
 
     # The shared cluster: created by one run, kept while others held it, deleted by the last to leave.
-    creates = [
-        op
-        for op in gke.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
-        if op.operation_type.name == "CREATE_CLUSTER" and op.target_link.endswith(f"/clusters/{CLUSTER}")
-    ]
-    assert len(creates) == 1
-    assert cluster_or_none(gke, CLUSTER) is None
+    assert first.cluster_creates == 1
+    assert first.cluster_left is None
     leaving = {
         day: airflow.task_log(
             PROGRAM, runs[day]["dag_run_id"], "delete_cluster", tasks[day]["delete_cluster"]["try_number"]
@@ -192,38 +243,26 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     assert sum(f"shared cluster {CLUSTER}'s lease" in log for log in leaving.values()) == 1, leaving
     assert sum(f"Shared cluster {CLUSTER} stays" in log for log in leaving.values()) == 2, leaving
 
-    # The crashed interval kept its checkpoint of step 2; a second backfill reprocessing failed intervals
-    # runs that interval only, and its training resumes from step 2.
-    actor = f"qwen3-30b-a3b/trained/{interval_run(failing).slug}/rl/checkpoints/actor/"
-    bucket = CONF["gcs_bucket"]
-    assert "2/commit_success.txt" in {b.name[len(actor) :] for b in gcs.list_blobs(bucket, prefix=actor)}
-    faults.clear_faults(faults.core_api(), f"e2e-backfill-{TOKEN}")
-    second = backfill(airflow, "failed")
-    redone = airflow.request("GET", f"/api/v2/backfills/{second['id']}")
-    assert redone["id"] != program_backfill["id"]
-    state = airflow.wait_for_run(PROGRAM, runs[failing]["dag_run_id"], RUN_TIMEOUT)
+    # A second backfill reprocessing failed intervals runs that interval only, and its training resumes from
+    # the checkpoint of step 2 the crashed one kept.
+    second = airflow.request("GET", f"/api/v2/backfills/{first.second['id']}")
+    assert second["id"] != created["id"]
     again = airflow.task_instances(PROGRAM, runs[failing]["dag_run_id"])
-    assert state == "success", stage_table(again)
+    assert first.redone_state == "success", stage_table(again)
     for day in days():
         if day != failing:  # completed intervals are left alone
             assert airflow.run(PROGRAM, runs[day]["dag_run_id"])["end_date"] == runs[day]["end_date"]
     log = airflow.task_log(PROGRAM, runs[failing]["dag_run_id"], "train_rl", again["train_rl"]["try_number"])
     assert "Restored params from step: 2 in " in log, log[-3000:]
     assert_trained_on_its_slice(airflow, runs[failing]["dag_run_id"], again, failing)
-    assert "4/commit_success.txt" in {b.name[len(actor) :] for b in gcs.list_blobs(bucket, prefix=actor)}
+    actor = f"qwen3-30b-a3b/trained/{interval_run(failing).slug}/rl/checkpoints/actor/"
+    listing = {b.name[len(actor) :] for b in gcs.list_blobs(CONF["gcs_bucket"], prefix=actor)}
+    assert {"2/commit_success.txt", "4/commit_success.txt"} <= listing, sorted(listing)
     assert cluster_or_none(gke, CLUSTER) is None
     # The redone interval is published as its interval's model, and Airflow records both backfills done.
     published = airflow.xcom(PROGRAM, runs[failing]["dag_run_id"], "publish_export")
-    events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
-    assert any(
-        e["source_dag_id"] == PROGRAM
-        and e["extra"]["uri"] == published
-        and e["extra"]["data_interval_start"] == failing.isoformat()
-        for e in events
-    )
+    assert interval_events(airflow)[failing.isoformat()]["uri"] == published
     deadline = time.monotonic() + 120
-    while not all(
-        airflow.request("GET", f"/api/v2/backfills/{b['id']}")["completed_at"] for b in (program_backfill, second)
-    ):
+    while not all(airflow.request("GET", f"/api/v2/backfills/{b['id']}")["completed_at"] for b in (created, second)):
         assert time.monotonic() < deadline, "a backfill is not marked completed 120 s after its last run ended"
         time.sleep(5)
