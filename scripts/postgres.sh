@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PGROOT=/tmp/tpu-rl-pg-$(printf %s "$PWD" | cksum | cut -d' ' -f1)
 PGDATA=$PGROOT/data
 PORT=${TPU_RL_PG_PORT:-55432}
-PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)  # (empty before PostgreSQL is installed: ls fails then, and with pipefail the assignment would too)
 as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
 install_if_missing() {
