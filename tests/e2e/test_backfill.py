@@ -138,13 +138,25 @@ class Backfilled:
     events: dict[str, dict]
     cluster_creates: int
     cluster_left: object
+    completed: bool = False
     second: dict | None = None
     redone_state: str | None = None
 
 
-def first_then_failed_again(airflow, gke) -> Backfilled:
-    """Waits for the first backfill's intervals, records them, then (if the crashing interval failed as meant)
-    removes its fault and backfills again with ``--reprocess-behavior failed``, waiting for the rerun interval.
+def wait_for_completed(airflow, backfill: dict, timeout: float = 120) -> bool:
+    """Whether Airflow marks the backfill completed within ``timeout`` seconds (its last run has ended)."""
+    deadline = time.monotonic() + timeout
+    while not airflow.request("GET", f"/api/v2/backfills/{backfill['id']}")["completed_at"]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(5)
+    return True
+
+
+def first_then_failed_again(airflow, gke, first_backfill: dict) -> Backfilled:
+    """Waits for the first backfill's intervals, records them, then (if the crashing interval failed as meant, once
+    Airflow marks the backfill completed) removes its fault and backfills again with ``--reprocess-behavior
+    failed``, waiting for the rerun interval.
     Run in a thread from the start of the session, so the rerun goes on while the other tests run."""
     states = wait_for_days(airflow)
     runs = runs_by_day(airflow)
@@ -159,6 +171,10 @@ def first_then_failed_again(airflow, gke) -> Backfilled:
     failing = days()[FAILING]
     if states[failing] != "failed":
         return first  # (the check fails on the states)
+    # Airflow refuses a second backfill of the DAG until the scheduler marks the first one completed.
+    first.completed = wait_for_completed(airflow, first_backfill)
+    if not first.completed:
+        return first
     faults.clear_faults(faults.core_api(), f"e2e-backfill-{TOKEN}")
     first.second = backfill(airflow, "failed")
     first.redone_state = airflow.wait_for_run(PROGRAM, runs[failing]["dag_run_id"], RUN_TIMEOUT)
@@ -186,7 +202,7 @@ def program_backfill(airflow_stack, session_gke):
         created = backfill(airflow, "none")
         airflow.unpause(PROGRAM)
         with ThreadPoolExecutor(1, thread_name_prefix="e2e-backfill") as thread:
-            yield created, thread.submit(first_then_failed_again, airflow, session_gke)
+            yield created, thread.submit(first_then_failed_again, airflow, session_gke, created)
     finally:
         faults.clear_faults(api, f"e2e-backfill-{TOKEN}")
         airflow.request("PATCH", f"/api/v2/dags/{PROGRAM}", {"is_paused": True})
@@ -243,6 +259,7 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     assert sum(f"shared cluster {CLUSTER}'s lease" in log for log in leaving.values()) == 1, leaving
     assert sum(f"Shared cluster {CLUSTER} stays" in log for log in leaving.values()) == 2, leaving
 
+    assert first.completed, "the backfill is not marked completed 120 s after its last run ended"
     # A second backfill reprocessing failed intervals runs that interval only, and its training resumes from
     # the checkpoint of step 2 the crashed one kept.
     second = airflow.request("GET", f"/api/v2/backfills/{first.second['id']}")
@@ -262,7 +279,4 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     # The redone interval is published as its interval's model, and Airflow records both backfills done.
     published = airflow.xcom(PROGRAM, runs[failing]["dag_run_id"], "publish_export")
     assert interval_events(airflow)[failing.isoformat()]["uri"] == published
-    deadline = time.monotonic() + 120
-    while not all(airflow.request("GET", f"/api/v2/backfills/{b['id']}")["completed_at"] for b in (created, second)):
-        assert time.monotonic() < deadline, "a backfill is not marked completed 120 s after its last run ended"
-        time.sleep(5)
+    assert wait_for_completed(airflow, second), "the second backfill is not marked completed 120 s after its run ended"
