@@ -14,7 +14,7 @@ as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$
 
 install_if_missing() {
   [ -n "$PGBIN" ] && return
-  echo "installing PostgreSQL from Debian's packages"
+  echo "installing PostgreSQL from Debian's packages" >&2  # (stdout says only whether it started: callers read it)
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
   PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 }
