@@ -9,14 +9,16 @@ cd "$(dirname "$0")/.."
 PGROOT=/tmp/tpu-rl-pg-$(printf %s "$PWD" | cksum | cut -d' ' -f1)
 PGDATA=$PGROOT/data
 PORT=${TPU_RL_PG_PORT:-55432}
-PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)  # (empty before PostgreSQL is installed: ls fails then, and with pipefail the assignment would too)
+# The newest installed PostgreSQL's binaries; empty before it is installed (ls fails then: hence `|| true` under pipefail).
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true; }
+PGBIN=$(pg_bin)
 as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
 install_if_missing() {
   [ -n "$PGBIN" ] && return
   echo "installing PostgreSQL from Debian's packages" >&2  # (stdout says only whether it started: callers read it)
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
-  PGBIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+  PGBIN=$(pg_bin)
 }
 
 ensure_db() {

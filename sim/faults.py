@@ -30,6 +30,7 @@ CLI:
 """
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -122,6 +123,16 @@ def list_faults(api):
             rules[key] = {"invalid": value}
         rules[key]["applied"] = json.loads(data.get(f"{key}.applied", "[]"))
     return rules
+
+
+@contextlib.contextmanager
+def rules_removed_after(api):
+    """The rules set inside the block are deleted when it ends; those there before stay (tests set their own
+    rules while other scenarios' rules are in force on the same simulation)."""
+    before = set(list_faults(api))
+    yield api
+    for name in set(list_faults(api)) - before:
+        clear_faults(api, name)
 
 
 def record_applied(api, name, attempt_key):

@@ -34,11 +34,8 @@ def trigger_and_wait(airflow, conf: dict, label: str) -> tuple[str, str]:
 def sim_faults():
     """The fault switch; the rules this module sets are removed after it (others' rules stay: other
     scenarios run alongside)."""
-    api = faults.core_api()
-    before = set(faults.list_faults(api))
-    yield api
-    for name in set(faults.list_faults(api)) - before:
-        faults.clear_faults(api, name)
+    with faults.rules_removed_after(faults.core_api()) as api:
+        yield api
 
 
 CRASH_CONF = {**SIM_CONF, "checkpoint_period": 10}

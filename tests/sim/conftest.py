@@ -99,7 +99,5 @@ def faults_api(sim):
     others stay, because e2e scenarios that set their own rules may still be running on the same sim."""
     import faults
 
-    before = set(faults.list_faults(sim.core))
-    yield faults
-    for name in set(faults.list_faults(sim.core)) - before:
-        faults.clear_faults(sim.core, name)
+    with faults.rules_removed_after(sim.core):
+        yield faults
