@@ -130,9 +130,11 @@ def rules_removed_after(api):
     """The rules set inside the block are deleted when it ends; those there before stay (tests set their own
     rules while other scenarios' rules are in force on the same simulation)."""
     before = set(list_faults(api))
-    yield api
-    for name in set(list_faults(api)) - before:
-        clear_faults(api, name)
+    try:
+        yield api
+    finally:
+        for name in set(list_faults(api)) - before:
+            clear_faults(api, name)
 
 
 def record_applied(api, name, attempt_key):
