@@ -325,25 +325,34 @@ def test_dry_run_prints_every_step_and_changes_nothing(
 def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_trigger(
     gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path
 ):
-    """As Composer builds its image: pip with the environment's pip.conf (PyPI, plus the repository as an extra
-    index) installs tpu-rl==VERSION into an environment pinned like composer-3-airflow-3.1.7 (constraints-af31.txt),
-    and the result imports every trigger of the package from its serialised classpath."""
+    """As Composer installs a PyPI package into its image: pip with the environment's pip.conf (PyPI, plus the
+    repository as an extra index) installs tpu-rl==VERSION, with the image's pins, into an environment that has
+    composer-3-airflow-3.1.7's packages (constraints-af31.txt); it adds tpu-rl and changes nothing else, and the
+    result imports every trigger of the package from its serialised classpath."""
     url, _ = python_repository
     _main_with_path(monkeypatch, tmp_path, "--bucket", composer_bucket.name, "--repository-url", url)
     pip_conf = tmp_path / "pip.conf"
     composer_bucket.blob(deploy.PIP_CONF).download_to_filename(str(pip_conf))
 
+    # The image, made by uv from its cache (the image's build is Composer's, not what this test proves; pip would
+    # take minutes of CPU to fetch, install and compile the same pins).
     venv = tmp_path / "composer-image"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    image = [REPO / "scripts/uv.sh", "pip", "install", "-q", "--python", f"{venv}/bin/python"]
+    subprocess.run([*image, "-r", REPO / "constraints-af31.txt", "pip"], check=True, capture_output=True)
     env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "HOME": str(Path.home()), "PIP_CONFIG_FILE": str(pip_conf)}
+    report = tmp_path / "report.json"
     install = subprocess.run(
-        [f"{venv}/bin/pip", "install", "-q", "-c", str(REPO / "constraints-af31.txt"), f"tpu-rl=={deploy.version()}"],
+        [f"{venv}/bin/pip", "install", "-q", "--report", report, "-c", REPO / "constraints-af31.txt"]
+        + [f"tpu-rl=={deploy.version()}"],
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
     )
     assert install.returncode == 0, install.stderr[-3000:]
+    installed = {i["metadata"]["name"]: i["download_info"]["url"] for i in json.loads(report.read_text())["install"]}
+    assert list(installed) == ["tpu-rl"] and installed["tpu-rl"].startswith(url), installed
 
     from tpu_rl_testing import TRIGGER_IMPORT_PROBE
 
