@@ -3,7 +3,7 @@ for the Artifact Registry Python repository. The wheel reaches the repository an
 configuration, the DAG files and programs reach dags/ (what Composer gives its DAG processor), nothing of other
 teams is touched, a programs file edited in the bucket is never lost, and a deploy killed half-way leaves
 nothing a later deploy does not own. The uploaded wheel installs, through that pip configuration, into a
-fresh virtualenv with the Composer image's pins, which then imports every trigger."""
+virtualenv that holds the Composer image's packages, adding tpu-rl alone, which then imports every trigger."""
 
 from __future__ import annotations
 
@@ -339,7 +339,8 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
     venv = tmp_path / "composer-image"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     image = [REPO / "scripts/uv.sh", "pip", "install", "-q", "--python", f"{venv}/bin/python"]
-    subprocess.run([*image, "-r", REPO / "constraints-af31.txt", "pip"], check=True, capture_output=True)
+    made = subprocess.run([*image, "-r", REPO / "constraints-af31.txt", "pip"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-3000:]
     env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "HOME": str(Path.home()), "PIP_CONFIG_FILE": str(pip_conf)}
     report = tmp_path / "report.json"
     install = subprocess.run(
