@@ -451,14 +451,11 @@ class ControlPlane:
             )
         name = crd["metadata"]["name"]
 
-        def established():
-            got = self.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            return any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in got.get("status", {}).get("conditions", [])
-            )
-
-        self._wait(established, 30, "kube-apiserver")
+        self._wait(
+            lambda: crd_established(self.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")),
+            30,
+            "kube-apiserver",
+        )
 
     def _etcd_range(self):
         # The apiserver stores keys as <prefix>/<resource>/...; "0" is the byte after "/".
@@ -474,6 +471,14 @@ class ControlPlane:
         )
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.load(r)
+
+
+def crd_established(crd: dict) -> bool:
+    """Whether a CustomResourceDefinition, as the apiserver returns it, is Established. Until the apiserver's
+    establishing controller has written a condition, its status reads ``"conditions": null`` (the field has no
+    omitempty in apiextensions/v1's CustomResourceDefinitionStatus): not yet established, not an error."""
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
 def _dns_label(text):
