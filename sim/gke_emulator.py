@@ -296,16 +296,15 @@ class Emulator:
 
     def _create_cluster(self, op_name, rec):
         c, key = self.c, rec["key"]
+        if take_fault("cluster-error", "", "", key.rsplit("/", 1)[-1]):
+            self._cluster_failed(op_name, key, "Failed to create cluster")  # GKE's words (see gke_faults.py)
+            return
         cp = self.control_plane(key)
         try:
             cp.start(self.accounts.tokens)
             cp.wait_ready(180)
         except Exception as e:  # noqa: BLE001
-            with self.lock:
-                cluster = self.clusters[key]["cluster"]
-                cluster.status = c.Cluster.Status.ERROR
-                cluster.status_message = f"Control plane failed to start: {e}"
-            self._finish(op_name, (13, f"Control plane failed to start: {e}"))
+            self._cluster_failed(op_name, key, f"Control plane failed to start: {e}")
             return
         with self.lock:
             cluster = self.clusters[key]["cluster"]
@@ -324,6 +323,14 @@ class Emulator:
             cluster.status = c.Cluster.Status.RUNNING
             cluster.current_node_count = sum(self._nodes(key, p).count for _, p in pools)
         self._finish(op_name)
+
+    def _cluster_failed(self, op_name, key, message):
+        """The create ends DONE with INTERNAL and the cluster stays, in ERROR, until it is deleted."""
+        with self.lock:
+            cluster = self.clusters[key]["cluster"]
+            cluster.status = self.c.Cluster.Status.ERROR
+            cluster.status_message = message
+        self._finish(op_name, (13, message))
 
     def _delete_cluster(self, op_name, rec):
         key = rec["key"]

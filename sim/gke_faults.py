@@ -18,16 +18,20 @@ A rule is a JSON object under its name:
                   RUNNING) and its reply sent only "seconds" later: the caller may die before it has it, as a
                   worker lost in the middle of the request (its retry must find the pool and wait on the
                   operation, not create it again)
+                  "cluster-error": a matching cluster's create ends DONE with error 13 (INTERNAL) "Failed to create
+                  cluster", the cluster left in ERROR without a control plane, as GKE leaves one whose create failed:
+                  GKE does not repair it, it must be deleted (terraform-provider-google #2816; magic-modules #8978,
+                  which taints such a cluster so that the next apply deletes and re-creates it)
   "seconds"       for capacity-held: how long the capacity is held back; for slow-reply: how late the reply is
   "nodes"         for stockout: how many of the pool's nodes GKE created before it ran out (default 0)
   "pool_prefix"   the node pool's name starts with it (absent: any pool)
   "machine_type"  the pool's machine type equals it (absent: any)
-  "cluster"       the pool's cluster is named so (absent: any)
+  "cluster"       the pool's cluster (for cluster-error: the cluster) is named so (absent: any)
   "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
 
 CLI:
-  gke_faults.py set NAME --kind stockout|reservation-missing|capacity-held|quota|slow-reply [--pool-prefix P]
-                [--machine-type M] [--cluster C] [--times N] [--seconds S] [--nodes N]
+  gke_faults.py set NAME --kind stockout|reservation-missing|capacity-held|quota|slow-reply|cluster-error
+                [--pool-prefix P] [--machine-type M] [--cluster C] [--times N] [--seconds S] [--nodes N]
   gke_faults.py list
   gke_faults.py clear [NAME]
 """
@@ -40,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
-KINDS = ("stockout", "reservation-missing", "capacity-held", "quota", "slow-reply")
+KINDS = ("stockout", "reservation-missing", "capacity-held", "quota", "slow-reply", "cluster-error")
 
 
 def path() -> Path:

@@ -23,6 +23,7 @@ from google.api_core.exceptions import NotFound
 from google.cloud.container_v1 import Cluster
 
 from sim import gke_faults
+from tpu_rl.compat import AirflowException
 from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.operators import cluster as cluster_ops
 from tpu_rl.operators.leases import cluster_lease
@@ -158,6 +159,29 @@ def test_a_retry_adopts_the_cluster_its_first_try_created(created):
         run_operator(cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL), run.context())
         == []
     )
+
+
+def test_a_retry_deletes_the_cluster_its_failed_create_left_in_error_and_creates_it_again(gke, capsys):
+    """GKE leaves a cluster whose create failed in ERROR and never repairs it: adopting it would only fail the
+    run at wait_for_cluster. The retry deletes it (this run's, by its label) and creates it again."""
+    run = Run()
+    name = run.params["cluster_name"]
+    create = cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL)
+    gke_faults.set_fault("gke-test-cluster-error", "cluster-error", cluster=name, times=1)
+    try:
+        with pytest.raises(AirflowException, match=r"\(CREATE_CLUSTER\) failed: Failed to create cluster"):
+            run_operator(create, run.context())
+        assert get_cluster(gke, name).status == Cluster.Status.ERROR
+        assert len(run_operator(create, run.context())) == 2  # the retry: the delete, then the create
+        log = capsys.readouterr().out
+        assert f"Cluster {name}, created by an earlier try of this run, is ERROR (Failed to create cluster)" in log
+        cluster = get_cluster(gke, name)
+        assert cluster.status == Cluster.Status.RUNNING
+        assert cluster.resource_labels[GKE_LABEL_RUN_KEY] == run.identity.key
+    finally:
+        gke_faults.clear_faults("gke-test-cluster-error")
+        if get_cluster(gke, name):
+            gke.delete_cluster(name=name, project_id="tpu-rl-sim", wait_to_complete=False)
 
 
 def test_create_mode_refuses_a_cluster_a_live_run_created_and_adopts_it_once_that_run_ended(created):

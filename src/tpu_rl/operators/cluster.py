@@ -133,6 +133,9 @@ class CreateClusterOperator(_AwaitsGkeOperations):
                 )
             self._check_adoptable(context, cluster)
             owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY, "none")
+            if cluster.status.name == "ERROR" and owner == run.key and not config.shares_cluster:
+                self._replace_failed_cluster(context, hook, cluster)
+                return
             self.log.info(
                 "Cluster %s already exists (status %s, created by run key %s; this run is %s): adopting it",
                 config.cluster_name,
@@ -143,6 +146,27 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             return
         self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation)
         self._await(config, operation)
+
+    def submit(self, context: Any, step: int, **wait: Any) -> None:
+        """After the delete of a cluster whose create failed: creates it again."""
+        self.execute(context)
+
+    def _replace_failed_cluster(self, context: Any, hook: GkeApiHook, cluster: Any) -> None:
+        """A cluster an earlier try of this run created and GKE left in ERROR (its create failed): GKE does not
+        repair it and nothing can run on it, so it is deleted and created again (as Terraform re-creates a
+        cluster created in an error state)."""
+        config = self.scope.config
+        self.log.warning(
+            "Cluster %s, created by an earlier try of this run, is ERROR (%s): deleting it to create it again",
+            config.cluster_name,
+            cluster.status_message or "GKE gave no reason",
+        )
+        operation = hook.delete_cluster(config.cluster_name)
+        if operation is None:  # gone meanwhile
+            self.submit(context, 0)
+            return
+        self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation)
+        self._await(config, operation, next_step=0)
 
     def _join_lease(self, context: Any, hook: GkeApiHook) -> bool:
         """Joins the shared cluster's lease; False (after deferring) while its last holder deletes it."""
