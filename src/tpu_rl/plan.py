@@ -84,10 +84,11 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
-def render(config: RunConfig, run: RunIdentity) -> str:
+def render(config: RunConfig, run: RunIdentity, now: datetime | None = None) -> str:
+    """The plan as YAML documents, each under its comment; ``now`` as in :func:`plan_documents`."""
     return "".join(
         f"---\n# {comment}\n{yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, width=1000)}"
-        for comment, doc in plan_documents(config, run)
+        for comment, doc in plan_documents(config, run, now)
     )
 
 

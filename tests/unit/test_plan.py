@@ -3,7 +3,7 @@
 import json
 import subprocess
 import sys
-from datetime import UTC
+from datetime import UTC, datetime
 
 import yaml
 
@@ -109,9 +109,12 @@ def test_every_workload_pod_runs_as_the_packages_service_account_without_a_token
 
 
 def test_names_are_stable_for_a_run_and_distinct_between_runs(tutorial_config):
-    first = render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__a"))
-    assert first == render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__a"))
-    assert first != render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__b"))
+    # At one instant: the cluster's upgrade exclusion starts at the time of the create (two renders a second
+    # apart differ there, whatever the names).
+    now = datetime(2026, 12, 4, 13, 19, 46, tzinfo=UTC)
+    first = render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__a"), now)
+    assert first == render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__a"), now)
+    assert first != render(tutorial_config, RunIdentity("maxtext_rl_tpu", "manual__b"), now)
 
 
 def test_cli_prints_yaml_for_good_params_and_refuses_bad_ones(tmp_path):
