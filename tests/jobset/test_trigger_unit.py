@@ -177,3 +177,26 @@ def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():
     waited = asyncio.run(scenario())
     assert list(progress.tail) == ["Post RL Training: corr=9, total=20"]
     assert waited < 1.5, f"the ended pod's log was read {waited:.1f} s after it ended, at the end of the back-off"
+
+
+async def test_a_helper_cancelled_just_as_the_pods_change_stops():
+    """When the JobSet finished, the trigger cancels its helpers and waits for them before it fires. A helper
+    waiting for the pods to change, cancelled in the same turn of the loop as the pods watch saw a change, once
+    returned from its wait instead (asyncio.wait_for on Python 3.11, CPython gh-86296) and looped on for ever:
+    the trigger never fired, train_rl stayed deferred and its slice up."""
+    import asyncio
+    from types import SimpleNamespace
+
+    progress = SimpleNamespace(pods_changed=asyncio.Event(), log_idle=False)
+
+    async def follower():  # _follow_log with nothing left to follow: it waits for the pods, again and again
+        while True:
+            await JobSetTrigger._wait_for_pods(progress)
+
+    task = asyncio.create_task(follower())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    progress.pods_changed.set()  # the pods watch saw a change ...
+    task.cancel()  # ... in the turn the trigger stops its helpers
+    done, _ = await asyncio.wait({task}, timeout=1)
+    assert done and task.cancelled()

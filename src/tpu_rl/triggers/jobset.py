@@ -39,6 +39,8 @@ TRAINING_LAST_READ_SECONDS = 30
 #: With a log cursor, how often the lines read are logged: each batch is recorded on the JobSet first (one
 #: small patch a batch), so the task log lags the workload by at most this long.
 LOG_BATCH_SECONDS = 60
+#: Once the JobSet finished, how long the wait's helpers (pods, log, progress) may take to stop when cancelled.
+HELPERS_STOP_SECONDS = 30
 
 
 class _Progress:
@@ -280,9 +282,13 @@ class JobSetTrigger(BaseTrigger):
             finally:
                 for task in helpers:
                     task.cancel()
-                await asyncio.gather(*helpers, return_exceptions=True)
+                # Bounded: the event must fire even if a helper failed to stop (it would hold the slice).
+                _, running = await asyncio.wait(helpers, timeout=HELPERS_STOP_SECONDS)
+                if running:
+                    self.log.warning("%d helper(s) of the wait did not stop when cancelled", len(running))
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(progress.printer.flush(), 10)
+                    async with asyncio.timeout(10):
+                        await progress.printer.flush()
         yield TriggerEvent(event)
 
     async def _log_printer(self, hook: AsyncKubernetesApiHook) -> _LogPrinter:
@@ -426,16 +432,14 @@ class JobSetTrigger(BaseTrigger):
             target = self._log_target(progress)
             if progress.pod_ended(pod.uid) or (target is not None and target.uid != pod.uid):
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(progress.pods_changed.wait(), left)
+            await _wait_event(progress.pods_changed, left)
 
     @staticmethod
     async def _wait_for_pods(progress: _Progress) -> None:
         """Nothing to follow: wait (at most 10 s) for the pods to change."""
         progress.log_idle = True
         progress.pods_changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(progress.pods_changed.wait(), 10)
+        await _wait_event(progress.pods_changed, 10)
 
     async def _stream_while_current(
         self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: _LogCursor, progress: _Progress
@@ -537,8 +541,7 @@ class JobSetTrigger(BaseTrigger):
                     )
             if ended:
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(progress.finished.wait(), training.interval)
+            await _wait_event(progress.finished, training.interval)
 
     async def _event(self, hook: AsyncKubernetesApiHook, progress: _Progress, final: dict | None) -> dict[str, Any]:
         event: dict[str, Any] = {
@@ -584,6 +587,15 @@ class JobSetTrigger(BaseTrigger):
             if await hook.node_exists(node) is False:
                 lost.append(node)
         return lost
+
+
+async def _wait_event(event: asyncio.Event, seconds: float) -> None:
+    """Until ``event`` is set, at most ``seconds``. Not ``asyncio.wait_for``: on Python 3.11 (Composer 3's), a
+    task cancelled just as the event is set returns from it instead of being cancelled (CPython gh-86296), and
+    a helper that loops on such a wait then ran on for ever: the trigger waited for it, and never fired."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
 
 
 def _cluster_target(cluster: ClusterTarget | Mapping[str, Any] | None, connection: dict[str, Any]) -> ClusterTarget:
