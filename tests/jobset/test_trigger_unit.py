@@ -185,9 +185,10 @@ async def test_a_helper_cancelled_just_as_the_pods_change_stops():
     returned from its wait instead (asyncio.wait_for on Python 3.11, CPython gh-86296) and looped on for ever:
     the trigger never fired, train_rl stayed deferred and its slice up."""
     import asyncio
-    from types import SimpleNamespace
 
-    progress = SimpleNamespace(pods_changed=asyncio.Event(), log_idle=False)
+    from tpu_rl.triggers.jobset import _LogPrinter, _Progress
+
+    progress = _Progress(tail_lines=10, printer=_LogPrinter(_Log()))
 
     async def follower():  # _follow_log with nothing left to follow: it waits for the pods, again and again
         while True:

@@ -163,7 +163,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         )
         operation = hook.delete_cluster(config.cluster_name)
         if operation is None:  # gone meanwhile
-            self.submit(context, 0)
+            self.execute(context)
             return
         self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation)
         self._await(config, operation, next_step=0)
