@@ -6,7 +6,9 @@
 # must run). Airflow's settings are docker-compose.yaml's own (scripts/compose_env.py), so that file is what
 # the end-to-end tests prove.
 #   start [COMPONENT...]: starts what is not running (idempotent), or only the components named; stop [COMPONENT...]: stops what start started (or the
-#   components named), stop --kill COMPONENT...: SIGKILL, as a machine that dies; status; url; cli ARGS: the
+#   components named), stop --kill COMPONENT...: SIGKILL, as a machine that dies; pause COMPONENT... and
+#   resume COMPONENT...: SIGSTOP and SIGCONT to the component's processes, as a machine that stalls (a long GC
+#   pause, CPU throttling, a network cut) and comes back; status; url; cli ARGS: the
 #   Airflow CLI on the stack's database; exec CMD...: a command in the stack's environment (e.g. a component
 #   started otherwise, as tests/e2e does to a triggerer); celery ARGS: Celery's CLI on the stack's broker.
 # Connections come from the environment (source .sim/airflow.env first to aim it at the simulation).
@@ -92,6 +94,7 @@ stop_component() {
   if running "$c"; then
     pid=$(cat "$STATE/$c.pid")
     kill "-$signal" -- "-$pid" 2>/dev/null || kill "-$signal" "$pid"
+    kill -CONT -- "-$pid" 2>/dev/null || true  # a paused component takes its SIGTERM once resumed
     for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     kill -KILL -- "-$pid" 2>/dev/null || true
     echo "stopped $c"
@@ -129,6 +132,18 @@ case "${1:-}" in
     fi
     for c in "${targets[@]}"; do stop_component "$c" "$signal"; done
     ;;
+  # A stalled component: every process of its group stops where it is (its heartbeat lapses, its connections stay
+  # open) until resumed.
+  pause | resume)
+    verb=$1 signal=STOP
+    [ "$verb" = resume ] && signal=CONT
+    shift
+    for c in "$@"; do
+      running "$c" || { echo "$c is not running" >&2; exit 1; }
+      kill "-$signal" -- "-$(cat "$STATE/$c.pid")"
+      echo "${verb}d $c"
+    done
+    ;;
   status)
     rc=0
     for c in "${COMPONENTS[@]}"; do
@@ -142,5 +157,5 @@ case "${1:-}" in
   cli) shift; exec airflow "$@" ;;
   celery) shift; exec celery --app airflow.providers.celery.executors.celery_executor.app "$@" ;;
   exec) shift; exec "$@" ;;
-  *) echo "usage: $0 start [component...]|stop [--kill] [component...]|status|url|pid COMPONENT|cli <airflow arguments>|celery <arguments>|exec <command>" >&2; exit 2 ;;
+  *) echo "usage: $0 start [component...]|stop [--kill] [component...]|pause|resume component...|status|url|pid COMPONENT|cli <airflow arguments>|celery <arguments>|exec <command>" >&2; exit 2 ;;
 esac

@@ -9,10 +9,14 @@ One run (its own cluster and TPU pool, created by the run) meets every loss in t
 2. ``train_rl``, once deferred: the worker that ran its first part stops taking work (Celery's
    ``cancel_consumer``), so its resumption runs on the other worker, which has none of the first one's HOME,
    temporary or working directory.
-3. While the trainer runs, the triggerer that holds ``train_rl``'s trigger is SIGKILLed: the other triggerer
-   takes the trigger over. One training JobSet ran, the task log holds each trainer line once and says where the
-   new trigger went on, and the evaluation is right.
-4. One scheduler is SIGKILLed during the run; the other carries it to the end.
+3. While the trainer runs, the triggerer that holds ``train_rl``'s trigger stalls (SIGSTOP, as a long pause,
+   CPU throttling or a network cut leave a process alive and silent) until the other triggerer has taken its
+   triggers over, then comes back (SIGCONT) and cancels the triggers it lost. Airflow 3.3 calls their ``on_kill``
+   as for a user's kill: the training goes on, untouched, and the stalled trigger logs no more of it.
+4. Then the triggerer that holds the trigger now is SIGKILLed: the other one takes the trigger over again. One
+   training JobSet ran, the task log holds each trainer line once and says where the new trigger went on, and the
+   evaluation is right.
+5. One scheduler is SIGKILLed during the run; the other carries it to the end.
 
 Every component killed is started again (as Composer replaces a machine), so the scenarios that run beside this
 one on the same stack keep two of each. The run starts at the start of the e2e session (a test marked ``e2e_start``)
@@ -44,8 +48,9 @@ TOKEN = uuid.uuid4().hex[:6]
 CLUSTER = f"e2e-loss-{TOKEN}"
 RUN_ID = f"e2e__component_loss__{TOKEN}"
 CONF = {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": CLUSTER}
-#: Long enough for a triggerer to die, be noticed (30 s) and its trigger to start elsewhere while the trainer runs.
-TRAINING_SECONDS = 200
+#: Long enough for a triggerer to stall and another to die, each noticed (30 s) and their trigger started elsewhere
+#: while the trainer runs.
+TRAINING_SECONDS = 330
 #: How late GKE answers the pool create: the worker is killed meanwhile (the client's own deadline is 45 s).
 SLOW_REPLY_SECONDS = 40
 WORKERS = ("worker-a", "worker-b")
@@ -99,8 +104,9 @@ class ComponentLoss:
             cancelled = f"{first}@{host}"
             self.consume(cancelled, taking_work=False)
             self.notes["train_rl first part on"] = first
+            self._stall_the_triggerer()
             self._lose_the_triggerer()
-            # 4. A scheduler goes while the training runs, and stays away until the run ended.
+            # 5. A scheduler goes while the training runs, and stays away until the run ended.
             self.stack.script("stop", "--kill", "scheduler")
             self.notes["scheduler killed"] = True
             wait_until("train_rl to resume", lambda: len(executions("train_rl")) > 1, 900)
@@ -139,23 +145,45 @@ class ComponentLoss:
         self.notes["worker killed mid-request"] = worker
         self.stack.script("start", worker)  # a new machine in its place
 
+    def _stall_the_triggerer(self) -> None:
+        """3. SIGSTOP the triggerer holding train_rl's trigger until the other one took it over, then SIGCONT."""
+        holder, component = self._trigger_holder()
+        self.stack.script("pause", component)
+        try:
+            taker = self._taken_over_from(holder)
+        finally:
+            self.stack.script("resume", component)
+        self.notes["triggerer stalled"] = component
+        self.notes["trigger taken over from the stalled one by"] = taker["unixname"]
+        wait_until(
+            "the stalled triggerer to heartbeat again", lambda: component in self._alive_triggerers().values(), 120
+        )
+
     def _lose_the_triggerer(self) -> None:
-        """3. SIGKILL the triggerer holding train_rl's trigger once it has logged the trainer a while."""
+        """4. SIGKILL the triggerer holding train_rl's trigger."""
+        holder, component = self._trigger_holder()
+        self.stack.script("stop", "--kill", component)
+        self.notes["triggerer killed"] = component
+        self.notes["trigger taken over by"] = self._taken_over_from(holder)["unixname"]
+        self.stack.script("start", component)
+
+    def _trigger_holder(self) -> tuple[int, str]:
+        """The triggerer job holding train_rl's trigger once it has logged the trainer a while, and its component."""
         trainer_started = "[simulated] python3 -m maxtext"
         wait_until("the trainer's lines in the task log", lambda: trainer_started in self._train_log(), 300, 1)
         holder = self.task("train_rl")["triggerer_job"]["id"]
-        jobs = self.stack.request("GET", "/api/v2/jobs?job_type=TriggererJob&is_alive=true&limit=100")["jobs"]
-        component = next(job["unixname"] for job in jobs if job["id"] == holder)
-        self.stack.script("stop", "--kill", component)
-        self.notes["triggerer killed"] = component
+        return holder, self._alive_triggerers()[holder]
 
+    def _alive_triggerers(self) -> dict[int, str]:
+        jobs = self.stack.request("GET", "/api/v2/jobs?job_type=TriggererJob&is_alive=true&limit=100")["jobs"]
+        return {job["id"]: job["unixname"] for job in jobs}
+
+    def _taken_over_from(self, holder: int) -> dict:
         def taken_over():
             job = self.task("train_rl").get("triggerer_job") or {}
             return job.get("id") not in (None, holder) and job
 
-        taker = wait_until("another triggerer to take the trigger", taken_over, 240, 1)
-        self.notes["trigger taken over by"] = taker["unixname"]
-        self.stack.script("start", component)
+        return wait_until("another triggerer to take the trigger", taken_over, 240, 1)
 
     def _train_log(self) -> str:
         return self.stack.task_log(DAG_ID, RUN_ID, "train_rl", self.task("train_rl")["try_number"])
@@ -198,7 +226,7 @@ def test_a_run_survives_losing_a_worker_a_triggerer_and_a_scheduler(component_lo
     notes = component_loss.notes
     assert not component_loss.error, component_loss.error
     tasks = airflow.task_instances(DAG_ID, RUN_ID)
-    # 4. One scheduler was lost during the training, and the other carried the run to the end alone.
+    # 5. One scheduler was lost during the training, and the other carried the run to the end alone.
     assert notes["scheduler killed"]
     assert notes["final state"] == "success", {t: (ti["state"], ti["try_number"]) for t, ti in tasks.items()}
 
@@ -216,7 +244,9 @@ def test_a_run_survives_losing_a_worker_a_triggerer_and_a_scheduler(component_lo
     assert notes["train_rl resumed on"] != notes["train_rl first part on"]
     assert tasks["train_rl"]["try_number"] == 1
 
-    # 3. The other triggerer went on with the wait: one training JobSet, each trainer line logged once.
+    # 3. and 4. The other triggerers went on with the wait: one training JobSet (the stalled triggerer deleted
+    # none when it cancelled the trigger it lost), each trainer line logged once.
+    assert notes["trigger taken over from the stalled one by"] != notes["triggerer stalled"]
     assert notes["trigger taken over by"] != notes["triggerer killed"]
     attempts = faults.list_faults(faults.core_api())[notes["training rule"]]["applied"]  # what the trainer ran
     assert len({attempt.rsplit("/", 1)[0] for attempt in attempts}) == 1, attempts
@@ -226,5 +256,6 @@ def test_a_run_survives_losing_a_worker_a_triggerer_and_a_scheduler(component_lo
     assert texts and len(texts) == len(set(texts)), "a trainer line was logged twice"
     assert "RL Training Completed Successfully!" in texts
     assert "after the last line an earlier trigger of this wait logged" in log
+    assert "was cancelled while its task is deferred: another triggerer goes on with it" in log
     evaluation = airflow.xcom(DAG_ID, RUN_ID, "train_rl", "evaluation")
     assert evaluation["before"] and evaluation["after"]

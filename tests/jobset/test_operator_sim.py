@@ -182,9 +182,29 @@ def test_execution_timeout_while_deferred_deletes_the_jobset(sim):
     sim.wait("the JobSet and its pods to be deleted", lambda: not sim.jobsets(name) and not sim.pods(name), timeout=60)
 
 
+class _TriggerOfATask:
+    """The operator's trigger as the triggerer runs it, its task instance's state read from ``states`` in turn
+    (the triggerer's supervisor answers it from the metadata database)."""
+
+    def __init__(self, trigger, *states: str) -> None:
+        self.trigger, self.states = trigger, list(states)
+        trigger._task_state = self._state
+
+    async def _state(self) -> str:
+        return self.states.pop(0)
+
+    async def cancel_after(self, seconds: float) -> None:
+        """Runs the trigger and cancels it, as the triggerer does, once the trainer has run a while."""
+        waiting = asyncio.ensure_future(anext(self.trigger.run()))
+        await asyncio.sleep(seconds)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+
 def test_kill_deletes_the_jobset(sim):
-    """Both kill paths: the worker's on_kill (SIGTERM while executing) and the trigger's on_kill (a user
-    marks the deferred task failed; Airflow >= 3.3 calls it in the triggerer)."""
+    """Both kill paths: the worker's on_kill (SIGTERM while executing) and the trigger cancelled once its task
+    left the deferral (a user marked it failed: its state is ``failed``)."""
     from airflow.sdk.exceptions import TaskDeferred
 
     for path in ("worker", "trigger"):
@@ -195,8 +215,26 @@ def test_kill_deletes_the_jobset(sim):
         if path == "worker":
             op.on_kill()
         else:
-            asyncio.run(deferred.value.trigger.on_kill())
-        sim.wait(f"JobSet deleted by the {path}'s on_kill", lambda name=name: not sim.jobsets(name), timeout=60)
+            asyncio.run(_TriggerOfATask(deferred.value.trigger, "failed").cancel_after(3))
+        sim.wait(f"JobSet deleted by the {path}'s kill", lambda name=name: not sim.jobsets(name), timeout=60)
+
+
+def test_a_trigger_cancelled_while_its_task_waits_keeps_the_jobset(sim):
+    """Airflow cancels a trigger also when its wait went to another triggerer (this one's heartbeat lapsed: paused,
+    throttled) or the triggerer stops; Airflow 3.3 then calls on_kill as for a user's kill. The task is still
+    deferred: the training goes on, its JobSet untouched."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    name = unique("handover")
+    op = operator(tpu_jobset(name, run_seconds=120))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(task_context(ti_for(name)))
+    uid = sim.jobsets(name)[0]["metadata"]["uid"]
+    asyncio.run(_TriggerOfATask(deferred.value.trigger, "deferred").cancel_after(3))
+    asyncio.run(deferred.value.trigger.on_kill())  # what Airflow 3.3 calls next
+    time.sleep(2)
+    (jobset,) = sim.jobsets(name)
+    assert jobset["metadata"]["uid"] == uid and "deletionTimestamp" not in jobset["metadata"]
 
 
 def test_delete_on_kill_false_keeps_the_jobset(sim):
@@ -259,23 +297,30 @@ def test_pathways_jobset_follows_the_head_and_completes_with_it(sim, capfd):
 
 
 def test_a_jobsets_log_cursor_is_an_annotation_of_that_incarnation_only(sim):
-    """How far a trigger logged is recorded as the real apiserver and JobSet webhooks take a merge patch of one
-    annotation; a patch for a replaced incarnation (another uid under the same name) is refused."""
-    from kubernetes_asyncio.client import ApiException
-
+    """How far a trigger logged is recorded as the real apiserver and JobSet webhooks take a patch of one
+    annotation: set, replaced only where it still reads the value the writer holds (compare and swap, so a
+    stalled trigger cannot overwrite the record of the one that took its wait over), and refused for a replaced
+    incarnation (another uid under the same name)."""
     from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget, KubernetesApiHook
 
     name = unique("cursor")
+    key = "tpu-rl.dev/log-cursor"
     target = ClusterTarget(kubernetes_conn_id=CONN_ID)
     created = KubernetesApiHook(target).create_jobset(tpu_jobset(name, run_seconds=60), "default")
     uid, hook = created["metadata"]["uid"], AsyncKubernetesApiHook(target)
+
+    def annotate(value: str, uid: str = uid, replacing: str | None = None) -> bool:
+        return asyncio.run(hook.annotate_jobset(name, "default", uid, key, value, replacing=replacing))
+
     try:
-        asyncio.run(hook.annotate_jobset(name, "default", uid, {"tpu-rl.dev/log-cursor": '{"pod":"p"}'}))
+        assert annotate('{"pod":"p"}')
         (jobset,) = sim.jobsets(name)
-        assert jobset["metadata"]["annotations"]["tpu-rl.dev/log-cursor"] == '{"pod":"p"}'
+        assert jobset["metadata"]["annotations"][key] == '{"pod":"p"}'
         assert jobset["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"]  # the others stay
-        with pytest.raises(ApiException) as refused:
-            asyncio.run(hook.annotate_jobset(name, "default", "another-uid", {"tpu-rl.dev/log-cursor": "{}"}))
-        assert refused.value.status == 422
+        assert annotate('{"pod":"q"}', replacing='{"pod":"p"}')
+        assert not annotate('{"pod":"stale"}', replacing='{"pod":"p"}')  # another writer replaced it meanwhile
+        assert not annotate("{}", uid="another-uid")
+        assert not annotate("{}", uid="another-uid", replacing='{"pod":"q"}')
+        assert sim.jobsets(name)[0]["metadata"]["annotations"][key] == '{"pod":"q"}'
     finally:
         sim.delete_jobset(name)

@@ -54,7 +54,8 @@ def test_reconnect_drops_lines_already_seen_and_keeps_new_ones():
 
 class _JobSetApi:
     """The cluster's JobSet as the log cursor's store reaches it, in memory: what a dead triggerer's trigger
-    recorded on the JobSet stays there. A patch names the incarnation (uid) it is for."""
+    recorded on the JobSet stays there. A patch names the incarnation (uid) it is for and, with ``replacing``, the
+    value it replaces (the apiserver's JSON patch ``test``)."""
 
     def __init__(self, uid: str = "u") -> None:
         self.jobset: dict = {"metadata": {"name": "n", "uid": uid, "annotations": {}}}
@@ -63,10 +64,13 @@ class _JobSetApi:
     async def get_jobset(self, name, namespace):
         return self.jobset
 
-    async def annotate_jobset(self, name, namespace, uid, annotations):
-        assert uid == self.jobset["metadata"]["uid"]
+    async def annotate_jobset(self, name, namespace, uid, key, value, *, replacing=None):
+        annotations = self.jobset["metadata"]["annotations"]
+        if uid != self.jobset["metadata"]["uid"] or (replacing is not None and annotations.get(key) != replacing):
+            return False
         self.patches += 1
-        self.jobset["metadata"]["annotations"].update(annotations)
+        annotations[key] = value
+        return True
 
 
 class _Log:
@@ -107,8 +111,9 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
             for raw in stamped[: self.upto]:
                 yield raw
 
-    async def wait(upto: int, record_every: int, log: _Log, saved) -> _Progress:
-        printer = _LogPrinter(log, _JobSetCursorStore(api, "n", "ns", "u"), saved)
+    async def wait(upto: int, record_every: int, log: _Log) -> _Progress:
+        store = _JobSetCursorStore(api, "n", "ns", "u")
+        printer = _LogPrinter(log, store, await store.claim())
         progress = _Progress(tail_lines=200, printer=printer)
         for end in range(record_every, upto + 1, record_every):
             await trigger._stream_log(Hook(end), pod, trigger_cursor, progress)
@@ -118,18 +123,55 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
     first_log, second_log = _Log(), _Log()
     trigger_cursor = _LogCursor()
     # The first triggerer logs 70 lines in batches of 10, reads 5 more, and dies before the next batch.
-    asyncio.run(wait(70, 10, first_log, None))
+    asyncio.run(wait(70, 10, first_log))
     store = _JobSetCursorStore(api, "n", "ns", "u")
     asyncio.run(trigger._stream_log(Hook(75), pod, trigger_cursor, _Progress(200, _LogPrinter(first_log, store))))
     trigger_cursor = _LogCursor()
-    saved = _JobSetCursorStore.saved(asyncio.run(api.get_jobset("n", "ns")), "u")
-    assert _JobSetCursorStore.saved(asyncio.run(api.get_jobset("n", "ns")), "another-uid") == {}  # a replacement's
-    second = asyncio.run(wait(120, 120, second_log, saved))
+    assert _JobSetCursorStore.recorded(api.jobset, "another-uid") is None  # a replacement's record is its own
+    second = asyncio.run(wait(120, 120, second_log))
 
     logged = [line.partition("] ")[2] for line in first_log.lines + second_log.lines if line.startswith("[head-0]")]
     assert logged == [raw.partition(" ")[2] for raw in stamped]
     assert len(second.tail) == 120 and "Pre" in second.evaluation  # what came before the takeover is read again
-    assert api.patches == 8  # one patch of the JobSet a batch
+    assert api.patches == 10  # one patch of the JobSet a batch, and one as each trigger started
+
+
+def test_a_trigger_that_stalled_while_another_took_its_wait_over_logs_no_more():
+    """A triggerer that stops heartbeating without dying (paused, throttled) loses its triggers to another
+    triggerer, and runs on for a moment when it wakes up, until it cancels them. What it read meanwhile is the
+    other one's to log: it finds the record changed, logs nothing more, and each line is in the task log once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tpu_rl.triggers.jobset import _JobSetCursorStore, _LogPrinter
+
+    pod = SimpleNamespace(uid="pod-uid", name="head-0")
+    stamped = [f"2026-12-02T10:00:{i:02d}.5Z line {i}" for i in range(30)]
+    api = _JobSetApi()
+
+    async def scenario() -> tuple[_Log, _Log]:
+        stalled_log, taker_log = _Log(), _Log()
+        stalled_store = _JobSetCursorStore(api, "n", "ns", "u")
+        stalled = _LogPrinter(stalled_log, stalled_store, await stalled_store.claim())
+        for raw in stamped[:20]:  # it logs ten lines, reads ten more, and stalls before their batch
+            stalled.add(pod, raw, raw.partition(" ")[2])
+            if raw == stamped[9]:
+                await stalled.flush()
+        taker_store = _JobSetCursorStore(api, "n", "ns", "u")
+        taker = _LogPrinter(taker_log, taker_store, await taker_store.claim())
+        for raw in stamped:
+            if not taker.logged_before(pod, raw):
+                taker.add(pod, raw, raw.partition(" ")[2])
+        await stalled.flush()  # it wakes up: its batch is due
+        stalled.add(pod, stamped[29], "line 29")
+        await stalled.flush()
+        await taker.flush()
+        return stalled_log, taker_log
+
+    stalled_log, taker_log = asyncio.run(scenario())
+    logged = [line.partition("] ")[2] for line in stalled_log.lines + taker_log.lines if line.startswith("[head-0]")]
+    assert logged == [f"line {i}" for i in range(30)]
+    assert any("Another trigger of this wait logs the workload's log now" in line for line in stalled_log.lines)
 
 
 def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():

@@ -470,15 +470,33 @@ class AsyncKubernetesApiHook(LoggingMixin):
             body={"propagationPolicy": "Foreground", "preconditions": {"uid": uid}},
         )
 
-    async def annotate_jobset(self, name: str, namespace: str, uid: str, annotations: Mapping[str, str]) -> None:
-        """Sets annotations of the JobSet ``name`` of incarnation ``uid`` (a JSON merge patch; the uid, which is
-        immutable, refuses the patch with 422 when another JobSet of that name replaced it; gone: nothing)."""
-        await self._request(
-            "PATCH",
-            f"{_jobsets_path(namespace)}/{name}",
-            body={"metadata": {"uid": uid, "annotations": dict(annotations)}},
-            content_type="application/merge-patch+json",
-        )
+    async def annotate_jobset(
+        self, name: str, namespace: str, uid: str, key: str, value: str, *, replacing: str | None = None
+    ) -> bool:
+        """Sets the annotation ``key`` of the JobSet ``name`` of incarnation ``uid`` to ``value``; with ``replacing``,
+        only where the annotation still reads that (compare and swap). A JSON patch whose ``test`` operations the
+        apiserver evaluates on the object as it stores it: of two writers that read the same value, one succeeds.
+        False when a test failed (422: another value, or another JobSet of that name); gone: True, nothing set."""
+        from kubernetes_asyncio.client import ApiException
+
+        if replacing is None:
+            body: Any = {"metadata": {"uid": uid, "annotations": {key: value}}}
+            content_type = "application/merge-patch+json"
+        else:
+            pointer = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+            body = [
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "test", "path": pointer, "value": replacing},
+                {"op": "replace", "path": pointer, "value": value},
+            ]
+            content_type = "application/json-patch+json"
+        try:
+            await self._request("PATCH", f"{_jobsets_path(namespace)}/{name}", body=body, content_type=content_type)
+        except ApiException as e:
+            if e.status == 422:
+                return False
+            raise
+        return True
 
     def watch_jobset(self, name: str, namespace: str) -> AsyncIterator[tuple[str, dict]]:
         """Events of the JobSets named ``name`` (any incarnation), as :meth:`_watch` gives them."""

@@ -293,8 +293,8 @@ class JobSetOperator(BaseOperator):
             raise
 
     def on_kill(self) -> None:
-        """Called on SIGTERM or timeout while execute/execute_complete runs; while deferred, the
-        trigger's on_kill (Airflow >= 3.3) and resume_execution cover the same ground."""
+        """Called on SIGTERM or timeout while execute/execute_complete runs; while deferred, the trigger
+        (when its task left the deferral) and resume_execution cover the same ground."""
         if not (self.delete_on_kill and self.tracked):
             return
         t = self.tracked

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -28,8 +29,6 @@ from tpu_rl.training_metrics import kept_line_kind
 from tpu_rl.triggers.training_progress import TrainingProgress
 from tpu_rl.vocabulary import ANNOTATION_LOG_CURSOR
 
-#: Airflow 3.3 added BaseTrigger.on_kill, called when a user kills the deferred task.
-_TRIGGERER_CALLS_ON_KILL = "on_kill" in vars(BaseTrigger)
 #: After the JobSet finished, how long the log stream may take to deliver the last lines.
 LOG_DRAIN_SECONDS = 10
 #: A pod's log stream is closed this long after the pod ended (a stream may stay open after that).
@@ -41,6 +40,9 @@ TRAINING_LAST_READ_SECONDS = 30
 LOG_BATCH_SECONDS = 60
 #: Once the JobSet finished, how long the wait's helpers (pods, log, progress) may take to stop when cancelled.
 HELPERS_STOP_SECONDS = 30
+#: Once cancelled, how long the trigger may take to read its task's state and delete the JobSet (Airflow 3.3
+#: gives ``on_kill`` 30 s by default).
+CANCEL_DECISION_SECONDS = 30
 
 
 class _Progress:
@@ -118,28 +120,54 @@ class _LogCursor:
 class _JobSetCursorStore:
     """Where a JobSet's trigger records how far it logged: an annotation of that JobSet. It goes with the JobSet
     (a replacement starts with none), needs no permission beyond the JobSet's, and costs a Kubernetes request a
-    batch, no storage request."""
+    batch, no storage request.
+
+    A trigger writes the record only where it still reads what this trigger last read or wrote (compare and swap),
+    and makes it its own when it starts (:meth:`claim`): a trigger whose wait went to another triggerer while it was
+    paused finds the record changed when it wakes up, and logs no more (the other one logs those lines)."""
+
+    #: How often :meth:`claim` reads the record again when another trigger changed it in between.
+    CLAIM_ATTEMPTS = 3
 
     def __init__(self, hook: AsyncKubernetesApiHook, name: str, namespace: str, uid: str) -> None:
         self.hook, self.name, self.namespace, self.uid = hook, name, namespace, uid
+        self.owner = secrets.token_hex(6)
+        #: The record as this trigger last read or wrote it (None: there was none).
+        self.held: str | None = None
 
     @staticmethod
-    def saved(jobset: Mapping[str, Any], uid: str) -> dict[str, Any]:
-        """What an earlier trigger of this wait recorded on the JobSet (``{}``: nothing, or another incarnation)."""
+    def recorded(jobset: Mapping[str, Any], uid: str) -> str | None:
+        """The record on the JobSet of incarnation ``uid`` (None: none, or another incarnation)."""
         meta = jobset.get("metadata") or {}
-        text = (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR)
-        return json.loads(text) if text and meta.get("uid") == uid else {}
+        return (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR) if meta.get("uid") == uid else None
 
-    async def save(self, cursor: Mapping[str, Any]) -> None:
-        text = json.dumps(cursor, separators=(",", ":"), sort_keys=True)
-        await self.hook.annotate_jobset(self.name, self.namespace, self.uid, {ANNOTATION_LOG_CURSOR: text})
+    async def claim(self) -> dict[str, Any]:
+        """Reads what an earlier trigger of this wait recorded and marks the record this trigger's."""
+        for _ in range(self.CLAIM_ATTEMPTS):
+            self.held = self.recorded(await self.hook.get_jobset(self.name, self.namespace), self.uid)
+            saved = json.loads(self.held) if self.held else {}
+            if await self.save(saved):
+                return saved
+        raise RuntimeError(f"the record changed {self.CLAIM_ATTEMPTS} times while this trigger claimed it")
+
+    async def save(self, cursor: Mapping[str, Any]) -> bool:
+        """Records ``cursor``; False when another trigger of this wait recorded since this one (or the JobSet was
+        replaced)."""
+        text = json.dumps({**cursor, "owner": self.owner}, separators=(",", ":"), sort_keys=True)
+        if not await self.hook.annotate_jobset(
+            self.name, self.namespace, self.uid, ANNOTATION_LOG_CURSOR, text, replacing=self.held
+        ):
+            return False
+        self.held = text
+        return True
 
 
 class _LogPrinter:
     """Logs the workload's lines into the task log. With a cursor store (the trigger's ``log_cursor``) it logs
     them in batches, each recorded (pod, last line) before it is logged: a trigger that takes the wait over from a
-    triggerer that died (Airflow reassigns its triggers) reads the log again from its start, for the tail and the
-    evaluation lines, and logs only what comes after the last line logged: no line twice, none skipped."""
+    triggerer that died or stalled (Airflow reassigns its triggers) reads the log again from its start, for the
+    tail and the evaluation lines, and logs only what comes after the last line logged: no line twice, none
+    skipped. Once another trigger recorded, this one logs nothing more."""
 
     def __init__(self, log: Any, store: _JobSetCursorStore | None = None, saved: Any = None) -> None:
         self.log, self.store = log, store
@@ -150,6 +178,8 @@ class _LogPrinter:
         self.logged_pod, self.logged = self.resumed_pod, _LogCursor.from_dict(saved)
         self.pending: list[tuple[st.PodRecord, str, str]] = []
         self.store_failed = False
+        #: Another trigger of this wait records (and logs) now.
+        self.superseded = False
 
     def logged_before(self, pod: st.PodRecord, raw: str) -> bool:
         """Whether an earlier trigger of this wait logged this line already."""
@@ -158,7 +188,7 @@ class _LogPrinter:
     def add(self, pod: st.PodRecord, raw: str, text: str) -> None:
         if self.store is None:
             self.log.info("[%s] %s", pod.name, text)
-        else:
+        elif not self.superseded:
             self.pending.append((pod, raw, text))
 
     async def flush(self) -> None:
@@ -171,7 +201,14 @@ class _LogPrinter:
                 self.logged_pod, self.logged = pod.uid, _LogCursor()
             self.logged.new_text(raw)
         try:
-            await self.store.save({"pod": self.logged_pod, **self.logged.to_dict()})
+            if not await self.store.save({"pod": self.logged_pod, **self.logged.to_dict()}):
+                self.superseded = True
+                self.log.warning(
+                    "Another trigger of this wait logs the workload's log now (this triggerer lost the wait while "
+                    "it stalled): %d line(s) left to it",
+                    len(batch),
+                )
+                return
         except Exception as e:  # The log goes on; only a takeover after this would repeat lines.
             if not self.store_failed:
                 self.log.warning("Could not record how far the log was logged (%s: %s)", type(e).__name__, str(e)[:200])
@@ -188,7 +225,8 @@ class JobSetTrigger(BaseTrigger):
     :param progress_interval: seconds between progress lines when nothing changes (changes are
         logged when they happen).
     :param log_tail_lines: how many last lines of the workload log the event carries.
-    :param delete_on_kill: delete the JobSet when a user marks the deferred task failed or clears it.
+    :param delete_on_kill: delete the JobSet when the task leaves the deferral while the trigger waits (a user
+        marks it failed or clears it, its timeout expires); never when the wait goes to another triggerer.
     :param training: for the training, where its event files are (see
         :class:`~tpu_rl.triggers.training_progress.TrainingProgress`): its progress is logged at most once
         per interval, and once more when it ended if the trainer wrote more since (the step it got to).
@@ -267,6 +305,7 @@ class JobSetTrigger(BaseTrigger):
             helpers = [asyncio.create_task(self._keep_running(fn, hook, progress)) for fn in waits]
             if self.training:
                 helpers.append(asyncio.create_task(self._report_training(progress, sessions)))
+            printer: _LogPrinter | None = progress.printer
             try:
                 final = await self._watch_jobset(hook, progress)
                 if final:
@@ -276,27 +315,83 @@ class JobSetTrigger(BaseTrigger):
                     await asyncio.wait(helpers[-1:], timeout=TRAINING_LAST_READ_SECONDS)
                 event = await self._event(hook, progress, final)
             except asyncio.CancelledError:
-                if not _TRIGGERER_CALLS_ON_KILL and await self._task_left_deferred():
-                    await self.on_kill()
+                if not await self._cancelled_with_the_task():
+                    printer = None  # the wait goes on elsewhere: its successor logs what this one has not
                 raise
             finally:
-                for task in helpers:
-                    task.cancel()
-                # Bounded: the event must fire even if a helper failed to stop (it would hold the slice).
-                _, running = await asyncio.wait(helpers, timeout=HELPERS_STOP_SECONDS)
-                if running:
-                    self.log.warning("%d helper(s) of the wait did not stop when cancelled", len(running))
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(10):
-                        await progress.printer.flush()
+                await self._stop(helpers, printer)
         yield TriggerEvent(event)
+
+    async def _cancelled_with_the_task(self) -> bool:
+        """Whether the task left this wait (and the JobSet, with ``delete_on_kill``, was deleted).
+
+        Airflow cancels a trigger when its task left the deferral (a user marked it or cleared it, or its
+        timeout expired), but also when the wait went to another triggerer (this one's heartbeat lapsed: a pause,
+        CPU throttling, a network cut) and when this triggerer stops. Airflow 3.3 then calls ``on_kill`` for the
+        first two alike (``TriggerRunner.cancel_triggers``; apache/airflow PR 73454), and before 3.3 for neither:
+        only the task's state tells them apart, as the provider triggers' ``safe_to_cancel`` reads it. A JobSet
+        is deleted only when that state says the task left; unknown keeps it (the run's teardown deletes its
+        pools). Bounded, as Airflow bounds ``on_kill``."""
+        try:
+            async with asyncio.timeout(CANCEL_DECISION_SECONDS):
+                state = await self._task_state()
+                if state is None or state == "deferred":
+                    self.log.info(
+                        "The wait for JobSet %s (uid %s) was cancelled while its task is %s: another triggerer "
+                        "goes on with it (or this one stops); the JobSet keeps running",
+                        self.ref,
+                        self.uid,
+                        state or "of unknown state",
+                    )
+                    return False
+                if self.delete_on_kill:
+                    self.log.info(
+                        "The task left the wait (it is %s): deleting JobSet %s (uid %s)", state, self.ref, self.uid
+                    )
+                    await self.hook().delete_jobset(self.name, self.namespace, self.uid)
+                return True
+        except Exception as e:
+            self.log.warning(
+                "The wait for JobSet %s was cancelled; the JobSet is kept (%s: %s)",
+                self.ref,
+                type(e).__name__,
+                str(e)[:300],
+            )
+            return False
+
+    async def _task_state(self) -> str | None:
+        """The state of the deferred task instance, read through the triggerer's supervisor (None: no task)."""
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+        from asgiref.sync import sync_to_async
+
+        ti = self.task_instance
+        if ti is None:
+            return None
+        states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
+        )
+        return states.get(ti.run_id, {}).get(ti.task_id)
+
+    async def _stop(self, helpers: list[asyncio.Task], printer: _LogPrinter | None) -> None:
+        """Cancels the wait's helpers and logs what the printer holds. Bounded: the event must fire even if a
+        helper failed to stop (it would hold the slice)."""
+        for task in helpers:
+            task.cancel()
+        _, running = await asyncio.wait(helpers, timeout=HELPERS_STOP_SECONDS)
+        if running:
+            self.log.warning("%d helper(s) of the wait did not stop when cancelled", len(running))
+        if printer is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(10):
+                    await printer.flush()
 
     async def _log_printer(self, hook: AsyncKubernetesApiHook) -> _LogPrinter:
         """The printer of the workload's log, with what an earlier trigger of this wait logged of it."""
         if not self.log_cursor:
             return _LogPrinter(self.log)
+        store = _JobSetCursorStore(hook, self.name, self.namespace, self.uid)
         try:
-            saved = _JobSetCursorStore.saved(await hook.get_jobset(self.name, self.namespace), self.uid)
+            saved = await store.claim()
         except Exception as e:
             self.log.warning(
                 "Cannot read the log cursor of JobSet %s (%s: %s): lines are logged as they come",
@@ -305,32 +400,12 @@ class JobSetTrigger(BaseTrigger):
                 str(e)[:300],
             )
             return _LogPrinter(self.log)
-        return _LogPrinter(self.log, _JobSetCursorStore(hook, self.name, self.namespace, self.uid), saved)
+        return _LogPrinter(self.log, store, saved)
 
     async def _flush_log(self, hook: AsyncKubernetesApiHook, progress: _Progress) -> None:
         while True:
             await asyncio.sleep(LOG_BATCH_SECONDS)
             await progress.printer.flush()
-
-    async def on_kill(self) -> None:
-        """Airflow >= 3.3 calls this when a user marks the deferred task failed or clears it."""
-        if self.delete_on_kill:
-            self.log.info("Task killed while deferred: deleting JobSet %s (uid %s)", self.ref, self.uid)
-            await self.hook().delete_jobset(self.name, self.namespace, self.uid)
-
-    async def _task_left_deferred(self) -> bool:
-        """Before Airflow 3.3 a cancelled trigger cannot tell a user's kill from a triggerer restart:
-        the task's state can (the provider triggers' ``safe_to_cancel``)."""
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-        from asgiref.sync import sync_to_async
-
-        ti = self.task_instance
-        if ti is None:
-            return False
-        states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
-            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
-        )
-        return states.get(ti.run_id, {}).get(ti.task_id) != "deferred"
 
     async def _keep_running(self, fn, hook: AsyncKubernetesApiHook, progress: _Progress) -> None:
         """Pods, log and progress only inform: an API error there is logged and retried, never fatal."""
