@@ -6,12 +6,14 @@ trigger and the tests share one reading, and real objects captured from a cluste
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from tpu_rl.vocabulary import (
+    ANNOTATION_LOG_CURSOR,
     COMPLETION_INDEX_LABEL,
     JOB_INDEX_LABEL,
     PATHWAYS_HEAD,
@@ -60,6 +62,21 @@ def posix_time(stamp: str | None) -> float | None:
     """A Kubernetes timestamp (RFC 3339, ``...Z``: a creationTimestamp, or the JobSet operator's ``created``) as
     POSIX seconds; None for none."""
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+
+
+def log_record(jobset: Mapping, uid: str | None = None) -> dict:
+    """What the trigger of a wait on ``jobset`` recorded of its workload's log (``{}``: nothing, or a record of
+    another incarnation than ``uid``): how far it logged, and the lines the run reads after the training
+    (``kept``, by kind), which a log the kubelet rotated or a pod already gone no longer shows."""
+    meta = jobset.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR)
+    if not text or (uid is not None and meta.get("uid") != uid):
+        return {}
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def is_pathways(manifest: Mapping) -> bool:

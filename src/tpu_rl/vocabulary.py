@@ -76,7 +76,8 @@ ANNOTATION_DAG_ID = LABEL_DAG_ID
 ANNOTATION_RUN_ID = "tpu-rl.dev/run-id"
 ANNOTATION_TASK_ID = LABEL_TASK_ID
 ANNOTATION_SUBMITTED_TRY = "tpu-rl.dev/submitted-try"
-#: On a JobSet: how far its trigger logged the workload's log (``triggers/jobset._LogPrinter``).
+#: On a JobSet: how far its trigger logged the workload's log (``triggers/workload_log.LogPrinter``), written by
+#: compare and swap.
 ANNOTATION_LOG_CURSOR = "tpu-rl.dev/log-cursor"
 
 # -- Workload pods -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ serialized form, resume); see conftest.run_operator.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -324,3 +325,24 @@ def test_a_jobsets_log_cursor_is_an_annotation_of_that_incarnation_only(sim):
         assert sim.jobsets(name)[0]["metadata"]["annotations"][key] == '{"pod":"q"}'
     finally:
         sim.delete_jobset(name)
+
+
+def test_a_retry_that_adopts_a_completed_jobset_has_the_evaluation_its_trigger_recorded(sim):
+    """Nothing watches a Completed JobSet a new try adopts, and its pods' logs may be gone: the lines the run reads
+    after the training come from the record the trigger kept on the JobSet."""
+    from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget
+
+    class Recording(JobSetOperator):
+        def after_completed(self, context, event):
+            self.completed_event = event
+
+    name = unique("adopt-eval")
+    ti = ti_for(name)
+    first = run_operator(operator(tpu_jobset(name, run_seconds=2)), task_context(ti))
+    post = "Post RL Training: corr=9, total=20, accuracy=45.0%"
+    record = json.dumps({"pod": "p", "last_ts": "", "at_last_ts": [], "kept": {"Post": post}})
+    hook = AsyncKubernetesApiHook(ClusterTarget(kubernetes_conn_id=CONN_ID))
+    assert asyncio.run(hook.annotate_jobset(name, "default", first["uid"], "tpu-rl.dev/log-cursor", record))
+    retry = Recording(task_id="train", manifest=tpu_jobset(name), kubernetes_conn_id=CONN_ID)
+    assert retry.execute(task_context(ti_for(name, try_number=2)))["uid"] == first["uid"]
+    assert retry.completed_event == {"evaluation_lines": [post]}

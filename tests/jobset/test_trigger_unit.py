@@ -1,6 +1,7 @@
 """The trigger's parts that need no cluster: its serialized form and the log cursor used on reconnects."""
 
-from tpu_rl.triggers.jobset import JobSetTrigger, _LogCursor
+from tpu_rl.triggers.jobset import JobSetTrigger
+from tpu_rl.triggers.workload_log import JobSetLogRecord, LogCursor, LogPrinter, WorkloadLogFollower
 
 
 def test_trigger_round_trips_through_its_serialized_form():
@@ -44,7 +45,7 @@ def test_a_trigger_serialised_before_the_cluster_was_one_object_still_loads():
 
 
 def test_reconnect_drops_lines_already_seen_and_keeps_new_ones():
-    cursor = _LogCursor()
+    cursor = LogCursor()
     first = ["2026-11-29T10:00:01.5Z step 1", "2026-11-29T10:00:02Z step 2", "2026-11-29T10:00:02Z step 2b"]
     assert [cursor.new_text(x) for x in first] == ["step 1", "step 2", "step 2b"]
     # A reconnect with sinceSeconds returns some lines again; kubelet timestamps drop trailing zeros.
@@ -90,7 +91,7 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
     import asyncio
     from types import SimpleNamespace
 
-    from tpu_rl.triggers.jobset import _JobSetCursorStore, _LogPrinter, _Progress
+    from tpu_rl.triggers.wait_progress import Progress
 
     stamped = [f"2026-12-02T10:{i // 60:02d}:{i % 60:02d}.5Z line {i}" for i in range(120)]
     stamped[5] = (
@@ -111,23 +112,23 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
             for raw in stamped[: self.upto]:
                 yield raw
 
-    async def wait(upto: int, record_every: int, log: _Log) -> _Progress:
-        store = _JobSetCursorStore(api, "n", "ns", "u")
-        printer = _LogPrinter(log, store, await store.claim())
-        progress = _Progress(tail_lines=200, printer=printer)
+    async def wait(upto: int, record_every: int, log: _Log) -> Progress:
+        store = JobSetLogRecord(api, "n", "ns", "u")
+        printer = LogPrinter(log, store, await store.claim())
+        progress, follower = Progress(tail_lines=200), trigger.log_follower(printer)
         for end in range(record_every, upto + 1, record_every):
-            await trigger._stream_log(Hook(end), pod, trigger_cursor, progress)
+            await follower.read(Hook(end), pod, trigger_cursor, progress)
             await printer.flush()
         return progress
 
     first_log, second_log = _Log(), _Log()
-    trigger_cursor = _LogCursor()
+    trigger_cursor = LogCursor()
     # The first triggerer logs 70 lines in batches of 10, reads 5 more, and dies before the next batch.
     asyncio.run(wait(70, 10, first_log))
-    store = _JobSetCursorStore(api, "n", "ns", "u")
-    asyncio.run(trigger._stream_log(Hook(75), pod, trigger_cursor, _Progress(200, _LogPrinter(first_log, store))))
-    trigger_cursor = _LogCursor()
-    assert _JobSetCursorStore.recorded(api.jobset, "another-uid") is None  # a replacement's record is its own
+    store = JobSetLogRecord(api, "n", "ns", "u")
+    asyncio.run(trigger.log_follower(LogPrinter(first_log, store)).read(Hook(75), pod, trigger_cursor, Progress(200)))
+    trigger_cursor = LogCursor()
+    assert JobSetLogRecord.recorded(api.jobset, "another-uid") is None  # a replacement's record is its own
     second = asyncio.run(wait(120, 120, second_log))
 
     logged = [line.partition("] ")[2] for line in first_log.lines + second_log.lines if line.startswith("[head-0]")]
@@ -143,22 +144,20 @@ def test_a_trigger_that_stalled_while_another_took_its_wait_over_logs_no_more():
     import asyncio
     from types import SimpleNamespace
 
-    from tpu_rl.triggers.jobset import _JobSetCursorStore, _LogPrinter
-
     pod = SimpleNamespace(uid="pod-uid", name="head-0")
     stamped = [f"2026-12-02T10:00:{i:02d}.5Z line {i}" for i in range(30)]
     api = _JobSetApi()
 
     async def scenario() -> tuple[_Log, _Log]:
         stalled_log, taker_log = _Log(), _Log()
-        stalled_store = _JobSetCursorStore(api, "n", "ns", "u")
-        stalled = _LogPrinter(stalled_log, stalled_store, await stalled_store.claim())
+        stalled_store = JobSetLogRecord(api, "n", "ns", "u")
+        stalled = LogPrinter(stalled_log, stalled_store, await stalled_store.claim())
         for raw in stamped[:20]:  # it logs ten lines, reads ten more, and stalls before their batch
             stalled.add(pod, raw, raw.partition(" ")[2])
             if raw == stamped[9]:
                 await stalled.flush()
-        taker_store = _JobSetCursorStore(api, "n", "ns", "u")
-        taker = _LogPrinter(taker_log, taker_store, await taker_store.claim())
+        taker_store = JobSetLogRecord(api, "n", "ns", "u")
+        taker = LogPrinter(taker_log, taker_store, await taker_store.claim())
         for raw in stamped:
             if not taker.logged_before(pod, raw):
                 taker.add(pod, raw, raw.partition(" ")[2])
@@ -174,6 +173,33 @@ def test_a_trigger_that_stalled_while_another_took_its_wait_over_logs_no_more():
     assert any("Another trigger of this wait logs the workload's log now" in line for line in stalled_log.lines)
 
 
+def test_the_evaluation_before_training_outlives_a_rotated_log_and_a_triggerer_restart():
+    """The trainer logs every rollout; the kubelet rotates its log at 10 MiB. A trigger that takes the wait over
+    after the rotation reads a log without the "Pre RL Training" line: the record on the JobSet kept it, with
+    each batch the dead trigger logged, and so the run still has the evaluation before training."""
+    import asyncio
+    from types import SimpleNamespace
+
+    pre = (
+        "2026-12-02T10:00:05.5Z W1202 10:00:05.482113 139872 train_rl.py:786] Pre RL Training: corr=8, total=20, "
+        "accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950"
+    )
+    pod = SimpleNamespace(uid="pod-uid", name="head-0")
+    api = _JobSetApi()
+
+    async def scenario() -> LogPrinter:
+        store = JobSetLogRecord(api, "n", "ns", "u")
+        first = LogPrinter(_Log(), store, await store.claim())
+        for raw in ("2026-12-02T10:00:01.5Z step 1", pre, "2026-12-02T10:00:09.5Z step 2"):
+            first.add(pod, raw, raw.partition(" ")[2])
+        await first.flush()
+        # The triggerer dies; the log rotates; another triggerer's trigger takes the wait over.
+        return await LogPrinter.resumed(_Log(), JobSetLogRecord(api, "n", "ns", "u"))
+
+    taker = asyncio.run(scenario())
+    assert taker.kept == {"Pre": pre.partition(" ")[2]}
+
+
 def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():
     """A container that runs but whose log cannot be read yet makes the follower back off (up to 30 s); the pod
     failing meanwhile wakes it, so a short-lived pod's last lines (the failure report's, the evaluation's) are
@@ -181,7 +207,7 @@ def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():
     import asyncio
     import time
 
-    from tpu_rl.triggers.jobset import _LogPrinter, _Progress
+    from tpu_rl.triggers.wait_progress import Progress
     from tpu_rl.vocabulary import COMPLETION_INDEX_LABEL, JOB_INDEX_LABEL, REPLICATED_JOB_LABEL
 
     trigger = JobSetTrigger(
@@ -202,7 +228,7 @@ def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():
             yield "2026-12-02T10:00:05.5Z Post RL Training: corr=9, total=20"
 
     async def scenario() -> float:
-        follower = asyncio.create_task(trigger._follow_log(Hook(), progress))
+        follower = asyncio.create_task(trigger.log_follower().follow(Hook(), progress))
         while Hook.calls < 2:  # the second read failed: the follower now backs off for 4 s
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)
@@ -214,7 +240,7 @@ def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():
         await asyncio.gather(follower, return_exceptions=True)
         return time.monotonic() - ended
 
-    progress = _Progress(tail_lines=10, printer=_LogPrinter(_Log()))
+    progress = Progress(tail_lines=10)
     progress.record_pod("ADDED", pod("Running"))
     waited = asyncio.run(scenario())
     assert list(progress.tail) == ["Post RL Training: corr=9, total=20"]
@@ -228,13 +254,13 @@ async def test_a_helper_cancelled_just_as_the_pods_change_stops():
     the trigger never fired, train_rl stayed deferred and its slice up."""
     import asyncio
 
-    from tpu_rl.triggers.jobset import _LogPrinter, _Progress
+    from tpu_rl.triggers.wait_progress import Progress
 
-    progress = _Progress(tail_lines=10, printer=_LogPrinter(_Log()))
+    progress = Progress(tail_lines=10)
 
-    async def follower():  # _follow_log with nothing left to follow: it waits for the pods, again and again
+    async def follower():  # follow() with nothing left to follow: it waits for the pods, again and again
         while True:
-            await JobSetTrigger._wait_for_pods(progress)
+            await WorkloadLogFollower.wait_for_pods(progress)
 
     task = asyncio.create_task(follower())
     await asyncio.sleep(0)

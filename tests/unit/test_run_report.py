@@ -365,6 +365,7 @@ def training_trigger_lines(
     import contextlib
 
     from tpu_rl.triggers import jobset as trigger_module
+    from tpu_rl.triggers.wait_progress import Progress
 
     @contextlib.asynccontextmanager
     async def reader(self, bucket_name):
@@ -383,7 +384,7 @@ def training_trigger_lines(
     trigger._log = LinesLog()
 
     async def run() -> None:
-        progress = trigger_module._Progress(10, trigger_module._LogPrinter(trigger.log))
+        progress = Progress(10)
         async with contextlib.AsyncExitStack() as readers:
             loop = asyncio.create_task(trigger._report_training(progress, readers))
             for at, size in steps:

@@ -425,7 +425,9 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
     import asyncio
     from types import SimpleNamespace
 
-    from tpu_rl.triggers.jobset import JobSetTrigger, _LogCursor, _LogPrinter, _Progress
+    from tpu_rl.triggers.jobset import JobSetTrigger
+    from tpu_rl.triggers.wait_progress import Progress
+    from tpu_rl.triggers.workload_log import LogCursor, LogPrinter
 
     lines = [
         PRE,
@@ -442,8 +444,9 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
     trigger = JobSetTrigger(
         name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
     )
-    progress = _Progress(tail_lines=100, printer=_LogPrinter(trigger.log))
-    asyncio.run(trigger._stream_log(Hook(), SimpleNamespace(name="head-0", uid="u0"), _LogCursor(), progress))
+    progress = Progress(tail_lines=100)
+    follower = trigger.log_follower(LogPrinter(trigger.log))
+    asyncio.run(follower.read(Hook(), SimpleNamespace(name="head-0", uid="u0"), LogCursor(), progress))
     kept = list(progress.evaluation.values())
     assert not any("Completed Successfully" in line for line in progress.tail)
     assert tm.trainer_completed(kept) and tm.parse_evaluation(kept).after.correct == 12

@@ -122,7 +122,8 @@ class JobSetOperator(BaseOperator):
 
     def after_completed(self, context: Context, event: dict[str, Any]) -> None:
         """Runs when the JobSet Completed, with the trigger's event (its ``evaluation_lines``, ``log_tail``);
-        the event is empty when a Completed JobSet of an earlier try was adopted (nothing watched it)."""
+        when a Completed JobSet of an earlier try was adopted (nothing watched it), the event has only the
+        ``evaluation_lines`` its trigger recorded on it, or nothing."""
 
     def after_jobset_ended(self, context: Context) -> None:
         """Runs once the task knows its JobSet writes no more: Completed (adopted or awaited), Failed, or
@@ -190,8 +191,10 @@ class JobSetOperator(BaseOperator):
             self._defer(context, existing)
             return None
         self.log.info("JobSet %s/%s already Completed: %s", meta["namespace"], meta["name"], condition.get("message"))
+        # Nothing watches it now: the lines its trigger recorded on it (the evaluation) stand for the event's.
+        kept = list((st.log_record(existing, meta["uid"]).get("kept") or {}).values())
         result = self._finish_success(existing, log_tail=[])
-        self.after_completed(context, {})
+        self.after_completed(context, {"evaluation_lines": kept} if kept else {})
         self.after_jobset_ended(context)
         return result
 

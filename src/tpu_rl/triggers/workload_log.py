@@ -1,0 +1,357 @@
+"""The workload's log, followed by a JobSet trigger into the task log.
+
+Which pod to follow (the workload pod of the latest restart attempt), one stream at a time, reconnects that
+repeat no line, and each line logged once even when the wait moves to another triggerer (a record on the
+JobSet). Beside the trigger, as the cncf provider keeps its pod log consumer beside the pod operator: the
+trigger owns the JobSet, this module its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from tpu_rl import jobset_status as st
+from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook
+from tpu_rl.training_metrics import kept_line_kind
+from tpu_rl.vocabulary import ANNOTATION_LOG_CURSOR
+
+if TYPE_CHECKING:
+    from tpu_rl.triggers.wait_progress import Progress
+
+#: After the JobSet finished, how long the log stream may take to deliver the last lines.
+LOG_DRAIN_SECONDS = 10
+#: A pod's log stream is closed this long after the pod ended (a stream may stay open after that).
+POD_END_GRACE_SECONDS = 3
+#: With a log cursor, how often the lines read are logged: each batch is recorded on the JobSet first (one
+#: small patch a batch), so the task log lags the workload by at most this long.
+LOG_BATCH_SECONDS = 60
+
+
+class LogCursor:
+    """Where a pod's log was read up to, by the kubelet's line timestamps: a reconnect asks for a
+    little more than needed (``sinceSeconds``) and drops the lines already seen. The lines of the last
+    timestamp are kept as short digests (a program may print many lines at once)."""
+
+    def __init__(self, last_ts: str = "", at_last_ts: set[str] | None = None) -> None:
+        self.last_ts = last_ts
+        self.at_last_ts: set[str] = at_last_ts or set()
+
+    def is_new(self, raw: str) -> bool:
+        return self._is_new(_sortable(raw.partition(" ")[0]), raw)
+
+    def _is_new(self, ts: str, raw: str) -> bool:
+        return ts > self.last_ts or (ts == self.last_ts and _digest(raw) not in self.at_last_ts)
+
+    def new_text(self, raw: str) -> str | None:
+        stamp, _, text = raw.partition(" ")
+        ts = _sortable(stamp)
+        if not self._is_new(ts, raw):
+            return None
+        if ts != self.last_ts:
+            self.last_ts, self.at_last_ts = ts, set()
+        self.at_last_ts.add(_digest(raw))
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"last_ts": self.last_ts, "at_last_ts": sorted(self.at_last_ts)}
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> LogCursor:
+        return cls(str(saved.get("last_ts", "")), set(saved.get("at_last_ts") or ()))
+
+
+class JobSetLogRecord:
+    """Where a JobSet's trigger records how far it logged: an annotation of that JobSet. It goes with the JobSet
+    (a replacement starts with none), needs no permission beyond the JobSet's, and costs a Kubernetes request a
+    batch, no storage request.
+
+    A trigger writes the record only where it still reads what this trigger last read or wrote (compare and swap),
+    and makes it its own when it starts (:meth:`claim`): a trigger whose wait went to another triggerer while it was
+    paused finds the record changed when it wakes up, and logs no more (the other one logs those lines)."""
+
+    #: How often :meth:`claim` reads the record again when another trigger changed it in between.
+    CLAIM_ATTEMPTS = 3
+
+    def __init__(self, hook: AsyncKubernetesApiHook, name: str, namespace: str, uid: str) -> None:
+        self.hook, self.name, self.namespace, self.uid = hook, name, namespace, uid
+        self.owner = secrets.token_hex(6)
+        #: The record as this trigger last read or wrote it (None: there was none).
+        self.held: str | None = None
+
+    @staticmethod
+    def recorded(jobset: Mapping[str, Any], uid: str) -> str | None:
+        """The record's text on the JobSet of incarnation ``uid`` (None: none, or another incarnation)."""
+        meta = jobset.get("metadata") or {}
+        return (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR) if meta.get("uid") == uid else None
+
+    async def claim(self) -> dict[str, Any]:
+        """Reads what an earlier trigger of this wait recorded and marks the record this trigger's."""
+        for _ in range(self.CLAIM_ATTEMPTS):
+            jobset = await self.hook.get_jobset(self.name, self.namespace)
+            self.held, saved = self.recorded(jobset, self.uid), st.log_record(jobset, self.uid)
+            if await self.save(saved):
+                return saved
+        raise RuntimeError(f"the record changed {self.CLAIM_ATTEMPTS} times while this trigger claimed it")
+
+    async def save(self, cursor: Mapping[str, Any]) -> bool:
+        """Records ``cursor``; False when another trigger of this wait recorded since this one (or the JobSet was
+        replaced)."""
+        text = json.dumps({**cursor, "owner": self.owner}, separators=(",", ":"), sort_keys=True)
+        if not await self.hook.annotate_jobset(
+            self.name, self.namespace, self.uid, ANNOTATION_LOG_CURSOR, text, replacing=self.held
+        ):
+            return False
+        self.held = text
+        return True
+
+
+class LogPrinter:
+    """Logs the workload's lines into the task log. With a cursor store (the trigger's ``log_cursor``) it logs
+    them in batches, each recorded (pod, last line) before it is logged: a trigger that takes the wait over from a
+    triggerer that died or stalled (Airflow reassigns its triggers) reads the log again from its start, for the
+    tail and the evaluation lines, and logs only what comes after the last line logged: no line twice, none
+    skipped. Once another trigger recorded, this one logs nothing more."""
+
+    def __init__(self, log: Any, store: JobSetLogRecord | None = None, saved: Any = None) -> None:
+        self.log, self.store = log, store
+        saved = saved if isinstance(saved, Mapping) else {}
+        #: What an earlier trigger of this wait logged (of the pod ``resumed_pod``).
+        self.resumed_pod = str(saved.get("pod", ""))
+        self.resumed = LogCursor.from_dict(saved)
+        self.logged_pod, self.logged = self.resumed_pod, LogCursor.from_dict(saved)
+        #: The lines the run reads after the training (by kind) among those logged, recorded with each batch: a
+        #: trigger that takes the wait over after the kubelet rotated the log (a trainer that logs every rollout
+        #: fills its 10 MiB fast) still has them.
+        self.kept: dict[str, str] = dict(saved.get("kept") or {})
+        self.pending: list[tuple[st.PodRecord, str, str]] = []
+        self.store_failed = False
+        #: Another trigger of this wait records (and logs) now.
+        self.superseded = False
+
+    @classmethod
+    async def resumed(cls, log: Any, record: JobSetLogRecord) -> LogPrinter:
+        """The printer of a wait whose record is on the JobSet, with what an earlier trigger of this wait logged;
+        without a record if it cannot be read (lines are then logged as they come)."""
+        try:
+            saved = await record.claim()
+        except Exception as e:
+            log.warning(
+                "Cannot read the log cursor of JobSet %s/%s (%s: %s): lines are logged as they come",
+                record.namespace,
+                record.name,
+                type(e).__name__,
+                str(e)[:300],
+            )
+            return cls(log)
+        return cls(log, record, saved)
+
+    def logged_before(self, pod: st.PodRecord, raw: str) -> bool:
+        """Whether an earlier trigger of this wait logged this line already."""
+        return pod.uid == self.resumed_pod and not self.resumed.is_new(raw)
+
+    def add(self, pod: st.PodRecord, raw: str, text: str) -> None:
+        if self.store is None:
+            self.log.info("[%s] %s", pod.name, text)
+        elif not self.superseded:
+            self.pending.append((pod, raw, text))
+
+    async def flush(self) -> None:
+        """Records the pending lines as logged, then logs them."""
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        for pod, raw, text in batch:
+            if pod.uid != self.logged_pod:
+                self.logged_pod, self.logged = pod.uid, LogCursor()
+            self.logged.new_text(raw)
+            if kind := kept_line_kind(text):
+                self.kept[kind] = text
+        try:
+            if not await self.store.save({"pod": self.logged_pod, **self.logged.to_dict(), "kept": self.kept}):
+                self.superseded = True
+                self.log.warning(
+                    "Another trigger of this wait logs the workload's log now (this triggerer lost the wait while "
+                    "it stalled): %d line(s) left to it",
+                    len(batch),
+                )
+                return
+        except Exception as e:  # The log goes on; only a takeover after this would repeat lines.
+            if not self.store_failed:
+                self.log.warning("Could not record how far the log was logged (%s: %s)", type(e).__name__, str(e)[:200])
+            self.store_failed = True
+        for pod, _, text in batch:
+            self.log.info("[%s] %s", pod.name, text)
+
+
+class WorkloadLogFollower:
+    """Follows the log of ``container`` in the workload pod (replicated job ``replicated_job``, job 0, index 0) of
+    a JobSet's latest restart attempt: into ``progress`` (its tail and evaluation lines) and, through ``printer``,
+    into the task log."""
+
+    def __init__(self, log: Any, namespace: str, container: str, replicated_job: str, printer: LogPrinter) -> None:
+        self.log, self.namespace, self.container, self.replicated_job = log, namespace, container, replicated_job
+        self.printer = printer
+
+    async def log_batches(self, hook: AsyncKubernetesApiHook, progress: Progress) -> None:
+        """With a record on the JobSet: logs the lines read, a batch every :data:`LOG_BATCH_SECONDS`."""
+        while True:
+            await asyncio.sleep(LOG_BATCH_SECONDS)
+            await self.printer.flush()
+
+    def target(self, progress: Progress) -> st.PodRecord | None:
+        """The workload pod of the latest restart attempt whose container has started."""
+        candidates = [
+            p
+            for p in progress.pods.values()
+            if p.replicated_job == self.replicated_job
+            and p.job_index == "0"
+            and p.completion_index == "0"
+            and p.phase in ("Running", "Succeeded", "Failed")
+            and not p.deleted
+        ]
+        return max(candidates, key=lambda p: p.restart_attempt, default=None)
+
+    async def follow(self, hook: AsyncKubernetesApiHook, progress: Progress) -> None:
+        """Stream the workload log into the task log. Switch to the new pod after a restart (even if
+        the old stream stays open), reconnect after silences and dropped streams without repeating
+        lines, and stop following a pod shortly after it ended."""
+        cursor = LogCursor()
+        pod: st.PodRecord | None = None
+        finished: set[str] = set()  # pods whose log was read to the end
+        failed_reads: dict[str, int] = {}
+        retry_delay = 1.0
+        while True:
+            target = self.target(progress)
+            if target is None or target.uid in finished:
+                await self.wait_for_pods(progress)
+                continue
+            progress.log_idle = False
+            if pod is None or target.uid != pod.uid:
+                if pod is not None:
+                    progress.tail.append(f"--- pod {target.name} (restart attempt {target.restart_attempt}) ---")
+                pod, cursor = target, LogCursor()
+                progress.log_pod = pod.name
+                if pod.uid == self.printer.resumed_pod:
+                    self.log.info(
+                        "Following %s of pod %s after the last line an earlier trigger of this wait logged (%sZ)",
+                        self.container,
+                        pod.name,
+                        self.printer.resumed.last_ts,
+                    )
+                else:
+                    self.log.info("Following %s of pod %s", self.container, pod.name)
+            received, clean = await self._stream_while_current(hook, pod, cursor, progress)
+            if progress.pod_ended(pod.uid):
+                # An ended pod's log is still readable: after an error, try again (its last lines
+                # are what a failure report needs).
+                failed_reads[pod.uid] = failed_reads.get(pod.uid, 0) + (not clean)
+                if clean or failed_reads[pod.uid] >= 3:
+                    finished.add(pod.uid)
+                else:
+                    await asyncio.sleep(2)
+            elif self.target(progress) is target:
+                # The stream ended while the container runs: reconnect, backing off while it stays quiet.
+                retry_delay = 1 if received else min(retry_delay * 2, 30)
+                await self._back_off(progress, pod, retry_delay)
+
+    async def _back_off(self, progress: Progress, pod: st.PodRecord, seconds: float) -> None:
+        """Wait up to ``seconds`` before reconnecting, and no longer once the pod ended or another pod is the one
+        to follow: a pod that fails during a long back-off still has its log read while it can be."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            progress.pods_changed.clear()
+            target = self.target(progress)
+            if progress.pod_ended(pod.uid) or (target is not None and target.uid != pod.uid):
+                return
+            await wait_event(progress.pods_changed, left)
+
+    @staticmethod
+    async def wait_for_pods(progress: Progress) -> None:
+        """Nothing to follow: wait (at most 10 s) for the pods to change."""
+        progress.log_idle = True
+        progress.pods_changed.clear()
+        await wait_event(progress.pods_changed, 10)
+
+    async def _stream_while_current(
+        self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: LogCursor, progress: Progress
+    ) -> tuple[bool, bool]:
+        """:meth:`read`, stopped when a newer pod is the one to follow, or shortly after this one ended."""
+        stream = asyncio.create_task(self.read(hook, pod, cursor, progress))
+        ended_at = None
+        try:
+            while not stream.done():
+                await asyncio.wait({stream}, timeout=2)
+                newer = self.target(progress)
+                if progress.pod_ended(pod.uid):
+                    ended_at = ended_at or time.monotonic()
+                if (newer is not None and newer.uid != pod.uid) or (
+                    ended_at and time.monotonic() - ended_at > POD_END_GRACE_SECONDS
+                ):
+                    stream.cancel()
+                    await asyncio.gather(stream, return_exceptions=True)
+        finally:
+            if not stream.done():  # This follower is cancelled: so is its stream.
+                stream.cancel()
+        return stream.result() if not stream.cancelled() else (False, True)
+
+    async def read(
+        self, hook: AsyncKubernetesApiHook, pod: st.PodRecord, cursor: LogCursor, progress: Progress
+    ) -> tuple[bool, bool]:
+        """One log request: (whether it brought new lines, whether it ended without an error)."""
+        received = False
+        since = int(time.time() - _epoch(cursor.last_ts)) + 5 if cursor.last_ts else None
+        try:
+            async for raw in hook.follow_log(pod.name, self.namespace, self.container, since):
+                text = cursor.new_text(raw)
+                if text is not None:
+                    received = True
+                    progress.tail.append(text)
+                    if kind := kept_line_kind(text):
+                        progress.evaluation[kind] = text
+                    if not self.printer.logged_before(pod, raw):
+                        self.printer.add(pod, raw, text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # not started yet, gone, or the API restarted: look again shortly
+            self.log.info("Log stream of %s ended: %s", pod.name, str(e)[:200])
+            return received, False
+        return received, True
+
+    @staticmethod
+    async def drain(progress: Progress) -> None:
+        """Give the log stream a moment to deliver what the pod printed last."""
+        deadline = time.monotonic() + LOG_DRAIN_SECONDS
+        while not progress.log_idle and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+
+
+async def wait_event(event: asyncio.Event, seconds: float) -> None:
+    """Until ``event`` is set, at most ``seconds``. Not ``asyncio.wait_for``: on Python 3.11 (Composer 3's), a
+    task cancelled just as the event is set returns from it instead of being cancelled (CPython gh-86296), and
+    a helper that loops on such a wait then ran on for ever: the trigger waited for it, and never fired."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+
+def _digest(raw: str) -> str:
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+
+
+def _sortable(stamp: str) -> str:
+    """A kubelet timestamp (RFC 3339, UTC, up to 9 fraction digits, trailing zeros dropped) padded so
+    that string order is time order."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return f"{head}.{frac.ljust(9, '0')}"
+
+
+def _epoch(sortable: str) -> float:
+    return datetime.fromisoformat(sortable.partition(".")[0]).replace(tzinfo=UTC).timestamp()
