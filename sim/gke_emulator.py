@@ -289,6 +289,7 @@ class Emulator:
                 "DELETE_CLUSTER": self._delete_cluster,
                 "CREATE_NODE_POOL": self._create_pool,
                 "DELETE_NODE_POOL": self._delete_pool,
+                "UPGRADE_MASTER": self._upgrade_master,
             }[rec["kind"]](op_name, rec)
         except Exception as e:  # noqa: BLE001 - the operation reports it, as GKE would an internal error
             log.exception("operation %s failed", op_name)
@@ -340,6 +341,39 @@ class Emulator:
             self.clusters.pop(key, None)
             self.control_planes.pop(key, None)
         self._finish(op_name)
+
+    def _upgrade_master(self, op_name, rec):
+        """GKE's own patch upgrade of the control plane (the maintenance exclusion still allows it in the window):
+        the cluster RECONCILING for its duration, every other operation on it refused meanwhile."""
+        c, key = self.c, rec["key"]
+        with self.lock:
+            self.cluster(key)["cluster"].status = c.Cluster.Status.RECONCILING
+            self.save()
+        time.sleep(rec.get("seconds") or 0)
+        with self.lock:
+            if key in self.clusters:
+                self.clusters[key]["cluster"].status = c.Cluster.Status.RUNNING
+        self._finish(op_name)
+
+    def _refuse_for_faults(self, key, pool=""):
+        """What the fault rules make GKE answer a request that changes the cluster ``key`` (its pool ``pool``):
+        a 429 for the project's request rate ("throttle"), or GKE's own upgrade of the control plane started just
+        before the request ("upgrade"), which the request's checks then refuse it for."""
+        project, _, cluster = key.split("/")
+        self._unavailable_for_faults(cluster, pool)
+        if take_fault("throttle", pool, "", cluster):
+            raise GkeError("RESOURCE_EXHAUSTED", gke_rules.request_rate_message(gke_rules.project_number(project)))
+        rule = take_fault("upgrade", pool, "", cluster)
+        if rule and key in self.clusters:
+            self.new_op(key, "UPGRADE_MASTER", seconds=held_seconds(rule))
+
+    @staticmethod
+    def _unavailable_for_faults(cluster, pool=""):
+        """A matching "unavailable" rule: the request is answered UNAVAILABLE (HTTP 503), as a front end that lost
+        its backend or a reset connection is; the same request made again may pass (Terraform's Google provider
+        retries 500, 502 and 503)."""
+        if take_fault("unavailable", pool, "", cluster):
+            raise GkeError("UNAVAILABLE", "The service is currently unavailable.")
 
     def _create_pool(self, op_name, rec):
         c, key = self.c, rec["key"]
@@ -469,6 +503,7 @@ class Emulator:
         body = as_dict(cluster)
         with self.lock:
             key = f"{project}/{location}/{cluster.name}"
+            self._refuse_for_faults(key)
             gke_rules.check_cluster_name(cluster.name)
             gke_rules.check_cluster_absent(
                 cluster.name,
@@ -538,6 +573,7 @@ class Emulator:
 
     def get_cluster(self, req):
         project, location, name = parse_cluster(req.name, req.project_id, req.zone, req.cluster_id)
+        self._unavailable_for_faults(name)
         with self.lock:
             return self.cluster(f"{project}/{location}/{name}")["cluster"]
 
@@ -556,6 +592,7 @@ class Emulator:
         key = f"{project}/{location}/{name}"
         with self.lock:
             rec = self.cluster(key)
+            self._refuse_for_faults(key)
             gke_rules.check_no_running_operation(name, self.running_ops(key), "delete cluster")
             rec["cluster"].status = self.c.Cluster.Status.STOPPING
             return self.new_op(key, "DELETE_CLUSTER")
@@ -571,7 +608,9 @@ class Emulator:
             cluster_body = as_dict(cluster)
             gke_rules.check_node_pool(cluster_body, body, location, project, reservations(), DEFAULT_BOOT_DISK)
             gke_rules.check_node_pool_absent(name, pool.name, {p.name for p in cluster.node_pools})
+            self._refuse_for_faults(key, pool.name)
             gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool", pool=pool.name)
+            gke_rules.check_concurrent_operations(name, self.running_ops(key))
             machine_type = body.get("config", {}).get("machine_type", "")
             if take_fault("reservation-missing", pool.name, machine_type, name):
                 affinity = body.get("config", {}).get("reservation_affinity") or {}
@@ -606,6 +645,7 @@ class Emulator:
 
     def get_node_pool(self, req):
         project, location, name, pool = parse_pool(req.name, req.project_id, req.zone, req.cluster_id, req.node_pool_id)
+        self._unavailable_for_faults(name, pool)
         with self.lock:
             return self.pool(f"{project}/{location}/{name}", pool)
 
@@ -623,7 +663,9 @@ class Emulator:
         key = f"{project}/{location}/{name}"
         with self.lock:
             pool = self.pool(key, pool_name)
+            self._refuse_for_faults(key, pool_name)
             gke_rules.check_no_running_operation(name, self.running_ops(key), "delete node pool", pool=pool_name)
+            gke_rules.check_concurrent_operations(name, self.running_ops(key))
             pool.status = self.c.NodePool.Status.STOPPING
             return self.new_op(key, "DELETE_NODE_POOL", pool=pool_name)
 
@@ -633,7 +675,8 @@ class Emulator:
             rec = self.operations.get(op_name)
             if rec is None or not rec["key"].startswith(f"{project}/"):
                 raise GkeError("NOT_FOUND", f"Not found: projects/{project}/locations/{location}/operations/{op_name}.")
-            return rec["op"]
+        self._unavailable_for_faults(rec["key"].rsplit("/", 1)[-1], rec.get("pool") or "")
+        return rec["op"]
 
     def list_operations(self, req):
         project, location = parse_parent(req.parent, req.project_id, req.zone)

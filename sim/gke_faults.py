@@ -22,7 +22,19 @@ A rule is a JSON object under its name:
                   cluster", the cluster left in ERROR without a control plane, as GKE leaves one whose create failed:
                   GKE does not repair it, it must be deleted (terraform-provider-google #2816; magic-modules #8978,
                   which taints such a cluster so that the next apply deletes and re-creates it)
-  "seconds"       for capacity-held: how long the capacity is held back; for slow-reply: how late the reply is
+                  "throttle": a matching request that changes a cluster or a pool (create, delete) is refused at once
+                  with 429 RESOURCE_EXHAUSTED for the project's API requests a minute (GKE "Quotas and limits": 3000);
+                  it clears by waiting (GKE's other 429, a cluster's concurrent operations beyond 5, the emulator
+                  answers by itself)
+                  "upgrade": GKE starts its own patch upgrade of a matching cluster's control plane (operation
+                  UPGRADE_MASTER, the cluster RECONCILING, "seconds" long) just before a matching request that changes
+                  the cluster or a pool, which GKE then refuses with FAILED_PRECONDITION "Operation ... is currently
+                  upgrading cluster C" (terraform-provider-google 3650), as every such request until it is done
+                  "unavailable": a matching request (a create or delete of a cluster or a pool, a read of a cluster,
+                  a pool or an operation) is answered UNAVAILABLE (503), as a front end that lost its backend is;
+                  the same request made again may pass
+  "seconds"       for capacity-held: how long the capacity is held back; for slow-reply: how late the reply is; for
+                  upgrade: how long the upgrade runs
   "nodes"         for stockout: how many of the pool's nodes GKE created before it ran out (default 0)
   "pool_prefix"   the node pool's name starts with it (absent: any pool)
   "machine_type"  the pool's machine type equals it (absent: any)
@@ -30,7 +42,7 @@ A rule is a JSON object under its name:
   "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
 
 CLI:
-  gke_faults.py set NAME --kind stockout|reservation-missing|capacity-held|quota|slow-reply|cluster-error
+  gke_faults.py set NAME --kind KIND (one of the kinds above)
                 [--pool-prefix P] [--machine-type M] [--cluster C] [--times N] [--seconds S] [--nodes N]
   gke_faults.py list
   gke_faults.py clear [NAME]
@@ -44,7 +56,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
-KINDS = ("stockout", "reservation-missing", "capacity-held", "quota", "slow-reply", "cluster-error")
+KINDS = (
+    "stockout",
+    "reservation-missing",
+    "capacity-held",
+    "quota",
+    "slow-reply",
+    "cluster-error",
+    "throttle",
+    "upgrade",
+    "unavailable",
+)
 
 
 def path() -> Path:

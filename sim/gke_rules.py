@@ -592,12 +592,41 @@ def check_no_running_operation(cluster_name: str, running: list[dict], action: s
         "CREATE_NODE_POOL": "creating a node pool for cluster",
         "DELETE_NODE_POOL": "deleting a node pool for cluster",
     }.get(op.get("operation_type"), "upgrading cluster")
-    if op.get("operation_type") in ("CREATE_NODE_POOL", "DELETE_NODE_POOL"):
+    # GKE's own upgrade of the control plane: "Operation operation-... is currently upgrading cluster C. Please wait
+    # and try again once it is done." (terraform-provider-google issue 3650).
+    if op.get("operation_type") in ("CREATE_NODE_POOL", "DELETE_NODE_POOL", "UPGRADE_MASTER"):
         raise GkeError(
             "FAILED_PRECONDITION",
             f"Operation {op['name']} is currently {verb} {cluster_name}. Please wait and try again once it is done.",
         )
     raise GkeError("FAILED_PRECONDITION", f"Cluster is running incompatible operation {op['name']}.")
+
+
+#: How many operations GKE runs at once on one cluster: "Error 429: Too many operations: cluster "X" hits the
+#: concurrent operations quota 5, please try again later." (terraform-provider-google issues 15205 and 15579;
+#: magic-modules PR 8828 made Terraform retry it). GKE does not document the figure.
+CONCURRENT_OPERATIONS = 5
+
+
+def check_concurrent_operations(cluster_name: str, running: list[dict]) -> None:
+    """An operation beyond the cluster's concurrent operations: 429 RESOURCE_EXHAUSTED (gRPC's code for HTTP 429),
+    cleared by waiting. ``running``: as for :func:`check_no_running_operation`."""
+    if len(running) >= CONCURRENT_OPERATIONS:
+        raise GkeError(
+            "RESOURCE_EXHAUSTED",
+            f'Too many operations: cluster "{cluster_name}" hits the concurrent operations quota '
+            f"{CONCURRENT_OPERATIONS}, please try again later.",
+        )
+
+
+def request_rate_message(project_number: str) -> str:
+    """GKE's 429 for a project over its API requests per minute (GKE "Quotas and limits": 3000 a minute;
+    terraform-provider-google issue 3782 shows a 429 "quota exceeded"; this wording is Google APIs' per-minute
+    request quota error, the metric and limit named as container.googleapis.com names them: wording ours)."""
+    return (
+        "Quota exceeded for quota metric 'Requests' and limit 'Requests per minute' of service "
+        f"'container.googleapis.com' for consumer 'project_number:{project_number}'."
+    )
 
 
 def check_node_pool_absent(cluster_name: str, pool_name: str, existing: set[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from tpu_rl.config import RunConfig
@@ -262,12 +263,52 @@ _NO_CAPACITY = (
 )
 
 
+#: GKE's words for refusals that say "quota" but clear by waiting: its limit of concurrent operations on a cluster
+#: (429 "Too many operations: cluster "X" hits the concurrent operations quota 5, please try again later") and of
+#: API requests per project (429 "Quota exceeded for quota metric 'Requests' ..."); terraform-provider-google
+#: issues 15205, 15579, 3782 (magic-modules PR 8828 made Terraform retry the first).
+_THROTTLING = ("too many operations", "concurrent operations quota", "quota metric 'requests'", "ratelimitexceeded")
+#: How many operations GKE runs at once on one cluster (the 429 above names 5; GKE does not document it).
+CLUSTER_OPERATIONS_LIMIT = 5
+
+
+class Refusal(StrEnum):
+    """Why GKE refused a request at once, as the pipeline acts on it."""
+
+    #: The project lacks Compute Engine quota: no wait brings it; the run fails naming the quota.
+    QUOTA = "quota"
+    #: Too many operations on the cluster, or requests from the project: waiting clears it.
+    THROTTLED = "throttled"
+    #: Another operation runs on the cluster or the pool (one of the run's, or GKE's own: a control-plane upgrade,
+    #: an auto-repair): it is waited for.
+    BUSY = "busy"
+
+
+def refusal(status: str, message: str) -> Refusal | None:
+    """How to read GKE's refusal of a request, by its status (the gRPC code's name) first and its words only
+    where one status has several meanings: RESOURCE_EXHAUSTED (HTTP 429) is throttling unless it names Compute
+    Engine quota; FAILED_PRECONDITION is another operation running (GKE "Troubleshoot concurrent operations":
+    "Cluster is running incompatible operation", "Operation ... is currently upgrading cluster"); PERMISSION_DENIED
+    (403) with quota's words is quota ("Insufficient regional quota to satisfy request"). None: any other
+    refusal, which is the caller's to report."""
+    if status == "RESOURCE_EXHAUSTED":
+        return Refusal.QUOTA if is_quota_error(message) else Refusal.THROTTLED
+    if status == "FAILED_PRECONDITION":
+        return Refusal.BUSY
+    if status == "PERMISSION_DENIED" and is_quota_error(message):
+        return Refusal.QUOTA
+    return None
+
+
 def is_quota_error(message: str) -> bool:
     """Whether GKE's message says the project lacks quota: GKE answers a create beyond quota at once with 403
     "Insufficient regional quota to satisfy request: resource ..." or names it as Compute Engine does
     ("Quota 'TPUS_PER_TPU_FAMILY' exceeded"); a pool's condition says GCE_QUOTA_EXCEEDED. RESOURCE_EXHAUSTED
-    alone may be either quota or capacity: only these words tell quota apart."""
+    alone may be either quota or capacity: only these words tell quota apart, and GKE's throttling
+    (:data:`_THROTTLING`) says "quota" too without being one."""
     lowered = message.lower()
+    if any(words in lowered for words in _THROTTLING):
+        return False
     return "quota" in lowered or "gce_quota_exceeded" in lowered
 
 

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from google.api_core.exceptions import NotFound
 from google.cloud.container_v1 import Cluster
 
@@ -76,7 +77,7 @@ async def _first_event(trigger):
 
 def run_operator(operator, context) -> list[str]:
     """execute(), then for each deferral the trigger to its event and the resume method; returns the GKE
-    operations it waited for."""
+    operations it waited for (its other waits, a while before asking GKE again, are waited through)."""
     call, operations = (lambda: operator.execute(context)), []
     while True:
         try:
@@ -84,8 +85,10 @@ def run_operator(operator, context) -> list[str]:
             return operations
         except TaskDeferred as deferred:
             trigger = deferred.trigger
-            assert isinstance(trigger, GKEOperationTrigger)
-            operations.append(trigger.operation_name)
+            if isinstance(trigger, GKEOperationTrigger):
+                operations.append(trigger.operation_name)
+            else:
+                assert isinstance(trigger, DateTimeTrigger), trigger
             event = asyncio.run(_first_event(trigger))
             resume, kwargs = getattr(operator, deferred.method_name), deferred.kwargs or {}
             call = lambda resume=resume, kwargs=kwargs, payload=event.payload: resume(context, payload, **kwargs)  # noqa: E731
@@ -522,6 +525,108 @@ def test_missing_quota_fails_at_once_naming_the_quota_and_creates_nothing(gke, c
         gke_faults.clear_faults("gke-test-quota")
 
 
+def test_gke_throttling_is_waited_out_not_read_as_missing_quota(gke, created, capsys):
+    """GKE answers 429 for the project's requests a minute (its words say "quota"): the pool create asks again a
+    little later and the run goes on; so does the pools' delete."""
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])
+    pool_name = other.identity.tpu_pool_name(0)
+    create = cluster_ops.CreateTpuNodePoolsOperator(
+        task_id="create_tpu_pools", poll_interval=POLL, refused_retry_interval=1
+    )
+    delete = cluster_ops.DeleteTpuNodePoolsOperator(
+        task_id="delete_tpu_pools", poll_interval=POLL, refused_retry_interval=1
+    )
+    gke_faults.set_fault("gke-test-throttle", "throttle", pool_prefix=pool_name, times=2)
+    try:
+        assert len(run_operator(create, other.context())) == 1  # the one create GKE took
+        out = capsys.readouterr().out
+        assert out.count("GKE refuses to create the TPU node pools for now (throttled: Quota exceeded for") == 2
+        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
+        gke_faults.set_fault("gke-test-throttle", "throttle", pool_prefix=pool_name, times=1)
+        assert len(run_operator(delete, other.context())) == 1
+        assert "GKE refuses to delete the TPU node pools for now (throttled:" in capsys.readouterr().out
+        assert pool_name not in {p.name for p in get_cluster(gke, run.params["cluster_name"]).node_pools}
+    finally:
+        gke_faults.clear_faults("gke-test-throttle")
+        run_operator(delete, other.context())
+
+
+def test_gke_answering_unavailable_is_asked_again_with_backoff(gke, created):
+    """GKE's front end answers 503 (UNAVAILABLE) for a moment: the same call is made again, with backoff, and the
+    pool is created and deleted as if nothing happened (the generated client retries neither a create nor, past
+    20 s, anything else)."""
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])
+    pool_name = other.identity.tpu_pool_name(0)
+    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+    gke_faults.set_fault("gke-test-unavailable", "unavailable", pool_prefix=pool_name, times=3)
+    try:
+        assert len(run_operator(create, other.context())) == 1
+        assert gke_faults.list_faults()["gke-test-unavailable"]["applied"] == 3
+        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
+        gke_faults.set_fault("gke-test-unavailable", "unavailable", pool_prefix=pool_name, times=2)
+        assert len(run_operator(delete, other.context())) == 1
+        assert pool_name not in {p.name for p in get_cluster(gke, run.params["cluster_name"]).node_pools}
+    finally:
+        gke_faults.clear_faults("gke-test-unavailable")
+        run_operator(delete, other.context())
+
+
+def test_more_slices_than_gke_runs_operations_at_once_are_created_in_turns(gke, created):
+    """GKE runs at most 5 operations at once on a cluster and refuses more with 429 "Too many operations"
+    (which says "quota" too): six slices are created five at a time, none refused, all RUNNING."""
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"], cluster_nodepool_count=6)
+    create = cluster_ops.CreateTpuNodePoolsOperator(
+        task_id="create_tpu_pools", poll_interval=POLL, refused_retry_interval=1
+    )
+    delete = cluster_ops.DeleteTpuNodePoolsOperator(
+        task_id="delete_tpu_pools", poll_interval=POLL, refused_retry_interval=1
+    )
+    pools = {other.identity.tpu_pool_name(i) for i in range(6)}
+    try:
+        run_operator(create, other.context())
+        cluster = get_cluster(gke, run.params["cluster_name"])
+        assert {p.name: p.status.name for p in cluster.node_pools if p.name in pools} == dict.fromkeys(pools, "RUNNING")
+        client = gke.get_cluster_manager_client()
+        creates = [
+            op
+            for op in client.list_operations(parent="projects/tpu-rl-sim/locations/us-east5").operations
+            if op.operation_type.name == "CREATE_NODE_POOL" and op.target_link.rsplit("/", 1)[-1] in pools
+        ]
+        assert len(creates) == 6  # one each: no create was refused and sent again
+        sixth = max(creates, key=lambda op: op.start_time)
+        assert sum(op.end_time <= sixth.start_time for op in creates) >= 1  # it waited for one of the first five
+    finally:
+        run_operator(delete, other.context())
+
+
+def test_gke_upgrading_the_cluster_holds_the_pool_create_until_it_is_done(gke, created, capsys):
+    """GKE upgrades a cluster's control plane on its own (the maintenance exclusion still allows patches) and
+    refuses a pool create meanwhile (FAILED_PRECONDITION "... is currently upgrading cluster"): the create waits
+    for GKE's operation, deferred, and is sent again once it is done."""
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])
+    pool_name = other.identity.tpu_pool_name(0)
+    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+    gke_faults.set_fault("gke-test-upgrade", "upgrade", pool_prefix=pool_name, times=1, seconds=4)
+    try:
+        waited = run_operator(create, other.context())
+        assert len(waited) == 2  # GKE's upgrade, then the pool's create
+        assert "GKE refuses to create the TPU node pools while operation" in capsys.readouterr().out
+        assert (
+            "UPGRADE_MASTER"
+            in gke.get_operation(waited[0].rsplit("/", 1)[-1], project_id="tpu-rl-sim").operation_type.name
+        )
+        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
+    finally:
+        gke_faults.clear_faults("gke-test-upgrade")
+        run_operator(delete, other.context())
+
+
 def test_the_slices_of_a_run_are_created_and_deleted_side_by_side(gke, created):
     """GKE runs operations on different node pools at once: N slices take about one create, not N."""
     run, _ = created
@@ -590,11 +695,17 @@ def test_keep_cluster_skips_the_delete(gke, created):
     assert get_cluster(gke, run.params["cluster_name"]) is not None
 
 
-def test_teardown_deletes_the_cluster_this_run_created_and_its_control_plane(gke, created):
+def test_teardown_deletes_the_cluster_this_run_created_and_its_control_plane(gke, created, capsys):
+    """Even while GKE upgrades it on its own: the delete waits for GKE's operation, deferred, and is sent again."""
     run, _ = created
     hook = _hook_for(run)
     delete = cluster_ops.DeleteClusterOperator(task_id="delete_cluster", poll_interval=POLL)
-    assert len(run_operator(delete, run.context())) == 1
+    gke_faults.set_fault("gke-test-upgrade", "upgrade", cluster=run.params["cluster_name"], times=1, seconds=3)
+    try:
+        assert len(run_operator(delete, run.context())) == 2  # GKE's upgrade, then the delete
+    finally:
+        gke_faults.clear_faults("gke-test-upgrade")
+    assert f"GKE refuses to delete cluster {run.params['cluster_name']} while operation" in capsys.readouterr().out
     assert get_cluster(gke, run.params["cluster_name"]) is None
     with pytest.raises(Exception):  # noqa: B017 (its API server is gone with it: refused or not found)
         hook.list_nodes("")

@@ -42,6 +42,8 @@ def scripted_trigger(monkeypatch, answers, deadline, started="", create_seconds=
     class Hook:  # AsyncGkeApiHook
         async def get_operation(self, name):
             current["status"], current["conditions"] = next(answers)
+            if isinstance(current["status"], Exception):
+                raise current["status"]
             return SimpleNamespace(
                 name=name,
                 status=current["status"],
@@ -107,6 +109,20 @@ def test_a_create_gke_ended_while_the_pool_was_read_is_reported_done_for_its_err
     own error (a stockout, or something else) is what the task reports."""
     trigger = scripted_trigger(monkeypatch, [(RUNNING, [STOCKOUT]), (DONE, [STOCKOUT])], deadline=time.time() - 1)
     assert first_event(trigger) == {"status": "success", "operation_name": "operation-1"}
+
+
+def test_the_wait_asks_again_when_gke_does_not_answer_for_a_while_and_fails_when_it_never_does(monkeypatch):
+    """A 503 (UNAVAILABLE) or a passed deadline is GKE's front end, not the create: the wait asks again; ten in a
+    row end it with the error, which fails the task (its retry waits on the same operation)."""
+    from google.api_core.exceptions import DeadlineExceeded, PermissionDenied, ServiceUnavailable
+
+    blips = [(ServiceUnavailable("The service is currently unavailable."), []), (DeadlineExceeded("late"), [])]
+    trigger = scripted_trigger(monkeypatch, [*blips, (RUNNING, []), *blips, (DONE, [])], deadline=time.time() + 3600)
+    assert first_event(trigger) == {"status": "success", "operation_name": "operation-1"}
+    outage = scripted_trigger(monkeypatch, blips * 5, deadline=time.time() + 3600)
+    assert first_event(outage) == {"status": "error", "message": "504 late"}
+    refused = scripted_trigger(monkeypatch, [(PermissionDenied("no"), [])], deadline=time.time() + 3600)
+    assert first_event(refused) == {"status": "error", "message": "403 no"}
 
 
 QUOTA = {

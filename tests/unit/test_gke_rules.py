@@ -311,6 +311,51 @@ def test_concurrent_operations_refused_only_on_the_same_pool_or_the_cluster():
     rules.check_no_running_operation("tpu-rl", [], "delete cluster")
 
 
+def test_gkes_own_upgrade_refuses_pool_operations_and_six_operations_at_once_are_throttled():
+    """GKE's control-plane upgrade blocks every other operation ("... is currently upgrading cluster", as
+    terraform-provider-google 3650 quotes it); a sixth operation at once on a cluster is a 429 that says "quota"."""
+    upgrading = [{"name": "operation-3-ghi", "operation_type": "UPGRADE_MASTER", "pool": None}]
+    message = refused(
+        rules.check_no_running_operation, "tpu-rl", upgrading, "create node pool", "tpu-0", code="FAILED_PRECONDITION"
+    )
+    assert message == (
+        "Operation operation-3-ghi is currently upgrading cluster tpu-rl. Please wait and try again once it is done."
+    )
+    five = [{"name": f"op-{i}", "operation_type": "CREATE_NODE_POOL", "pool": f"tpu-{i}"} for i in range(5)]
+    rules.check_concurrent_operations("tpu-rl", five[:4])
+    message = refused(rules.check_concurrent_operations, "tpu-rl", five, code="RESOURCE_EXHAUSTED")
+    assert message == (
+        'Too many operations: cluster "tpu-rl" hits the concurrent operations quota 5, please try again later.'
+    )
+
+
+def test_the_package_reads_gkes_refusals_by_status_before_words():
+    """What the emulator answers (and GKE, as its sources quote it) is read by the package's one classifier: a 429
+    that says "quota" is throttling, a 403 that says quota is quota, a busy cluster is busy."""
+    from tpu_rl.gke import Refusal, refusal
+
+    def answer(rule, *args) -> tuple[str, str]:
+        with pytest.raises(GkeError) as error:
+            rule(*args)
+        return error.value.code, error.value.message
+
+    five = [{"name": f"op-{i}", "operation_type": "CREATE_NODE_POOL", "pool": f"tpu-{i}"} for i in range(5)]
+    upgrading = [{"name": "operation-3-ghi", "operation_type": "UPGRADE_MASTER", "pool": None}]
+    quota = rules.quota_message(
+        {"config": {"machine_type": "ct6e-standard-4t"}, "initial_node_count": 16, "placement_policy": {}},
+        REGION,
+    )
+    assert refusal(*answer(rules.check_concurrent_operations, "tpu-rl", five)) is Refusal.THROTTLED
+    assert refusal("RESOURCE_EXHAUSTED", rules.request_rate_message("123")) is Refusal.THROTTLED
+    assert refusal(*answer(rules.check_no_running_operation, "c", upgrading, "delete cluster")) is Refusal.BUSY
+    assert refusal("PERMISSION_DENIED", quota) is Refusal.QUOTA
+    assert refusal("RESOURCE_EXHAUSTED", "Quota 'TPUS_PER_TPU_FAMILY' exceeded.  Limit: 0.0 in region us-east5.") is (
+        Refusal.QUOTA
+    )
+    assert refusal("PERMISSION_DENIED", "Permission 'container.clusters.delete' denied") is None
+    assert refusal("INVALID_ARGUMENT", "quota") is None
+
+
 def test_every_machine_type_the_package_offers_is_known_and_regions_have_their_real_zones():
     from tpu_rl.machines import SHAPES
     from tpu_rl.tpu import GENERATIONS

@@ -2,18 +2,22 @@
 
 Through the Google provider's hooks (their connection, credentials, client options and the cluster label
 ``GKEHook.create_cluster`` adds); each method is one call, with "already exists" and "not found" given back
-as None where the pipeline adopts or skips. Operators, sensors and triggers decide what an answer means
-(``tpu_rl.gke`` holds the rules); they never build a client.
+as None where the pipeline adopts or skips, and a refusal that quota, throttling or another operation explains
+raised as :class:`GkeRefusedError` (the package's words, ``tpu_rl.gke.Refusal``). Operators, sensors and
+triggers decide what an answer means (``tpu_rl.gke`` holds the rules); they never build a client nor read the
+client library's exceptions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from tpu_rl.gke import operation_target
+from tpu_rl.gke import Refusal, operation_target, refusal
 
 if TYPE_CHECKING:
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
@@ -21,6 +25,46 @@ if TYPE_CHECKING:
 
 #: States of a GKE operation that has not ended.
 UNFINISHED = ("PENDING", "RUNNING")
+#: How long one call to GKE may take, and all its attempts together: a call GKE answers with an error the same
+#: call may get past (:func:`call_retry`) is made again with backoff, then its error raised.
+CALL_TIMEOUT_SECONDS = 60.0
+CALL_RETRY_SECONDS = 240.0
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether GKE's error is one the same call may get past: the answers Terraform's Google provider retries
+    (500, 502, 503, a reset connection: magic-modules ``transport_tpg/error_retry_predicates.go``; over gRPC a reset
+    is UNAVAILABLE) and a passed deadline (504)."""
+    from google.api_core import exceptions
+
+    return isinstance(
+        error,
+        (
+            exceptions.InternalServerError,
+            exceptions.BadGateway,
+            exceptions.ServiceUnavailable,
+            exceptions.GatewayTimeout,
+            exceptions.DeadlineExceeded,
+        ),
+    )
+
+
+def call_retry() -> Any:
+    """The retry of every GKE call on :func:`is_transient` errors, with exponential backoff from 1 s to 30 s. The
+    generated client retries only its reads, on 503 and 504, for 20 s. A create retried after GKE applied it is
+    answered "already exists", which the operators adopt."""
+    from google.api_core import retry
+
+    return retry.Retry(predicate=is_transient, initial=1.0, maximum=30.0, timeout=CALL_RETRY_SECONDS)
+
+
+class GkeRefusedError(Exception):
+    """GKE refused a request at once, for a reason the pipeline acts on: ``refusal`` says which; ``blocking`` is
+    the operation GKE runs meanwhile on the cluster or the pool (for ``BUSY``, when GKE lists one)."""
+
+    def __init__(self, refusal: Refusal, message: str, blocking: Operation | None = None) -> None:
+        super().__init__(message)
+        self.refusal, self.message, self.blocking = refusal, message, blocking
 
 
 class GkeApiHook:
@@ -41,6 +85,11 @@ class GkeApiHook:
     def client(self) -> ClusterManagerClient:
         return self.provider_hook.get_cluster_manager_client()
 
+    @cached_property
+    def _bounded(self) -> dict[str, Any]:
+        """What every call passes: :func:`call_retry` and :data:`CALL_TIMEOUT_SECONDS` an attempt."""
+        return {"retry": call_retry(), "timeout": CALL_TIMEOUT_SECONDS}
+
     @property
     def parent(self) -> str:
         return f"projects/{self.project_id}/locations/{self.location}"
@@ -57,7 +106,7 @@ class GkeApiHook:
         from google.api_core.exceptions import NotFound
 
         try:
-            return self.provider_hook.get_cluster(name=cluster, project_id=self.project_id)
+            return self.provider_hook.get_cluster(name=cluster, project_id=self.project_id, **self._bounded)
         except NotFound:
             return None
 
@@ -66,65 +115,89 @@ class GkeApiHook:
         from google.api_core.exceptions import AlreadyExists
 
         try:
-            return self.provider_hook.create_cluster(
-                cluster=body, project_id=self.project_id, wait_to_complete=False
-            ).name
+            with self._refusals(body["name"]):
+                return self.provider_hook.create_cluster(
+                    cluster=body, project_id=self.project_id, wait_to_complete=False, **self._bounded
+                ).name
         except AlreadyExists:
             return None
 
     def delete_cluster(self, cluster: str) -> str | None:
         """Asks GKE to delete a cluster: its operation's name, or None when there is no such cluster."""
-        operation = self.provider_hook.delete_cluster(name=cluster, project_id=self.project_id, wait_to_complete=False)
+        with self._refusals(cluster):
+            operation = self.provider_hook.delete_cluster(
+                name=cluster, project_id=self.project_id, wait_to_complete=False, **self._bounded
+            )
         return operation.name if operation is not None else None
 
     def list_clusters(self) -> list[Cluster]:
-        return list(self.client.list_clusters(parent=self.parent).clusters)
+        return list(self.client.list_clusters(parent=self.parent, **self._bounded).clusters)
 
     # -- node pools -------------------------------------------------------------------------------------
 
     def create_node_pool(self, cluster: str, body: dict[str, Any]) -> str | None:
-        """Asks GKE to create a node pool: its operation's name, or None when the pool exists. A refusal (a
-        quota, say) raises GKE's error."""
+        """Asks GKE to create a node pool: its operation's name, or None when the pool exists."""
         from google.api_core.exceptions import AlreadyExists
         from google.cloud.container_v1 import NodePool
 
         try:
-            return self.client.create_node_pool(
-                parent=self.cluster_path(cluster), node_pool=NodePool.from_json(json.dumps(body))
-            ).name
+            with self._refusals(cluster, body["name"]):
+                return self.client.create_node_pool(
+                    parent=self.cluster_path(cluster), node_pool=NodePool.from_json(json.dumps(body)), **self._bounded
+                ).name
         except AlreadyExists:
             return None
 
     def get_node_pool(self, cluster: str, pool: str) -> NodePool:
-        return self.client.get_node_pool(name=self.pool_path(cluster, pool))
+        return self.client.get_node_pool(name=self.pool_path(cluster, pool), **self._bounded)
 
     def delete_node_pool(self, cluster: str, pool: str) -> str | None:
-        """Asks GKE to delete a node pool: its operation's name, or None when there is no such pool. GKE
-        refuses (FailedPrecondition) while another operation runs on the pool or its cluster."""
+        """Asks GKE to delete a node pool: its operation's name, or None when there is no such pool."""
         from google.api_core.exceptions import NotFound
 
         try:
-            return self.client.delete_node_pool(name=self.pool_path(cluster, pool)).name
+            with self._refusals(cluster, pool):
+                return self.client.delete_node_pool(name=self.pool_path(cluster, pool), **self._bounded).name
         except NotFound:
             return None
+
+    @contextlib.contextmanager
+    def _refusals(self, cluster: str, pool: str | None = None) -> Iterator[None]:
+        """Raises GKE's refusal of a request on ``cluster`` (``pool``) as :class:`GkeRefusedError` where
+        :func:`tpu_rl.gke.refusal` reads it; with the operation that blocks it when GKE is busy."""
+        from google.api_core.exceptions import GoogleAPICallError
+
+        try:
+            yield
+        except GoogleAPICallError as refused:
+            status = refused.grpc_status_code.name if refused.grpc_status_code is not None else ""
+            kind = refusal(status, str(refused.message))
+            if kind is None:
+                raise
+            blocking = self.running_operation(cluster, pool) if kind is Refusal.BUSY else None
+            raise GkeRefusedError(kind, str(refused.message), blocking) from refused
 
     # -- operations -------------------------------------------------------------------------------------
 
     def get_operation(self, name: str) -> Operation:
-        return self.provider_hook.get_operation(name, project_id=self.project_id)
+        return self.client.get_operation(name=f"{self.parent}/operations/{name}", **self._bounded)
 
     def list_operations(self) -> list[Operation]:
-        return list(self.client.list_operations(parent=self.parent).operations)
+        return list(self.client.list_operations(parent=self.parent, **self._bounded).operations)
 
-    def running_operation(self, cluster: str, pool: str) -> Operation | None:
-        """GKE's unfinished operation on a node pool of the cluster, or on the cluster itself (either makes GKE
-        refuse another operation on the pool), or None."""
+    def running_operation(self, cluster: str, pool: str | None = None) -> Operation | None:
+        """GKE's unfinished operation that makes it refuse another one on the node pool ``pool`` (one on that pool
+        or on the cluster itself) or on the cluster (``pool`` None: one on the cluster or any of its pools), or
+        None."""
+
+        def blocks(target: tuple[str, str | None] | None) -> bool:
+            return target is not None and target[0] == cluster and (pool is None or target[1] in (pool, None))
+
         return next(
             (
                 op
                 for op in self.list_operations()
-                if op.status.name in UNFINISHED
-                and operation_target(op.target_link) in ((cluster, pool), (cluster, None))
+                if op.status.name in UNFINISHED and blocks(operation_target(op.target_link))
             ),
             None,
         )

@@ -17,7 +17,7 @@ from tpu_rl import gke
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_TPU_SLICES
-from tpu_rl.hooks.gke import GkeApiHook
+from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.hooks.kubernetes import KubernetesApiHook
 from tpu_rl.leases import holder_has_ended
 from tpu_rl.operators.leases import (
@@ -34,6 +34,10 @@ from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERAT
 OPERATION_POLL_SECONDS = 10
 #: After a stockout ended a pool's create, how long to wait before creating it again.
 CAPACITY_RETRY_SECONDS = 120
+#: After GKE refused a request for throttling (or while busy with an operation it does not list), how long to wait
+#: before asking again; and after how many refusals in a row (about 20 minutes) the task fails.
+REFUSED_RETRY_SECONDS = 30
+REFUSED_RETRIES = 40
 
 
 def gke_api(config: RunConfig) -> GkeApiHook:
@@ -48,11 +52,19 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
     operation during one of them), defers on one operation still running, and submits again when it is done.
 
     :param poll_interval: seconds between the trigger's checks of an operation.
+    :param refused_retry_interval: seconds before a request GKE refused for throttling is asked again.
     """
 
-    def __init__(self, *, poll_interval: float = OPERATION_POLL_SECONDS, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        poll_interval: float = OPERATION_POLL_SECONDS,
+        refused_retry_interval: float = REFUSED_RETRY_SECONDS,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.poll_interval = poll_interval
+        self.refused_retry_interval = refused_retry_interval
 
     def submit(self, context: Any, step: int, **wait: Any) -> None:
         """Submits operation ``step`` onwards (skipping what exists); defers on the first one submitted.
@@ -75,6 +87,51 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
             method_name=method_name,
             kwargs={"next_step": next_step},
         )
+
+    def wait_out(self, refused: GkeRefusedError, what: str, refusals: int, **wait: Any) -> None:
+        """Defers until GKE takes a refused request again, then submits again (:meth:`resubmit`): through the
+        operation that blocks it (the run's own, or GKE's: a control-plane upgrade, an auto-repair), or
+        :data:`REFUSED_RETRY_SECONDS` when GKE throttles. Fails after :data:`REFUSED_RETRIES` refusals in a row."""
+        from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        if refusals >= REFUSED_RETRIES:
+            raise AirflowException(
+                f"GKE refused to {what} {refusals} times in a row: {refused.message}; fix: see the message (GKE "
+                "runs at most 5 operations at once on a cluster, and refuses most while its own upgrade or repair "
+                "runs); a retry of this task asks again."
+            )
+        config, kwargs = self.scope.config, {**wait, "refusals": refusals + 1}
+        if (blocking := refused.blocking) is not None:
+            self.log.info(
+                "GKE refuses to %s while operation %s (%s) runs (%s): waiting for it",
+                what,
+                blocking.name,
+                blocking.operation_type.name,
+                refused.message,
+            )
+            trigger: Any = GKEOperationTrigger(
+                operation_name=blocking.name,
+                project_id=config.project,
+                location=config.region,
+                gcp_conn_id=config.gcp_conn_id,
+                poll_interval=self.poll_interval,
+            )
+        else:
+            self.log.warning(
+                "GKE refuses to %s for now (%s: %s): asking again in %.0f s",
+                what,
+                refused.refusal,
+                refused.message,
+                self.refused_retry_interval,
+            )
+            trigger = DateTimeTrigger(moment=datetime.now(UTC) + timedelta(seconds=self.refused_retry_interval))
+        self.defer(trigger=trigger, method_name="resubmit", kwargs=kwargs)
+
+    def resubmit(self, context: Any, event: Any = None, **wait: Any) -> None:
+        """After the wait for a refused request: submits again. The blocking operation's outcome is not the run's
+        to judge (GKE's upgrade, another pool's create)."""
+        self.submit(context, 0, **wait)
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         if event["status"] in ("failed", "error"):
@@ -112,7 +169,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
     #: Seconds between checks while the cluster of a shared lease is being deleted.
     CLOSING_POLL_SECONDS = 30
 
-    def execute(self, context: Any, event: Any = None) -> None:
+    def execute(self, context: Any, event: Any = None, refusals: int = 0) -> None:
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         if not config.creates_cluster:
@@ -123,7 +180,10 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         hook = gke_api(config)
         if config.shares_cluster and not self._join_lease(context, hook):
             return
-        operation = hook.create_cluster(gke.cluster_body(config, run, datetime.now(UTC)))
+        try:
+            operation = hook.create_cluster(gke.cluster_body(config, run, datetime.now(UTC)))
+        except GkeRefusedError as refused:
+            self.wait_out(refused, f"create cluster {config.cluster_name}", refusals)
         if operation is None:
             cluster = hook.get_cluster(config.cluster_name)
             if cluster is None:
@@ -134,7 +194,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             self._check_adoptable(context, cluster)
             owner = cluster.resource_labels.get(GKE_LABEL_RUN_KEY, "none")
             if cluster.status.name == "ERROR" and owner == run.key and not config.shares_cluster:
-                self._replace_failed_cluster(context, hook, cluster)
+                self._replace_failed_cluster(context, hook, cluster, refusals)
                 return
             self.log.info(
                 "Cluster %s already exists (status %s, created by run key %s; this run is %s): adopting it",
@@ -147,11 +207,11 @@ class CreateClusterOperator(_AwaitsGkeOperations):
         self.log.info("Creating cluster %s (operation %s)", gke.cluster_path(config), operation)
         self._await(config, operation)
 
-    def submit(self, context: Any, step: int, **wait: Any) -> None:
-        """After the delete of a cluster whose create failed: creates it again."""
-        self.execute(context)
+    def submit(self, context: Any, step: int, refusals: int = 0, **wait: Any) -> None:
+        """After the delete of a cluster whose create failed, or a refused create: creates it again."""
+        self.execute(context, refusals=refusals)
 
-    def _replace_failed_cluster(self, context: Any, hook: GkeApiHook, cluster: Any) -> None:
+    def _replace_failed_cluster(self, context: Any, hook: GkeApiHook, cluster: Any, refusals: int) -> None:
         """A cluster an earlier try of this run created and GKE left in ERROR (its create failed): GKE does not
         repair it and nothing can run on it, so it is deleted and created again (as Terraform re-creates a
         cluster created in an error state)."""
@@ -161,9 +221,12 @@ class CreateClusterOperator(_AwaitsGkeOperations):
             config.cluster_name,
             cluster.status_message or "GKE gave no reason",
         )
-        operation = hook.delete_cluster(config.cluster_name)
+        try:
+            operation = hook.delete_cluster(config.cluster_name)
+        except GkeRefusedError as refused:
+            self.wait_out(refused, f"delete cluster {config.cluster_name}", refusals)
         if operation is None:  # gone meanwhile
-            self.execute(context)
+            self.execute(context, refusals=refusals)
             return
         self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation)
         self._await(config, operation, next_step=0)
@@ -274,22 +337,37 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             return
         self.submit(context, 0, capacity_deadline=time.time() + 60 * config.capacity_wait_minutes)
 
-    def submit(self, context: Any, step: int = 0, *, capacity_deadline: float = 0.0) -> None:
-        """One pass over the run's pools (``step`` is read by nothing: every pass looks at all of them).
+    def submit(self, context: Any, step: int = 0, *, capacity_deadline: float = 0.0, refusals: int = 0) -> None:
+        """One pass over the run's pools (``step`` is read by nothing: every pass looks at all of them), with at
+        most :data:`~tpu_rl.gke.CLUSTER_OPERATIONS_LIMIT` operations in flight (GKE refuses more on a cluster).
         ``capacity_deadline``: POSIX time until which a pool without capacity is waited for (0, as for a
-        deferral made before capacity waits existed: not at all)."""
+        deferral made before capacity waits existed: not at all). A pool GKE refuses for now (throttling,
+        another operation) waits for the next pass."""
         from tpu_rl.triggers.gke import TpuPoolCreateTrigger
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         hook = gke_api(config)
-        in_flight = [
-            (operation, pool)
-            for index in range(config.cluster_nodepool_count)
-            for operation, pool in [self._advance_pool(hook, config, gke.tpu_node_pool(config, run, index))]
-            if operation
-        ]
+        in_flight: list[tuple[str, str]] = []
+        refused: GkeRefusedError | None = None
+        for index in range(config.cluster_nodepool_count):
+            if refused is not None or len(in_flight) >= gke.CLUSTER_OPERATIONS_LIMIT:
+                break  # GKE takes no more now: the next pass goes on
+            body = gke.tpu_node_pool(config, run, index)
+            try:
+                operation, pool = self._advance_pool(hook, config, body)
+            except GkeRefusedError as error:
+                if error.refusal is gke.Refusal.QUOTA:
+                    raise AirflowFailException(
+                        f"GKE refused TPU node pool {body['name']}: {error.message}; {gke.quota_hint(config)}"
+                    ) from None
+                refused = error
+                continue
+            if operation:
+                in_flight.append((operation, pool))
         if not in_flight:
+            if refused is not None:
+                self.wait_out(refused, "create the TPU node pools", refusals, capacity_deadline=capacity_deadline)
             self.log.info("The run's %d TPU node pool(s) are RUNNING", config.cluster_nodepool_count)
             return
         operation, pool = in_flight[0]
@@ -308,18 +386,10 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         )
 
     def _advance_pool(self, hook: GkeApiHook, config: RunConfig, body: dict[str, Any]) -> tuple[str | None, str]:
-        """Moves one pool towards RUNNING: (the operation to wait for, or None when it is RUNNING; its name)."""
-        from google.api_core.exceptions import GoogleAPICallError
-
+        """Moves one pool towards RUNNING: (the operation to wait for, or None when it is RUNNING; its name).
+        Raises GKE's refusal (:class:`GkeRefusedError`)."""
         name, cluster = body["name"], config.cluster_name
-        try:
-            operation = hook.create_node_pool(cluster, body)
-        except GoogleAPICallError as refused:  # GKE refuses a create beyond quota at once (403)
-            if gke.is_quota_error(str(refused.message)):
-                raise AirflowFailException(
-                    f"GKE refused TPU node pool {name}: {refused.message}; {gke.quota_hint(config)}"
-                ) from None
-            raise
+        operation = hook.create_node_pool(cluster, body)
         if operation is not None:
             self.log.info(
                 "Creating node pool %s (%s, %s: %s)",
@@ -334,10 +404,10 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if status == "RUNNING":
             self.log.info("Node pool %s already exists and is RUNNING: adopting it", name)
             return None, name
-        if status in ("PROVISIONING", "RECONCILING", "STOPPING"):
-            operation = hook.running_operation(cluster, name)
-            if operation is None:
-                raise AirflowException(f"Node pool {name} is {status} and GKE lists no operation on it; try again")
+        # GKE may still be creating a pool it shows in ERROR (a slow create does, before RUNNING: NVIDIA/aicr 2065):
+        # whatever its status, an operation GKE runs on it is waited for, never cut short by a delete.
+        operation = hook.running_operation(cluster, name)
+        if operation is not None:
             self.log.info(
                 "Node pool %s is %s: waiting for GKE's operation %s (%s)",
                 name,
@@ -346,6 +416,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 operation.operation_type.name,
             )
             return operation.name, name
+        if status in ("PROVISIONING", "RECONCILING", "STOPPING"):
+            raise AirflowException(f"Node pool {name} is {status} and GKE lists no operation on it; try again")
         # RUNNING_WITH_ERROR (partly created, as after a stockout) or ERROR: it would never have all its hosts.
         self.log.warning(
             "Node pool %s is %s (%s): deleting it to create it again",
@@ -377,6 +449,15 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
 
         config = self.bind_scope(context).config
         pool = (gke.operation_target(operation.target_link) or ("", "?"))[1]
+        if operation.operation_type.name not in ("CREATE_NODE_POOL", "DELETE_NODE_POOL"):
+            self.log.info(
+                "GKE's operation %s (%s) ended (%s): looking at the pools again",
+                operation.name,
+                operation.operation_type.name,
+                message,
+            )
+            self.submit(context, 0, capacity_deadline=capacity_deadline)
+            return
         if operation.operation_type.name != "CREATE_NODE_POOL":
             raise AirflowException(
                 f"GKE operation {operation.name} ({operation.operation_type.name}) on node pool "
@@ -448,35 +529,34 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
             return
         self.submit(context, 0)
 
-    def submit(self, context: Any, step: int = 0) -> None:
+    def submit(self, context: Any, step: int = 0, refusals: int = 0) -> None:
         """One pass: asks GKE to delete every pool of the run at once (GKE runs operations on different pools
         side by side) and defers on one deletion still in flight, then looks again; once none is left, gives
-        the capacity back and records the slices' TPU time. A pool GKE is still creating (its create held for
-        capacity after a timeout) cannot be deleted yet: its create is waited for, deferred. ``step`` is read
-        by nothing: every pass looks at all the pools."""
-        from google.api_core.exceptions import FailedPrecondition
-
+        the capacity back and records the slices' TPU time. A pool GKE refuses to delete while another operation
+        runs on it or the cluster (its create held for capacity after a timeout, GKE's own upgrade or repair) waits
+        for that operation, deferred; one GKE refuses for throttling is asked again a little later. ``step`` is
+        read by nothing: every pass looks at all the pools."""
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
         hook = gke_api(config)
-        in_flight = []
+        in_flight, refused = [], None
         for index in range(config.cluster_nodepool_count):
             pool = run.tpu_pool_name(index)
             name = hook.pool_path(config.cluster_name, pool)
             try:
                 operation = hook.delete_node_pool(config.cluster_name, pool)
-            except FailedPrecondition as refused:
-                blocking = hook.running_operation(config.cluster_name, pool)
-                if blocking is None:
-                    raise
+            except GkeRefusedError as error:
+                if error.blocking is None:
+                    refused = error
+                    continue
                 self.log.info(
                     "GKE refuses to delete node pool %s while operation %s (%s) runs (%s): waiting for it",
                     pool,
-                    blocking.name,
-                    blocking.operation_type.name,
-                    refused.message,
+                    error.blocking.name,
+                    error.blocking.operation_type.name,
+                    error.message,
                 )
-                in_flight.append(blocking.name)
+                in_flight.append(error.blocking.name)
                 continue
             if operation is None:
                 self.log.info("Node pool %s does not exist (any more): nothing to delete", name)
@@ -485,6 +565,8 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
                 in_flight.append(operation)
         if in_flight:
             self._await(config, in_flight[0], next_step=0)
+        if refused is not None:
+            self.wait_out(refused, "delete the TPU node pools", refusals)
         release_capacity(scope, self.log)
         self._record_slice_times(context)
 
@@ -530,7 +612,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
 
 class DeleteClusterOperator(_AwaitsGkeOperations):
     """Teardown: deletes the cluster only if this run created it; in an existing cluster it removes the
-    run's token Secret instead. GKE refuses deletes while another operation runs: retries handle that."""
+    run's token Secret instead. GKE refuses a delete while another operation runs: it waits for that one."""
 
     def execute(self, context: Any) -> None:
         scope = self.bind_scope(context)
@@ -562,10 +644,22 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
                 run.key,
             )
             return
-        operation = hook.delete_cluster(config.cluster_name)
-        if operation is not None:
-            self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation)
-            self._await(config, operation)
+        self.submit(context, 0)
+
+    def submit(self, context: Any, step: int = 0, refusals: int = 0) -> None:
+        """Asks GKE to delete the cluster (``execute`` found it this run's to delete) and waits for it; while
+        GKE refuses (another operation runs on the cluster: the run's, or GKE's own upgrade or repair; throttling),
+        waits, deferred, and asks again."""
+        config = self.bind_scope(context).config
+        try:
+            operation = gke_api(config).delete_cluster(config.cluster_name)
+        except GkeRefusedError as refused:
+            self.wait_out(refused, f"delete cluster {config.cluster_name}", refusals)
+        if operation is None:
+            self.log.info("Cluster %s does not exist (any more): nothing to delete", config.cluster_name)
+            return
+        self.log.info("Deleting cluster %s (operation %s)", config.cluster_name, operation)
+        self._await(config, operation)
 
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
         if KubernetesApiHook(self.scope.cluster_target).delete_secret(run.secret_name(), config.namespace):

@@ -21,13 +21,15 @@ from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperati
 from airflow.triggers.base import TriggerEvent
 
 from tpu_rl.gke import capacity_wait_reason, quota_reason
-from tpu_rl.hooks.gke import AsyncGkeApiHook
+from tpu_rl.hooks.gke import AsyncGkeApiHook, is_transient
 
 #: The log says at most this often that the pool still waits for capacity.
 CAPACITY_LOG_SECONDS = 60
 #: How long a TPU slice pool's create takes when GKE has the capacity: GKE documents no figure; a create
 #: still running after this is most likely GKE retrying for capacity.
 CREATE_SECONDS = 15 * 60
+#: How many looks in a row may meet an error GKE may get past (``hooks.gke.is_transient``) before the wait fails.
+TRANSIENT_ERRORS = 10
 
 
 class TpuPoolCreateTrigger(GKEOperationTrigger):
@@ -64,60 +66,72 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
         return AsyncGkeApiHook(self.gcp_conn_id, self.project_id, self.location, self.impersonation_chain)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from google.cloud.container_v1 import Operation
-
-        hook = self.gke_api()
-        pool = self.pool_path.rsplit("/", 1)[-1]
-        logged_at = None
+        hook, transient = self.gke_api(), 0
+        self._logged_at: float | None = None
         try:
             while True:
-                operation = await hook.get_operation(self.operation_name)
-                if operation.status == Operation.Status.DONE:
-                    yield TriggerEvent({"status": "success", "operation_name": operation.name})
-                    return
-                if operation.operation_type != Operation.Type.CREATE_NODE_POOL:  # a pool replaced or reconciled
+                try:
+                    event = await self._look(hook)
+                except Exception as error:
+                    transient = transient + 1 if is_transient(error) else TRANSIENT_ERRORS
+                    if transient >= TRANSIENT_ERRORS:
+                        raise
+                    self.log.warning("GKE did not answer (%s: %s); asking again", type(error).__name__, error)
                     await asyncio.sleep(self.poll_interval)
                     continue
-                conditions = await hook.node_pool_conditions(self.pool_path)
-                if (quota := quota_reason(conditions)) is not None:  # no wait brings quota
-                    yield TriggerEvent(
-                        {"status": "quota", "operation_name": operation.name, "node_pool": pool, "message": quota}
-                    )
+                transient = 0
+                if event is not None:
+                    yield TriggerEvent(event)
                     return
-                reason = capacity_wait_reason(conditions)
-                running = time.time() - _started(operation.start_time)
-                if reason is None and running >= self.create_seconds:
-                    reason = (
-                        f"GKE has been creating the pool for {running / 60:.0f} minutes, longer than a create "
-                        "with capacity takes: it most likely retries for want of capacity (it does for about "
-                        "35 minutes before it fails the create with GCE_STOCKOUT)"
-                    )
-                if reason is not None:
-                    if time.time() >= self.capacity_deadline:
-                        # GKE may have ended the create between the two reads: its error then says why
-                        ended = await hook.get_operation(self.operation_name)
-                        status = "success" if ended.status == Operation.Status.DONE else "capacity_timeout"
-                        yield TriggerEvent(
-                            {
-                                "status": status,
-                                "operation_name": operation.name,
-                                **({"node_pool": pool, "message": reason} if status != "success" else {}),
-                            }
-                        )
-                        return
-                    if logged_at is None or time.monotonic() - logged_at >= CAPACITY_LOG_SECONDS:
-                        until = datetime.fromtimestamp(self.capacity_deadline, UTC)
-                        self.log.info(
-                            "Node pool %s waits for TPU capacity (GKE: %s); waiting until %s",
-                            pool,
-                            reason,
-                            until.strftime("%Y-%m-%d %H:%M:%S UTC"),
-                        )
-                        logged_at = time.monotonic()
                 await asyncio.sleep(self.poll_interval)
         except Exception as error:  # noqa: BLE001 - reported to the task as the provider's trigger does
-            self.log.exception("Could not read operation %s or node pool %s", self.operation_name, pool)
+            self.log.exception("Could not read operation %s or node pool %s", self.operation_name, self.pool_path)
             yield TriggerEvent({"status": "error", "message": str(error)})
+
+    async def _look(self, hook: AsyncGkeApiHook) -> dict[str, Any] | None:
+        """One look at the operation and the pool: the event to fire, or None to look again."""
+        from google.cloud.container_v1 import Operation
+
+        pool = self.pool_path.rsplit("/", 1)[-1]
+        operation = await hook.get_operation(self.operation_name)
+        if operation.status == Operation.Status.DONE:
+            return {"status": "success", "operation_name": operation.name}
+        if operation.operation_type != Operation.Type.CREATE_NODE_POOL:  # a pool replaced, GKE's own operation
+            return None
+        conditions = await hook.node_pool_conditions(self.pool_path)
+        if (quota := quota_reason(conditions)) is not None:  # no wait brings quota
+            return {"status": "quota", "operation_name": operation.name, "node_pool": pool, "message": quota}
+        reason = capacity_wait_reason(conditions)
+        running = time.time() - _started(operation.start_time)
+        if reason is None and running >= self.create_seconds:
+            reason = (
+                f"GKE has been creating the pool for {running / 60:.0f} minutes, longer than a create "
+                "with capacity takes: it most likely retries for want of capacity (it does for about "
+                "35 minutes before it fails the create with GCE_STOCKOUT)"
+            )
+        if reason is None:
+            return None
+        if time.time() >= self.capacity_deadline:
+            # GKE may have ended the create between the two reads: its error then says why
+            ended = await hook.get_operation(self.operation_name)
+            if ended.status == Operation.Status.DONE:
+                return {"status": "success", "operation_name": operation.name}
+            return {
+                "status": "capacity_timeout",
+                "operation_name": operation.name,
+                "node_pool": pool,
+                "message": reason,
+            }
+        if self._logged_at is None or time.monotonic() - self._logged_at >= CAPACITY_LOG_SECONDS:
+            until = datetime.fromtimestamp(self.capacity_deadline, UTC)
+            self.log.info(
+                "Node pool %s waits for TPU capacity (GKE: %s); waiting until %s",
+                pool,
+                reason,
+                until.strftime("%Y-%m-%d %H:%M:%S UTC"),
+            )
+            self._logged_at = time.monotonic()
+        return None
 
 
 def _started(start_time: str) -> float:
