@@ -93,8 +93,8 @@ def _rules():
 def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None, nodes=None, cluster=None):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
-    if (kind in ("capacity-held", "slow-reply")) != (seconds is not None):
-        raise ValueError("seconds is required by capacity-held and slow-reply, and only by them")
+    if (kind in ("capacity-held", "slow-reply", "upgrade")) != (seconds is not None):
+        raise ValueError("seconds is required by capacity-held, slow-reply and upgrade, and only by them")
     if nodes is not None and kind != "stockout":
         raise ValueError("nodes is for stockout only")
     rule = {"kind": kind, "applied": 0}
