@@ -9,13 +9,16 @@ One run (its own cluster and TPU pool, created by the run) meets every loss in t
 2. ``train_rl``, once deferred: the worker that ran its first part stops taking work (Celery's
    ``cancel_consumer``), so its resumption runs on the other worker, which has none of the first one's HOME,
    temporary or working directory.
-3. While the trainer runs, the triggerer that holds ``train_rl``'s trigger stalls (SIGSTOP, as a long pause,
-   CPU throttling or a network cut leave a process alive and silent) until the other triggerer has taken its
-   triggers over, then comes back (SIGCONT) and cancels the triggers it lost. Airflow 3.3 calls their ``on_kill``
-   as for a user's kill: the training goes on, untouched, and the stalled trigger logs no more of it.
-4. Then the triggerer that holds the trigger now is SIGKILLed: the other one takes the trigger over again. One
-   training JobSet ran, the task log holds each trainer line once and says where the new trigger went on, and the
-   evaluation is right.
+3. While the trainer runs, the triggerer that holds ``train_rl``'s trigger is SIGKILLed: the other triggerer
+   takes the trigger over.
+4. Then the triggerer that holds it now stalls (SIGSTOP, as a long pause, CPU throttling or a network cut leave a
+   process alive and silent) until the first one, started again, has taken its triggers over, and comes back
+   (SIGCONT) and cancels the triggers it lost. Airflow 3.3 calls their ``on_kill`` as for a user's kill: the
+   training goes on, untouched, and the stalled trigger logs no more of it. One training JobSet ran, the task log
+   holds each trainer line once and says where each new trigger went on, and the evaluation is right. (In this
+   order no triggerer job holds the wait twice: Airflow 3.3 truncates a triggerer's log of a trigger when the same
+   triggerer job starts it again, ``TriggerLoggingFactory`` opening it with "wb", and the lines it logged the first
+   time would be lost from the task log.)
 5. One scheduler is SIGKILLed during the run; the other carries it to the end.
 
 Every component killed is started again (as Composer replaces a machine), so the scenarios that run beside this
@@ -104,8 +107,8 @@ class ComponentLoss:
             cancelled = f"{first}@{host}"
             self.consume(cancelled, taking_work=False)
             self.notes["train_rl first part on"] = first
-            self._stall_the_triggerer()
             self._lose_the_triggerer()
+            self._stall_the_triggerer()
             # 5. A scheduler goes while the training runs, and stays away until the run ended.
             self.stack.script("stop", "--kill", "scheduler")
             self.notes["scheduler killed"] = True
@@ -146,7 +149,7 @@ class ComponentLoss:
         self.stack.script("start", worker)  # a new machine in its place
 
     def _stall_the_triggerer(self) -> None:
-        """3. SIGSTOP the triggerer holding train_rl's trigger until the other one took it over, then SIGCONT."""
+        """4. SIGSTOP the triggerer holding train_rl's trigger until the other one took it over, then SIGCONT."""
         holder, component = self._trigger_holder()
         self.stack.script("pause", component)
         try:
@@ -160,7 +163,7 @@ class ComponentLoss:
         )
 
     def _lose_the_triggerer(self) -> None:
-        """4. SIGKILL the triggerer holding train_rl's trigger."""
+        """3. SIGKILL the triggerer holding train_rl's trigger."""
         holder, component = self._trigger_holder()
         self.stack.script("stop", "--kill", component)
         self.notes["triggerer killed"] = component
