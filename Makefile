@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test lint format unit demo plan sim-up sim-down sim-status bench bench-triggerer
+.PHONY: venv wheel test lint format unit demo plan sim-up sim-down sim-status bench bench-triggerer bench-trigger-start
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
@@ -101,3 +101,8 @@ deploy-composer: wheel
 .PHONY: test-compat
 test-compat: wheel
 	scripts/test-compat.sh
+
+# The longest stall of the triggerer's event loop while a GKE wait starts, the package's and the provider's
+# trigger (benchmarks/trigger_start_stall.py; sim-up first; about a minute).
+bench-trigger-start: venv
+	$(VENV)/bin/python benchmarks/trigger_start_stall.py $(ARGS)

@@ -1,6 +1,6 @@
 """The cluster, node pool and JobSet install operators against the GKE emulator of the simulation.
 
-Each operator runs as Airflow runs it: ``execute`` defers on the provider's ``GKEOperationTrigger``, the
+Each operator runs as Airflow runs it: ``execute`` defers on the package's ``GkeOperationTrigger``, the
 trigger polls the emulator through the real async client (grpc aio), and the operator resumes with its
 event. The emulator refuses what GKE refuses, so these tests also prove the pipeline's requests pass.
 """
@@ -18,7 +18,6 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
-from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
 from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from google.api_core.exceptions import NotFound
 from google.cloud.container_v1 import Cluster
@@ -30,6 +29,7 @@ from tpu_rl.operators import cluster as cluster_ops
 from tpu_rl.operators.leases import cluster_lease
 from tpu_rl.operators.setup import EnsureJobSetOperator
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+from tpu_rl.triggers.gke import GkeOperationTrigger
 from tpu_rl_testing import TaskInstanceStandIn, task_context
 
 try:  # Airflow >= 3.1 task SDK
@@ -85,7 +85,7 @@ def run_operator(operator, context) -> list[str]:
             return operations
         except TaskDeferred as deferred:
             trigger = deferred.trigger
-            if isinstance(trigger, GKEOperationTrigger):
+            if isinstance(trigger, GkeOperationTrigger):
                 operations.append(trigger.operation_name)
             else:
                 assert isinstance(trigger, DateTimeTrigger), trigger
@@ -741,7 +741,7 @@ def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_del
         third.ti.run_states[second.run_id] = "running"
         with pytest.raises(TaskDeferred) as deferred:
             create.execute(third.context())
-        assert not isinstance(deferred.value.trigger, GKEOperationTrigger)  # the wait for the delete
+        assert not isinstance(deferred.value.trigger, GkeOperationTrigger)  # the wait for the delete
         assert "is being deleted by the last run that used it" in capsys.readouterr().out
         third.ti.run_states[second.run_id] = "failed"  # it ended without deleting the cluster
         assert run_operator(create, third.context()) == []

@@ -120,9 +120,9 @@ def test_the_wait_asks_again_when_gke_does_not_answer_for_a_while_and_fails_when
     trigger = scripted_trigger(monkeypatch, [*blips, (RUNNING, []), *blips, (DONE, [])], deadline=time.time() + 3600)
     assert first_event(trigger) == {"status": "success", "operation_name": "operation-1"}
     outage = scripted_trigger(monkeypatch, blips * 5, deadline=time.time() + 3600)
-    assert first_event(outage) == {"status": "error", "message": "504 late"}
+    assert first_event(outage) == {"status": "error", "message": "504 late", "operation_name": "operation-1"}
     refused = scripted_trigger(monkeypatch, [(PermissionDenied("no"), [])], deadline=time.time() + 3600)
-    assert first_event(refused) == {"status": "error", "message": "403 no"}
+    assert first_event(refused) == {"status": "error", "message": "403 no", "operation_name": "operation-1"}
 
 
 QUOTA = {
@@ -199,6 +199,9 @@ def test_the_trigger_survives_serialization():
     path, kwargs = trigger.serialize()
     assert path == "tpu_rl.triggers.gke.TpuPoolCreateTrigger"
     assert TpuPoolCreateTrigger(**kwargs).serialize() == (path, kwargs)
+    # A wait deferred under 2.1.1, whose trigger extended the provider's and serialised its keywords, resumes.
+    older = {**kwargs, "use_dns_endpoint": False}
+    assert TpuPoolCreateTrigger(**older).serialize() == (path, kwargs)
 
 
 # The operator's decisions.
@@ -286,7 +289,7 @@ def test_pool_conditions_are_read_with_their_enum_names():
     )
 
     class Client:
-        def get_node_pool(self, name):
+        def get_node_pool(self, name, timeout):
             assert name == POOL_PATH
             return pool
 
@@ -295,7 +298,7 @@ def test_pool_conditions_are_read_with_their_enum_names():
             return SimpleNamespace(get_cluster_manager_client=Client)
 
     hook = AsyncGkeApiHook("google_cloud_default", "my-project", "us-east5")
-    hook.provider_hook = ProviderHook()
+    hook._provider_hook = ProviderHook()
     assert asyncio.run(hook.node_pool_conditions(POOL_PATH)) == [STOCKOUT]
 
 

@@ -206,33 +206,47 @@ class GkeApiHook:
 class AsyncGkeApiHook:
     """GKE's operations and a node pool's conditions from a trigger's event loop, in ``project_id``/``location``:
     the operations through the provider's ``GKEAsyncHook``; the conditions, which that hook does not read,
-    through its sync hook's client (its credentials and client options, in every provider version), in a
-    thread."""
+    through its sync hook's client (its credentials and client options, in every provider version). Nothing here
+    blocks the loop: the provider's module and the GKE client's are imported in a thread on first use (about 2 s
+    on a busy triggerer), and the sync client is made and called in a thread."""
 
     def __init__(self, gcp_conn_id: str, project_id: str, location: str, impersonation_chain: Any = None) -> None:
         self.gcp_conn_id = gcp_conn_id
         self.project_id = project_id
         self.location = location
         self.impersonation_chain = impersonation_chain
+        self._provider_hook: GKEAsyncHook | None = None
 
-    @cached_property
-    def provider_hook(self) -> GKEAsyncHook:
-        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook
-
-        return GKEAsyncHook(
-            gcp_conn_id=self.gcp_conn_id, location=self.location, impersonation_chain=self.impersonation_chain
-        )
+    async def provider_hook(self) -> GKEAsyncHook:
+        if self._provider_hook is None:
+            module = await asyncio.to_thread(_import_gke_clients)
+            self._provider_hook = module.GKEAsyncHook(
+                gcp_conn_id=self.gcp_conn_id, location=self.location, impersonation_chain=self.impersonation_chain
+            )
+        return self._provider_hook
 
     async def get_operation(self, name: str) -> Operation:
-        return await self.provider_hook.get_operation(operation_name=name, project_id=self.project_id)
+        hook = await self.provider_hook()
+        return await hook.get_operation(operation_name=name, project_id=self.project_id)
 
     async def node_pool_conditions(self, pool_path: str) -> list[dict[str, str]]:
         """The pool's ``conditions`` (GKE's reasons for its current state) as plain dicts with enum names."""
         from google.rpc.code_pb2 import Code
 
-        client = (await self.provider_hook.get_sync_hook()).get_cluster_manager_client()
-        pool = await asyncio.to_thread(client.get_node_pool, name=pool_path)
+        sync_hook = await (await self.provider_hook()).get_sync_hook()
+        pool = await asyncio.to_thread(
+            lambda: sync_hook.get_cluster_manager_client().get_node_pool(name=pool_path, timeout=CALL_TIMEOUT_SECONDS)
+        )
         return [
             {"code": c.code.name, "message": c.message, "canonical_code": Code.Name(c.canonical_code)}
             for c in pool.conditions
         ]
+
+
+def _import_gke_clients() -> Any:
+    """The provider's GKE hooks module, with the GKE client and the RPC codes it reads (imported in a thread)."""
+    import importlib
+
+    importlib.import_module("google.cloud.container_v1")
+    importlib.import_module("google.rpc.code_pb2")
+    return importlib.import_module("airflow.providers.google.cloud.hooks.kubernetes_engine")

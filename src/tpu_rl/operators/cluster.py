@@ -2,7 +2,7 @@
 
 Every create adopts what exists; every delete removes only objects labelled with this run's key, so a
 retried or cleared task never creates twice and never deletes a cluster or pool another run made.
-GKE operations are awaited by the Google provider's ``GKEOperationTrigger`` (deferred, no worker slot).
+GKE operations are awaited by ``triggers.gke.GkeOperationTrigger`` (deferred, no worker slot).
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
     def _await(
         self, config: RunConfig, operation_name: str, next_step: int | None = None, method_name: str = "operation_done"
     ) -> None:
-        from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+        from tpu_rl.triggers.gke import GkeOperationTrigger
 
         self.defer(
-            trigger=GKEOperationTrigger(
+            trigger=GkeOperationTrigger(
                 operation_name=operation_name,
                 project_id=config.project,
                 location=config.region,
@@ -91,9 +91,10 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
     def wait_out(self, refused: GkeRefusedError, what: str, refusals: int, **wait: Any) -> None:
         """Defers until GKE takes a refused request again, then submits again (:meth:`resubmit`): through the
         operation that blocks it (the run's own, or GKE's: a control-plane upgrade, an auto-repair), or
-        :data:`REFUSED_RETRY_SECONDS` when GKE throttles. Fails after :data:`REFUSED_RETRIES` refusals in a row."""
-        from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
+        ``refused_retry_interval`` when GKE throttles. Fails after :data:`REFUSED_RETRIES` refusals in a row."""
         from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        from tpu_rl.triggers.gke import GkeOperationTrigger
 
         if refusals >= REFUSED_RETRIES:
             raise AirflowException(
@@ -110,7 +111,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
                 blocking.operation_type.name,
                 refused.message,
             )
-            trigger: Any = GKEOperationTrigger(
+            trigger: Any = GkeOperationTrigger(
                 operation_name=blocking.name,
                 project_id=config.project,
                 location=config.region,
@@ -136,7 +137,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         if event["status"] in ("failed", "error"):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
-        # The provider's trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
+        # The trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
         # a missing reservation) DONE with an error: read it.
         config = self.bind_scope(context).config
         operation = gke_api(config).get_operation(event["operation_name"])

@@ -1,12 +1,16 @@
-"""Trigger that waits for a TPU node pool's create operation, and for GKE capacity while it waits.
+"""Triggers that wait for GKE's operations: any operation, and a TPU node pool's create with GKE's capacity.
+
+The module imports neither the Google provider nor the GKE client: the triggerer imports a trigger's module on its
+event loop, and the provider's ``kubernetes_engine`` triggers took about 2 s to import there, stalling every
+trigger of that triggerer (Airflow's "async thread was blocked" warning); :class:`AsyncGkeApiHook` loads them in a
+thread on first use. The provider's ``GKEOperationTrigger`` also ended its wait at GKE's first passing error.
 
 GKE keeps a create it cannot get capacity for RUNNING while it retries, for about 35 minutes, before it
 fails it with GCE_STOCKOUT (observed: "Not all instances running in IGM after 35m", Cluster Toolkit PR 6278);
-no source shows it saying so in the pool meanwhile. The provider's ``GKEOperationTrigger`` would wait silently
-for all of it; this one gives up at the run's capacity deadline once the create has run longer than a create
-with capacity takes (``create_seconds``), or at once past the deadline when the pool's conditions name a
-stockout, logging GKE's reason at most once a minute. A create GKE gives up on ends DONE with its error, which
-the operator reads.
+no source shows it saying so in the pool meanwhile. :class:`TpuPoolCreateTrigger` gives up at the run's capacity
+deadline once the create has run longer than a create with capacity takes (``create_seconds``), or at once past
+the deadline when the pool's conditions name a stockout, logging GKE's reason at most once a minute. A create GKE
+gives up on ends DONE with its error, which the operator reads.
 """
 
 from __future__ import annotations
@@ -17,8 +21,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.providers.google.cloud.triggers.kubernetes_engine import GKEOperationTrigger
-from airflow.triggers.base import TriggerEvent
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl.gke import capacity_wait_reason, quota_reason
 from tpu_rl.hooks.gke import AsyncGkeApiHook, is_transient
@@ -32,33 +35,44 @@ CREATE_SECONDS = 15 * 60
 TRANSIENT_ERRORS = 10
 
 
-class TpuPoolCreateTrigger(GKEOperationTrigger):
-    """The provider's operation wait (same events: ``success`` once the operation is DONE, ``error``), plus
-    ``capacity_timeout`` (with the pool's name as ``node_pool``, GKE's reason as ``message``) when the pool still
-    waits for capacity at ``capacity_deadline``.
+class GkeOperationTrigger(BaseTrigger):
+    """Fires ``success`` once GKE's operation is DONE (the operator reads its error: GKE marks a failed operation
+    DONE too), or ``error`` (with ``message``) when it cannot be read; GKE's passing errors are asked again, up to
+    :data:`TRANSIENT_ERRORS` looks in a row. The provider's ``GKEOperationTrigger``'s arguments and events.
 
-    :param pool_path: ``projects/P/locations/L/clusters/C/nodePools/N``.
-    :param capacity_deadline: POSIX time after which a pool that waits for capacity is given up.
-    :param create_seconds: how long a create with capacity takes (:data:`CREATE_SECONDS`).
+    :param use_dns_endpoint: serialised by the provider's trigger, which this one's subclass extended before 2.2.0;
+        not read (the operation is GKE's API, not the cluster's).
     """
 
     def __init__(
-        self, *, pool_path: str, capacity_deadline: float, create_seconds: float = CREATE_SECONDS, **kwargs: Any
+        self,
+        *,
+        operation_name: str,
+        project_id: str,
+        location: str,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: Any = None,
+        poll_interval: float = 10,
+        use_dns_endpoint: bool = False,
     ) -> None:
-        super().__init__(**kwargs)
-        self.pool_path = pool_path
-        self.capacity_deadline = capacity_deadline
-        self.create_seconds = create_seconds
+        super().__init__()
+        self.operation_name = operation_name
+        self.project_id = project_id
+        self.location = location
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.poll_interval = poll_interval
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        _, kwargs = super().serialize()
         return (
             f"{__name__}.{type(self).__name__}",
             {
-                **kwargs,
-                "pool_path": self.pool_path,
-                "capacity_deadline": self.capacity_deadline,
-                "create_seconds": self.create_seconds,
+                "operation_name": self.operation_name,
+                "project_id": self.project_id,
+                "location": self.location,
+                "gcp_conn_id": self.gcp_conn_id,
+                "impersonation_chain": self.impersonation_chain,
+                "poll_interval": self.poll_interval,
             },
         )
 
@@ -67,7 +81,6 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook, transient = self.gke_api(), 0
-        self._logged_at: float | None = None
         try:
             while True:
                 try:
@@ -85,18 +98,55 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
                     return
                 await asyncio.sleep(self.poll_interval)
         except Exception as error:  # noqa: BLE001 - reported to the task as the provider's trigger does
-            self.log.exception("Could not read operation %s or node pool %s", self.operation_name, self.pool_path)
-            yield TriggerEvent({"status": "error", "message": str(error)})
+            self.log.exception("Could not read GKE's operation %s", self.operation_name)
+            yield TriggerEvent({"status": "error", "message": str(error), "operation_name": self.operation_name})
 
     async def _look(self, hook: AsyncGkeApiHook) -> dict[str, Any] | None:
-        """One look at the operation and the pool: the event to fire, or None to look again."""
-        from google.cloud.container_v1 import Operation
+        """One look: the event to fire, or None to look again."""
+        operation = await hook.get_operation(self.operation_name)
+        if operation.status.name == "DONE":
+            return {"status": "success", "operation_name": operation.name}
+        return None
 
+
+class TpuPoolCreateTrigger(GkeOperationTrigger):
+    """The operation wait (same events), plus ``quota`` and ``capacity_timeout`` (with the pool's name as
+    ``node_pool``, GKE's reason as ``message``): the pool's conditions name missing quota, or it still waits for
+    capacity at ``capacity_deadline``.
+
+    :param pool_path: ``projects/P/locations/L/clusters/C/nodePools/N``.
+    :param capacity_deadline: POSIX time after which a pool that waits for capacity is given up.
+    :param create_seconds: how long a create with capacity takes (:data:`CREATE_SECONDS`).
+    """
+
+    def __init__(
+        self, *, pool_path: str, capacity_deadline: float, create_seconds: float = CREATE_SECONDS, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.pool_path = pool_path
+        self.capacity_deadline = capacity_deadline
+        self.create_seconds = create_seconds
+        self._logged_at: float | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return (
+            classpath,
+            {
+                **kwargs,
+                "pool_path": self.pool_path,
+                "capacity_deadline": self.capacity_deadline,
+                "create_seconds": self.create_seconds,
+            },
+        )
+
+    async def _look(self, hook: AsyncGkeApiHook) -> dict[str, Any] | None:
+        """One look at the operation and, while GKE creates it, at the pool."""
         pool = self.pool_path.rsplit("/", 1)[-1]
         operation = await hook.get_operation(self.operation_name)
-        if operation.status == Operation.Status.DONE:
+        if operation.status.name == "DONE":
             return {"status": "success", "operation_name": operation.name}
-        if operation.operation_type != Operation.Type.CREATE_NODE_POOL:  # a pool replaced, GKE's own operation
+        if operation.operation_type.name != "CREATE_NODE_POOL":  # a pool replaced, GKE's own operation
             return None
         conditions = await hook.node_pool_conditions(self.pool_path)
         if (quota := quota_reason(conditions)) is not None:  # no wait brings quota
@@ -114,7 +164,7 @@ class TpuPoolCreateTrigger(GKEOperationTrigger):
         if time.time() >= self.capacity_deadline:
             # GKE may have ended the create between the two reads: its error then says why
             ended = await hook.get_operation(self.operation_name)
-            if ended.status == Operation.Status.DONE:
+            if ended.status.name == "DONE":
                 return {"status": "success", "operation_name": operation.name}
             return {
                 "status": "capacity_timeout",
