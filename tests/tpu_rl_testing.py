@@ -140,7 +140,7 @@ def trigger_samples() -> list:
     from tpu_rl import __version__
     from tpu_rl.output_checks import ConversionLockWait, FinalTrainingStep, HfExport, OrbaxStep
     from tpu_rl.triggers.checkpoints import GcsOutputTrigger
-    from tpu_rl.triggers.gke import TpuPoolCreateTrigger
+    from tpu_rl.triggers.gke import GkeOperationTrigger, TpuPoolCreateTrigger
     from tpu_rl.triggers.jobset import JobSetTrigger
     from tpu_rl.triggers.triggerer import TriggererCheckTrigger
 
@@ -154,6 +154,7 @@ def trigger_samples() -> list:
     return [
         TriggererCheckTrigger(sent_by=__version__),
         *(GcsOutputTrigger("b", check, deadline=1.8e9) for check in checks),
+        GkeOperationTrigger(operation_name="operation-1", project_id="p", location="us-east5"),
         TpuPoolCreateTrigger(
             operation_name="operation-1",
             project_id="p",

@@ -1,8 +1,9 @@
 """The run's scope: what one task execution of a DAG run works with, resolved once from the task's context.
 
 :class:`RunScope` holds the run's params and identity, and derives from them, once, the validated
-:class:`~tpu_rl.config.RunConfig`, the :class:`~tpu_rl.layout.GcsLayout` and the cluster to reach. The config
-is rebuilt in every task from the run's params (deterministic, and nothing passes through XCom).
+:class:`~tpu_rl.config.RunConfig`, the :class:`~tpu_rl.layout.GcsLayout`, the cluster to reach and the hooks a
+task execution calls (GKE, the cluster's Kubernetes API, the bucket and the output checks' reads), each made once.
+The config is rebuilt in every task from the run's params (deterministic, and nothing passes through XCom).
 
 :class:`RunScoped` gives it to the pipeline's operators and sensors (in the manner of the Google
 provider's ``GKEOperatorMixin``): ``bind_scope(context)`` at each entry (template rendering, ``execute``,
@@ -24,8 +25,9 @@ from tpu_rl.layout import GcsLayout, training_record
 from tpu_rl.run import DataInterval, RunIdentity
 
 if TYPE_CHECKING:
-    from tpu_rl.hooks.gcs import GcsBucketHook
-    from tpu_rl.hooks.kubernetes import ClusterTarget
+    from tpu_rl.hooks.gcs import GcsBucketHook, GcsReadHook
+    from tpu_rl.hooks.gke import GkeApiHook
+    from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,27 @@ class RunScope:
         from tpu_rl.hooks.kubernetes import ClusterTarget
 
         return ClusterTarget.for_run(self.config)
+
+    @cached_property
+    def gke(self) -> GkeApiHook:
+        """The GKE API of the run's project and region, one client per task execution."""
+        from tpu_rl.hooks.gke import GkeApiHook
+
+        return GkeApiHook(self.config.gcp_conn_id, self.config.project, self.config.region)
+
+    @cached_property
+    def kubernetes(self) -> KubernetesApiHook:
+        """The Kubernetes API of the run's cluster, one client per task execution."""
+        from tpu_rl.hooks.kubernetes import KubernetesApiHook
+
+        return KubernetesApiHook(self.cluster_target)
+
+    @cached_property
+    def storage_reads(self) -> GcsReadHook:
+        """The reads of the output checks, through the run's Google connection."""
+        from tpu_rl.hooks.gcs import GcsReadHook
+
+        return GcsReadHook(self.config.gcp_conn_id)
 
     @cached_property
     def bucket(self) -> GcsBucketHook:

@@ -18,7 +18,6 @@ from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
-from tpu_rl.hooks.kubernetes import KubernetesApiHook
 from tpu_rl.leases import holder_has_ended
 from tpu_rl.operators.leases import (
     dag_run_state,
@@ -38,11 +37,6 @@ CAPACITY_RETRY_SECONDS = 120
 #: before asking again; and after how many refusals in a row (about 20 minutes) the task fails.
 REFUSED_RETRY_SECONDS = 30
 REFUSED_RETRIES = 40
-
-
-def gke_api(config: RunConfig) -> GkeApiHook:
-    """The GKE API of the run's project and region."""
-    return GkeApiHook(config.gcp_conn_id, config.project, config.region)
 
 
 class _AwaitsGkeOperations(RunScoped, BaseOperator):
@@ -139,8 +133,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
         # The trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
         # a missing reservation) DONE with an error: read it.
-        config = self.bind_scope(context).config
-        operation = gke_api(config).get_operation(event["operation_name"])
+        operation = self.bind_scope(context).gke.get_operation(event["operation_name"])
         if operation.error.code or operation.status_message:
             message = operation.error.message or operation.status_message
             self.operation_failed(context, operation, message, next_step=next_step, **wait)
@@ -178,7 +171,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
                 "cluster_mode is 'existing': using cluster %s, which this run will not delete", config.cluster_name
             )
             return
-        hook = gke_api(config)
+        hook = self.scope.gke
         if config.shares_cluster and not self._join_lease(context, hook):
             return
         try:
@@ -292,10 +285,10 @@ class ClusterReadySensor(RunScoped, BaseSensorOperator):
         scope = self.bind_scope(context)
         config = scope.config
         if config.kubernetes_conn_id:
-            version = KubernetesApiHook(scope.cluster_target).server_version()
+            version = scope.kubernetes.server_version()
             self.log.info("Cluster behind connection '%s' answers: Kubernetes %s", config.kubernetes_conn_id, version)
             return True
-        cluster = gke_api(config).get_cluster(config.cluster_name)
+        cluster = scope.gke.get_cluster(config.cluster_name)
         if cluster is None:
             raise AirflowFailException(
                 f"cluster_name: no cluster '{config.cluster_name}' in {config.project}/{config.region}; fix: "
@@ -348,7 +341,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
-        hook = gke_api(config)
+        hook = self.scope.gke
         in_flight: list[tuple[str, str]] = []
         refused: GkeRefusedError | None = None
         for index in range(config.cluster_nodepool_count):
@@ -506,7 +499,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         selector = (
             f"{TPU_ACCELERATOR_LABEL}={config.slice.generation.accelerator},{TPU_TOPOLOGY_LABEL}={config.topology}"
         )
-        nodes = KubernetesApiHook(self.scope.cluster_target).list_nodes(selector)
+        nodes = self.scope.kubernetes.list_nodes(selector)
         needed = config.hosts_per_slice * config.cluster_nodepool_count
         self.log.info("Found %d nodes with %s (the training needs %d)", len(nodes), selector, needed)
         if len(nodes) < needed:
@@ -539,7 +532,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         read by nothing: every pass looks at all the pools."""
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
-        hook = gke_api(config)
+        hook = self.scope.gke
         in_flight, refused = [], None
         for index in range(config.cluster_nodepool_count):
             pool = run.tpu_pool_name(index)
@@ -589,7 +582,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         config, run = self.scope.config, self.scope.run
         pools = [run.tpu_pool_name(i) for i in range(config.cluster_nodepool_count)]
         try:
-            listed = gke_api(config).list_operations()
+            listed = self.scope.gke.list_operations()
         except Exception as error:
             self.log.warning("Could not list GKE's operations to count the slices' TPU time: %s", error)
             return
@@ -628,7 +621,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if config.keep_cluster:
             self.log.warning("keep_cluster is set: cluster %s stays up and keeps costing money", config.cluster_name)
             return
-        hook = gke_api(config)
+        hook = self.scope.gke
         cluster = hook.get_cluster(config.cluster_name)
         if cluster is None:
             self.log.info("Cluster %s does not exist: nothing to delete", config.cluster_name)
@@ -653,7 +646,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         waits, deferred, and asks again."""
         config = self.bind_scope(context).config
         try:
-            operation = gke_api(config).delete_cluster(config.cluster_name)
+            operation = self.scope.gke.delete_cluster(config.cluster_name)
         except GkeRefusedError as refused:
             self.wait_out(refused, f"delete cluster {config.cluster_name}", refusals)
         if operation is None:
@@ -663,7 +656,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         self._await(config, operation)
 
     def _delete_secret(self, config: RunConfig, run: RunIdentity) -> None:
-        if KubernetesApiHook(self.scope.cluster_target).delete_secret(run.secret_name(), config.namespace):
+        if self.scope.kubernetes.delete_secret(run.secret_name(), config.namespace):
             self.log.info("Deleted Secret %s/%s; the existing cluster stays", config.namespace, run.secret_name())
         else:
             self.log.info("No Secret %s to delete; the existing cluster stays", run.secret_name())

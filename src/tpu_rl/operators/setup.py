@@ -13,7 +13,6 @@ from tpu_rl import __version__
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError
 from tpu_rl.config_rules import conversion_fit_problems
-from tpu_rl.hooks.kubernetes import KubernetesApiHook
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
 from tpu_rl.machines import quantity_cpu, quantity_gib
 from tpu_rl.manifests import hf_token_secret, workload_service_account
@@ -138,7 +137,7 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
     def execute(self, context: Any) -> None:
         scope = self.bind_scope(context)
         config = scope.config
-        hook = KubernetesApiHook(scope.cluster_target)
+        hook = scope.kubernetes
         versions = hook.crd_served_versions(JOBSET_CRD)
         problem = hook.jobset_admission_problem(config.namespace) if versions else None
         if versions and problem is None:
@@ -235,7 +234,7 @@ class CreateHfTokenSecretOperator(RunScoped, BaseOperator):
                 "Hugging Face token in the connection's password field."
             )
         secret = hf_token_secret(config, run, token)
-        hook = KubernetesApiHook(scope.cluster_target)
+        hook = scope.kubernetes
         account = workload_service_account(config)
         if hook.create_service_account(account, config.namespace):
             self.log.info(

@@ -23,7 +23,6 @@ from tpu_rl.contract import (
 )
 from tpu_rl.hooks.gcs import (
     GcsLock,
-    GcsReadHook,
     TrainingState,
     parse_not_before,
     training_state,
@@ -127,9 +126,7 @@ class HfToMaxTextOperator(RunJobSetOperator):
     def _step(self) -> tuple[str, Any]:
         """The converted step folder's URI and verdict, now."""
         config, prefix = self.scope.config, self.scope.layout.converted_step_prefix
-        verdict, _ = GcsReadHook(config.gcp_conn_id).run_now(
-            config.gcs_bucket, OrbaxStep(prefix=prefix, items=self.items)
-        )
+        verdict, _ = self.scope.storage_reads.run_now(config.gcs_bucket, OrbaxStep(prefix=prefix, items=self.items))
         return f"gs://{config.gcs_bucket}/{prefix}", verdict
 
     def _skip(self, reason: str) -> None:
@@ -386,7 +383,7 @@ class TrainRlOperator(RunJobSetOperator):
     def _training_state(self) -> TrainingState:
         """What the preempted training left in the bucket."""
         config, layout = self.scope.config, self.scope.layout
-        return GcsReadHook(config.gcp_conn_id).run_now(
+        return self.scope.storage_reads.run_now(
             config.gcs_bucket,
             lambda reader: training_state(
                 reader, layout.actor_checkpoints_prefix, layout.tensorboard_prefix, self.items
