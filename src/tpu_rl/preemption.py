@@ -3,14 +3,17 @@
 ``train_rl`` resumes a preempted training (``jobset_status.preemption`` says which failures count) from its
 newest complete checkpoint, up to ``max_preemptions`` times per run: a budget apart from Airflow's retries,
 which stay for the workload's own failures. Each preemption is kept in the run's training record, so a retried
-or cleared ``train_rl`` counts the earlier ones. Pure: the operator reads the bucket and the clock.
+or cleared ``train_rl`` counts the earlier ones. Pure: the operator reads the bucket and the clock, asks
+:func:`decide` what a preemption means, and applies the answer (moves, record, resubmission).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
+
+from tpu_rl import checkpoints
 
 
 @dataclass(frozen=True)
@@ -94,3 +97,80 @@ def describe_accounting(accounting: dict | None) -> str:
         f"{accounting['count']} of at most {accounting['max_preemptions']}, {minutes:.0f} min lost, "
         f"{accounting['steps_recomputed']} step(s) recomputed"
     )
+
+
+@dataclass(frozen=True)
+class TrainingComplete:
+    """The preempted training had made its final save (``step``): it is complete, not resubmitted."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class ResumeTraining:
+    """Set the step folders ``moves`` aside (step, why, the set-aside folder's name), keep ``record``, and
+    resubmit: the trainer restores ``record.resumed_from``. ``doubted``: committed steps whose leaves fail the
+    check, restored all the same (``checkpoints.ResumePlan.committed_warnings``)."""
+
+    record: PreemptionRecord
+    moves: tuple[tuple[int, str, str], ...]
+    doubted: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class BudgetSpent:
+    """As :class:`ResumeTraining`, but the run's budget is spent: keep ``record`` and fail the task, the
+    newest complete step (``newest_complete``) kept for a clear to resume from."""
+
+    record: PreemptionRecord
+    moves: tuple[tuple[int, str, str], ...]
+    newest_complete: int
+    doubted: tuple[tuple[int, str], ...] = ()
+
+
+def decide(
+    *,
+    steps: Iterable[tuple[int, checkpoints.Verdict]],
+    committed_at: datetime | None,
+    last_step: int,
+    attempt_started: datetime | None,
+    trainer_completed: bool,
+    recorded: int,
+    cause: Mapping[str, str],
+    now: datetime,
+    train_steps: int,
+    checkpoint_period: int,
+    max_preemptions: int,
+    set_aside_root: str,
+) -> TrainingComplete | ResumeTraining | BudgetSpent:
+    """What a preemption of the training means, from what it left in the bucket and the run's records.
+
+    :param steps: the step folders' verdicts, newest first, down to the newest complete one; ``committed_at`` when
+        that one was committed; ``last_step`` the step the trainer had reached.
+    :param attempt_started: when the preempted attempt's JobSet was created (time before it is not lost).
+    :param trainer_completed: the trainer printed its success line (an early end on a save boundary).
+    :param recorded: the preemptions the run's record holds already; ``cause`` the preemption's ``reason`` and
+        ``pod``.
+    :param set_aside_root: the ``gs://`` prefix the set-aside folders go under.
+    """
+    plan = checkpoints.plan_resume(steps)
+    final = checkpoints.check_final_step(
+        plan.resume_from, train_steps, checkpoint_period, trainer_completed=trainer_completed
+    )
+    if final.complete:
+        return TrainingComplete(plan.resume_from)
+    moves = tuple((step, why, checkpoints.set_aside_folder(step, now)) for step, why in plan.set_aside)
+    since = max(filter(None, [committed_at, attempt_started]), default=None)
+    resumed = within_budget(recorded, max_preemptions)
+    record = PreemptionRecord(
+        number=recorded + 1,
+        reason=f"{cause['reason']}; pod {cause['pod']}",
+        preempted_at=now.isoformat(timespec="seconds"),
+        preempted_at_step=max(last_step, plan.resume_from),
+        resumed_from=plan.resume_from if resumed else None,
+        seconds_lost=seconds_lost(since, now),
+        set_aside=tuple(set_aside_root + folder for _, _, folder in moves),
+    )
+    if resumed:
+        return ResumeTraining(record, moves, plan.committed_warnings)
+    return BudgetSpent(record, moves, plan.resume_from, plan.committed_warnings)

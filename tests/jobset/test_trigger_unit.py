@@ -1,5 +1,6 @@
 """The trigger's parts that need no cluster: its serialized form and the log cursor used on reconnects."""
 
+from tpu_rl.hooks.kubernetes import ClusterTarget
 from tpu_rl.triggers.jobset import JobSetTrigger
 from tpu_rl.triggers.workload_log import JobSetLogRecord, LogCursor, LogPrinter, WorkloadLogFollower
 
@@ -11,7 +12,7 @@ def test_trigger_round_trips_through_its_serialized_form():
         uid="u",
         log_replicated_job="pathways-head",
         log_container="workload-container",
-        kubernetes_conn_id="k",
+        cluster=ClusterTarget(kubernetes_conn_id="k"),
         progress_interval=60,
     )
     classpath, kwargs = trigger.serialize()
@@ -21,8 +22,6 @@ def test_trigger_round_trips_through_its_serialized_form():
 
 def test_a_trigger_serialised_before_the_cluster_was_one_object_still_loads():
     """A task deferred across a deploy: its trigger row names the cluster with the old keywords."""
-    from tpu_rl.hooks.kubernetes import ClusterTarget
-
     old = {
         "name": "n",
         "namespace": "ns",
@@ -101,7 +100,12 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
     pod = SimpleNamespace(uid="pod-uid", name="head-0")
     api = _JobSetApi()
     trigger = JobSetTrigger(
-        name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
+        name="n",
+        namespace="ns",
+        uid="u",
+        log_replicated_job="pathways-head",
+        log_container="c",
+        cluster=ClusterTarget(kubernetes_conn_id="k"),
     )
 
     class Hook:
@@ -211,7 +215,12 @@ def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():
     from tpu_rl.vocabulary import COMPLETION_INDEX_LABEL, JOB_INDEX_LABEL, REPLICATED_JOB_LABEL
 
     trigger = JobSetTrigger(
-        name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
+        name="n",
+        namespace="ns",
+        uid="u",
+        log_replicated_job="pathways-head",
+        log_container="c",
+        cluster=ClusterTarget(kubernetes_conn_id="k"),
     )
     labels = {REPLICATED_JOB_LABEL: "pathways-head", JOB_INDEX_LABEL: "0", COMPLETION_INDEX_LABEL: "0"}
 

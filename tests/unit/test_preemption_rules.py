@@ -202,3 +202,56 @@ def test_set_aside_steps_go_outside_the_checkpoint_managers_folder():
     assert not destination.startswith(layout.actor_checkpoints_prefix)
     assert destination == layout.actor_checkpoints_prefix.removesuffix("actor/") + "_set_aside/30-20260102T030405Z/"
     assert not ck.step_numbers(["_set_aside/"])  # never a step to Orbax or to the final-step check
+
+
+def decide(**changes):
+    """The decision for a training of 50 steps saved every 10, preempted at 10:00 after reaching step 34, whose
+    attempt started at 09:00 and whose newest complete step was committed at 09:40."""
+    at = datetime(2026, 12, 4, 10, 0, tzinfo=UTC)
+    facts = {
+        "steps": [verdict(30, committed=False), verdict(20)],
+        "committed_at": at - timedelta(minutes=20),
+        "last_step": 34,
+        "attempt_started": at - timedelta(hours=1),
+        "trainer_completed": False,
+        "recorded": 0,
+        "cause": {"reason": "DisruptionTarget TerminationByKubelet", "pod": "head-0"},
+        "now": at,
+        "train_steps": 50,
+        "checkpoint_period": 10,
+        "max_preemptions": 3,
+        "set_aside_root": "gs://b/run/checkpoints/_set_aside/",
+    }
+    return pr.decide(**{**facts, **changes})
+
+
+def test_a_preemption_is_resumed_from_the_newest_complete_step_with_what_it_cost():
+    decision = decide()
+    assert isinstance(decision, pr.ResumeTraining)
+    assert decision.moves == ((30, decision.moves[0][1], "30-20261204T100000Z/"),)
+    record = decision.record
+    assert (record.number, record.resumed_from, record.preempted_at_step, record.steps_recomputed) == (1, 20, 34, 14)
+    assert record.seconds_lost == 1200.0  # since the newest complete step was committed, not the attempt's start
+    assert record.set_aside == ("gs://b/run/checkpoints/_set_aside/30-20261204T100000Z/",)
+    assert record.reason == "DisruptionTarget TerminationByKubelet; pod head-0"
+
+
+def test_a_preemption_beyond_the_budget_is_recorded_and_not_resumed():
+    decision = decide(recorded=3)
+    assert isinstance(decision, pr.BudgetSpent)
+    assert decision.record.number == 4 and decision.record.resumed_from is None and decision.newest_complete == 20
+    assert decision.moves  # the half-written step is set aside all the same, for a clear to resume past it
+
+
+def test_a_preemption_after_the_final_save_completes_the_training():
+    assert decide(steps=[verdict(50), verdict(40)]) == pr.TrainingComplete(50)
+    # An early end on a save boundary counts only when the trainer said it was done.
+    assert decide(steps=[verdict(40)], trainer_completed=True) == pr.TrainingComplete(40)
+    assert isinstance(decide(steps=[verdict(40)]), pr.ResumeTraining)
+
+
+def test_a_doubted_committed_step_is_resumed_from_and_named():
+    decision = decide(steps=[verdict(30, leaf=False), verdict(20)])
+    assert decision.record.resumed_from == 30 and decision.doubted == (
+        (30, "leaf actor/30/model_params/w/ has no .zarray"),
+    )

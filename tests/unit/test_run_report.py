@@ -20,6 +20,7 @@ from tpu_rl import training_metrics as tm
 from tpu_rl.checkpoints import StoredObject
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.hooks.kubernetes import ClusterTarget
 from tpu_rl.operators.publish import RunPublishHfExportOperator
 from tpu_rl.operators.run_report import QualityGateOperator, RunSummaryOperator
 from tpu_rl.operators.workloads import TrainRlOperator
@@ -117,7 +118,7 @@ def test_the_training_trigger_serialises_where_its_event_files_are():
         uid="u",
         log_replicated_job="pathways-head",
         log_container="c",
-        kubernetes_conn_id="k",
+        cluster=ClusterTarget(kubernetes_conn_id="k"),
         training=training,
     )
 
@@ -378,7 +379,7 @@ def training_trigger_lines(
         uid="u",
         log_replicated_job="pathways-head",
         log_container="c",
-        kubernetes_conn_id="k",
+        cluster=ClusterTarget(kubernetes_conn_id="k"),
         training={"bucket": "b", "prefix": "p/", "train_steps": 30, "interval": interval},
     )
     trigger._log = LinesLog()

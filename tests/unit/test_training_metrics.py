@@ -12,6 +12,7 @@ import pytest
 
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.hooks.kubernetes import ClusterTarget
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "sim"))
@@ -442,7 +443,12 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
                 yield f"2026-12-01T11:14:{i // 100:02d}.{i % 100:02d}Z {text}"
 
     trigger = JobSetTrigger(
-        name="n", namespace="ns", uid="u", log_replicated_job="pathways-head", log_container="c", kubernetes_conn_id="k"
+        name="n",
+        namespace="ns",
+        uid="u",
+        log_replicated_job="pathways-head",
+        log_container="c",
+        cluster=ClusterTarget(kubernetes_conn_id="k"),
     )
     progress = Progress(tail_lines=100)
     follower = trigger.log_follower(LogPrinter(trigger.log))

@@ -129,6 +129,10 @@ class JobSetOperator(BaseOperator):
         """Runs once the task knows its JobSet writes no more: Completed (adopted or awaited), Failed, or
         deleted while the task waited."""
 
+    def on_tracked(self, context: Context, jobset: dict) -> None:
+        """Runs once the task tracks ``jobset``, submitted by this try or adopted from an earlier one (the
+        submitting try is in its annotation ``tpu-rl.dev/submitted-try``)."""
+
     def on_abandon(self, deleted: bool) -> None:
         """Runs when the task stops without seeing its JobSet end: a failure while submitting or adopting it
         (``deleted`` False: the JobSet may still run), or a kill or ``execution_timeout`` after which
@@ -251,16 +255,23 @@ class JobSetOperator(BaseOperator):
         return max(self.execution_timeout - (timezone.utcnow() - started), timedelta(seconds=1))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
-        """The trigger's event: the JobSet Completed, Failed or was deleted; in every case it writes no more."""
+        """The trigger's event: the JobSet Completed, Failed or was deleted; in every case it writes no more, and
+        ``after_jobset_ended`` runs on every way out of the task but a deferral (``after_failed`` submitted a
+        replacement to wait for)."""
         self.tracked = {k: event[k] for k in ("name", "namespace", "uid")}
-        if event["status"] == "failed" and (result := self.after_failed(context, event)) is not None:
-            return result
+        ended = True
         try:
+            if event["status"] == "failed" and (result := self.after_failed(context, event)) is not None:
+                return result
             if event["status"] != "success":
                 raise JobSetFailedError(event["message"])
             return self.succeed(context, event)
+        except TaskDeferred:
+            ended = False
+            raise
         finally:
-            self.after_jobset_ended(context)
+            if ended:
+                self.after_jobset_ended(context)
 
     def succeed(self, context: Context, event: dict[str, Any]) -> dict:
         """The task's result for a JobSet whose work is done (its event): ``after_completed`` runs."""
@@ -353,6 +364,7 @@ class JobSetOperator(BaseOperator):
             "created": meta.get("creationTimestamp", ""),
         }
         context["ti"].xcom_push(key=XCOM_JOBSET, value=self.tracked)
+        self.on_tracked(context, jobset)
 
     def link_params(self) -> dict[str, str] | None:
         """What the extra links need, once a JobSet is tracked on a GKE cluster."""

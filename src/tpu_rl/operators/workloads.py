@@ -329,50 +329,41 @@ class TrainRlOperator(RunJobSetOperator):
         self._push_accounting(context, None)
 
     def _resume_after_preemption(self, context: Any, event: dict[str, Any]) -> dict | None:
-        """Sets aside what is not whole, records the preemption, then resubmits and defers (or fails the task
-        once the run's budget is spent). A training preempted after its final save (during the evaluation after
-        training, say) is complete: resubmitting it would reload the model and evaluate twice for nothing."""
+        """Applies what :func:`tpu_rl.preemption.decide` makes of the preemption: a training preempted after its
+        final save (during the evaluation after training, say) is complete (resubmitting it would reload the model
+        and evaluate twice for nothing); else what is not whole is set aside, the preemption recorded, and the
+        training resubmitted, deferred, or the task failed once the run's budget is spent."""
         scope, config = self.scope, self.scope.config
-        layout, bucket = scope.layout, scope.bucket
         state, now = self._training_state(), datetime.now(UTC)
-        plan = self._resume_plan(state)
-        completed = trainer_completed(event.get("evaluation_lines") or [])  # an early end on a save boundary
-        final = checkpoints.check_final_step(
-            plan.resume_from, config.train_steps, config.checkpoint_period, trainer_completed=completed
+        started = (context["ti"].xcom_pull(task_ids=self.task_id, key=XCOM_JOBSET) or {}).get("created")
+        decision = preemption.decide(
+            steps=state.steps,
+            committed_at=state.committed_at,
+            last_step=state.last_step,
+            attempt_started=parse_not_before(started),
+            trainer_completed=trainer_completed(event.get("evaluation_lines") or []),
+            recorded=len(recorded_preemptions(scope.bucket, scope.layout.training_record_object)),
+            cause=event["preemption"],
+            now=now,
+            train_steps=config.train_steps,
+            checkpoint_period=config.checkpoint_period,
+            max_preemptions=config.max_preemptions,
+            set_aside_root=scope.layout.uri(scope.layout.set_aside_prefix),
         )
-        if final.complete:
+        if isinstance(decision, preemption.TrainingComplete):
             self.log.warning(
-                "Preempted after its final save (actor/%d/ is the run's last step): the training is "
-                "complete, not resubmitted.\n%s",
-                plan.resume_from,
+                "Preempted after its final save (actor/%d/ is the run's last step): the training is complete, not "
+                "resubmitted.\n%s",
+                decision.step,
                 event["message"],
             )
-            try:
-                return self.succeed(context, {**event, "message": f"training complete at step {plan.resume_from}"})
-            finally:
-                self.after_jobset_ended(context)
-        moved = [self._set_aside(step, why, now) for step, why in plan.set_aside]
-        started = (context["ti"].xcom_pull(task_ids=self.task_id, key=XCOM_JOBSET) or {}).get("created")
-        since = max(filter(None, [state.committed_at, parse_not_before(started)]), default=None)
-        recorded = recorded_preemptions(bucket, layout.training_record_object)
-        resumed = preemption.within_budget(len(recorded), config.max_preemptions)
-        record = preemption.PreemptionRecord(
-            number=len(recorded) + 1,
-            reason=f"{event['preemption']['reason']}; pod {event['preemption']['pod']}",
-            preempted_at=now.isoformat(timespec="seconds"),
-            preempted_at_step=max(state.last_step, plan.resume_from),
-            resumed_from=plan.resume_from if resumed else None,
-            seconds_lost=preemption.seconds_lost(since, now),
-            set_aside=tuple(moved),
-        )
-        records = record_preemption(bucket, layout.training_record_object, record)
-        if not resumed:
-            self._push_accounting(context, records)
-            raise AirflowFailException(
-                f"{preemption.budget_spent_message(record, config.max_preemptions, plan.resume_from)}\n"
-                f"{event['message']}"
-            )
-        self.log.warning("%s", preemption.resume_message(record, config.max_preemptions))
+            return self.succeed(context, {**event, "message": f"training complete at step {decision.step}"})
+        self._apply_moves(decision.moves, decision.doubted)
+        records = record_preemption(scope.bucket, scope.layout.training_record_object, decision.record)
+        if isinstance(decision, preemption.BudgetSpent):
+            message = preemption.budget_spent_message(decision.record, config.max_preemptions, decision.newest_complete)
+            raise AirflowFailException(f"{message}\n{event['message']}")
+        self.log.warning("%s", preemption.resume_message(decision.record, config.max_preemptions))
         self.log.info("The preempted attempt:\n%s", event["message"])
         self._push_accounting(context, records)
         name, namespace, uid = event["name"], event["namespace"], event["uid"]
@@ -390,10 +381,11 @@ class TrainRlOperator(RunJobSetOperator):
             ),
         )
 
-    def _resume_plan(self, state: TrainingState) -> checkpoints.ResumePlan:
-        """Which step the trainer resumes from and what is set aside; warns of committed steps it doubts."""
-        plan = checkpoints.plan_resume(state.steps)
-        for step, why in plan.committed_warnings:
+    def _apply_moves(self, moves: Sequence[tuple[int, str, str]], doubted: Sequence[tuple[int, str]]) -> None:
+        """Moves each step folder out of the checkpoint manager's view (copied, then removed), logging both places;
+        warns of the committed steps the trainer restores though their leaves fail the check."""
+        layout = self.scope.layout
+        for step, why in doubted:
             self.log.warning(
                 "actor/%d/ is committed (%s) but %s: Orbax restores a committed step, so the trainer resumes from it "
                 "(the leaf layout of Pathways' persistence is not documented)",
@@ -401,23 +393,17 @@ class TrainRlOperator(RunJobSetOperator):
                 checkpoints.COMMIT_SUCCESS,
                 why,
             )
-        return plan
-
-    def _set_aside(self, step: int, why: str, now: datetime) -> str:
-        """Moves one step folder out of the checkpoint manager's view (copied, then removed); logs both places."""
-        layout = self.scope.layout
-        source = f"{layout.actor_checkpoints_prefix}{step}/"
-        destination = layout.set_aside_prefix + checkpoints.set_aside_folder(step, now)
-        count = self.scope.bucket.move_folder(source, destination)
-        self.log.warning(
-            "actor/%d/ is not a complete step (%s): set aside, %d objects moved from %s to %s",
-            step,
-            why,
-            count,
-            layout.uri(source),
-            layout.uri(destination),
-        )
-        return layout.uri(destination)
+        for step, why, folder in moves:
+            source, destination = f"{layout.actor_checkpoints_prefix}{step}/", layout.set_aside_prefix + folder
+            count = self.scope.bucket.move_folder(source, destination)
+            self.log.warning(
+                "actor/%d/ is not a complete step (%s): set aside, %d objects moved from %s to %s",
+                step,
+                why,
+                count,
+                layout.uri(source),
+                layout.uri(destination),
+            )
 
     def _push_accounting(self, context: Any, records: list[PreemptionRecord] | None) -> None:
         """The run's preemptions so far, as XCom ``preemptions``; read from the record unless just written."""
@@ -445,9 +431,8 @@ class MaxTextToHfOperator(RunJobSetOperator):
         prefix = scope.layout.export_attempt_prefix(scope.try_number)
         return manifests.maxtext_to_hf_jobset(scope.config, scope.run, int(step), prefix)
 
-    def _track(self, context: Any, jobset: dict) -> None:
+    def on_tracked(self, context: Any, jobset: dict) -> None:
         """An adopted JobSet writes where the try that submitted it told it to: publish that prefix."""
-        super()._track(context, jobset)
         meta = jobset["metadata"]
         submitted_try = int((meta.get("annotations") or {}).get(ANNOTATION_SUBMITTED_TRY) or context["ti"].try_number)
         context["ti"].xcom_push(key=XCOM_ATTEMPT_PREFIX, value=self.scope.layout.export_attempt_prefix(submitted_try))
