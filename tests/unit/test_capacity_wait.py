@@ -112,15 +112,21 @@ def test_a_create_gke_ended_while_the_pool_was_read_is_reported_done_for_its_err
 
 
 def test_the_wait_asks_again_when_gke_does_not_answer_for_a_while_and_fails_when_it_never_does(monkeypatch):
-    """A 503 (UNAVAILABLE) or a passed deadline is GKE's front end, not the create: the wait asks again; ten in a
-    row end it with the error, which fails the task (its retry waits on the same operation)."""
-    from google.api_core.exceptions import DeadlineExceeded, PermissionDenied, ServiceUnavailable
+    """A 503 (UNAVAILABLE), a passed deadline or a 429 is GKE's front end, not the create: the wait asks again; ten
+    in a row end it with the error, which fails the task (its retry waits on the same operation)."""
+    from google.api_core.exceptions import DeadlineExceeded, PermissionDenied, ServiceUnavailable, TooManyRequests
 
     blips = [(ServiceUnavailable("The service is currently unavailable."), []), (DeadlineExceeded("late"), [])]
+    blips.append((TooManyRequests("Quota exceeded for quota metric 'Requests'"), []))
     trigger = scripted_trigger(monkeypatch, [*blips, (RUNNING, []), *blips, (DONE, [])], deadline=time.time() + 3600)
     assert first_event(trigger) == {"status": "success", "operation_name": "operation-1"}
-    outage = scripted_trigger(monkeypatch, blips * 5, deadline=time.time() + 3600)
-    assert first_event(outage) == {"status": "error", "message": "504 late", "operation_name": "operation-1"}
+    outage = scripted_trigger(monkeypatch, blips * 4, deadline=time.time() + 3600)
+    expected = {
+        "status": "error",
+        "message": "503 The service is currently unavailable.",
+        "operation_name": "operation-1",
+    }
+    assert first_event(outage) == expected  # the tenth error in a row
     refused = scripted_trigger(monkeypatch, [(PermissionDenied("no"), [])], deadline=time.time() + 3600)
     assert first_event(refused) == {"status": "error", "message": "403 no", "operation_name": "operation-1"}
 

@@ -31,22 +31,21 @@ CALL_TIMEOUT_SECONDS = 60.0
 CALL_RETRY_SECONDS = 240.0
 
 
-def is_transient(error: BaseException) -> bool:
+def is_transient(error: BaseException, *, throttling: bool = False) -> bool:
     """Whether GKE's error is one the same call may get past: the answers Terraform's Google provider retries
     (500, 502, 503, a reset connection: magic-modules ``transport_tpg/error_retry_predicates.go``; over gRPC a reset
-    is UNAVAILABLE) and a passed deadline (504)."""
+    is UNAVAILABLE) and a passed deadline (504); with ``throttling``, a 429 too (a read in a wait asks again a poll
+    later; a request that changes something is waited out deferred instead, ``operators.cluster``)."""
     from google.api_core import exceptions
 
-    return isinstance(
-        error,
-        (
-            exceptions.InternalServerError,
-            exceptions.BadGateway,
-            exceptions.ServiceUnavailable,
-            exceptions.GatewayTimeout,
-            exceptions.DeadlineExceeded,
-        ),
+    transient: tuple[type[BaseException], ...] = (
+        exceptions.InternalServerError,
+        exceptions.BadGateway,
+        exceptions.ServiceUnavailable,
+        exceptions.GatewayTimeout,
+        exceptions.DeadlineExceeded,
     )
+    return isinstance(error, transient + ((exceptions.TooManyRequests,) if throttling else ()))
 
 
 def call_retry() -> Any:

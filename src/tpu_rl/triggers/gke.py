@@ -37,8 +37,9 @@ TRANSIENT_ERRORS = 10
 
 class GkeOperationTrigger(BaseTrigger):
     """Fires ``success`` once GKE's operation is DONE (the operator reads its error: GKE marks a failed operation
-    DONE too), or ``error`` (with ``message``) when it cannot be read; GKE's passing errors are asked again, up to
-    :data:`TRANSIENT_ERRORS` looks in a row. The provider's ``GKEOperationTrigger``'s arguments and events.
+    DONE too), or ``error`` (with ``message``) when it cannot be read; GKE's passing errors and its throttling (429)
+    are asked again a poll later, up to :data:`TRANSIENT_ERRORS` looks in a row. The provider's
+    ``GKEOperationTrigger``'s arguments and events.
 
     :param use_dns_endpoint: serialised by the provider's trigger, which this one's subclass extended before 2.2.0;
         not read (the operation is GKE's API, not the cluster's).
@@ -86,7 +87,7 @@ class GkeOperationTrigger(BaseTrigger):
                 try:
                     event = await self._look(hook)
                 except Exception as error:
-                    transient = transient + 1 if is_transient(error) else TRANSIENT_ERRORS
+                    transient = transient + 1 if is_transient(error, throttling=True) else TRANSIENT_ERRORS
                     if transient >= TRANSIENT_ERRORS:
                         raise
                     self.log.warning("GKE did not answer (%s: %s); asking again", type(error).__name__, error)
