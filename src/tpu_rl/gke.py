@@ -16,6 +16,7 @@ from tpu_rl.config import RunConfig
 from tpu_rl.leases import cluster_lease_object
 from tpu_rl.machines import needs_hyperdisk
 from tpu_rl.run import RunIdentity
+from tpu_rl.timestamps import parse_time
 from tpu_rl.vocabulary import (
     GKE_LABEL_KEEP,
     GKE_LABEL_RUN_KEY,
@@ -404,7 +405,7 @@ def slice_times(operations: list[dict[str, Any]], pools: list[str]) -> list[dict
     ends: dict[tuple[str, str], datetime] = {}
     for op in operations:
         if op["pool"] in pools and op["end"] and not (op["type"] == "CREATE_NODE_POOL" and op["failed"]):
-            end = _rfc3339(op["end"])
+            end = parse_time(op["end"])
             ends[op["type"], op["pool"]] = max(end, ends.get((op["type"], op["pool"]), end))
     times = []
     for pool in pools:
@@ -412,9 +413,3 @@ def slice_times(operations: list[dict[str, Any]], pools: list[str]) -> list[dict
         if created and deleted and deleted >= created:
             times.append({"pool": pool, "nodes_from": created.isoformat(), "nodes_gone": deleted.isoformat()})
     return times
-
-
-def _rfc3339(text: str) -> datetime:
-    """GKE's times (``Z``, up to nanoseconds) as aware datetimes."""
-    head, _, fraction = text.rstrip("Z").partition(".")
-    return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00")

@@ -10,7 +10,6 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from tpu_rl.vocabulary import (
     ANNOTATION_LOG_CURSOR,
@@ -56,12 +55,6 @@ DISRUPTION_REASONS = {
 NODE_SHUTDOWN_REASONS = ("Terminated", "Shutdown")
 #: 128 + SIGTERM (15): the container was ended by the kubelet's SIGTERM.
 SIGTERM_EXIT_CODE = 143
-
-
-def posix_time(stamp: str | None) -> float | None:
-    """A Kubernetes timestamp (RFC 3339, ``...Z``: a creationTimestamp, or the JobSet operator's ``created``) as
-    POSIX seconds; None for none."""
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
 def log_record(jobset: Mapping, uid: str | None = None) -> dict:

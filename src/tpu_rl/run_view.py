@@ -22,9 +22,9 @@ from urllib.parse import quote
 from tpu_rl import __version__
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import RunConfig
-from tpu_rl.jobset_status import posix_time
 from tpu_rl.layout import GcsLayout
 from tpu_rl.preemption import describe_accounting
+from tpu_rl.timestamps import posix_time
 
 #: The curves shown, in order, with their titles.
 CURVES = {tm.REWARD_TAG: "Reward (batch mean)", tm.LOSS_TAG: "Policy loss", tm.KL_TAG: "KL to the reference model"}

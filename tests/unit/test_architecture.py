@@ -32,6 +32,7 @@ CORE = (
     "plan",
     "training_metrics",
     "event_files",
+    "timestamps",
 )
 
 
@@ -133,3 +134,24 @@ def test_the_triggers_modules_import_no_cloud_client():
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]", loaded
+
+
+def test_one_reader_of_the_services_times():
+    """Kubernetes, GKE and Cloud Storage write RFC 3339 (``Z`` or an offset, up to nanoseconds); the package reads
+    them in one place (``tpu_rl.timestamps``), not with a parser of its own per module."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from tpu_rl.timestamps import parse_optional_time, parse_time, posix_time
+
+    assert parse_time("2026-12-04T18:46:31.951334123Z") == datetime(2026, 12, 4, 18, 46, 31, 951334, tzinfo=UTC)
+    assert parse_time("2026-12-04T20:46:31+02:00") == datetime(2026, 12, 4, 18, 46, 31, tzinfo=UTC)
+    assert parse_time("2026-12-04T18:46:31.5").tzinfo == UTC  # no zone: UTC
+    assert parse_time("2026-12-04T18:46:31+02:00").utcoffset() == timezone(timedelta(hours=2)).utcoffset(None)
+    assert parse_optional_time("") is None and posix_time(None) is None
+    assert posix_time("1970-01-01T00:01:00Z") == 60.0
+    parsers = [
+        path.relative_to(PACKAGE).as_posix()
+        for path in modules().values()
+        if "fromisoformat(" in path.read_text() and path.name != "timestamps.py"
+    ]
+    assert parsers == ["training_metrics.py"], parsers  # which reads back its own isoformat() strings

@@ -32,22 +32,9 @@ from typing import Any, TypeVar
 from tpu_rl import checkpoints as rules
 from tpu_rl.checkpoints import StoredObject, Verdict
 from tpu_rl.compat import AirflowException
+from tpu_rl.timestamps import parse_optional_time, parse_time
 
 T = TypeVar("T")
-
-
-def parse_gcs_time(text: str) -> datetime:
-    """GCS RFC 3339 timestamps; some servers give nanoseconds, which datetime cannot hold."""
-    head, _, fraction = text.rstrip("Z").partition(".")
-    return datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00")
-
-
-def parse_not_before(text: str | None) -> datetime | None:
-    """An ISO 8601 time (UTC when it names no zone); raises ValueError for anything else."""
-    if not text:
-        return None
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 # -- reading a bucket ----------------------------------------------------------------------------------
@@ -70,7 +57,7 @@ class GcsReader:
             page = await self.storage.list_objects(self.bucket, params=params)
             for item in page.get("items", []):
                 name = item["name"][len(prefix) :]
-                objects[name] = StoredObject(name, int(item["size"]), parse_gcs_time(item["updated"]))
+                objects[name] = StoredObject(name, int(item["size"]), parse_time(item["updated"]))
             folders += [p[len(prefix) :] for p in page.get("prefixes", [])]
             if not page.get("nextPageToken"):
                 return objects, folders
@@ -227,7 +214,7 @@ async def hf_export(reader: GcsReader, prefix: str, *, not_before: str | None) -
     for name in shards:
         if name in listing and (problem := await _shard_problem(reader, prefix, listing[name])):
             problems.append(problem)
-    verdict = rules.check_hf_export(listing, shards, problems, parse_not_before(not_before))
+    verdict = rules.check_hf_export(listing, shards, problems, parse_optional_time(not_before))
     return verdict, {"shards": len(shards)}
 
 
@@ -442,7 +429,7 @@ async def read_lock(reader: GcsReader, lock_object: str) -> LockState | None:
         if error.status == 404:
             return None
         raise
-    written = parse_gcs_time(item.get("updated") or item["timeCreated"])
+    written = parse_time(item.get("updated") or item["timeCreated"])
     return LockState(parse_lock_holder(data), int(item.get("generation") or 0), written)
 
 

@@ -24,14 +24,11 @@ from tpu_rl.hooks.gke import GkeApiHook
 from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
 from tpu_rl.operators.leases import dag_run_state
 from tpu_rl.run import RunIdentity
+from tpu_rl.timestamps import parse_time
 from tpu_rl.tpu import chips_per_host
 from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP, LABEL_RUN_KEY
 
 _LOCATION = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]/[a-z]+-[a-z]+\d+(-[a-z])?")
-
-
-def _time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def pool_chips(pool) -> int:
@@ -127,7 +124,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 pool_owner = gke.pool_owner(dict(pool.config.metadata))
                 if pool_owner is None:
                     continue
-                created = _time(pool_created.get((cluster.name, pool.name)) or cluster.create_time)
+                created = parse_time(pool_created.get((cluster.name, pool.name)) or cluster.create_time)
                 resource = rp.Resource(
                     rp.NODE_POOL, pool.name, pool_owner, created, cluster=cluster.name, chips=pool_chips(pool), **base
                 )
@@ -140,7 +137,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                         rp.CLUSTER,
                         cluster.name,
                         owner,
-                        _time(cluster.create_time),
+                        parse_time(cluster.create_time),
                         chips=sum(p.chips for p in tpu_pools),
                         kept_by_design=keep,
                         lease=gke.cluster_lease_uri(cluster.description) or "",
@@ -182,7 +179,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                         kind,
                         meta["name"],
                         RunIdentity(notes[ANNOTATION_DAG_ID], notes[ANNOTATION_RUN_ID]),
-                        _time(str(meta["creationTimestamp"])),
+                        parse_time(str(meta["creationTimestamp"])),
                         project,
                         location,
                         cluster=cluster,

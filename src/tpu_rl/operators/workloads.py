@@ -24,7 +24,6 @@ from tpu_rl.contract import (
 from tpu_rl.hooks.gcs import (
     GcsLock,
     TrainingState,
-    parse_not_before,
     training_state,
 )
 from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
@@ -37,6 +36,7 @@ from tpu_rl.operators.training_record import (
 from tpu_rl.output_checks import ConversionLockWait, OrbaxStep
 from tpu_rl.preemption import PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
+from tpu_rl.timestamps import parse_optional_time
 from tpu_rl.training_metrics import (
     Evaluation,
     Score,
@@ -340,7 +340,7 @@ class TrainRlOperator(RunJobSetOperator):
             steps=state.steps,
             committed_at=state.committed_at,
             last_step=state.last_step,
-            attempt_started=parse_not_before(started),
+            attempt_started=parse_optional_time(started),
             trainer_completed=trainer_completed(event.get("evaluation_lines") or []),
             recorded=len(recorded_preemptions(scope.bucket, scope.layout.training_record_object)),
             cause=event["preemption"],

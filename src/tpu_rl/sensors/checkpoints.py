@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from tpu_rl.compat import AirflowSensorTimeout
-from tpu_rl.hooks import gcs
 from tpu_rl.hooks.gcs import GcsReadHook
 from tpu_rl.output_checks import FinalTrainingStep, HfExport, OrbaxStep, OutputCheck
 from tpu_rl.run_scope import RunScope, RunScoped
+from tpu_rl.timestamps import parse_optional_time
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -190,7 +190,7 @@ class HfExportSensor(GcsOutputSensor):
 
     def output_check(self) -> OutputCheck:
         try:
-            gcs.parse_not_before(self.not_before)
+            parse_optional_time(self.not_before)
         except ValueError:
             raise ValueError(f"not_before {self.not_before!r} is not an ISO 8601 time") from None
         return HfExport(prefix=self.prefix, not_before=self.not_before or None)

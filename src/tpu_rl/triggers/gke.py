@@ -25,6 +25,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl.gke import capacity_wait_reason, quota_reason
 from tpu_rl.hooks.gke import AsyncGkeApiHook, is_transient
+from tpu_rl.timestamps import posix_time
 
 #: The log says at most this often that the pool still waits for capacity.
 CAPACITY_LOG_SECONDS = 60
@@ -153,7 +154,7 @@ class TpuPoolCreateTrigger(GkeOperationTrigger):
         if (quota := quota_reason(conditions)) is not None:  # no wait brings quota
             return {"status": "quota", "operation_name": operation.name, "node_pool": pool, "message": quota}
         reason = capacity_wait_reason(conditions)
-        running = time.time() - _started(operation.start_time)
+        running = time.time() - (posix_time(operation.start_time) or time.time())
         if reason is None and running >= self.create_seconds:
             reason = (
                 f"GKE has been creating the pool for {running / 60:.0f} minutes, longer than a create "
@@ -183,11 +184,3 @@ class TpuPoolCreateTrigger(GkeOperationTrigger):
             )
             self._logged_at = time.monotonic()
         return None
-
-
-def _started(start_time: str) -> float:
-    """An operation's start (GKE's RFC 3339, up to nanoseconds) as POSIX seconds; now when it has none."""
-    if not start_time:
-        return time.time()
-    head = start_time.rstrip("Z").split(".")[0]
-    return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp()

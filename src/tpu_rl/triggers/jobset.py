@@ -20,6 +20,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from tpu_rl import jobset_status as st
 from tpu_rl.hooks.gcs import GcsReadHook
 from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget
+from tpu_rl.timestamps import posix_time
 from tpu_rl.triggers.training_progress import TrainingProgress
 from tpu_rl.triggers.wait_progress import Progress
 from tpu_rl.triggers.workload_log import JobSetLogRecord, LogPrinter, WorkloadLogFollower, wait_event
@@ -367,4 +368,4 @@ def _upgraded(
 
 def _created(obj: dict) -> float | None:
     """When a Kubernetes object was created (POSIX seconds), or None before it was read."""
-    return st.posix_time((obj.get("metadata") or {}).get("creationTimestamp"))
+    return posix_time((obj.get("metadata") or {}).get("creationTimestamp"))

@@ -15,11 +15,11 @@ import json
 import secrets
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tpu_rl import jobset_status as st
 from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook
+from tpu_rl.timestamps import parse_time
 from tpu_rl.training_metrics import kept_line_kind
 from tpu_rl.vocabulary import ANNOTATION_LOG_CURSOR
 
@@ -307,7 +307,7 @@ class WorkloadLogFollower:
     ) -> tuple[bool, bool]:
         """One log request: (whether it brought new lines, whether it ended without an error)."""
         received = False
-        since = int(time.time() - _epoch(cursor.last_ts)) + 5 if cursor.last_ts else None
+        since = int(time.time() - parse_time(cursor.last_ts).timestamp()) + 5 if cursor.last_ts else None
         try:
             async for raw in hook.follow_log(pod.name, self.namespace, self.container, since):
                 text = cursor.new_text(raw)
@@ -351,7 +351,3 @@ def _sortable(stamp: str) -> str:
     that string order is time order."""
     head, _, frac = stamp.rstrip("Z").partition(".")
     return f"{head}.{frac.ljust(9, '0')}"
-
-
-def _epoch(sortable: str) -> float:
-    return datetime.fromisoformat(sortable.partition(".")[0]).replace(tzinfo=UTC).timestamp()
