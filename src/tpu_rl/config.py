@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from tpu_rl import config_rules
+from tpu_rl.capacity import CAPACITY
 from tpu_rl.config_rules import (
     MAXTEXT_DEFAULT_DATASET,
     MAXTEXT_DEFAULT_TEST_BATCHES,
@@ -41,8 +42,6 @@ HF_DOWNLOAD_GB = {
     "llama3.1-70b": 141,
 }
 
-#: Where a created TPU pool's VMs come from; xpk offers the same four (``src/xpk/core/capacity.py``).
-CAPACITY_TYPES = ("on_demand", "reservation", "spot", "flex_start")
 #: The longest capacity wait a run may ask for; create_tpu_pools's execution_timeout leaves room above it.
 CAPACITY_WAIT_MAX_MINUTES = 24 * 60
 
@@ -151,7 +150,7 @@ class RunConfig:
         "all. reservation: your reservation (set reservation). spot: Spot VMs, cheaper, preemptible. "
         "flex_start: Dynamic Workload Scheduler's flex-start, the pool starts empty and the slice is "
         "provisioned when training asks for it (at most 7 days).",
-        enum=list(CAPACITY_TYPES),
+        enum=list(CAPACITY),
     )
     reservation: str = _param(
         "", "TPU slice", "Reservation", "Name of the TPU reservation to consume; only with capacity_type 'reservation'."
@@ -575,7 +574,8 @@ class RunConfig:
     @property
     def uses_flex_start(self) -> bool:
         """capacity_type=flex_start: the TPU pools start empty and GKE provisions a slice when pods ask for it."""
-        return self.capacity_type == "flex_start"
+        kind = CAPACITY.get(self.capacity_type)
+        return bool(kind and kind.starts_empty)
 
     @property
     def creates_node_pools(self) -> bool:

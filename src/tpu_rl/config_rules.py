@@ -14,12 +14,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_rl.capacity import CAPACITY, DEFAULT_CAPACITY
 from tpu_rl.jobset_release import shipped_versions
 from tpu_rl.machines import SHAPES, quantity_cpu, quantity_gib
 from tpu_rl.run import INTERVAL_FIELDS, RunIdentity
-from tpu_rl.tpu import SliceError
+from tpu_rl.tpu import GENERATIONS, SliceError
 from tpu_rl.vocabulary import PATHWAYS_JOBSET_NAME_MAX
 
+#: The capacity types that consume a reservation (``reservation`` names it).
+RESERVING = tuple(name for name, kind in CAPACITY.items() if kind.needs_reservation)
 #: Models the MaxText 0.2.4 converters and model configs know (checked against the release by the tests).
 SUPPORTED_MODELS = (
     "qwen3-0.6b",
@@ -34,8 +37,6 @@ SUPPORTED_MODELS = (
     "llama3.1-70b",
 )
 
-#: TPU generations GKE's flex-start does not provision.
-FLEX_START_UNSUPPORTED = ("v4",)
 #: The dataset ``train_rl`` uses when ``dataset_name`` is not given (MaxText 0.2.4, configs/post_train/rl.yml).
 MAXTEXT_DEFAULT_DATASET = "openai/gsm8k"
 #: Test batches ``train_rl`` evaluates before and after training unless extra_train_args sets
@@ -231,19 +232,20 @@ def _validate_capacity(c: Any):
             "(it would wait for ever)",
             f"set capacity_slices to at least {c.cluster_nodepool_count}",
         )
-    if c.capacity_type == "reservation" and not c.reservation:
+    needs_reservation = c.capacity_type in RESERVING
+    if needs_reservation and not c.reservation:
         yield Problem(
             "reservation",
-            "is required when capacity_type is 'reservation'",
+            f"is required when capacity_type is '{c.capacity_type}'",
             "name the reservation to consume, or choose another capacity_type",
         )
-    if c.reservation and c.capacity_type != "reservation":
+    if c.reservation and not needs_reservation:
         yield Problem(
             "reservation",
             f"is set, but capacity_type is '{c.capacity_type}', which consumes no reservation",
-            "set capacity_type to 'reservation', or clear reservation",
+            f"set capacity_type to {' or '.join(repr(name) for name in RESERVING)}, or clear reservation",
         )
-    if c.uses_existing_tpu_pools and c.capacity_type != "on_demand":
+    if c.uses_existing_tpu_pools and c.capacity_type != DEFAULT_CAPACITY:
         yield Problem(
             "capacity_type",
             f"'{c.capacity_type}' says how the TPU pools the run creates get their VMs, but "
@@ -352,12 +354,15 @@ def _validate_slice(c: Any):
     except SliceError as error:
         yield Problem(error.field, error.problem, error.fix)
         return
-    if c.uses_flex_start and c.slice.generation.name in FLEX_START_UNSUPPORTED:
-        # GKE docs "About flex-start" (kubernetes-engine/docs/concepts/dws): "TPU v3 and v4 are not supported".
+    kind = CAPACITY.get(c.capacity_type)
+    if kind and c.slice.generation.name in kind.unsupported_generations:
+        generation = c.slice.generation.name
+        others = [name for name, t in CAPACITY.items() if generation not in t.unsupported_generations]
+        offered = [g for g in GENERATIONS if g not in kind.unsupported_generations]
         yield Problem(
             "capacity_type",
-            f"flex_start does not offer TPU {c.slice.generation.name}",
-            "use on_demand, spot or reservation, or a v5e, v5p or v6e slice",
+            f"{kind.name} does not offer TPU {generation}",
+            f"use {_either(others)}, or a {_either(offered)} slice",
         )
     for name in ("trainer_devices_fraction", "sampler_devices_fraction"):
         fraction = getattr(c, name)
@@ -545,3 +550,8 @@ def _validate_evaluation(c: Any):
             f"remove num_test_batches from extra_train_args (MaxText's default is "
             f"{MAXTEXT_DEFAULT_TEST_BATCHES}) or clear {' and '.join(gate)}",
         )
+
+
+def _either(names: list[str]) -> str:
+    """``a, b or c``."""
+    return " or ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else "".join(names)

@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from tpu_rl.capacity import CAPACITY
 from tpu_rl.config import RunConfig
 from tpu_rl.leases import cluster_lease_object
 from tpu_rl.machines import needs_hyperdisk
@@ -187,69 +188,13 @@ def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict
         # exclusion (UPGRADE_EXCLUSION) keeps upgrades from recreating the slice.
         "management": {"auto_repair": True, "auto_upgrade": True},
     }
-    _CAPACITY[config.capacity_type](config, pool)
+    CAPACITY[config.capacity_type].apply(config, pool)
     return pool
-
-
-def _on_demand(config: RunConfig, pool: dict[str, Any]) -> None:
-    """Standard VMs, all of the slice's hosts at once (xpk ``--on-demand`` adds no flag)."""
-
-
-def _reservation(config: RunConfig, pool: dict[str, Any]) -> None:
-    """gcloud ``--reservation-affinity=specific --reservation=NAME`` (xpk ``--reservation``); GKE API reference
-    ReservationAffinity: key ``compute.googleapis.com/reservation-name``, the reservation as its value."""
-    pool["config"]["reservation_affinity"] = {
-        "consume_reservation_type": "SPECIFIC_RESERVATION",
-        "key": "compute.googleapis.com/reservation-name",
-        "values": [f"projects/{config.project}/reservations/{config.reservation}"],
-    }
-
-
-def _spot(config: RunConfig, pool: dict[str, Any]) -> None:
-    """gcloud ``--spot`` (xpk ``--spot``): NodeConfig.spot. A Spot pool consumes no reservation (Cluster
-    Toolkit's gke-node-pool refuses spot with any reservation affinity but NO_RESERVATION). GKE labels the
-    nodes ``cloud.google.com/gke-spot=true`` and, on Standard clusters, adds no taint of its own (GKE docs
-    "Spot VMs"): the workers already select the run's own pools, so they need no Spot selector."""
-    pool["config"]["spot"] = True
-    pool["config"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
-
-
-def _flex_start(config: RunConfig, pool: dict[str, Any]) -> None:
-    """DWS flex-start, as GKE's "Run a small batch workload with TPUs and flex-start provisioning mode"
-    (https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training-tpu) and xpk ``--flex``
-    (``src/xpk/core/capacity.py``: ``--flex-start --enable-autoscaling --location-policy=ANY
-    --reservation-affinity=none --no-enable-autorepair --max-nodes=N``, ``--num-nodes=0``) create it: no
-    initial nodes; autoscaling from 0 to the slice's hosts, which the autoscaler adds as one slice when
-    the training's pods ask for it; no reservation; auto-repair off, which Cluster Toolkit's gke-node-pool
-    requires for flex-start ("enable_flex_start needs node auto_repair set to false") and its TPU v6e
-    flex-start blueprint sets on a REGULAR-channel cluster while keeping auto-upgrade on. No queued
-    provisioning: xpk enables it only for single-slice GPU pools (``is_queued_cluster``)."""
-    pool["config"]["flex_start"] = True
-    pool["config"]["reservation_affinity"] = {"consume_reservation_type": "NO_RESERVATION"}
-    pool["initial_node_count"] = 0
-    pool["autoscaling"] = {
-        "enabled": True,
-        "min_node_count": 0,
-        "max_node_count": config.hosts_per_slice,
-        "location_policy": "ANY",
-    }
-    pool["management"] = {"auto_repair": False, "auto_upgrade": True}
-
-
-_CAPACITY = {"on_demand": _on_demand, "reservation": _reservation, "spot": _spot, "flex_start": _flex_start}
 
 
 def capacity_fields(config: RunConfig) -> str:
     """What capacity_type sets in each TPU pool request, for the plan's reader."""
-    return {
-        "on_demand": "no capacity field (standard VMs, all hosts at once)",
-        "reservation": f"config.reservation_affinity SPECIFIC_RESERVATION '{config.reservation}'",
-        "spot": "config.spot true, config.reservation_affinity NO_RESERVATION",
-        "flex_start": (
-            "config.flex_start true, config.reservation_affinity NO_RESERVATION, initial_node_count 0, "
-            f"autoscaling 0..{config.hosts_per_slice} (location policy ANY), management.auto_repair false"
-        ),
-    }[config.capacity_type]
+    return CAPACITY[config.capacity_type].fields(config)
 
 
 #: Words of a GKE message (an operation's error, a node pool's condition) that say the zone has no
@@ -358,7 +303,7 @@ TPU_QUOTAS = {
 def quota_hint(config: RunConfig) -> str:
     """What to ask for when GKE refuses a TPU pool for quota."""
     standard, preemptible = TPU_QUOTAS.get(config.slice.generation.name, ("the TPU quota", "the preemptible TPU quota"))
-    quota = preemptible if config.capacity_type == "spot" else standard
+    quota = preemptible if CAPACITY[config.capacity_type].preemptible else standard
     return (
         f"fix: the project lacks Compute Engine quota for {config.chips} "
         f"{config.tpu_type} chips in {config.region}: {quota}. GKE's TPU node pools use Compute Engine quota "

@@ -33,6 +33,7 @@ CORE = (
     "training_metrics",
     "event_files",
     "timestamps",
+    "capacity",
 )
 
 

@@ -322,8 +322,8 @@ def test_flex_start_is_refused_for_tpu_v4(tutorial_conf):
     v4 = {"tpu_type": "v4-128", "topology": "4x4x4", "compute_type": "ct4p-hightpu-4t"}
     problems = problems_for(tutorial_conf, capacity_type="flex_start", **v4)
     assert problems["capacity_type"] == (
-        "capacity_type: flex_start does not offer TPU v4; fix: use on_demand, spot or "
-        "reservation, or a v5e, v5p or v6e slice."
+        "capacity_type: flex_start does not offer TPU v4; fix: use on_demand, reservation or spot, or a "
+        "v6e, v5litepod or v5p slice."
     )
     assert RunConfig.from_params({**tutorial_conf, "capacity_type": "spot", **v4}).capacity_type == "spot"
 

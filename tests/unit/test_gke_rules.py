@@ -470,3 +470,30 @@ def test_every_request_the_pipeline_makes_passes_gkes_rules(overrides):
     rules.check_cluster(cluster, REGION, PROJECT, reservations)
     for index in range(config.cluster_nodepool_count):
         rules.check_node_pool(cluster, gke.tpu_node_pool(config, run, index), REGION, PROJECT, reservations)
+
+
+@pytest.mark.parametrize("name", list(__import__("tpu_rl.capacity", fromlist=["CAPACITY"]).CAPACITY))
+def test_every_capacity_type_makes_a_pool_gke_takes_and_reads_as_its_properties_say(name):
+    """Over the registry (``tpu_rl.capacity``): a type added there is checked here against GKE's rules, and its
+    properties are what its request says (empty at create, preemptible, a reservation named)."""
+    from datetime import datetime
+
+    from tpu_rl import gke
+    from tpu_rl.capacity import CAPACITY
+    from tpu_rl.config import RunConfig
+    from tpu_rl.run import RunIdentity
+    from tpu_rl_testing import TUTORIAL_CONF
+
+    kind = CAPACITY[name]
+    reservation = {"reservation": "my-v6e-reservation"} if kind.needs_reservation else {}
+    config = RunConfig.from_params({**TUTORIAL_CONF, "project": PROJECT, "capacity_type": name, **reservation})
+    run = RunIdentity("maxtext_rl_tpu", "manual__capacity")
+    cluster = gke.cluster_body(config, run, datetime(2026, 11, 30, tzinfo=UTC))
+    pool = gke.tpu_node_pool(config, run, 0)
+    rules.check_node_pool(cluster, pool, REGION, PROJECT, {config.reservation} if config.reservation else set())
+    affinity = pool["config"].get("reservation_affinity") or {}
+    assert (affinity.get("consume_reservation_type") == "SPECIFIC_RESERVATION") == kind.needs_reservation
+    assert (pool["initial_node_count"] == 0) == kind.starts_empty == config.uses_flex_start
+    assert bool(pool["config"].get("spot")) == kind.preemptible
+    assert ("preemptible" in gke.quota_hint(config)) == kind.preemptible
+    assert gke.capacity_fields(config)  # the plan says what it sets
