@@ -75,19 +75,23 @@ def path() -> Path:
 
 @contextmanager
 def _rules():
-    """Read-modify-write of faults.json under an exclusive lock (the emulator and this CLI share it)."""
+    """Read-modify-write of faults.json under an exclusive lock (the emulator and this CLI share it); written back
+    only when changed (the emulator looks for rules on every request, polls of an operation included)."""
     p = path()
     p.parent.mkdir(parents=True, exist_ok=True)
     with open(p.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            rules = json.loads(p.read_text()) if p.exists() else {}
+            text = p.read_text() if p.exists() else ""
+            rules = json.loads(text) if text else {}
         except ValueError:
             rules = {}
         yield rules
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rules, indent=1, sort_keys=True))
-        tmp.replace(p)
+        changed = json.dumps(rules, indent=1, sort_keys=True)
+        if changed != text:
+            tmp = p.with_suffix(".tmp")
+            tmp.write_text(changed)
+            tmp.replace(p)
 
 
 def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None, nodes=None, cluster=None):
