@@ -57,16 +57,18 @@ NODE_SHUTDOWN_REASONS = ("Terminated", "Shutdown")
 SIGTERM_EXIT_CODE = 143
 
 
-def log_record(jobset: Mapping, uid: str | None = None) -> dict:
-    """What the trigger of a wait on ``jobset`` recorded of its workload's log (``{}``: nothing, or a record of
-    another incarnation than ``uid``): how far it logged, and the lines the run reads after the training
-    (``kept``, by kind), which a log the kubelet rotated or a pod already gone no longer shows."""
+def log_record_text(jobset: Mapping, uid: str) -> str | None:
+    """The record the trigger of a wait on ``jobset`` keeps of its workload's log, as stored (its writer compares
+    it before it writes); None: none, or a record of another incarnation than ``uid``."""
     meta = jobset.get("metadata") or {}
-    text = (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR)
-    if not text or (uid is not None and meta.get("uid") != uid):
-        return {}
+    return (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR) if meta.get("uid") == uid else None
+
+
+def log_record(jobset: Mapping, uid: str) -> dict:
+    """:func:`log_record_text` read (``{}``: nothing): how far the trigger logged, and the lines the run reads after
+    the training (``kept``, by kind), which a log the kubelet rotated or a pod already gone no longer shows."""
     try:
-        record = json.loads(text)
+        record = json.loads(log_record_text(jobset, uid) or "{}")
     except ValueError:
         return {}
     return record if isinstance(record, dict) else {}

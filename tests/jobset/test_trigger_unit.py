@@ -1,5 +1,6 @@
 """The trigger's parts that need no cluster: its serialized form and the log cursor used on reconnects."""
 
+from tpu_rl import jobset_status as st
 from tpu_rl.hooks.kubernetes import ClusterTarget
 from tpu_rl.triggers.jobset import JobSetTrigger
 from tpu_rl.triggers.workload_log import JobSetLogRecord, LogCursor, LogPrinter, WorkloadLogFollower
@@ -132,7 +133,7 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
     store = JobSetLogRecord(api, "n", "ns", "u")
     asyncio.run(trigger.log_follower(LogPrinter(first_log, store)).read(Hook(75), pod, trigger_cursor, Progress(200)))
     trigger_cursor = LogCursor()
-    assert JobSetLogRecord.recorded(api.jobset, "another-uid") is None  # a replacement's record is its own
+    assert st.log_record_text(api.jobset, "another-uid") is None  # a replacement's record is its own
     second = asyncio.run(wait(120, 120, second_log))
 
     logged = [line.partition("] ")[2] for line in first_log.lines + second_log.lines if line.startswith("[head-0]")]

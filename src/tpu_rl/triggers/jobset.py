@@ -129,14 +129,14 @@ class JobSetTrigger(BaseTrigger):
                     await asyncio.wait(helpers[-1:], timeout=TRAINING_LAST_READ_SECONDS)
                 event = await self._event(hook, progress, final)
             except asyncio.CancelledError:
-                if not await self._cancelled_with_the_task():
+                if not await self._cancelled_with_the_task(hook):
                     printer = None  # the wait goes on elsewhere: its successor logs what this one has not
                 raise
             finally:
                 await self._stop(helpers, printer)
         yield TriggerEvent(event)
 
-    async def _cancelled_with_the_task(self) -> bool:
+    async def _cancelled_with_the_task(self, hook: AsyncKubernetesApiHook) -> bool:
         """Whether the task left this wait (and the JobSet, with ``delete_on_kill``, was deleted).
 
         Airflow cancels a trigger when its task left the deferral (a user marked it or cleared it, or its
@@ -162,7 +162,7 @@ class JobSetTrigger(BaseTrigger):
                     self.log.info(
                         "The task left the wait (it is %s): deleting JobSet %s (uid %s)", state, self.ref, self.uid
                     )
-                    await self.hook().delete_jobset(self.name, self.namespace, self.uid)
+                    await hook.delete_jobset(self.name, self.namespace, self.uid)
                 return True
         except Exception as e:
             self.log.warning(

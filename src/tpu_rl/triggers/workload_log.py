@@ -86,17 +86,11 @@ class JobSetLogRecord:
         #: The record as this trigger last read or wrote it (None: there was none).
         self.held: str | None = None
 
-    @staticmethod
-    def recorded(jobset: Mapping[str, Any], uid: str) -> str | None:
-        """The record's text on the JobSet of incarnation ``uid`` (None: none, or another incarnation)."""
-        meta = jobset.get("metadata") or {}
-        return (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR) if meta.get("uid") == uid else None
-
     async def claim(self) -> dict[str, Any]:
         """Reads what an earlier trigger of this wait recorded and marks the record this trigger's."""
         for _ in range(self.CLAIM_ATTEMPTS):
             jobset = await self.hook.get_jobset(self.name, self.namespace)
-            self.held, saved = self.recorded(jobset, self.uid), st.log_record(jobset, self.uid)
+            self.held, saved = st.log_record_text(jobset, self.uid), st.log_record(jobset, self.uid)
             if await self.save(saved):
                 return saved
         raise RuntimeError(f"the record changed {self.CLAIM_ATTEMPTS} times while this trigger claimed it")
