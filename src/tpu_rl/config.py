@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from tpu_rl import config_rules
-from tpu_rl.capacity import CAPACITY
+from tpu_rl.capacity import CAPACITY, DEFAULT_CAPACITY
 from tpu_rl.config_rules import (
     MAXTEXT_DEFAULT_DATASET,
     MAXTEXT_DEFAULT_TEST_BATCHES,
@@ -143,7 +143,7 @@ class RunConfig:
         1, "TPU slice", "Number of slices", "TPU node pools (slices) the training uses.", minimum=1
     )
     capacity_type: str = _param(
-        "on_demand",
+        DEFAULT_CAPACITY,
         "TPU slice",
         "Capacity type",
         "How the TPU pools the run creates get their VMs. on_demand: standard VMs, created at once or not at "

@@ -65,19 +65,24 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         ``wait``: what an operator carries from one deferral to the next (the capacity deadline)."""
         raise NotImplementedError
 
+    def _wait_for(self, config: RunConfig, operation_name: str) -> dict[str, Any]:
+        """The keywords of a wait for GKE's operation ``operation_name`` in the run's project and region (a
+        ``triggers.gke.GkeOperationTrigger``, or its pool-create subclass with its own keywords added)."""
+        return {
+            "operation_name": operation_name,
+            "project_id": config.project,
+            "location": config.region,
+            "gcp_conn_id": config.gcp_conn_id,
+            "poll_interval": self.poll_interval,
+        }
+
     def _await(
         self, config: RunConfig, operation_name: str, next_step: int | None = None, method_name: str = "operation_done"
     ) -> None:
         from tpu_rl.triggers.gke import GkeOperationTrigger
 
         self.defer(
-            trigger=GkeOperationTrigger(
-                operation_name=operation_name,
-                project_id=config.project,
-                location=config.region,
-                gcp_conn_id=config.gcp_conn_id,
-                poll_interval=self.poll_interval,
-            ),
+            trigger=GkeOperationTrigger(**self._wait_for(config, operation_name)),
             method_name=method_name,
             kwargs={"next_step": next_step},
         )
@@ -105,13 +110,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
                 blocking.operation_type.name,
                 refused.message,
             )
-            trigger: Any = GkeOperationTrigger(
-                operation_name=blocking.name,
-                project_id=config.project,
-                location=config.region,
-                gcp_conn_id=config.gcp_conn_id,
-                poll_interval=self.poll_interval,
-            )
+            trigger: Any = GkeOperationTrigger(**self._wait_for(config, blocking.name))
         else:
             self.log.warning(
                 "GKE refuses to %s for now (%s: %s): asking again in %.0f s",
@@ -171,7 +170,7 @@ class CreateClusterOperator(_AwaitsGkeOperations):
                 "cluster_mode is 'existing': using cluster %s, which this run will not delete", config.cluster_name
             )
             return
-        hook = self.scope.gke
+        hook = scope.gke
         if config.shares_cluster and not self._join_lease(context, hook):
             return
         try:
@@ -341,22 +340,21 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
 
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
-        hook = self.scope.gke
         in_flight: list[tuple[str, str]] = []
         refused: GkeRefusedError | None = None
         for index in range(config.cluster_nodepool_count):
-            if refused is not None or len(in_flight) >= gke.CLUSTER_OPERATIONS_LIMIT:
-                break  # GKE takes no more now: the next pass goes on
+            if len(in_flight) >= gke.CLUSTER_OPERATIONS_LIMIT:
+                break  # GKE runs no more at once: the next pass goes on
             body = gke.tpu_node_pool(config, run, index)
             try:
-                operation, pool = self._advance_pool(hook, config, body)
+                operation, pool = self._advance_pool(scope.gke, config, body)
             except GkeRefusedError as error:
                 if error.refusal is gke.Refusal.QUOTA:
                     raise AirflowFailException(
                         f"GKE refused TPU node pool {body['name']}: {error.message}; {gke.quota_hint(config)}"
                     ) from None
                 refused = error
-                continue
+                break  # GKE takes no more now: the next pass goes on
             if operation:
                 in_flight.append((operation, pool))
         if not in_flight:
@@ -367,11 +365,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         operation, pool = in_flight[0]
         self.defer(
             trigger=TpuPoolCreateTrigger(
-                operation_name=operation,
-                project_id=config.project,
-                location=config.region,
-                gcp_conn_id=config.gcp_conn_id,
-                poll_interval=self.poll_interval,
+                **self._wait_for(config, operation),
                 pool_path=f"{gke.cluster_path(config)}/nodePools/{pool}",
                 capacity_deadline=capacity_deadline,
             ),
@@ -532,7 +526,7 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
         read by nothing: every pass looks at all the pools."""
         scope = self.bind_scope(context)
         config, run = scope.config, scope.run
-        hook = self.scope.gke
+        hook = scope.gke
         in_flight, refused = [], None
         for index in range(config.cluster_nodepool_count):
             pool = run.tpu_pool_name(index)
@@ -621,7 +615,7 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         if config.keep_cluster:
             self.log.warning("keep_cluster is set: cluster %s stays up and keeps costing money", config.cluster_name)
             return
-        hook = self.scope.gke
+        hook = scope.gke
         cluster = hook.get_cluster(config.cluster_name)
         if cluster is None:
             self.log.info("Cluster %s does not exist: nothing to delete", config.cluster_name)
@@ -644,9 +638,10 @@ class DeleteClusterOperator(_AwaitsGkeOperations):
         """Asks GKE to delete the cluster (``execute`` found it this run's to delete) and waits for it; while
         GKE refuses (another operation runs on the cluster: the run's, or GKE's own upgrade or repair; throttling),
         waits, deferred, and asks again."""
-        config = self.bind_scope(context).config
+        scope = self.bind_scope(context)
+        config = scope.config
         try:
-            operation = self.scope.gke.delete_cluster(config.cluster_name)
+            operation = scope.gke.delete_cluster(config.cluster_name)
         except GkeRefusedError as refused:
             self.wait_out(refused, f"delete cluster {config.cluster_name}", refusals)
         if operation is None:
