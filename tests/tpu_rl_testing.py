@@ -134,6 +134,23 @@ TRIGGER_CLUSTER = {
 }
 
 
+def jobset_trigger(**changes: Any):
+    """A JobSetTrigger of a JobSet ``ns/n`` (uid ``u``) whose log is its Pathways head's container ``c``, on a
+    cluster reached through a Kubernetes connection; ``changes`` replace or add keywords."""
+    from tpu_rl.hooks.kubernetes import ClusterTarget
+    from tpu_rl.triggers.jobset import JobSetTrigger
+
+    keywords = {
+        "name": "n",
+        "namespace": "ns",
+        "uid": "u",
+        "log_replicated_job": "pathways-head",
+        "log_container": "c",
+        "cluster": ClusterTarget(kubernetes_conn_id="k"),
+    }
+    return JobSetTrigger(**{**keywords, **changes})
+
+
 def trigger_samples() -> list:
     """One instance of every trigger the package defers on, with every kind of output check, built as its
     operator builds it."""

@@ -4,18 +4,11 @@ from tpu_rl import jobset_status as st
 from tpu_rl.hooks.kubernetes import ClusterTarget
 from tpu_rl.triggers.jobset import JobSetTrigger
 from tpu_rl.triggers.workload_log import JobSetLogRecord, LogCursor, LogPrinter, WorkloadLogFollower
+from tpu_rl_testing import jobset_trigger
 
 
 def test_trigger_round_trips_through_its_serialized_form():
-    trigger = JobSetTrigger(
-        name="n",
-        namespace="ns",
-        uid="u",
-        log_replicated_job="pathways-head",
-        log_container="workload-container",
-        cluster=ClusterTarget(kubernetes_conn_id="k"),
-        progress_interval=60,
-    )
+    trigger = jobset_trigger(log_container="workload-container", progress_interval=60)
     classpath, kwargs = trigger.serialize()
     assert classpath == "tpu_rl.triggers.jobset.JobSetTrigger"
     assert JobSetTrigger(**kwargs).serialize() == (classpath, kwargs)
@@ -100,14 +93,7 @@ def test_a_trigger_that_takes_over_logs_what_the_dead_one_had_not_and_nothing_tw
     )
     pod = SimpleNamespace(uid="pod-uid", name="head-0")
     api = _JobSetApi()
-    trigger = JobSetTrigger(
-        name="n",
-        namespace="ns",
-        uid="u",
-        log_replicated_job="pathways-head",
-        log_container="c",
-        cluster=ClusterTarget(kubernetes_conn_id="k"),
-    )
+    trigger = jobset_trigger()
 
     class Hook:
         def __init__(self, upto: int) -> None:
@@ -215,14 +201,7 @@ def test_a_pod_that_ends_while_its_log_stream_backs_off_is_read_at_once():
     from tpu_rl.triggers.wait_progress import Progress
     from tpu_rl.vocabulary import COMPLETION_INDEX_LABEL, JOB_INDEX_LABEL, REPLICATED_JOB_LABEL
 
-    trigger = JobSetTrigger(
-        name="n",
-        namespace="ns",
-        uid="u",
-        log_replicated_job="pathways-head",
-        log_container="c",
-        cluster=ClusterTarget(kubernetes_conn_id="k"),
-    )
+    trigger = jobset_trigger()
     labels = {REPLICATED_JOB_LABEL: "pathways-head", JOB_INDEX_LABEL: "0", COMPLETION_INDEX_LABEL: "0"}
 
     def pod(phase: str) -> dict:

@@ -20,14 +20,13 @@ from tpu_rl import training_metrics as tm
 from tpu_rl.checkpoints import StoredObject
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.config import ConfigError, RunConfig
-from tpu_rl.hooks.kubernetes import ClusterTarget
 from tpu_rl.operators.publish import RunPublishHfExportOperator
 from tpu_rl.operators.run_report import QualityGateOperator, RunSummaryOperator
 from tpu_rl.operators.workloads import TrainRlOperator
 from tpu_rl.run import RunIdentity
 from tpu_rl.triggers.jobset import JobSetTrigger
 from tpu_rl.triggers.training_progress import TrainingProgress
-from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
+from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, jobset_trigger, task_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
 import maxtext_emulator as emulator  # noqa: E402
@@ -112,15 +111,7 @@ def test_progress_reads_only_what_the_trainer_added_at_most_two_requests_a_minut
 
 def test_the_training_trigger_serialises_where_its_event_files_are():
     training = {"bucket": "b", "prefix": "m/trained/r/rl/tensorboard/", "train_steps": 50, "gcp_conn_id": "g"}
-    trigger = JobSetTrigger(
-        name="t",
-        namespace="default",
-        uid="u",
-        log_replicated_job="pathways-head",
-        log_container="c",
-        cluster=ClusterTarget(kubernetes_conn_id="k"),
-        training=training,
-    )
+    trigger = jobset_trigger(name="t", namespace="default", training=training)
 
     path, kwargs = trigger.serialize()
     again = JobSetTrigger(**kwargs)
@@ -373,14 +364,8 @@ def training_trigger_lines(
         yield bucket
 
     monkeypatch.setattr(trigger_module.GcsReadHook, "reader", reader)
-    trigger = JobSetTrigger(
-        name="t",
-        namespace="default",
-        uid="u",
-        log_replicated_job="pathways-head",
-        log_container="c",
-        cluster=ClusterTarget(kubernetes_conn_id="k"),
-        training={"bucket": "b", "prefix": "p/", "train_steps": 30, "interval": interval},
+    trigger = jobset_trigger(
+        name="t", namespace="default", training={"bucket": "b", "prefix": "p/", "train_steps": 30, "interval": interval}
     )
     trigger._log = LinesLog()
 

@@ -12,7 +12,7 @@ import pytest
 
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import ConfigError, RunConfig
-from tpu_rl.hooks.kubernetes import ClusterTarget
+from tpu_rl_testing import jobset_trigger
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "sim"))
@@ -426,7 +426,6 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
     import asyncio
     from types import SimpleNamespace
 
-    from tpu_rl.triggers.jobset import JobSetTrigger
     from tpu_rl.triggers.wait_progress import Progress
     from tpu_rl.triggers.workload_log import LogCursor, LogPrinter
 
@@ -442,14 +441,7 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
             for i, text in enumerate(lines):
                 yield f"2026-12-01T11:14:{i // 100:02d}.{i % 100:02d}Z {text}"
 
-    trigger = JobSetTrigger(
-        name="n",
-        namespace="ns",
-        uid="u",
-        log_replicated_job="pathways-head",
-        log_container="c",
-        cluster=ClusterTarget(kubernetes_conn_id="k"),
-    )
+    trigger = jobset_trigger()
     progress = Progress(tail_lines=100)
     follower = trigger.log_follower(LogPrinter(trigger.log))
     asyncio.run(follower.read(Hook(), SimpleNamespace(name="head-0", uid="u0"), LogCursor(), progress))
