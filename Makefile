@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test lint format unit demo plan sim-up sim-down sim-status bench bench-triggerer bench-trigger-start
+.PHONY: venv wheel test lint format unit demo chaos plan sim-up sim-down sim-status bench bench-triggerer bench-trigger-start
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
@@ -42,7 +42,13 @@ test:
 
 # The whole pipeline on the simulated cluster through a local Airflow; KEEP_UI=1 leaves the UI up.
 demo: venv
-	scripts/demo.sh
+	scripts/with-stack.sh python scripts/demo.py --url "$$(scripts/airflow-stack.sh url)" \
+	  --conf "$(or $(CONF),include/examples/simulation.json)"
+
+# The fault campaign (scripts/chaos.py): runs at once on the simulation and the stack, each meeting faults drawn
+# at random; prints a table and fails when an invariant broke. make chaos ARGS="--seed 7 --runs 6 --faults 3"
+chaos: venv
+	scripts/with-stack.sh python scripts/chaos.py $(ARGS)
 
 # The linter and the formatter's check (their rules in pyproject.toml); make test runs them first.
 lint: venv

@@ -67,6 +67,11 @@ class AirflowStack(LocalAirflow):
                 )
         return _run(shlex.join(command), env=env)
 
+    def command(self, *args: str) -> subprocess.CompletedProcess:
+        """:meth:`script`, its exit status not checked (``status`` exits 1 when a component is down)."""
+        env = {**os.environ, **_sim_env()}
+        return _run(shlex.join(["scripts/airflow-stack.sh", *args]), env=env, check=False)
+
     def wait_for_healthy_dag(self, dag_id: str, timeout: float = 180) -> None:
         """Until the DAG is parsed, not stale, and its file has no import error (the dag-processor
         re-parses the checkout, which may be edited while the stack runs)."""
@@ -179,18 +184,20 @@ def pytest_collection_modifyitems(config, items):
     moment, when no other run may defer); then the tests marked ``e2e_start``, which start the long scenarios
     (their runs go on while the other tests run on the same stack); tests marked ``e2e_last`` at the very end,
     after the tests that follow e2e (gke, jobset, sim), so the scenarios run on while those do and are checked
-    last. Those tests remove only the fault rules they added, so the scenarios' rules stay in place."""
+    last. Those tests remove only the fault rules they added, so the scenarios' rules stay in place. Tests marked
+    ``e2e_alone`` come after all of them: what they do to the stack would strike the other scenarios."""
     here = Path(__file__).parent
     e2e = [item for item in items if Path(item.path).parent == here]
     if not e2e:
         return
-    first, starters, last = (
-        [item for item in e2e if item.get_closest_marker(m)] for m in ("e2e_first", "e2e_start", "e2e_last")
+    first, starters, last, alone = (
+        [item for item in e2e if item.get_closest_marker(m)]
+        for m in ("e2e_first", "e2e_start", "e2e_last", "e2e_alone")
     )
-    middle = [item for item in e2e if item not in (*first, *starters, *last)]
+    middle = [item for item in e2e if item not in (*first, *starters, *last, *alone)]
     start = items.index(e2e[0])
     others = [item for item in items if item not in e2e]
-    items[:] = others[:start] + first + starters + middle + others[start:] + last
+    items[:] = others[:start] + first + starters + middle + others[start:] + last + alone
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make demo: the whole pipeline on the simulated cluster through a local Airflow (scheduler, triggerer,
-# dag-processor, api-server on PostgreSQL). Stops what it started, unless KEEP_UI=1.
+# scripts/with-stack.sh COMMAND...: COMMAND with the simulated cluster and the local Airflow stack
+# (scripts/airflow-stack.sh) running and aimed at it, each started if it was not; stops what it started,
+# unless KEEP_UI=1. make demo and make chaos run through it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
@@ -28,4 +29,4 @@ if ! sim/status.sh >/dev/null 2>&1; then sim/up.sh; started+=(sim); fi
 source .sim/airflow.env
 if ! scripts/airflow-stack.sh status >/dev/null 2>&1; then started+=(airflow); fi
 scripts/airflow-stack.sh start
-python scripts/demo.py --url "$(scripts/airflow-stack.sh url)" --conf "${CONF:-include/examples/simulation.json}"
+"$@"
