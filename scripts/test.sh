@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the tests need, runs the linter, then every test: starts the metadata database and the simulated
-# cluster when they are not running (the e2e fixture starts the local Airflow stack), runs pytest on Airflow 3.3.2
-# (the tests that need only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on
-# Airflow 3.1.7 beside them. Stops only what it started.
+# Installs what the tests need, runs the linter, then every test: starts the metadata database, the simulated
+# cluster and the local Airflow stack when they are not running, runs pytest on Airflow 3.3.2 (the tests that need
+# only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow 3.1.7 beside
+# them, then the fault campaign alone. Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
@@ -15,6 +15,7 @@ cleanup() {
     case ${started[i]} in
       postgres) scripts/postgres.sh stop ;;
       sim) sim/down.sh ;;
+      stack) scripts/airflow-stack.sh stop ;;
     esac
   done
 }
@@ -64,20 +65,32 @@ if [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
   nice -n 10 scripts/test-compat.sh > "$compat_log" 2>&1 &
   compat=$!
 fi
+wait_for_compat() {
+  if [ -n "${compat:-}" ]; then
+    wait "$compat" || status=$?
+    cat "$compat_log"; rm -f "$compat_log"
+    compat=""
+  fi
+}
 # The tests that need only PostgreSQL (as `make unit`) go on beside the ones that drive the simulation, which
 # mostly wait; with arguments, pytest runs just those.
 if [ $# -eq 0 ]; then
   unit_log=$(mktemp)
   nice -n 5 python -m pytest -p no:cacheprovider -m "$UNIT" > "$unit_log" 2>&1 &
   unit=$!
-  python -m pytest --durations=20 -m "not ($UNIT)" || status=$?  # the slowest, to plan the next overlap
+  # The local Airflow stack, aimed at the simulation, for both sessions below (the e2e fixture reuses it).
+  if ! scripts/airflow-stack.sh status >/dev/null 2>&1; then
+    (set -a; source .sim/airflow.env; scripts/airflow-stack.sh start)
+    started+=(stack)
+  fi
+  python -m pytest --durations=20 -m "not ($UNIT) and not e2e_alone" || status=$?  # the slowest, to plan the next overlap
   wait "$unit" || status=$?
   cat "$unit_log"; rm -f "$unit_log"
+  wait_for_compat
+  # The fault campaign last, alone: it restarts the PostgreSQL the other sessions use, and strikes the stack.
+  python -m pytest -p no:cacheprovider -s -m e2e_alone || status=$?
 else
   python -m pytest "$@" || status=$?
 fi
-if [ -n "${compat:-}" ]; then
-  wait "$compat" || status=$?
-  cat "$compat_log"; rm -f "$compat_log"
-fi
+wait_for_compat
 exit $status
