@@ -258,3 +258,84 @@ async def test_a_helper_cancelled_just_as_the_pods_change_stops():
     task.cancel()  # ... in the turn the trigger stops its helpers
     done, _ = await asyncio.wait({task}, timeout=1)
     assert done and task.cancelled()
+
+
+PRE_LINE = (
+    "2026-12-02T10:00:20.5Z W1202 10:00:20.482113 139872 train_rl.py:786] Pre RL Training: corr=8, total=20, "
+    "accuracy=40.0%, partial_accuracy=50.0%, format_accuracy=95.0%, mean_reward=0.4950"
+)
+
+
+def _rollouts(count: int, start_second: int = 0) -> list[str]:
+    """Tunix's "Rollout string metric" lines (rl_cluster.py: a numpy array of prompts, one element a line)."""
+    return [
+        f"2026-12-02T10:{(start_second + i // 1000) // 60:02d}:{(start_second + i // 1000) % 60:02d}.{i % 1000:03d}Z "
+        f" 'Question: Natalia sold clips to {i} of her friends in April, and then she sold half as many ...'"
+        for i in range(count)
+    ]
+
+
+def test_a_trainer_that_logs_every_rollout_leaves_a_task_log_one_can_read():
+    """Megabytes of prompts and completions a step: the task log gets a minute's budget of them, every evaluation
+    line, warning and error, and one line saying what it left out; the record still has read to the last line, so
+    a takeover repeats none and skips none of what was copied."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tpu_rl.triggers.workload_log import LOG_LINES_A_MINUTE
+
+    pre = PRE_LINE
+    error = "2026-12-02T10:00:30.5Z E1202 10:00:30.100000 139872 rl_cluster.py:612] Skipping metric rewards"
+    flood = _rollouts(20000)
+    lines = flood[:10000] + [pre] + flood[10000:15000] + [error] + flood[15000:]
+    pod = SimpleNamespace(uid="pod-uid", name="head-0")
+    api, log = _JobSetApi(), _Log()
+
+    async def scenario() -> LogPrinter:
+        store = JobSetLogRecord(api, "n", "ns", "u")
+        printer = LogPrinter(log, store, await store.claim())
+        for raw in lines:
+            printer.add(pod, raw, raw.partition(" ")[2])
+        await printer.flush(final=True)
+        return await LogPrinter.resumed(_Log(), JobSetLogRecord(api, "n", "ns", "u"))
+
+    taker = asyncio.run(scenario())
+    copied = [line for line in log.lines if line.startswith("[head-0]")]
+    assert len(copied) == LOG_LINES_A_MINUTE + 2
+    assert pre.partition(" ")[2] in copied[-2] and error.partition(" ")[2] in copied[-1]
+    assert sum(len(line) for line in log.lines) < 100_000  # the trainer wrote about 2 MiB
+    assert log.lines[-1].startswith(f"{20000 - LOG_LINES_A_MINUTE} line(s) (1.")
+    assert "`kubectl logs head-0` has them" in log.lines[-1]
+    assert taker.kept == {"Pre": pre.partition(" ")[2]}
+    assert all(taker.logged_before(pod, raw) for raw in (lines[0], lines[-1]))
+
+
+def test_a_line_longer_than_the_task_log_takes_is_cut():
+    from types import SimpleNamespace
+
+    from tpu_rl.triggers.workload_log import LOG_LINE_CHARS
+
+    log = _Log()
+    LogPrinter(log).add(SimpleNamespace(uid="u", name="p"), "2026-12-02T10:00:00Z x", "x" * (LOG_LINE_CHARS + 500))
+    assert log.lines == [f"[p] {'x' * LOG_LINE_CHARS} ... (500 characters more)"]
+
+
+def test_the_evaluation_before_training_is_recorded_as_soon_as_it_is_read():
+    """Not a minute later: a trainer flooding its log has the kubelet rotate the line away within the minute, and a
+    triggerer lost meanwhile would leave the run without its baseline."""
+    import asyncio
+    from types import SimpleNamespace
+
+    pre = PRE_LINE
+    api = _JobSetApi()
+
+    async def scenario() -> None:
+        store = JobSetLogRecord(api, "n", "ns", "u")
+        printer = LogPrinter(_Log(), store, await store.claim())
+        batches = asyncio.create_task(jobset_trigger().log_follower(printer).log_batches(None, None))
+        printer.add(SimpleNamespace(uid="pod-uid", name="head-0"), pre, pre.partition(" ")[2])
+        await asyncio.sleep(0.5)
+        batches.cancel()
+
+    asyncio.run(scenario())
+    assert st.log_record(api.jobset, "u")["kept"] == {"Pre": pre.partition(" ")[2]}

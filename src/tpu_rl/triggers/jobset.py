@@ -197,7 +197,7 @@ class JobSetTrigger(BaseTrigger):
         if printer is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(10):
-                    await printer.flush()
+                    await printer.flush(final=True)
 
     def log_follower(self, printer: LogPrinter | None = None) -> WorkloadLogFollower:
         """The follower of the workload's log, logging into the task log through ``printer`` (as lines come)."""

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -33,6 +34,15 @@ POD_END_GRACE_SECONDS = 3
 #: With a log cursor, how often the lines read are logged: each batch is recorded on the JobSet first (one
 #: small patch a batch), so the task log lags the workload by at most this long.
 LOG_BATCH_SECONDS = 60
+#: How much of the workload's log a minute goes into the task log besides the lines that always do: a trainer that
+#: logs every rollout (Tunix, "Rollout string metric": megabytes a step at the upstream recipe's batch) would make
+#: a task log no one reads, and the UI could not load. The rest is counted, and said in one line a minute.
+LOG_LINES_A_MINUTE = 300
+LOG_BYTES_A_MINUTE = 256 * 1024
+#: A longer line is cut in the task log (a batch of prompts on one line).
+LOG_LINE_CHARS = 2000
+#: Lines always copied: a warning, an error or a fatal (absl's W/E/F prefix, Python's level names), a traceback.
+_NOTICE = re.compile(r"^[WEF]\d{4} |\b(?:WARNING|ERROR|CRITICAL|FATAL|Traceback)\b")
 
 
 class LogCursor:
@@ -107,6 +117,54 @@ class JobSetLogRecord:
         return True
 
 
+class LogBudget:
+    """What of the workload's log a window (a minute, or a batch) copies into the task log: every line the run reads
+    after the training (:func:`kept_line_kind`), every warning and error, and the others up to
+    :data:`LOG_LINES_A_MINUTE` lines and :data:`LOG_BYTES_A_MINUTE`; the others are counted."""
+
+    def __init__(self) -> None:
+        self._start_window()
+
+    def _start_window(self) -> None:
+        self.started = time.monotonic()
+        self.lines = self.size = self.skipped = self.skipped_size = 0
+
+    def admits(self, text: str) -> bool:
+        if (self.lines < LOG_LINES_A_MINUTE and self.size < LOG_BYTES_A_MINUTE) or always_copied(text):
+            self.lines, self.size = self.lines + 1, self.size + len(text)
+            return True
+        self.skipped, self.skipped_size = self.skipped + 1, self.skipped_size + len(text)
+        return False
+
+    @property
+    def due(self) -> bool:
+        return time.monotonic() - self.started >= 60
+
+    def close(self, pod: str) -> str | None:
+        """What the window did not copy, in a line (None: it copied everything); a new window starts."""
+        skipped, size, seconds = self.skipped, self.skipped_size, time.monotonic() - self.started
+        self._start_window()
+        if not skipped:
+            return None
+        return (
+            f"{skipped} line(s) ({size / 2**20:.1f} MiB) of the workload's log not copied here in the last "
+            f"{seconds:.0f} s: beyond {LOG_LINES_A_MINUTE} lines or {LOG_BYTES_A_MINUTE // 1024} KiB a minute only "
+            f"the evaluation, warnings and errors are (a trainer that logs every rollout writes megabytes a step); "
+            f"`kubectl logs {pod}` has them until the kubelet rotates them away (10 MiB)"
+        )
+
+
+def always_copied(text: str) -> bool:
+    """Whether the task log gets this line whatever the workload logged around it."""
+    return kept_line_kind(text) is not None or _NOTICE.search(text) is not None
+
+
+def clipped(text: str) -> str:
+    if len(text) <= LOG_LINE_CHARS:
+        return text
+    return f"{text[:LOG_LINE_CHARS]} ... ({len(text) - LOG_LINE_CHARS} characters more)"
+
+
 class LogPrinter:
     """Logs the workload's lines into the task log. With a cursor store (the trigger's ``log_cursor``) it logs
     them in batches, each recorded (pod, last line) before it is logged: a trigger that takes the wait over from a
@@ -125,7 +183,14 @@ class LogPrinter:
         #: trigger that takes the wait over after the kubelet rotated the log (a trainer that logs every rollout
         #: fills its 10 MiB fast) still has them.
         self.kept: dict[str, str] = dict(saved.get("kept") or {})
-        self.pending: list[tuple[st.PodRecord, str, str]] = []
+        #: The lines to log at the next batch: (pod name, text).
+        self.pending: list[tuple[str, str]] = []
+        #: Lines were read since the record was last written.
+        self.dirty = False
+        #: A line the run reads after the training was read: the batch goes now, so the record keeps it (the
+        #: kubelet may rotate it out of the log before a minute is over).
+        self.kept_read = asyncio.Event()
+        self.budget, self.pod_name = LogBudget(), ""
         self.store_failed = False
         #: Another trigger of this wait records (and logs) now.
         self.superseded = False
@@ -152,22 +217,38 @@ class LogPrinter:
         return pod.uid == self.resumed_pod and not self.resumed.is_new(raw)
 
     def add(self, pod: st.PodRecord, raw: str, text: str) -> None:
+        self.pod_name = pod.name
+        copied = self.budget.admits(text)
         if self.store is None:
-            self.log.info("[%s] %s", pod.name, text)
-        elif not self.superseded:
-            self.pending.append((pod, raw, text))
-
-    async def flush(self) -> None:
-        """Records the pending lines as logged, then logs them."""
-        if not self.pending:
+            if copied:
+                self.log.info("[%s] %s", pod.name, clipped(text))
+            if self.budget.due:
+                self._say_skipped()
             return
-        batch, self.pending = self.pending, []
-        for pod, raw, text in batch:
-            if pod.uid != self.logged_pod:
-                self.logged_pod, self.logged = pod.uid, LogCursor()
-            self.logged.new_text(raw)
-            if kind := kept_line_kind(text):
-                self.kept[kind] = text
+        if self.superseded:
+            return
+        if pod.uid != self.logged_pod:
+            self.logged_pod, self.logged = pod.uid, LogCursor()
+        self.logged.new_text(raw)
+        self.dirty = True
+        if kind := kept_line_kind(text):
+            self.kept[kind] = text
+            self.kept_read.set()
+        if copied:
+            self.pending.append((pod.name, clipped(text)))
+
+    def _say_skipped(self) -> None:
+        if summary := self.budget.close(self.pod_name):
+            self.log.info(summary)
+
+    async def flush(self, final: bool = False) -> None:
+        """Records how far the log was read (and the kept lines), then logs the pending lines; each minute (and at
+        the end) one line says what was not copied."""
+        if self.store is None or not self.dirty:
+            if final:
+                self._say_skipped()
+            return
+        batch, self.pending, self.dirty = self.pending, [], False
         try:
             if not await self.store.save({"pod": self.logged_pod, **self.logged.to_dict(), "kept": self.kept}):
                 self.superseded = True
@@ -181,8 +262,10 @@ class LogPrinter:
             if not self.store_failed:
                 self.log.warning("Could not record how far the log was logged (%s: %s)", type(e).__name__, str(e)[:200])
             self.store_failed = True
-        for pod, _, text in batch:
-            self.log.info("[%s] %s", pod.name, text)
+        for pod_name, text in batch:
+            self.log.info("[%s] %s", pod_name, text)
+        if final or self.budget.due:
+            self._say_skipped()
 
 
 class WorkloadLogFollower:
@@ -195,9 +278,11 @@ class WorkloadLogFollower:
         self.printer = printer
 
     async def log_batches(self, hook: AsyncKubernetesApiHook, progress: Progress) -> None:
-        """With a record on the JobSet: logs the lines read, a batch every :data:`LOG_BATCH_SECONDS`."""
+        """With a record on the JobSet: logs the lines read, a batch every :data:`LOG_BATCH_SECONDS`, and at once
+        when a line the run reads after the training came."""
         while True:
-            await asyncio.sleep(LOG_BATCH_SECONDS)
+            await wait_event(self.printer.kept_read, LOG_BATCH_SECONDS)
+            self.printer.kept_read.clear()
             await self.printer.flush()
 
     def target(self, progress: Progress) -> st.PodRecord | None:
