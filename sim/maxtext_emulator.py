@@ -29,7 +29,11 @@ Pod annotations read (on the pod template):
                                 code 143, and the pod condition DisruptionTarget TerminationByKubelet),
                                 preempt-in-evaluation (the same preemption, after the training's final save and
                                 its success line, during the evaluation after training),
-                                eval-regression (the evaluation after training scores lower than before)
+                                eval-regression (the evaluation after training scores lower than before),
+                                flood=M (the workload container logs M MiB of Tunix's per-step rollout lines,
+                                "Rollout string metric prompts: [...]" as tunix/rl/rl_cluster.py _log_metrics prints a
+                                numpy array of strings, one element a line: a trainer spreads them over its steps,
+                                after its evaluation before training)
 Annotations written: sim.tpu-rl.dev/exit-at, /emulated (what was done), /fault-rule, /warnings, and
 exit-code / fail-attempts / run-seconds when a rule sets them; /disruption (a DisruptionTarget reason) for a
 preempted pod, which the kwok stage pod-fail turns into the pod's condition and graceful-shutdown status.
@@ -71,6 +75,7 @@ import random
 import shlex
 import struct
 import sys
+import threading
 import time
 import traceback
 import zlib
@@ -493,6 +498,15 @@ def to_maxtext(client, args, flags, faults_):
 
 #: Lines the evaluation after training logs at least (more than a log tail of 100 lines holds).
 EVALUATION_LOG_LINES = 150
+#: The kubelet's container log rotation on GKE (KubeletConfiguration containerLogMaxSize 10Mi, containerLogMaxFiles 5):
+#: past the size the file is renamed <file>.<UTC time> and a new one started; `kubectl logs` reads the current file
+#: only, so what a reader had not read before the rotation is gone for it.
+LOG_MAX_BYTES = int(os.environ.get("TPU_RL_SIM_LOG_MAX_BYTES", str(10 * 2**20)))
+LOG_MAX_FILES = 5
+#: A container log bigger than this is written over the pod's run time, in pieces, as a trainer prints it (a reader
+#: follows it, and a rotation can come between two of its reads); a smaller one at once.
+PACED_LOG_BYTES = 2**20
+PACED_LOG_PIECES = 40
 
 #: The Hub datasets' configs this emulator knows (their dataset cards' "Subset" lists): MaxText 0.2.4's
 #: train_rl.get_dataset loads a Hub dataset without data files as datasets.load_dataset(dataset_name,
@@ -511,6 +525,41 @@ def load_hub_dataset(name, subset, data_files):
         raise PodFailure(
             f"ValueError: BuilderConfig '{subset}' not found. Available: {list(HUB_DATASET_CONFIGS[name])}"
         )
+
+
+def append_log(path: Path, lines: list[str]) -> None:
+    """Appends CRI-format lines (``<time> stdout F <text>``) to a container log, rotating it first when it would
+    pass :data:`LOG_MAX_BYTES`, keeping :data:`LOG_MAX_FILES` files in all, as the kubelet does."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    text = "".join(f"{now} stdout F {line}\n" for line in lines)
+    if path.exists() and path.stat().st_size and path.stat().st_size + len(text) > LOG_MAX_BYTES:
+        path.rename(path.with_name(f"{path.name}.{datetime.now(UTC):%Y%m%d-%H%M%S.%f}"))
+        for old in sorted(path.parent.glob(f"{path.name}.*"))[: -(LOG_MAX_FILES - 1)]:
+            old.unlink()
+    with path.open("a") as out:
+        out.write(text)
+
+
+def print_paced(path: Path, lines: list[str], seconds: float) -> None:
+    """``lines`` into the log in :data:`PACED_LOG_PIECES` pieces over ``seconds``, as a program prints them."""
+    size = max(1, math.ceil(len(lines) / PACED_LOG_PIECES))
+    for start in range(0, len(lines), size):
+        append_log(path, lines[start : start + size])
+        time.sleep(seconds / PACED_LOG_PIECES)
+
+
+def rollout_lines(faults_, steps) -> list[str]:
+    """The ``flood=M`` fault's M MiB of Tunix's rollout lines, spread over ``steps``: each step's prompts, one numpy
+    array element a line (tunix/rl/rl_cluster.py ``_log_metrics``: "Rollout string metric %s: %s" at INFO)."""
+    mib = next((float(f.split("=", 1)[1]) for f in faults_ if f.startswith("flood=")), 0.0)
+    steps = list(steps) or [0]
+    element = " 'Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May? Reason step by step.'"  # noqa: E501
+    per_step = int(mib * 2**20 / len(steps) / (len(element) + 40)) if mib else 0
+    lines = []
+    for step in steps if per_step else []:
+        lines.append(f"I1204 rl_cluster.py:607] Rollout string metric prompts: [step {step}")
+        lines += [f"{element[:-1]} (step {step}, prompt {i})'" for i in range(per_step)]
+    return lines
 
 
 def train_rl(client, args, flags, faults_, duration=0.0):
@@ -564,6 +613,7 @@ def train_rl(client, args, flags, faults_, duration=0.0):
     if test_batches > 0:
         lines.append(evaluation_line("Pre", seed, test_prompts, accuracy_before))
     end = crash[0] if crash else max(preempt[0], start) if preempt else stop
+    lines += rollout_lines(faults_, range(start + 1, end + 1))
     saves = [s for s in range(start + 1, end + (0 if crash else 1)) if s % period == 0]
     if not (crash or preempt) and end > start and end not in saves:
         saves.append(end)  # the end-of-run save, on a normal exit only
@@ -817,6 +867,7 @@ class Emulator:
                 self.check_bucket_access(pod, stage, args, flags)
             if not stage:
                 summary = "no MaxText stage in this pod"
+                lines = rollout_lines(maxtext_faults, []) if index == "0" and job_index == "0" else []
             elif index != "0" or job_index != "0":
                 summary = f"{stage}: skipped (completion index {index}, job index {job_index} does no work)"
             elif fails and not maxtext_faults:
@@ -849,7 +900,7 @@ class Emulator:
         patch[PREFIX + "emulated"] = summary[:1000]
         if warnings:
             patch[PREFIX + "warnings"] = ",".join(warnings)
-        self.publish_logs(pod, stage, lines)
+        self.publish_logs(pod, stage, lines, run_seconds)
         with HANDLED.open("a") as f:
             f.write(meta.uid + "\n")
         self.handled.add(meta.uid)
@@ -954,25 +1005,28 @@ class Emulator:
                         warnings.insert(0, f"missing-secret {ref.name} for HF_TOKEN")
         return warnings
 
-    def publish_logs(self, pod, stage, lines):
+    def publish_logs(self, pod, stage, lines, seconds=0.0):
         """What the containers would print, for `kubectl logs`: CRI-format files under .sim/podlogs/ and a
         kwok Logs object (owned by the pod, so it goes with it) that points kwok at them. A container's file
         only grows, as a kubelet's log does: what it printed before (its start line, while the Pathways head
-        waited for its workers) is neither rewritten nor printed again."""
+        waited for its workers) is neither rewritten nor printed again. A big log is printed over the pod's
+        ``seconds`` and rotated as the kubelet rotates it (:data:`LOG_MAX_BYTES`)."""
         from kubernetes.client.exceptions import ApiException
 
         meta = pod.metadata
         folder = SIM / "podlogs" / meta.namespace / meta.name
         folder.mkdir(parents=True, exist_ok=True)
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         entries = []
         for c in list(pod.spec.init_containers or []) + list(pod.spec.containers):
             body = [f"[simulated] {c.name} started on {pod.spec.node_name}"]
             if c.name == "workload-container":
                 body += ([f"[simulated] python3 -m maxtext ... ({stage})"] if stage else []) + lines
             path = folder / f"{c.name}.log"
-            with path.open("a") as out:
-                out.write("".join(f"{now} stdout F {line}\n" for line in body[1 if path.stat().st_size else 0 :]))
+            body = body[1 if path.exists() and path.stat().st_size else 0 :]
+            if seconds > 0 and sum(len(line) for line in body) > PACED_LOG_BYTES:
+                threading.Thread(target=print_paced, args=(path, body, 0.8 * seconds), daemon=True).start()
+            else:
+                append_log(path, body)
             entries.append({"containers": [c.name], "logsFile": str(path), "follow": True})
         logs = {
             "apiVersion": "kwok.x-k8s.io/v1alpha1",

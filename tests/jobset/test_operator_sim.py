@@ -346,3 +346,26 @@ def test_a_retry_that_adopts_a_completed_jobset_has_the_evaluation_its_trigger_r
     retry = Recording(task_id="train", manifest=tpu_jobset(name), kubernetes_conn_id=CONN_ID)
     assert retry.execute(task_context(ti_for(name, try_number=2)))["uid"] == first["uid"]
     assert retry.completed_event == {"evaluation_lines": [post]}
+
+
+def test_a_flooded_log_the_kubelet_rotates_leaves_a_task_log_one_can_read(sim, capfd):
+    """A trainer that logs every rollout (the emulator's ``flood=12``: 12 MiB of Tunix's rollout lines over the pod's
+    run) has the kubelet rotate its log (10 MiB): the task log gets a minute's share of those lines, a line saying
+    how many it left out, and the end of the log; the follower reads on across the rotation."""
+
+    class Recorded(JobSetOperator):
+        def trigger_kwargs(self):
+            return {"log_cursor": True}
+
+    name = unique("flood")
+    manifest = tpu_jobset(name, run_seconds=25, annotations={f"{SIM}maxtext-fault": "flood=12"})
+    op = Recorded(task_id="train", manifest=manifest, kubernetes_conn_id=CONN_ID, progress_interval=10)
+    result = run_operator(op, task_context(ti_for(name)))
+
+    assert result["state"] == "Completed"
+    pod_logs = REPO / ".sim" / "podlogs" / "default"
+    assert list(pod_logs.glob(f"{name}-main-job-0-0-*/workload-container.log.*")), "the log was not rotated"
+    out = capfd.readouterr().out
+    assert len(out) < 2**20, f"{len(out)} characters of task log"
+    assert "of the workload's log not copied here in the last" in out
+    assert "(step 0, prompt " in result["log_tail"][-1]  # the failure report's tail is the log's own end
