@@ -80,8 +80,10 @@ class FaultKind:
     #: The tasks during which it may strike.
     phases: tuple[str, ...] = WORK
     fatal: tuple[str, ...] = ()
-    #: It strikes the training, which a run failed by a fatal fault never reaches.
-    in_training: bool = False
+    #: The MaxText emulator's faults of the run's first training attempt (sim/faults.py): a run's are one rule.
+    trainer: str = ""
+    #: What the run's params change for it.
+    conf: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -106,7 +108,8 @@ class Run:
 
     @property
     def conf(self) -> dict:
-        return {**RUN_CONF, "cluster_name": self.cluster}
+        changes = {key: value for kind in self.kinds for key, value in CATALOGUE[kind].conf.items()}
+        return {**RUN_CONF, **changes, "cluster_name": self.cluster}
 
     @property
     def rule(self) -> str:
@@ -128,28 +131,23 @@ def _gke(kind: str, gke_kind: str, **rule) -> Callable[[Run], None]:
     return lambda run: gke_faults.set_fault(f"{run.rule}-{kind}", gke_kind, cluster=run.cluster, **rule)
 
 
-def _maxtext(kind: str, maxtext_fault: str) -> Callable[[Run], None]:
-    return lambda run: faults.set_fault(
-        faults.core_api(), f"{run.rule}-a-{kind}", stage="train_rl", prefix=run.training_jobset,
-        maxtext_fault=maxtext_fault, times=1,
-    )  # fmt: skip
-
-
 CATALOGUE: dict[str, FaultKind] = {}  # filled below, once the strikes are defined
 
 
 def deal(seed: int, runs: int, per_run: int) -> list[list[str]]:
     """The faults of each run: the catalogue shuffled and dealt round by round, so that every kind is drawn once
-    there are as many places as kinds; at most one fatal fault in a run, no kind twice in one (a kind that fits no
-    hand left goes back under the deck)."""
+    there are as many places as kinds and runs as :func:`_solo` kinds; no kind twice in a run, one solo kind at most
+    (a kind that fits no hand left is not dealt this round)."""
     rng, hands = random.Random(seed), [[] for _ in range(runs)]
     deck: list[str] = []
     for _ in range(10 * runs * per_run):
         if all(len(hand) == per_run for hand in hands):
             break
-        if not deck:
-            deck = sorted(CATALOGUE)
-            rng.shuffle(deck)
+        if not deck:  # each round deals the kinds a run may meet one of first, so that each finds a run
+            solo, others = ([k for k in sorted(CATALOGUE) if _solo(k) == flag] for flag in (True, False))
+            rng.shuffle(solo)
+            rng.shuffle(others)
+            deck = others + solo
         kind = deck.pop()
         open_hands = [h for h in hands if len(h) < per_run and kind not in h and _compatible(kind, h)]
         if open_hands:
@@ -157,11 +155,14 @@ def deal(seed: int, runs: int, per_run: int) -> list[list[str]]:
     return hands
 
 
+def _solo(kind: str) -> bool:
+    """A fault a run meets no other of its kind beside: a fatal one (it stops the run before it trains), or one of
+    the trainer (the emulator applies one rule to an attempt, and prints no log of a preempted one)."""
+    return bool(CATALOGUE[kind].fatal or CATALOGUE[kind].trainer)
+
+
 def _compatible(kind: str, hand: list[str]) -> bool:
-    """One fatal fault in a run at most, and none with a fault of the training it stops."""
-    if CATALOGUE[kind].fatal:
-        return not any(CATALOGUE[k].fatal or CATALOGUE[k].in_training for k in hand)
-    return not (CATALOGUE[kind].in_training and any(CATALOGUE[k].fatal for k in hand))
+    return not (_solo(kind) and any(_solo(other) for other in hand))
 
 
 class Campaign:
@@ -188,10 +189,13 @@ class Campaign:
             for kind in run.kinds:
                 if CATALOGUE[kind].arm:
                     CATALOGUE[kind].arm(run)
-            faults.set_fault(
-                faults.core_api(), f"{run.rule}-b-train", stage="train_rl", prefix=run.training_jobset,
-                run_seconds=TRAINING_SECONDS,
-            )  # fmt: skip
+            # The emulator applies a pod's first matching rule: the faults of the first attempt, then the others'.
+            trainer = ",".join(CATALOGUE[kind].trainer for kind in run.kinds if CATALOGUE[kind].trainer)
+            for rule, times, maxtext_fault in (("a-faults", 1, trainer or None), ("b-train", None, None)):
+                faults.set_fault(
+                    faults.core_api(), f"{run.rule}-{rule}", stage="train_rl", prefix=run.training_jobset,
+                    run_seconds=TRAINING_SECONDS, maxtext_fault=maxtext_fault, times=times,
+                )  # fmt: skip
             self.airflow.trigger(DAG_ID, run.conf, run_id=run.run_id)
 
     def drive(self) -> None:
@@ -375,11 +379,12 @@ CATALOGUE.update(
         ),
         "quota": FaultKind("no TPU quota", _gke("quota", "quota", pool_prefix="tpu-"), fatal=("quota", "fix:")),
         # The trainer (sim/faults.py)
-        "preemption": FaultKind(
-            "a Spot VM reclaimed mid-training", _maxtext("preemption", "preempt-at-step=5"), in_training=True
-        ),
-        "half-written": FaultKind(
-            "a preemption during a save", _maxtext("half-written", "preempt-at-step=6,skip-commit"), in_training=True
+        "preemption": FaultKind("a Spot VM reclaimed mid-training", trainer="preempt-at-step=5"),
+        "half-written": FaultKind("a preemption during a save", trainer="preempt-at-step=6,skip-commit"),
+        "log-flood": FaultKind(
+            "a trainer logging every rollout (Tunix), its log rotated by the kubelet",
+            trainer="flood=12",
+            conf={"require_no_regression": True},  # the evaluation before training must be found
         ),
         # The stack (scripts/airflow-stack.sh, scripts/postgres.sh)
         "kill-worker": FaultKind("a Celery worker's machine lost", strike=_kill(_worker_of)),
@@ -421,6 +426,10 @@ def _outcome(campaign: Campaign, run: Run) -> str:
         last = failed[0] if failed else ""
         tail = campaign.airflow.task_log(DAG_ID, run.run_id, last, tasks[last]["try_number"])[-1500:] if last else ""
         return f"{run.state}, not {expected} (failed: {', '.join(failed) or 'none'})\n{tail}"
+    if "log-flood" in run.kinds:
+        train_log = campaign.airflow.task_log(DAG_ID, run.run_id, "train_rl", tasks["train_rl"]["try_number"])
+        if len(train_log) > 2**20 or "of the workload's log not copied here" not in train_log:
+            return f"train_rl's log of a flooded trainer is {len(train_log) / 2**20:.1f} MiB, with no line on the rest"
     if expected == "failed":
         words = next(CATALOGUE[kind].fatal for kind in run.kinds if CATALOGUE[kind].fatal)
         logs = "".join(campaign.airflow.task_log(DAG_ID, run.run_id, t, tasks[t]["try_number"]) for t in failed)
@@ -501,8 +510,8 @@ def _injected(run: Run, kind: str) -> bool:
 
 def _applied(run: Run, kind: str) -> bool:
     """Whether the trainer met the run's MaxText fault of this kind."""
-    rule = faults.list_faults(faults.core_api()).get(f"{run.rule}-a-{kind}", {})
-    return bool(rule.get("applied"))
+    rule = faults.list_faults(faults.core_api()).get(f"{run.rule}-a-faults", {})
+    return kind in run.kinds and bool(CATALOGUE[kind].trainer and rule.get("applied"))
 
 
 # The table.

@@ -15,8 +15,10 @@ from scripts import chaos
 
 pytestmark = pytest.mark.e2e
 
-#: The campaign make test deals unless TPU_RL_CHAOS_SEED says otherwise.
-SEED = 1
+#: The campaign make test deals unless TPU_RL_CHAOS_SEED says otherwise: one run meets a preemption, a late reply
+#: to its pool create and a restart of the broker; the other a flooded, rotated trainer log and restarts of the API
+#: server and of the metadata database.
+SEED = 614
 
 
 @pytest.mark.e2e_alone
