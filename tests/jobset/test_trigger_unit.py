@@ -339,3 +339,43 @@ def test_the_evaluation_before_training_is_recorded_as_soon_as_it_is_read():
 
     asyncio.run(scenario())
     assert st.log_record(api.jobset, "u")["kept"] == {"Pre": pre.partition(" ")[2]}
+
+
+def test_a_trigger_cancelled_again_while_it_decides_still_decides():
+    """Airflow 3.3 sends the id of a trigger its triggerer no longer holds with every state sync until the trigger
+    is done (``TriggerRunnerSupervisor.cancelling_triggers``), and the runner cancels it on each: a decision that
+    takes a few seconds (the task's state, asked through the supervisor of a triggerer that just woke up) meets
+    several cancellations. It is carried to its end: the wait that went elsewhere says so and keeps its JobSet,
+    and a task that left the wait has its JobSet deleted."""
+    import asyncio
+
+    deleted, log = [], _Log()
+
+    class Hook:
+        async def delete_jobset(self, name, namespace, uid):
+            deleted.append(uid)
+
+    def decide(state: str) -> bool:
+        trigger = jobset_trigger()
+        trigger._log = log  # LoggingMixin's logger
+
+        async def task_state():
+            await asyncio.sleep(0.3)
+            return state
+
+        trigger._task_state = task_state
+
+        async def scenario() -> bool:
+            deciding = asyncio.create_task(trigger._cancelled_with_the_task(Hook()))
+            for _ in range(3):
+                await asyncio.sleep(0.05)
+                deciding.cancel("user action")  # airflow/jobs/triggerer_job_runner.py _USER_ACTION_CANCEL_MSG
+            return await deciding
+
+        return asyncio.run(scenario())
+
+    assert decide("deferred") is False
+    assert "was cancelled while its task is deferred: another triggerer goes on with it" in "\n".join(log.lines)
+    assert deleted == []
+    assert decide("failed") is True
+    assert deleted == [jobset_trigger().uid]

@@ -137,6 +137,18 @@ class JobSetTrigger(BaseTrigger):
         yield TriggerEvent(event)
 
     async def _cancelled_with_the_task(self, hook: AsyncKubernetesApiHook) -> bool:
+        """:meth:`_decide_on_cancel`, carried to its end when Airflow cancels the trigger again meanwhile (its loop
+        cancels a trigger it no longer holds on each pass until the trigger is done): cut short, the decision would
+        neither say where the wait went nor delete a JobSet whose task left it. Bounded by its own timeout."""
+        decision = asyncio.ensure_future(self._decide_on_cancel(hook))
+        while True:
+            try:
+                return await asyncio.shield(decision)
+            except asyncio.CancelledError:
+                if decision.done():
+                    return decision.result()
+
+    async def _decide_on_cancel(self, hook: AsyncKubernetesApiHook) -> bool:
         """Whether the task left this wait (and the JobSet, with ``delete_on_kill``, was deleted).
 
         Airflow cancels a trigger when its task left the deferral (a user marked it or cleared it, or its
