@@ -16,6 +16,7 @@ and capacity).
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import time
@@ -50,9 +51,11 @@ def stack_cli(*args: str) -> str:
     return done.stdout
 
 
+@functools.cache
 def days() -> list[datetime]:
     """The three latest complete intervals: unpausing the program then creates no other run (the scheduler's
-    next interval is the latest, already in the backfill)."""
+    next interval is the latest, already in the backfill). Fixed at the first call: a session that goes past
+    midnight UTC checks the intervals it backfilled."""
     yesterday = datetime.now(UTC).date() - timedelta(days=1)
     return [datetime.combine(yesterday - timedelta(days=n), datetime.min.time(), UTC) for n in (2, 1, 0)]
 
