@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")] if __name__ == "__main__" else []
 
 from scripts.local_airflow import AirflowApiError, LocalAirflow  # noqa: E402
-from sim import faults, gke_faults  # noqa: E402
+from sim import clients, faults, gke_faults  # noqa: E402
 
 DAG_ID = "maxtext_rl_tpu"
 #: The tutorial's path on a small slice: 8 steps, a checkpoint every 2, a minute of training (room for a strike).
@@ -67,6 +67,7 @@ WAITS = PHASES[:3]
 #: The tasks before a fatal fault (a pool GKE cannot create) ends the run.
 BEFORE_FATAL = ("create_cluster", "create_tpu_pools")
 RUN_TIMEOUT = 3600
+ENDED = ("success", "failed")
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class FaultKind:
     message must say (empty: the run must succeed)."""
 
     stands_for: str
-    arm: Callable[[Run], None] | None = None
+    #: The GKE emulator's rule armed for the run's cluster (sim/gke_faults.py: its ``kind`` and fields).
+    gke: dict = field(default_factory=dict)
     strike: Callable[[Campaign, Run], str] | None = None
     #: The tasks during which it may strike.
     phases: tuple[str, ...] = WORK
@@ -113,8 +115,9 @@ class Run:
 
     @property
     def rule(self) -> str:
-        """The prefix of this run's fault rules (sorted: the MaxText rule of a fault before the training's)."""
-        return f"chaos-{self.token}-{self.index}"
+        """The prefix of this run's fault rules, its cluster's name (sorted: the MaxText rule of a fault before the
+        training's)."""
+        return self.cluster
 
     @property
     def training_jobset(self) -> str:
@@ -125,10 +128,6 @@ class Run:
     @property
     def survivable(self) -> bool:
         return not any(CATALOGUE[kind].fatal for kind in self.kinds)
-
-
-def _gke(kind: str, gke_kind: str, **rule) -> Callable[[Run], None]:
-    return lambda run: gke_faults.set_fault(f"{run.rule}-{kind}", gke_kind, cluster=run.cluster, **rule)
 
 
 CATALOGUE: dict[str, FaultKind] = {}  # filled below, once the strikes are defined
@@ -169,7 +168,13 @@ class Campaign:
     """The runs, driven from one thread each; ``stack(*args)`` runs scripts/airflow-stack.sh."""
 
     def __init__(
-        self, airflow: LocalAirflow, stack: Callable[..., object], gke, gcs, seed: int, hands: list[list[str]]
+        self,
+        airflow: LocalAirflow,
+        stack: Callable[..., subprocess.CompletedProcess],
+        gke,
+        gcs,
+        seed: int,
+        hands: list[list[str]],
     ):
         self.airflow, self._stack, self.gke, self.gcs = airflow, stack, gke, gcs
         self.rng, self.token = random.Random(seed), uuid.uuid4().hex[:5]
@@ -187,8 +192,8 @@ class Campaign:
     def start(self) -> None:
         for run in self.runs:
             for kind in run.kinds:
-                if CATALOGUE[kind].arm:
-                    CATALOGUE[kind].arm(run)
+                if CATALOGUE[kind].gke:
+                    gke_faults.set_fault(f"{run.rule}-{kind}", cluster=run.cluster, **CATALOGUE[kind].gke)
             # The emulator applies a pod's first matching rule: the faults of the first attempt, then the others'.
             trainer = ",".join(CATALOGUE[kind].trainer for kind in run.kinds if CATALOGUE[kind].trainer)
             for rule, times, maxtext_fault in (("a-faults", 1, trainer or None), ("b-train", None, None)):
@@ -246,13 +251,15 @@ class Campaign:
         return self._patiently(lambda: self.airflow.task_instances(DAG_ID, run.run_id))
 
     def _ended(self, run: Run) -> bool:
-        return self._patiently(lambda: self.airflow.run(DAG_ID, run.run_id))["state"] in ("success", "failed")
+        return self._state(run) in ENDED
+
+    def _state(self, run: Run) -> str:
+        return self._patiently(lambda: self.airflow.run(DAG_ID, run.run_id))["state"]
 
     def _until_ended(self, run: Run) -> str:
         deadline = time.monotonic() + RUN_TIMEOUT
         while time.monotonic() < deadline:
-            state = self._patiently(lambda: self.airflow.run(DAG_ID, run.run_id))["state"]
-            if state in ("success", "failed"):
+            if (state := self._state(run)) in ENDED:
                 return state
             time.sleep(5)
         return "timed out"
@@ -270,7 +277,7 @@ class Campaign:
                     raise
                 time.sleep(5)
 
-    def stack(self, *args: str):
+    def stack(self, *args: str) -> subprocess.CompletedProcess:
         with self.commanding:
             return self._stack(*args)
 
@@ -280,7 +287,7 @@ class Campaign:
 
     def revive(self) -> str:
         """Starts what died (as Kubernetes restarts an exited container): the components it started, if any."""
-        status = str(getattr(self.stack("status"), "stdout", ""))
+        status = self.stack("status").stdout
         dead = sorted(line.split(":")[0] for line in status.splitlines() if ": running" not in line and ":" in line)
         self.stack("start")
         return f"; restarted {', '.join(dead)}" if dead else ""
@@ -357,27 +364,25 @@ def _scheduler(campaign: Campaign, run: Run) -> str:
 CATALOGUE.update(
     {
         # GKE (sim/gke_faults.py: each kind's source there)
-        "gke-throttle": FaultKind(
-            "GKE 429: the project's API requests a minute", _gke("gke-throttle", "throttle", times=2)
-        ),
+        "gke-throttle": FaultKind("GKE 429: the project's API requests a minute", gke={"kind": "throttle", "times": 2}),
         "gke-upgrade": FaultKind(
-            "GKE upgrading the control plane on its own", _gke("gke-upgrade", "upgrade", seconds=40, times=1)
+            "GKE upgrading the control plane on its own", gke={"kind": "upgrade", "seconds": 40, "times": 1}
         ),
-        "gke-unavailable": FaultKind("GKE 503 UNAVAILABLE", _gke("gke-unavailable", "unavailable", times=3)),
+        "gke-unavailable": FaultKind("GKE 503 UNAVAILABLE", gke={"kind": "unavailable", "times": 3}),
         "gke-slow-reply": FaultKind(
             "a pool create answered late (the caller may die first)",
-            _gke("gke-slow-reply", "slow-reply", pool_prefix="tpu-", seconds=20, times=1),
+            gke={"kind": "slow-reply", "pool_prefix": "tpu-", "seconds": 20, "times": 1},
         ),
         "gke-slow-create": FaultKind(
             "a pool create slow to find capacity",
-            _gke("gke-slow-create", "capacity-held", pool_prefix="tpu-", seconds=90, times=1),
+            gke={"kind": "capacity-held", "pool_prefix": "tpu-", "seconds": 90, "times": 1},
         ),
         "stockout": FaultKind(
             "no TPU capacity in the zone",
-            _gke("stockout", "stockout", pool_prefix="tpu-"),
+            gke={"kind": "stockout", "pool_prefix": "tpu-"},
             fatal=("GCE_STOCKOUT", "fix:"),
         ),
-        "quota": FaultKind("no TPU quota", _gke("quota", "quota", pool_prefix="tpu-"), fatal=("quota", "fix:")),
+        "quota": FaultKind("no TPU quota", gke={"kind": "quota", "pool_prefix": "tpu-"}, fatal=("quota", "fix:")),
         # The trainer (sim/faults.py)
         "preemption": FaultKind("a Spot VM reclaimed mid-training", trainer="preempt-at-step=5"),
         "half-written": FaultKind("a preemption during a save", trainer="preempt-at-step=6,skip-commit"),
@@ -407,10 +412,11 @@ def check(campaign: Campaign, run: Run) -> None:
     """Each invariant's verdict in ``run.checks`` ("ok" or what broke it), each break also in ``run.problems``;
     the faults the run really met in ``run.injected``."""
     run.injected = [kind for kind in run.kinds if _injected(run, kind)]
+    tasks = campaign.tasks(run)
     for name, verdict in (
-        ("outcome", _outcome(campaign, run)),
+        ("outcome", _outcome(campaign, run, tasks)),
         ("left behind", _left_behind(campaign, run)),
-        ("trainings", _trainings(campaign, run)),
+        ("trainings", _trainings(campaign, run, tasks)),
         ("checkpoints", _checkpoints(campaign, run) if run.state == "success" else "ok"),
     ):
         run.checks[name] = verdict
@@ -418,9 +424,8 @@ def check(campaign: Campaign, run: Run) -> None:
             run.problems.append(f"{name}: {verdict}")
 
 
-def _outcome(campaign: Campaign, run: Run) -> str:
+def _outcome(campaign: Campaign, run: Run, tasks: dict) -> str:
     expected = "success" if run.survivable else "failed"
-    tasks = campaign.tasks(run)
     failed = sorted(task_id for task_id, ti in tasks.items() if ti["state"] == "failed")
     if run.state != expected:
         last = failed[0] if failed else ""
@@ -450,7 +455,7 @@ def _left_behind(campaign: Campaign, run: Run) -> str:
     return f"cluster {run.cluster} is still there ({cluster.status.name}, pools {[p.name for p in cluster.node_pools]})"
 
 
-def _trainings(campaign: Campaign, run: Run) -> str:
+def _trainings(campaign: Campaign, run: Run, tasks: dict) -> str:
     """The training JobSets the trainer ran against the preemptions the run resumed."""
     applied = [
         attempt
@@ -464,7 +469,7 @@ def _trainings(campaign: Campaign, run: Run) -> str:
     except AirflowApiError:
         accounting = {}
     resumed = sum(1 for event in accounting.get("events", []) if event.get("resumed_from") is not None)
-    trained = campaign.tasks(run).get("train_rl", {}).get("state") in ("success", "failed")
+    trained = tasks.get("train_rl", {}).get("state") in ENDED
     expected = 1 + resumed if submitted or trained else 0
     if len(submitted) != expected:
         return f"{len(submitted)} training JobSets ran, {expected} expected ({resumed} preemptions resumed)"
@@ -504,8 +509,9 @@ def _injected(run: Run, kind: str) -> bool:
         return not run.struck[kind].startswith("not struck")
     if kind in run.phases:
         return False
-    rule = gke_faults.list_faults().get(f"{run.rule}-{kind}")
-    return bool(rule["applied"]) if rule else _applied(run, kind)
+    if CATALOGUE[kind].gke:
+        return bool(gke_faults.list_faults().get(f"{run.rule}-{kind}", {}).get("applied"))
+    return _applied(run, kind)
 
 
 def _applied(run: Run, kind: str) -> bool:
@@ -554,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     airflow = LocalAirflow(_stack("url").stdout.strip())
     airflow.wait_for_dag(DAG_ID)
     airflow.unpause(DAG_ID)
-    campaign = Campaign(airflow, _stack, _gke_client(), _gcs_client(), args.seed, hands)
+    gke = clients.gke_client(os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])
+    campaign = Campaign(airflow, _stack, gke, clients.gcs_client(os.environ["STORAGE_EMULATOR_HOST"]), args.seed, hands)
     started = time.monotonic()
     try:
         campaign.start()
@@ -568,28 +575,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stack(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(REPO / "scripts/airflow-stack.sh"), *args], capture_output=True, text=True, check=False)
-
-
-def _gke_client():
-    """The GKE API as the pipeline reaches it (the simulation's env sourced: its proxy, CA and key)."""
-    from google.cloud.container_v1 import ClusterManagerClient
-    from google.oauth2 import service_account
-
-    key_path = json.loads(os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
-    scopes = ["https://www.googleapis.com/auth/cloud-platform"]
-    return ClusterManagerClient(
-        credentials=service_account.Credentials.from_service_account_file(key_path, scopes=scopes)
-    )
-
-
-def _gcs_client():
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    endpoint = os.environ["STORAGE_EMULATOR_HOST"]
-    return storage.Client(
-        project="tpu-rl-sim", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint}
-    )
 
 
 if __name__ == "__main__":
