@@ -108,16 +108,10 @@ def tpu_time(conf: dict, run_id: str, instances: dict) -> str:
     against when it trained (train_rl in Airflow): what the slice cost beyond the training itself."""
     import os
 
-    from google.cloud.container_v1 import ClusterManagerClient
-    from google.oauth2 import service_account
-
+    from sim import clients
     from tpu_rl.run import RunIdentity
 
-    key_path = json.loads(os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
-    credentials = service_account.Credentials.from_service_account_file(
-        key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"]
-    )
-    client = ClusterManagerClient(credentials=credentials)
+    client = clients.gke_client(os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])
     operations = client.list_operations(parent=f"projects/{conf['project']}/locations/{conf['region']}").operations
     run = RunIdentity(DAG_ID, run_id)
     pools = {run.tpu_pool_name(i) for i in range(int(conf.get("cluster_nodepool_count", 1)))}

@@ -55,9 +55,10 @@ class AirflowStack(LocalAirflow):
     def client(self) -> LocalAirflow:
         return self
 
-    def script(self, *args: str, background: bool = False, log: Path | None = None):
+    def script(self, *args: str, background: bool = False, log: Path | None = None, check: bool = True):
         """scripts/airflow-stack.sh with the environment the stack's components were started with (the
-        simulation's connections when it is up): ``stop triggerer``, ``start``, ``exec ...``."""
+        simulation's connections when it is up): ``stop triggerer``, ``start``, ``exec ...``; ``check=False``
+        returns a failed command's result (``status`` exits 1 when a component is down)."""
         env = {**os.environ, **_sim_env()}
         command = ["scripts/airflow-stack.sh", *args]
         if background:
@@ -65,12 +66,7 @@ class AirflowStack(LocalAirflow):
                 return subprocess.Popen(
                     command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
                 )
-        return _run(shlex.join(command), env=env)
-
-    def command(self, *args: str) -> subprocess.CompletedProcess:
-        """:meth:`script`, its exit status not checked (``status`` exits 1 when a component is down)."""
-        env = {**os.environ, **_sim_env()}
-        return _run(shlex.join(["scripts/airflow-stack.sh", *args]), env=env, check=False)
+        return _run(shlex.join(command), env=env, check=check)
 
     def wait_for_healthy_dag(self, dag_id: str, timeout: float = 180) -> None:
         """Until the DAG is parsed, not stale, and its file has no import error (the dag-processor
@@ -140,18 +136,11 @@ def airflow_stack():
 @contextlib.contextmanager
 def _gke_client():
     """The GKE API as the pipeline reaches it: gRPC through the simulation's egress proxy, a service-account key."""
-    import json
-
-    from google.cloud.container_v1 import ClusterManagerClient
-    from google.oauth2 import service_account
+    from sim import clients
 
     env = read_env(REPO / ".sim/airflow.env")
-    key_path = json.loads(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])["extra"]["key_path"]
-    credentials = service_account.Credentials.from_service_account_file(
-        key_path, scopes=["https://www.googleapis.com/auth/cloud-platform"]
-    )
     with environ({k: env[k] for k in ("grpc_proxy", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")}):
-        yield ClusterManagerClient(credentials=credentials)
+        yield clients.gke_client(env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])
 
 
 @pytest.fixture(scope="module")
@@ -170,13 +159,9 @@ def session_gke():
 @pytest.fixture(scope="module")
 def gcs():
     """The simulation's GCS emulator, as its env file names it."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
+    from sim import clients
 
-    endpoint = read_env(REPO / ".sim/airflow.env")["STORAGE_EMULATOR_HOST"]
-    return storage.Client(
-        project="tpu-rl-sim", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint}
-    )
+    return clients.gcs_client(read_env(REPO / ".sim/airflow.env")["STORAGE_EMULATOR_HOST"])
 
 
 def pytest_collection_modifyitems(config, items):
