@@ -532,7 +532,8 @@ def append_log(path: Path, lines: list[str]) -> None:
     pass :data:`LOG_MAX_BYTES`, keeping :data:`LOG_MAX_FILES` files in all, as the kubelet does."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     text = "".join(f"{now} stdout F {line}\n" for line in lines)
-    if path.exists() and path.stat().st_size and path.stat().st_size + len(text) > LOG_MAX_BYTES:
+    size = path.stat().st_size if path.exists() else 0
+    if size and size + len(text) > LOG_MAX_BYTES:
         path.rename(path.with_name(f"{path.name}.{datetime.now(UTC):%Y%m%d-%H%M%S.%f}"))
         for old in sorted(path.parent.glob(f"{path.name}.*"))[: -(LOG_MAX_FILES - 1)]:
             old.unlink()

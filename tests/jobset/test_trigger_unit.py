@@ -266,10 +266,10 @@ PRE_LINE = (
 )
 
 
-def _rollouts(count: int, start_second: int = 0) -> list[str]:
+def _rollouts(count: int) -> list[str]:
     """Tunix's "Rollout string metric" lines (rl_cluster.py: a numpy array of prompts, one element a line)."""
     return [
-        f"2026-12-02T10:{(start_second + i // 1000) // 60:02d}:{(start_second + i // 1000) % 60:02d}.{i % 1000:03d}Z "
+        f"2026-12-02T10:{(i // 1000) // 60:02d}:{(i // 1000) % 60:02d}.{i % 1000:03d}Z "
         f" 'Question: Natalia sold clips to {i} of her friends in April, and then she sold half as many ...'"
         for i in range(count)
     ]

@@ -129,8 +129,9 @@ class LogBudget:
         self.started = time.monotonic()
         self.lines = self.size = self.skipped = self.skipped_size = 0
 
-    def admits(self, text: str) -> bool:
-        if (self.lines < LOG_LINES_A_MINUTE and self.size < LOG_BYTES_A_MINUTE) or always_copied(text):
+    def admits(self, text: str, kind: str | None) -> bool:
+        """Whether ``text`` (of :func:`kept_line_kind` ``kind``) goes into the task log; counted either way."""
+        if (self.lines < LOG_LINES_A_MINUTE and self.size < LOG_BYTES_A_MINUTE) or always_copied(text, kind):
             self.lines, self.size = self.lines + 1, self.size + len(text)
             return True
         self.skipped, self.skipped_size = self.skipped + 1, self.skipped_size + len(text)
@@ -154,9 +155,10 @@ class LogBudget:
         )
 
 
-def always_copied(text: str) -> bool:
-    """Whether the task log gets this line whatever the workload logged around it."""
-    return kept_line_kind(text) is not None or _NOTICE.search(text) is not None
+def always_copied(text: str, kind: str | None) -> bool:
+    """Whether the task log gets this line (of :func:`kept_line_kind` ``kind``) whatever the workload logged around
+    it."""
+    return kind is not None or _NOTICE.search(text) is not None
 
 
 def clipped(text: str) -> str:
@@ -217,8 +219,8 @@ class LogPrinter:
         return pod.uid == self.resumed_pod and not self.resumed.is_new(raw)
 
     def add(self, pod: st.PodRecord, raw: str, text: str) -> None:
-        self.pod_name = pod.name
-        copied = self.budget.admits(text)
+        self.pod_name, kind = pod.name, kept_line_kind(text)
+        copied = self.budget.admits(text, kind)
         if self.store is None:
             if copied:
                 self.log.info("[%s] %s", pod.name, clipped(text))
@@ -231,7 +233,7 @@ class LogPrinter:
             self.logged_pod, self.logged = pod.uid, LogCursor()
         self.logged.new_text(raw)
         self.dirty = True
-        if kind := kept_line_kind(text):
+        if kind:
             self.kept[kind] = text
             self.kept_read.set()
         if copied:
