@@ -35,6 +35,7 @@ done
 rm -f "$SIM/run/maxtext-emulator.heartbeat"
 if [ "${1:-}" = --purge ]; then
   # $SIM/gke/service-account.json and token-secret stay (the Airflow connection names the key file).
-  rm -rf "$SIM/data" "$SIM/run" "$SIM/podlogs" "$SIM/gke/clusters" "$SIM/gke/state.json" "$SIM/gke/faults.json"
+  rm -rf "$SIM/data" "$SIM/run" "$SIM/podlogs" "$SIM/gke/clusters" "$SIM/gke/state.json" "$SIM/gke/faults.json" \
+    "$SIM/gcs/faults.json"
   echo "deleted $SIM/data, $SIM/run, $SIM/podlogs, GKE emulator state"
 fi

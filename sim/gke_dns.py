@@ -141,10 +141,15 @@ def _region_certificate(pki: Path, location: str) -> tuple[Path, Path]:
 
 
 class Route:
-    """Where a DNS name leads: the cluster's apiserver, or a refusal (HTTP status, message)."""
+    """Where a DNS name leads: the cluster's apiserver, a refusal (HTTP status, message), or with ``reset`` a
+    connection closed before any answer (a front end or a control-plane replica going away)."""
 
-    def __init__(self, apiserver: str | None = None, refusal: tuple[int, str] | None = None):
-        self.apiserver, self.refusal = apiserver, refusal
+    def __init__(self, apiserver: str | None = None, refusal: tuple[int, str] | None = None, reset: bool = False):
+        self.apiserver, self.refusal, self.reset = apiserver, refusal, reset
+
+
+#: The Status reason of each status the front end answers with (Kubernetes' metav1.StatusReason names).
+REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 503: "ServiceUnavailable"}
 
 
 def _response(status: int, reason: str, message: str) -> bytes:
@@ -212,8 +217,11 @@ def serve(port: int, pki: Path, route: Callable[[str], Route | None], caller: Ca
         auth = headers.get("authorization", "")
         if target is None:
             writer.write(_response(404, "NotFound", f"No cluster has the DNS endpoint {host}."))
+        elif target.reset:
+            writer.close()
+            return
         elif target.refusal:
-            writer.write(_response(target.refusal[0], "Forbidden", target.refusal[1]))
+            writer.write(_response(target.refusal[0], REASONS[target.refusal[0]], target.refusal[1]))
         elif not (auth.startswith("Bearer ") and caller(auth[7:])):
             # GKE checks IAM (container.clusters.connect) for the caller's Google credentials.
             writer.write(

@@ -416,10 +416,27 @@ class Emulator:
             # No capacity yet: GKE keeps the create running while it retries (no source shows it saying why in
             # the pool's conditions meanwhile), until the capacity comes.
             time.sleep(max(0.0, rec["held_until"] - time.time()))
+        if rec.get("slow_until"):
+            self._show_error_while_slow(key, rec)
         self._create_nodes(key, body)
         with self.lock:
             self.pool(key, rec["pool"]).status = c.NodePool.Status.RUNNING
         self._finish(op_name)
+
+    def _show_error_while_slow(self, key, rec):
+        """A slow create: the pool shows ERROR in the middle third of it while its operation runs, then goes back
+        to PROVISIONING until the create ends (NVIDIA/aicr 2065: "briefly reported ERROR; GKE recovered it")."""
+        third = max(0.0, rec["slow_until"] - time.time()) / 3
+        for status, message in (("ERROR", "Node pool creation is slow; GKE keeps trying."), ("PROVISIONING", "")):
+            time.sleep(third)
+            with self.lock:
+                try:
+                    pool = self.pool(key, rec["pool"])
+                except GkeError:  # deleted meanwhile (which GKE refuses while the create runs)
+                    return
+                pool.status, pool.status_message = getattr(self.c.NodePool.Status, status), message
+                self.save()
+        time.sleep(third)
 
     def _create_nodes_when_released(self, op_name):
         """The nodes of a flex-start pool whose capacity is held: after held_until (also after a restart:
@@ -568,6 +585,10 @@ class Emulator:
                     )
                 if not cluster.endpoint:
                     return gke_dns.Route(refusal=(503, f"The control plane of cluster {cluster.name} is not ready."))
+                if take_fault("kube-unavailable", "", "", cluster.name):
+                    return gke_dns.Route(refusal=(503, "The service is currently unavailable."))
+                if take_fault("kube-reset", "", "", cluster.name):
+                    return gke_dns.Route(reset=True)
                 return gke_dns.Route(apiserver=cluster.endpoint)
         return None
 
@@ -625,6 +646,7 @@ class Emulator:
                 raise GkeError("PERMISSION_DENIED", gke_rules.quota_message(body, location))
             fault = take_fault("stockout", pool.name, machine_type, name)
             held = take_fault("capacity-held", pool.name, machine_type, name)
+            slow_create = take_fault("slow-create", pool.name, machine_type, name)
             slow = take_fault("slow-reply", pool.name, machine_type, name)
             pool.status = c.NodePool.Status.PROVISIONING
             pool.version = "1.34.4-gke.sim"
@@ -638,6 +660,7 @@ class Emulator:
                 pool=pool.name,
                 fault=fault,
                 held_until=time.time() + held_seconds(held) if held else None,
+                slow_until=time.time() + held_seconds(slow_create) if slow_create else None,
             )
         if slow:  # Applied, answered late: outside the lock, the pool's create goes on meanwhile.
             time.sleep(held_seconds(slow))

