@@ -41,8 +41,10 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 import os
 import random
+import re
 import selectors
 import shlex
 import shutil
@@ -66,6 +68,8 @@ PG_DATABASE = "bench_triggerer"
 PART_OF = "triggerer-load-benchmark"
 #: Goals: docs/composer.md's triggerer (--triggerer-cpu 0.5 --triggerer-memory 1) and the per-training rates.
 GOAL_CPU, GOAL_MEMORY_MIB, GOAL_REQUESTS_PER_MINUTE = 0.5, 1024, 1.5
+#: Airflow's [triggerer] threshold for its 'blocked' warning, the goal for any stall
+STALL_GOAL_SECONDS = 0.2
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
 
@@ -489,6 +493,14 @@ def run_runner(spec_path: str, log_fd: int, out_path: str) -> None:
             )
         watchdog = asyncio.create_task(runner.block_watchdog())
         lags: list[tuple[float, float]] = []
+        slow: list[tuple[float, str]] = []
+        if spec["attribute"]:  # asyncio's debug mode names each callback that held the loop over 0.1 s
+            loop = asyncio.get_running_loop()
+            loop.set_debug(True)
+            loop.slow_callback_duration = 0.1
+            handler = logging.Handler()
+            handler.emit = lambda record: slow.append((time.monotonic(), record.getMessage()[:300]))
+            logging.getLogger("asyncio").addHandler(handler)
 
         async def probe() -> None:  # how late the loop wakes a 0.1 s sleep
             while True:
@@ -512,9 +524,16 @@ def run_runner(spec_path: str, log_fd: int, out_path: str) -> None:
         for task in [*tasks, prober]:
             task.cancel()
         await asyncio.gather(*tasks, prober, watchdog, return_exceptions=True)
-        return {"ended_early": ended_early, "lags": lags}
+        return {"ended_early": ended_early, "lags": lags, "slow": [(t, m) for t, m in slow if "Executing" in m]}
 
-    result = asyncio.run(main())
+    if spec["profile"]:  # the event loop's thread only: what the triggers do on the loop, not in threads
+        import cProfile
+
+        profiler = cProfile.Profile()
+        result = profiler.runcall(asyncio.run, main())
+        profiler.dump_stats(f"{out_path}.prof")
+    else:
+        result = asyncio.run(main())
     calls = [(t, kind) for t, kind, _ in kube.calls]
     from tpu_rl.hooks.kubernetes import LOG_STREAM_SECONDS
 
@@ -649,6 +668,8 @@ def run_load(n: int, args, cluster: Cluster, children: Children, env: dict[str, 
         "log_interval": args.log_interval,
         "flush_interval": args.flush_interval,
         "triggers": [trigger_kwargs(jobsets[name], prefixes[name], args.train_steps) for name in names],
+        "attribute": args.attribute,
+        "profile": args.profile,
     }
     spec_path = tmp / f"spec-{n}.json"
     spec_path.write_text(json.dumps(spec))
@@ -681,6 +702,7 @@ def run_load(n: int, args, cluster: Cluster, children: Children, env: dict[str, 
         time.sleep(2)
         idle = {"runner": memory(runner.pid), "sink": memory(sink.pid)}
         idle_cpu = {"runner": cpu_seconds(runner.pid), "sink": cpu_seconds(sink.pid)}
+        go, go_wall = time.monotonic(), datetime.now(UTC)
         runner.stdin.write("go\n")
         runner.stdin.flush()
         started = json.loads(runner.stdout.readline() or "{}")
@@ -712,11 +734,16 @@ def run_load(n: int, args, cluster: Cluster, children: Children, env: dict[str, 
     kube = collections.Counter(kind for t, kind in result["kube"] if t0 <= t <= t1)
     storage = collections.Counter(kind for t, kind in result["storage"] if t0 <= t <= t1)
     lags = [lag for t, lag in result["lags"] if t0 <= t <= t1]
-    blocked = 0  # the runner's watchdog warnings during the window (the sink prints them with their time)
+    start_lags = [lag for t, lag in result["lags"] if go <= t < t0]
+    blocked = {"start": [], "window": []}  # the runner's watchdog warnings (the sink prints them with their time)
     for line in (tmp / f"sink-{n}.out").read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            if "was blocked" in line and wall0 <= datetime.fromisoformat(line.split()[0]) <= wall1:
-                blocked += 1
+        with contextlib.suppress(ValueError, IndexError):
+            if "was blocked for" in line:
+                at, seconds = datetime.fromisoformat(line.split()[0]), float(line.split("blocked for ")[1].split()[0])
+                if go_wall <= at < wall0:
+                    blocked["start"].append(seconds)
+                elif wall0 <= at <= wall1:
+                    blocked["window"].append(seconds)
     return {
         "n": n,
         "measured": measured,
@@ -729,11 +756,22 @@ def run_load(n: int, args, cluster: Cluster, children: Children, env: dict[str, 
         "lag_max": max(lags, default=0.0),
         "lag_p99": sorted(lags)[int(len(lags) * 0.99)] if lags else 0.0,
         "blocked": blocked,
+        "start_lag_max": max(start_lags, default=0.0),
+        "slow": collections.Counter(_callback(message) for t, message in result["slow"] if t >= go),
         "ended_early": result["ended_early"],
         "log_bytes": sum(f.stat().st_size for f in (Path(env["AIRFLOW_HOME"]) / "logs" / f"bench-n{n}").glob("*")),
         "minutes": minutes,
         "log_stream_seconds": result["log_stream_seconds"],
     }
+
+
+def _callback(message: str) -> str:
+    """What asyncio's debug mode names as slow: the coroutine and where it was, without the task's other details
+    ("Executing <Task ... coro=<JobSetTrigger.run() running at .../jobset.py:120> ...> took 0.3 seconds")."""
+    coroutine = re.search(r"coro=<(\S+) running at (\S+?)>", message)
+    if coroutine:
+        return f"{coroutine[1]} at {'/'.join(Path(coroutine[2]).parts[-2:])}"
+    return message.split(" took ")[0][:160]
 
 
 # -- the report ----------------------------------------------------------------------------------------------
@@ -800,10 +838,11 @@ def report(baseline: dict | None, rows: list[dict]) -> None:
             f"{GOAL_REQUESTS_PER_MINUTE} {'yes' if meets[3] else 'NO'}"
             + ("" if baseline else " (without the baseline)")
         )
+    stalls(rows)
     for r in rows:
         print(
             f"\nN={r['n']}: window {r['minutes']:.2f} min; trigger log files {r['log_bytes'] / 1024:.0f} KiB; "
-            f"watchdog 'blocked' warnings in the window {r['blocked']}; triggers ended before the end: "
+            f"triggers ended before the end: "
             f"{len(r['ended_early'])}" + (f" {dict(list(r['ended_early'].items())[:3])}" if r["ended_early"] else "")
         )
         for kind, count in r["kube"].most_common():
@@ -816,6 +855,30 @@ def report(baseline: dict | None, rows: list[dict]) -> None:
             )
         for kind, count in r["storage"].most_common():
             print(f"  {count / r['minutes'] / r['n']:6.3f}/min/trg  {count:5d}  storage {kind}")
+
+
+def stalls(rows: list[dict]) -> None:
+    """The event loop's stalls: while the N triggers start (and the warm-up), and in the window."""
+    print()
+    header = "   N | start: longest stall s  'blocked' warnings (longest s) | window: longest stall s  'blocked'"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        start, window = r["blocked"]["start"], r["blocked"]["window"]
+        print(
+            f"{r['n']:4d} | {r['start_lag_max']:22.3f}  {len(start):8d} ({max(start, default=0):.2f})"
+            f"{'':17} | {r['lag_max']:23.3f}  {len(window):8d}"
+        )
+    print(
+        "A stall: how late the loop woke a 0.1 s sleep. Airflow's watchdog warns when its own 0.1 s sleep took over "
+        f"{STALL_GOAL_SECONDS} s (the 'blocked for' figure includes the sleep)."
+    )
+    worst = max((max(r["start_lag_max"], r["lag_max"]) for r in rows), default=0.0)
+    meets = "yes" if worst <= STALL_GOAL_SECONDS else "NO"
+    print(f"Goal: no stall over {STALL_GOAL_SECONDS} s: {meets} (longest {worst:.3f} s)")
+    for r in rows:
+        for where, count in r["slow"].most_common(8):
+            print(f"  N={r['n']}: {count:4d} x over 0.1 s  {where}")
 
 
 def _interrupt(*_) -> None:
@@ -835,6 +898,12 @@ def main() -> None:
     parser.add_argument("--baseline-settle", type=float, default=30)
     parser.add_argument("--baseline-seconds", type=float, default=60)
     parser.add_argument("--no-baseline", action="store_true", help="skip the idle airflow triggerer")
+    parser.add_argument(
+        "--attribute", action="store_true", help="asyncio debug mode in the runner: name each callback over 0.1 s"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the runner's loop; the statistics in --workdir"
+    )
     parser.add_argument("--workdir", help="keep the Airflow home (trigger logs) and the runner's data here")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("spec", nargs="?", help=argparse.SUPPRESS)

@@ -156,6 +156,39 @@ def test_the_pipeline_reaches_a_created_cluster_through_its_dns_endpoint(gke, cr
     assert len(ip_hook.list_nodes("")) == len(hook.list_nodes(""))
 
 
+def test_kubernetes_calls_get_past_a_front_end_that_answers_503_or_drops_the_connection(gke, created):
+    """GKE's front end before the control plane answers 503 or drops a connection while a control-plane replica
+    restarts (an upgrade, a repair): every call, the operators' and the triggers', is made again with backoff, as
+    client-go makes it; one that keeps failing still fails with the answer it got."""
+    from kubernetes.client.exceptions import ApiException
+
+    from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook
+
+    run, _ = created
+    name, hook = run.params["cluster_name"], _hook_for(run)
+    cases = (("kube-unavailable", 3), ("kube-reset", 2))
+    try:
+        for kind, times in cases:
+            gke_faults.set_fault(f"gke-test-{kind}", kind, cluster=name, times=times)
+            assert {n.metadata.labels["cloud.google.com/gke-nodepool"] for n in hook.list_nodes("")} >= {"cpu-np"}
+            assert gke_faults.list_faults()[f"gke-test-{kind}"]["applied"] == times
+        target = hook.target.with_endpoint(*hook.gke_endpoint)
+        for kind, times in cases:
+            gke_faults.set_fault(f"gke-test-{kind}-async", kind, cluster=name, times=times)
+            assert asyncio.run(AsyncKubernetesApiHook(target).get_jobset("none", "default")) == {}
+            assert gke_faults.list_faults()[f"gke-test-{kind}-async"]["applied"] == times
+        gke_faults.set_fault("gke-test-kube-down", "kube-unavailable", cluster=name)  # never passes
+        with pytest.raises(ApiException) as refused:
+            _hook_for(run).list_nodes("")
+        assert refused.value.status == 503
+        assert gke_faults.list_faults()["gke-test-kube-down"]["applied"] == 5  # five tries in all
+    finally:
+        for kind, _ in cases:
+            gke_faults.clear_faults(f"gke-test-{kind}")
+            gke_faults.clear_faults(f"gke-test-{kind}-async")
+        gke_faults.clear_faults("gke-test-kube-down")
+
+
 def test_a_retry_adopts_the_cluster_its_first_try_created(created):
     run, _ = created
     assert (
@@ -476,6 +509,42 @@ def test_a_retry_waits_for_a_pool_still_provisioning_instead_of_adopting_it(gke,
         assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
     finally:
         gke_faults.clear_faults("gke-test-provisioning")
+        run_operator(
+            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )
+
+
+def test_a_retry_waits_for_a_slow_create_that_shows_error_instead_of_deleting_the_pool(gke, created, capsys):
+    """GKE may show a pool in ERROR while its create still runs, then make it RUNNING (a slow create: NVIDIA/aicr
+    2065). A try that starts then (its first try lost with its worker) waits for GKE's operation: the pool is not
+    deleted and created again, and the slice comes from the first create."""
+    from google.cloud.container_v1 import NodePool
+
+    from tpu_rl import gke as requests
+    from tpu_rl.config import RunConfig
+
+    run, _ = created
+    other = Run(cluster_name=run.params["cluster_name"])
+    config, pool_name = RunConfig.from_params(other.params), other.identity.tpu_pool_name(0)
+    gke_faults.set_fault("gke-test-slow", "slow-create", pool_prefix=pool_name, seconds=12)
+    try:
+        client = gke.get_cluster_manager_client()
+        first = client.create_node_pool(
+            parent=requests.cluster_path(config),
+            node_pool=NodePool.from_json(json.dumps(requests.tpu_node_pool(config, other.identity, 0))),
+        )
+        pool_path = f"{requests.cluster_path(config)}/nodePools/{pool_name}"
+        deadline = time.monotonic() + 30
+        while client.get_node_pool(name=pool_path).status != NodePool.Status.ERROR:
+            assert time.monotonic() < deadline, "the emulator's slow create never showed ERROR"
+            time.sleep(0.5)
+        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        assert run_operator(create, other.context()) == [first.name]  # no delete, no second create
+        assert f"Node pool {pool_name} is ERROR: waiting for GKE's operation {first.name}" in capsys.readouterr().out
+        assert client.get_node_pool(name=pool_path).status == NodePool.Status.RUNNING
+        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
+    finally:
+        gke_faults.clear_faults("gke-test-slow")
         run_operator(
             cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
         )

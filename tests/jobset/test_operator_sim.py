@@ -327,6 +327,31 @@ def test_a_jobsets_log_cursor_is_an_annotation_of_that_incarnation_only(sim):
         sim.delete_jobset(name)
 
 
+def test_a_jobset_create_that_meets_its_own_earlier_create_returns_that_jobset(sim):
+    """A create the API server applied but whose answer was lost is made again (the hooks retry a reset
+    connection) and meets itself (409): the JobSet carrying every annotation of the submission is that create's;
+    one of the same name without them is a real conflict."""
+    import copy
+
+    from kubernetes.client.exceptions import ApiException
+
+    from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
+
+    name = unique("twice")
+    hook = KubernetesApiHook(ClusterTarget(kubernetes_conn_id=CONN_ID))
+    body = tpu_jobset(name, run_seconds=60)
+    body["metadata"].setdefault("annotations", {})["tpu-rl.dev/submitted-try"] = "1"
+    first = hook.create_jobset(copy.deepcopy(body), "default")
+    try:
+        assert hook.create_jobset(copy.deepcopy(body), "default")["metadata"]["uid"] == first["metadata"]["uid"]
+        body["metadata"]["annotations"]["tpu-rl.dev/submitted-try"] = "2"
+        with pytest.raises(ApiException) as conflict:
+            hook.create_jobset(body, "default")
+        assert conflict.value.status == 409
+    finally:
+        sim.delete_jobset(name)
+
+
 def test_a_retry_that_adopts_a_completed_jobset_has_the_evaluation_its_trigger_recorded(sim):
     """Nothing watches a Completed JobSet a new try adopts, and its pods' logs may be gone: the lines the run reads
     after the training come from the record the trigger kept on the JobSet."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from typing import Any, TypeVar
 from tpu_rl import checkpoints as rules
 from tpu_rl.checkpoints import StoredObject, Verdict
 from tpu_rl.compat import AirflowException
+from tpu_rl.hooks.backoff import REQUEST_ATTEMPTS, backoff_seconds
+from tpu_rl.hooks.google_credentials import warm_google_credentials
 from tpu_rl.timestamps import parse_optional_time, parse_time
 
 T = TypeVar("T")
@@ -40,13 +43,34 @@ T = TypeVar("T")
 # -- reading a bucket ----------------------------------------------------------------------------------
 
 
+#: Cloud Storage's answers to make a request again after ("Retry strategy": 408, 429 and 5xx; connection errors
+#: too). gcloud-aio, the Google provider's async client, retries none of them.
+RETRYABLE_STATUSES = (408, 429, 500, 502, 503, 504)
+
+
 class GcsReader:
     """Lists and reads one bucket's objects with the gcloud-aio client that GCSAsyncHook provides, and writes the
-    small documents a wait keeps for whoever takes it over (a trigger's log cursor)."""
+    small documents a wait keeps for whoever takes it over (a trigger's log cursor). Every request is made again
+    after an answer Cloud Storage says to retry (:data:`RETRYABLE_STATUSES`), with backoff
+    (:mod:`tpu_rl.hooks.backoff`); reads and these small whole-object writes are safe to repeat."""
 
     def __init__(self, storage: Any, bucket: str) -> None:
         self.storage = storage
         self.bucket = bucket
+
+    async def _retried(self, call: Callable[[], Awaitable[T]]) -> T:
+        from aiohttp import ClientConnectionError, ClientResponseError
+
+        for attempt in range(1, REQUEST_ATTEMPTS):
+            try:
+                return await call()
+            except ClientResponseError as e:
+                if e.status not in RETRYABLE_STATUSES:
+                    raise
+            except (ClientConnectionError, TimeoutError):
+                pass
+            await asyncio.sleep(backoff_seconds(attempt))
+        return await call()
 
     async def list(self, prefix: str, delimiter: str | None = None) -> tuple[dict[str, StoredObject], list[str]]:
         """Objects under ``prefix`` keyed by name relative to it, and the sub-folders (with a delimiter)."""
@@ -54,7 +78,7 @@ class GcsReader:
         objects: dict[str, StoredObject] = {}
         folders: list[str] = []
         while True:
-            page = await self.storage.list_objects(self.bucket, params=params)
+            page = await self._retried(lambda: self.storage.list_objects(self.bucket, params=dict(params)))
             for item in page.get("items", []):
                 name = item["name"][len(prefix) :]
                 objects[name] = StoredObject(name, int(item["size"]), parse_time(item["updated"]))
@@ -66,7 +90,7 @@ class GcsReader:
     async def read(self, name: str, first: int | None = None, last: int | None = None) -> bytes:
         """An object's bytes, or only bytes ``first..last`` (inclusive) with a ranged download."""
         headers = {"Range": f"bytes={first}-{last}"} if first is not None else None
-        return await self.storage.download(self.bucket, name, headers=headers)
+        return await self._retried(lambda: self.storage.download(self.bucket, name, headers=headers))
 
     async def read_json(self, name: str) -> Any:
         """A JSON object's document, or None when there is no such object."""
@@ -81,7 +105,8 @@ class GcsReader:
 
     async def write_json(self, name: str, document: Any) -> None:
         """Replaces (or creates) a small JSON object."""
-        await self.storage.upload(self.bucket, name, json.dumps(document), content_type="application/json")
+        text = json.dumps(document)
+        await self._retried(lambda: self.storage.upload(self.bucket, name, text, content_type="application/json"))
 
 
 class GcsReadHook:
@@ -102,12 +127,15 @@ class GcsReadHook:
     @contextlib.asynccontextmanager
     async def reader(self, bucket: str) -> AsyncIterator[GcsReader]:
         """A reader on one HTTP session and one access token, for a watch that reads again and again (the
-        token is refreshed when it expires, not fetched for every read)."""
+        token is refreshed when it expires, not fetched for every read). The provider's module (Cloud Storage's
+        clients with it) is imported, and the credentials read, in a thread: on a trigger's event loop they would
+        stall every trigger."""
         from aiohttp import ClientSession
-        from airflow.providers.google.cloud.hooks.gcs import GCSAsyncHook
 
         if self._hook is None:
-            self._hook = GCSAsyncHook(gcp_conn_id=self.gcp_conn_id)
+            module = await asyncio.to_thread(importlib.import_module, "airflow.providers.google.cloud.hooks.gcs")
+            self._hook = module.GCSAsyncHook(gcp_conn_id=self.gcp_conn_id)
+            await warm_google_credentials(self._hook)
         async with ClientSession() as session:
             yield GcsReader(await self._hook.get_storage_client(session), bucket)
 
@@ -354,16 +382,25 @@ class GcsBucketHook:
         return {blob.name[len(prefix) :]: blob.size for blob in self.client.list_blobs(self.bucket, prefix=prefix)}
 
     def delete_objects(self, names: Iterable[str]) -> None:
+        """Deletes them; one already gone is not an error (google-cloud-storage retries a delete whose answer was
+        lost, and the second try finds nothing)."""
+        from google.api_core.exceptions import NotFound
+
         handle = self.client.bucket(self.bucket)
         for name in names:
-            handle.blob(name).delete()
+            with contextlib.suppress(NotFound):
+                handle.blob(name).delete()
 
     def rewrite_object(self, source: str, destination: str) -> None:
         """A server-side copy within the bucket (a rewrite, continued until GCS says it is done)."""
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
         handle = self.client.bucket(self.bucket)
         token = None
         while True:
-            token, _, _ = handle.blob(destination).rewrite(handle.blob(source), token=token)
+            # Retried like a read (google-cloud-storage retries a rewrite only with a precondition): copying the
+            # same source again gives the same object.
+            token, _, _ = handle.blob(destination).rewrite(handle.blob(source), token=token, retry=DEFAULT_RETRY)
             if token is None:
                 return
 

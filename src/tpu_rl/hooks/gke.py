@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from tpu_rl.gke import Refusal, operation_target, refusal
+from tpu_rl.hooks.google_credentials import warm_google_credentials
 
 if TYPE_CHECKING:
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
@@ -219,9 +220,11 @@ class AsyncGkeApiHook:
     async def provider_hook(self) -> GKEAsyncHook:
         if self._provider_hook is None:
             module = await asyncio.to_thread(_import_gke_clients)
-            self._provider_hook = module.GKEAsyncHook(
+            hook = module.GKEAsyncHook(
                 gcp_conn_id=self.gcp_conn_id, location=self.location, impersonation_chain=self.impersonation_chain
             )
+            await warm_google_credentials(hook)
+            self._provider_hook = hook
         return self._provider_hook
 
     async def get_operation(self, name: str) -> Operation:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.utils.log.logging_mixin import LoggingMixin
 
 from tpu_rl.compat import AirflowException, AirflowFailException
+from tpu_rl.hooks.backoff import REQUEST_ATTEMPTS, backoff_seconds
+from tpu_rl.hooks.google_credentials import warm_google_credentials
 from tpu_rl.vocabulary import (
     JOBSET_API,
     JOBSET_GROUP,
@@ -41,6 +43,30 @@ if TYPE_CHECKING:
 WATCH_SECONDS = 300
 #: A log stream is reopened this often even when the pod prints nothing (long XLA compiles).
 LOG_STREAM_SECONDS = 600
+#: Answers after which a request is made again, as client-go does (``rest/with_retry.go``): 429 (API Priority and
+#: Fairness, saying when in Retry-After) and the 5xx of an API server that restarts or of GKE's front end before
+#: it. Connection errors (refused, reset) are retried too (:mod:`tpu_rl.hooks.backoff`).
+RETRYABLE_STATUSES = (429, 500, 502, 503, 504)
+#: (connect, read) seconds of a synchronous request that names none.
+REQUEST_TIMEOUT = (10, 60)
+
+
+def request_retry() -> Any:
+    """urllib3's retry of every request the synchronous client makes: connection errors and
+    :data:`RETRYABLE_STATUSES`, :data:`REQUEST_ATTEMPTS` tries in all with backoff (Retry-After honoured), then
+    the last answer as the client raises it. Every method: a create whose answer was lost meets itself (409),
+    which each create here reads as done."""
+    from urllib3.util.retry import Retry
+
+    return Retry(
+        total=REQUEST_ATTEMPTS - 1,
+        backoff_factor=1,
+        backoff_max=16,
+        status_forcelist=RETRYABLE_STATUSES,
+        allowed_methods=None,
+        respect_retry_after_header=True,
+        raise_on_status=False,
+    )
 
 
 @dataclass
@@ -157,12 +183,27 @@ class KubernetesApiHook(LoggingMixin):
 
         return KubernetesHook(conn_id=t.kubernetes_conn_id)
 
+    def api_client(self) -> Any:
+        """A client of the provider's hook (a fresh one carries a refreshed GKE token) whose requests are
+        retried (:func:`request_retry`) and bounded (:data:`REQUEST_TIMEOUT`): the client sets no timeout, and a
+        request to a stalled API server would hang until the task's ``execution_timeout``."""
+        client = self.kube_hook.get_conn()
+        client.rest_client.pool_manager.connection_pool_kw["retries"] = request_retry()
+        call_api = client.call_api
+
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("_request_timeout") is None:
+                kwargs["_request_timeout"] = REQUEST_TIMEOUT
+            return call_api(*args, **kwargs)
+
+        client.call_api = bounded
+        return client
+
     @cached_property
     def _custom(self):
         from kubernetes import client
 
-        # A fresh ApiClient from get_conn() carries a refreshed GKE token.
-        return client.CustomObjectsApi(self.kube_hook.get_conn())
+        return client.CustomObjectsApi(self.api_client())
 
     def get_jobset(self, name: str, namespace: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
@@ -177,9 +218,21 @@ class KubernetesApiHook(LoggingMixin):
             raise
 
     def create_jobset(self, body: dict, namespace: str) -> dict:
-        return self._custom.create_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, body
-        )
+        """Creates the JobSet. A create the API server applied but whose answer was lost is made again
+        (:func:`request_retry`) and meets its own JobSet (409): that one, carrying every annotation of ``body``
+        (the submission's identity), is returned; any other of that name is the conflict it is."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._custom.create_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL, body
+            )
+        except ApiException as e:
+            existing = self.get_jobset(body["metadata"]["name"], namespace) if e.status == 409 else None
+            wanted = body["metadata"].get("annotations") or {}
+            if existing and wanted and wanted.items() <= (existing["metadata"].get("annotations") or {}).items():
+                return existing
+            raise
 
     def delete_jobset(self, name: str, namespace: str, uid: str | None = None) -> bool:
         """Delete with foreground propagation, so its Jobs and pods go first; False if already gone.
@@ -207,7 +260,7 @@ class KubernetesApiHook(LoggingMixin):
     def _dynamic(self):
         from kubernetes.dynamic import DynamicClient
 
-        return DynamicClient(self.kube_hook.get_conn())
+        return DynamicClient(self.api_client())
 
     def apply(self, obj: dict, field_manager: str = "tpu-rl") -> None:
         """Server-side apply of one object in its own namespace. Forced: a repair takes back the fields a
@@ -224,7 +277,7 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client.exceptions import ApiException
 
         try:
-            crd = ApiextensionsV1Api(self.kube_hook.get_conn()).read_custom_resource_definition(name)
+            crd = ApiextensionsV1Api(self.api_client()).read_custom_resource_definition(name)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -237,7 +290,7 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client.exceptions import ApiException
 
         try:
-            status = AppsV1Api(self.kube_hook.get_conn()).read_namespaced_deployment_status(name, namespace).status
+            status = AppsV1Api(self.api_client()).read_namespaced_deployment_status(name, namespace).status
         except ApiException as e:
             if e.status == 404:
                 return f"Deployment {namespace}/{name} does not exist"
@@ -250,7 +303,7 @@ class KubernetesApiHook(LoggingMixin):
     def list_nodes(self, label_selector: str) -> list:
         from kubernetes.client import CoreV1Api
 
-        return CoreV1Api(self.kube_hook.get_conn()).list_node(label_selector=label_selector).items
+        return CoreV1Api(self.api_client()).list_node(label_selector=label_selector).items
 
     def list_labelled(self, label_selector: str) -> tuple[list[dict], list[dict]]:
         """(JobSets, Secrets) of every namespace with the label; each as {"metadata": ...} (the Secrets
@@ -258,7 +311,7 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client import CoreV1Api
         from kubernetes.client.exceptions import ApiException
 
-        api = self.kube_hook.get_conn()
+        api = self.api_client()
         try:
             jobsets = self._custom.list_cluster_custom_object(
                 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL, label_selector=label_selector
@@ -277,7 +330,7 @@ class KubernetesApiHook(LoggingMixin):
         """The cluster's Kubernetes version (its API server answers)."""
         from kubernetes.client import VersionApi
 
-        return VersionApi(self.kube_hook.get_conn()).get_code().git_version
+        return VersionApi(self.api_client()).get_code().git_version
 
     def has_custom_object(self, group: str, version: str, plural: str, name: str, namespace: str) -> bool:
         from kubernetes.client.exceptions import ApiException
@@ -296,7 +349,7 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client.exceptions import ApiException
 
         try:
-            CoreV1Api(self.kube_hook.get_conn()).create_namespaced_service_account(namespace, body)
+            CoreV1Api(self.api_client()).create_namespaced_service_account(namespace, body)
             return True
         except ApiException as e:
             if e.status == 409:
@@ -308,7 +361,7 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client import CoreV1Api
         from kubernetes.client.exceptions import ApiException
 
-        core = CoreV1Api(self.kube_hook.get_conn())
+        core = CoreV1Api(self.api_client())
         try:
             core.create_namespaced_secret(namespace, body)
             return True
@@ -324,7 +377,7 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client.exceptions import ApiException
 
         try:
-            CoreV1Api(self.kube_hook.get_conn()).delete_namespaced_secret(name, namespace)
+            CoreV1Api(self.api_client()).delete_namespaced_secret(name, namespace)
             return True
         except ApiException as e:
             if e.status == 404:
@@ -380,6 +433,32 @@ class KubernetesApiHook(LoggingMixin):
             time.sleep(interval)
 
 
+async def _call_retried(api: Any, method: str, path: str, request: dict[str, Any]) -> Any:
+    """``api.call_api``, made again as :func:`request_retry` makes the synchronous client's requests: after a
+    connection error (refused, reset, timed out) or a :data:`RETRYABLE_STATUSES` answer, with backoff."""
+    import aiohttp
+
+    for attempt in range(1, REQUEST_ATTEMPTS):
+        try:
+            response = await api.call_api(path, method, **request)
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(backoff_seconds(attempt))
+            continue
+        if response.status not in RETRYABLE_STATUSES:
+            return response
+        response.release()
+        await asyncio.sleep(_retry_after(response.headers) or backoff_seconds(attempt))
+    return await api.call_api(path, method, **request)  # the last try: its answer or its error
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """The seconds a Retry-After header asks for (the API server sends seconds), at most 30."""
+    try:
+        return min(30.0, float(headers.get("Retry-After", "")))
+    except ValueError:
+        return None
+
+
 class AsyncKubernetesApiHook(LoggingMixin):
     """Asynchronous calls the trigger makes while it waits: watches, log streams and a few reads. The API
     paths are built here and nowhere else.
@@ -413,6 +492,17 @@ class AsyncKubernetesApiHook(LoggingMixin):
 
         return AsyncKubernetesHook(conn_id=t.kubernetes_conn_id)
 
+    async def ready(self) -> Any:
+        """:attr:`kube_hook`, made in a thread the first time. Its provider module imports the Kubernetes
+        client (``kubernetes_asyncio.client``, hundreds of modules; Google's module more): on a trigger's event
+        loop that import stalls every trigger of the triggerer. A trigger awaits this before its first request,
+        so the imports the calls make later find the modules loaded (and, for GKE, the credentials read)."""
+        if "kube_hook" not in self.__dict__:
+            hook = await asyncio.to_thread(getattr, self, "kube_hook")
+            if self.target.is_gke:  # its token reads the credentials on the loop: read them here, kept by the hook
+                await warm_google_credentials(hook)
+        return self.kube_hook
+
     @contextlib.asynccontextmanager
     async def _open(
         self,
@@ -425,19 +515,19 @@ class AsyncKubernetesApiHook(LoggingMixin):
         content_type: str = "application/json",
     ) -> AsyncIterator[Any]:
         """One request; yields the aiohttp response, or raises ApiException for an error status."""
+        hook = await self.ready()
         from kubernetes_asyncio.client import ApiException
 
-        async with self.kube_hook.get_conn() as api:
-            response = await api.call_api(
-                path,
-                method,
-                query_params=list((query or {}).items()),
-                body=body,
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout,
-            )
+        request = {
+            "query_params": list((query or {}).items()),
+            "body": body,
+            "header_params": {"Accept": "application/json", "Content-Type": content_type},
+            "auth_settings": ["BearerToken"],
+            "_preload_content": False,
+            "_request_timeout": timeout,
+        }
+        async with hook.get_conn() as api:
+            response = await _call_retried(api, method, path, request)
             try:
                 if not 200 <= response.status <= 299:
                     raise ApiException(status=response.status, reason=(await response.text())[:2000])

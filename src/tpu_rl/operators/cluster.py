@@ -311,10 +311,10 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     one GKE created only partly or not at all (RUNNING_WITH_ERROR, ERROR: a stockout leaves either) deleted, to
     be created again. A quota shortfall fails at once, naming the quota (no wait brings quota).
 
-    While GKE has no capacity for a pool it waits, deferred, at most ``capacity_wait_minutes`` from the
-    task's start: through a create that GKE holds (its reason logged about once a minute), and through a
-    stockout that ends the create, after which it replaces the failed pool every
-    ``capacity_retry_interval`` seconds. A new try starts a new wait.
+    While GKE has no capacity for a pool it waits, deferred: through a create GKE still runs, until GKE ends it
+    (a slow create and one GKE holds for capacity look alike; GKE ends a held one with a stockout after about
+    35 minutes), and after a stockout, replacing the failed pool every ``capacity_retry_interval`` seconds
+    until ``capacity_wait_minutes`` from the task's start have passed. A new try starts a new wait.
 
     :param capacity_retry_interval: seconds between a stockout and the next create of the pool.
     """

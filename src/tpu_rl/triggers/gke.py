@@ -7,10 +7,12 @@ thread on first use. The provider's ``GKEOperationTrigger`` also ended its wait 
 
 GKE keeps a create it cannot get capacity for RUNNING while it retries, for about 35 minutes, before it
 fails it with GCE_STOCKOUT (observed: "Not all instances running in IGM after 35m", Cluster Toolkit PR 6278);
-no source shows it saying so in the pool meanwhile. :class:`TpuPoolCreateTrigger` gives up at the run's capacity
-deadline once the create has run longer than a create with capacity takes (``create_seconds``), or at once past
-the deadline when the pool's conditions name a stockout, logging GKE's reason at most once a minute. A create GKE
-gives up on ends DONE with its error, which the operator reads.
+no source shows it saying so in the pool meanwhile. A create can also be merely slow: one took about 35 minutes
+and showed the pool in ERROR before GKE made it RUNNING (NVIDIA/aicr 2065). So :class:`TpuPoolCreateTrigger` gives
+up only on what GKE reports: past the run's capacity deadline, a pool whose conditions name a stockout; otherwise
+it waits until GKE ends the create (DONE, with its error if it failed, which the operator reads). A create running
+longer than one with capacity takes (``create_seconds``) is named in the log, with GKE's reason when it gives one,
+at most once a minute.
 """
 
 from __future__ import annotations
@@ -153,17 +155,18 @@ class TpuPoolCreateTrigger(GkeOperationTrigger):
         conditions = await hook.node_pool_conditions(self.pool_path)
         if (quota := quota_reason(conditions)) is not None:  # no wait brings quota
             return {"status": "quota", "operation_name": operation.name, "node_pool": pool, "message": quota}
-        reason = capacity_wait_reason(conditions)
+        reported = capacity_wait_reason(conditions)
         running = time.time() - (posix_time(operation.start_time) or time.time())
+        reason = reported
         if reason is None and running >= self.create_seconds:
             reason = (
-                f"GKE has been creating the pool for {running / 60:.0f} minutes, longer than a create "
-                "with capacity takes: it most likely retries for want of capacity (it does for about "
-                "35 minutes before it fails the create with GCE_STOCKOUT)"
+                f"GKE has been creating the pool for {running / 60:.0f} minutes and names no reason: a slow create, "
+                "or GKE retrying for capacity (it does for about 35 minutes, then ends the create with "
+                "GCE_STOCKOUT); waiting for GKE to end it"
             )
         if reason is None:
             return None
-        if time.time() >= self.capacity_deadline:
+        if reported is not None and time.time() >= self.capacity_deadline:
             # GKE may have ended the create between the two reads: its error then says why
             ended = await hook.get_operation(self.operation_name)
             if ended.status.name == "DONE":
@@ -175,12 +178,15 @@ class TpuPoolCreateTrigger(GkeOperationTrigger):
                 "message": reason,
             }
         if self._logged_at is None or time.monotonic() - self._logged_at >= CAPACITY_LOG_SECONDS:
-            until = datetime.fromtimestamp(self.capacity_deadline, UTC)
-            self.log.info(
-                "Node pool %s waits for TPU capacity (GKE: %s); waiting until %s",
-                pool,
-                reason,
-                until.strftime("%Y-%m-%d %H:%M:%S UTC"),
-            )
+            if reported is None:
+                self.log.info("Node pool %s: %s", pool, reason)
+            else:
+                until = datetime.fromtimestamp(self.capacity_deadline, UTC)
+                self.log.info(
+                    "Node pool %s waits for TPU capacity (GKE: %s); waiting until %s",
+                    pool,
+                    reason,
+                    until.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                )
             self._logged_at = time.monotonic()
         return None
