@@ -27,6 +27,20 @@ def locked_rules(path: Path):
             tmp.replace(path)
 
 
+def list_rules(path: Path) -> dict:
+    with locked_rules(path) as rules:
+        return dict(rules)
+
+
+def clear_rules(path: Path, name: str | None = None) -> None:
+    """Removes the rule ``name``, or every rule."""
+    with locked_rules(path) as rules:
+        if name is None:
+            rules.clear()
+        else:
+            rules.pop(name, None)
+
+
 def take_first(path: Path, matches) -> tuple[str, dict] | None:
     """The first rule (by name) for which ``matches(rule)`` is true and that has uses left (``times``), as (name,
     rule); counts the use in its ``applied``. None when none does (or there is no file)."""

@@ -65,9 +65,9 @@ import os
 from pathlib import Path
 
 try:  # imported as sim.gke_faults (tests, scripts)
-    from .fault_rules import locked_rules, take_first
+    from .fault_rules import clear_rules, list_rules, locked_rules, take_first
 except ImportError:  # run from sim/, or imported by the emulators there
-    from fault_rules import locked_rules, take_first
+    from fault_rules import clear_rules, list_rules, locked_rules, take_first
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
 KINDS = (
@@ -120,16 +120,11 @@ def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, secon
 
 
 def list_faults():
-    with _rules() as rules:
-        return dict(rules)
+    return list_rules(path())
 
 
 def clear_faults(name=None):
-    with _rules() as rules:
-        if name is None:
-            rules.clear()
-        else:
-            rules.pop(name, None)
+    clear_rules(path(), name)
 
 
 def take(kind, pool_name, machine_type, cluster=""):

@@ -27,9 +27,9 @@ from pathlib import Path
 from urllib.parse import unquote
 
 try:  # imported as sim.storage_faults (tests, scripts)
-    from .fault_rules import locked_rules, take_first
+    from .fault_rules import clear_rules, list_rules, locked_rules, take_first
 except ImportError:  # run from sim/
-    from fault_rules import locked_rules, take_first
+    from fault_rules import clear_rules, list_rules, locked_rules, take_first
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
 ANSWERS = {
@@ -57,16 +57,11 @@ def set_fault(name, kind, bucket=None, method=None, contains=None, times=None):
 
 
 def list_faults():
-    with locked_rules(path()) as rules:
-        return dict(rules)
+    return list_rules(path())
 
 
 def clear_faults(name=None):
-    with locked_rules(path()) as rules:
-        if name is None:
-            rules.clear()
-        else:
-            rules.pop(name, None)
+    clear_rules(path(), name)
 
 
 def take(method: str, request_path: str, query: str = "") -> dict | None:
