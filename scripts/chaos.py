@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")] if __name__ == "__main__" else []
 
 from scripts.local_airflow import AirflowApiError, LocalAirflow  # noqa: E402
-from sim import clients, faults, gke_faults  # noqa: E402
+from sim import clients, faults, gke_faults, storage_faults  # noqa: E402
 
 DAG_ID = "maxtext_rl_tpu"
 #: The tutorial's path on a small slice: 8 steps, a checkpoint every 2, a minute of training (room for a strike).
@@ -78,6 +78,8 @@ class FaultKind:
     stands_for: str
     #: The GKE emulator's rule armed for the run's cluster (sim/gke_faults.py: its ``kind`` and fields).
     gke: dict = field(default_factory=dict)
+    #: The Cloud Storage front's rule armed for the run's training folder (sim/storage_faults.py).
+    storage: dict = field(default_factory=dict)
     strike: Callable[[Campaign, Run], str] | None = None
     #: The tasks during which it may strike.
     phases: tuple[str, ...] = WORK
@@ -124,6 +126,15 @@ class Run:
         from tpu_rl.run import RunIdentity
 
         return RunIdentity(DAG_ID, self.run_id).jobset_name(RUN_CONF.get("workload_prefix", "qwen"), "train")
+
+    @property
+    def training_folder(self) -> str:
+        """Where the run's training writes in its bucket (its checkpoints, event files, record)."""
+        from tpu_rl.config import RunConfig
+        from tpu_rl.layout import GcsLayout
+        from tpu_rl.run import RunIdentity
+
+        return GcsLayout(RunConfig.from_params(self.conf), RunIdentity(DAG_ID, self.run_id)).training_prefix
 
     @property
     def survivable(self) -> bool:
@@ -194,6 +205,10 @@ class Campaign:
             for kind in run.kinds:
                 if CATALOGUE[kind].gke:
                     gke_faults.set_fault(f"{run.rule}-{kind}", cluster=run.cluster, **CATALOGUE[kind].gke)
+                if CATALOGUE[kind].storage:
+                    storage_faults.set_fault(
+                        f"{run.rule}-{kind}", contains=run.training_folder, **CATALOGUE[kind].storage
+                    )
             # The emulator applies a pod's first matching rule: the faults of the first attempt, then the others'.
             trainer = ",".join(CATALOGUE[kind].trainer for kind in run.kinds if CATALOGUE[kind].trainer)
             for rule, times, maxtext_fault in (("a-faults", 1, trainer or None), ("b-train", None, None)):
@@ -297,9 +312,10 @@ class Campaign:
             for name in faults.list_faults(faults.core_api()):
                 if name.startswith(run.rule + "-"):
                     faults.clear_faults(faults.core_api(), name)
-            for name in gke_faults.list_faults():
-                if name.startswith(run.rule + "-"):
-                    gke_faults.clear_faults(name)
+            for rules in (gke_faults, storage_faults):
+                for name in rules.list_faults():
+                    if name.startswith(run.rule + "-"):
+                        rules.clear_faults(name)
 
 
 # The strikes: each returns what it did.
@@ -373,9 +389,13 @@ CATALOGUE.update(
             "a pool create answered late (the caller may die first)",
             gke={"kind": "slow-reply", "pool_prefix": "tpu-", "seconds": 20, "times": 1},
         ),
-        "gke-slow-create": FaultKind(
-            "a pool create slow to find capacity",
+        "gke-held-create": FaultKind(
+            "a pool create held for capacity",
             gke={"kind": "capacity-held", "pool_prefix": "tpu-", "seconds": 90, "times": 1},
+        ),
+        "gke-slow-create": FaultKind(
+            "a slow pool create, its pool in ERROR meanwhile",
+            gke={"kind": "slow-create", "pool_prefix": "tpu-", "seconds": 60, "times": 1},
         ),
         "stockout": FaultKind(
             "no TPU capacity in the zone",
@@ -383,6 +403,16 @@ CATALOGUE.update(
             fatal=("GCE_STOCKOUT", "fix:"),
         ),
         "quota": FaultKind("no TPU quota", gke={"kind": "quota", "pool_prefix": "tpu-"}, fatal=("quota", "fix:")),
+        # The Kubernetes API through GKE's front end (sim/gke_faults.py) and Cloud Storage (sim/storage_faults.py)
+        "kube-unavailable": FaultKind(
+            "the cluster's front end answering 503 (a control-plane replica away)",
+            gke={"kind": "kube-unavailable", "times": 6},
+        ),
+        "kube-reset": FaultKind("the cluster's API dropping connections", gke={"kind": "kube-reset", "times": 6}),
+        "gcs-unavailable": FaultKind(
+            "Cloud Storage 503s on the reads of the run's training folder",
+            storage={"kind": "unavailable", "method": "GET", "times": 6},
+        ),
         # The trainer (sim/faults.py)
         "preemption": FaultKind("a Spot VM reclaimed mid-training", trainer="preempt-at-step=5"),
         "half-written": FaultKind("a preemption during a save", trainer="preempt-at-step=6,skip-commit"),
@@ -509,8 +539,9 @@ def _injected(run: Run, kind: str) -> bool:
         return not run.struck[kind].startswith("not struck")
     if kind in run.phases:
         return False
-    if CATALOGUE[kind].gke:
-        return bool(gke_faults.list_faults().get(f"{run.rule}-{kind}", {}).get("applied"))
+    for armed, rules in ((CATALOGUE[kind].gke, gke_faults), (CATALOGUE[kind].storage, storage_faults)):
+        if armed:
+            return bool(rules.list_faults().get(f"{run.rule}-{kind}", {}).get("applied"))
     return _applied(run, kind)
 
 

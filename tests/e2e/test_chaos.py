@@ -1,8 +1,9 @@
 """A short fault campaign (scripts/chaos.py, ``make chaos`` at length): two runs at once, each meeting three faults
 dealt from the whole catalogue by a seed (GKE's throttling, refusals while it upgrades, unavailability, slow replies
-and creates, stockouts, missing quota; preemptions, a half-written step; components killed, a triggerer paused, the
-broker, the metadata database and the API server restarted), at moments drawn by the same seed. It runs after every
-other test, alone on the stack: its strikes would hit their runs. ``TPU_RL_CHAOS_SEED`` deals another campaign.
+and creates, stockouts, missing quota; the cluster's API front end answering 503 or dropping connections; Cloud
+Storage 503s; preemptions, a half-written step, a flooded log; components killed, a triggerer paused, the broker,
+the metadata database and the API server restarted), at moments drawn by the same seed. It runs after every other
+test, alone on the stack: its strikes would hit their runs. ``TPU_RL_CHAOS_SEED`` deals another campaign.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from scripts import chaos
 
 pytestmark = pytest.mark.e2e
 
-#: The campaign make test deals unless TPU_RL_CHAOS_SEED says otherwise: one run meets a preemption, a late reply
-#: to its pool create and a restart of the broker; the other a flooded, rotated trainer log and restarts of the API
-#: server and of the metadata database.
-SEED = 614
+#: The campaign make test deals unless TPU_RL_CHAOS_SEED says otherwise: one run meets a flooded, rotated trainer
+#: log, its cluster's API dropping connections and Cloud Storage 503s on its reads; the other a preemption during a
+#: save, a restart of the metadata database and a slow pool create that shows ERROR before RUNNING.
+SEED = 355
 
 
 @pytest.mark.e2e_alone
