@@ -27,6 +27,14 @@ def locked_rules(path: Path):
             tmp.replace(path)
 
 
+def put_rule(path: Path, name: str, kind: str, **fields) -> dict:
+    """Sets rule ``name`` of ``kind`` with the fields given (None: left out), none of its uses counted yet."""
+    rule = {"kind": kind, "applied": 0, **{field: value for field, value in fields.items() if value is not None}}
+    with locked_rules(path) as rules:
+        rules[name] = rule
+    return rule
+
+
 def list_rules(path: Path) -> dict:
     with locked_rules(path) as rules:
         return dict(rules)

@@ -65,9 +65,9 @@ import os
 from pathlib import Path
 
 try:  # imported as sim.gke_faults (tests, scripts)
-    from .fault_rules import clear_rules, list_rules, locked_rules, take_first
+    from .fault_rules import clear_rules, list_rules, put_rule, take_first
 except ImportError:  # run from sim/, or imported by the emulators there
-    from fault_rules import clear_rules, list_rules, locked_rules, take_first
+    from fault_rules import clear_rules, list_rules, put_rule, take_first
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
 KINDS = (
@@ -92,10 +92,6 @@ def path() -> Path:
     return SIM / "gke" / "faults.json"
 
 
-def _rules():
-    return locked_rules(path())
-
-
 def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None, nodes=None, cluster=None):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
@@ -103,20 +99,17 @@ def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, secon
         raise ValueError(f"seconds is required by {', '.join(TIMED_KINDS)}, and only by them")
     if nodes is not None and kind != "stockout":
         raise ValueError("nodes is for stockout only")
-    rule = {"kind": kind, "applied": 0}
-    for field, value in (
-        ("pool_prefix", pool_prefix),
-        ("machine_type", machine_type),
-        ("times", times),
-        ("seconds", seconds),
-        ("nodes", nodes),
-        ("cluster", cluster),
-    ):
-        if value is not None:
-            rule[field] = value
-    with _rules() as rules:
-        rules[name] = rule
-    return rule
+    return put_rule(
+        path(),
+        name,
+        kind,
+        pool_prefix=pool_prefix,
+        machine_type=machine_type,
+        times=times,
+        seconds=seconds,
+        nodes=nodes,
+        cluster=cluster,
+    )
 
 
 def list_faults():

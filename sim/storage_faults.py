@@ -27,9 +27,9 @@ from pathlib import Path
 from urllib.parse import unquote
 
 try:  # imported as sim.storage_faults (tests, scripts)
-    from .fault_rules import clear_rules, list_rules, locked_rules, take_first
+    from .fault_rules import clear_rules, list_rules, put_rule, take_first
 except ImportError:  # run from sim/
-    from fault_rules import clear_rules, list_rules, locked_rules, take_first
+    from fault_rules import clear_rules, list_rules, put_rule, take_first
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
 ANSWERS = {
@@ -47,13 +47,7 @@ def path() -> Path:
 def set_fault(name, kind, bucket=None, method=None, contains=None, times=None):
     if kind not in ANSWERS:
         raise ValueError(f"kind must be one of {', '.join(ANSWERS)}")
-    rule = {"kind": kind, "applied": 0}
-    for field, value in (("bucket", bucket), ("method", method), ("contains", contains), ("times", times)):
-        if value is not None:
-            rule[field] = value
-    with locked_rules(path()) as rules:
-        rules[name] = rule
-    return rule
+    return put_rule(path(), name, kind, bucket=bucket, method=method, contains=contains, times=times)
 
 
 def list_faults():

@@ -482,9 +482,18 @@ def test_a_pool_whose_create_still_waits_for_capacity_is_deleted_once_gke_lets_i
         gke_faults.clear_faults("gke-test-held")
 
 
-def test_a_retry_waits_for_a_pool_still_provisioning_instead_of_adopting_it(gke, created, capsys):
-    """A try that ended while GKE still created its pool (a worker lost, say): the next try waits for that
-    create (PROVISIONING is not a slice training can use), then goes on."""
+@pytest.mark.parametrize(
+    ("fault", "seconds", "shown"),
+    [("capacity-held", 5, "PROVISIONING"), ("slow-create", 12, "ERROR")],
+    ids=["provisioning", "slow-create-in-error"],
+)
+def test_a_retry_waits_for_the_create_gke_still_runs_instead_of_replacing_the_pool(
+    gke, created, capsys, fault, seconds, shown
+):
+    """A try that ended while GKE still created its pool (a worker lost, say): the next try waits for that create,
+    whatever the pool shows meanwhile: PROVISIONING (not a slice training can use, so not adopted) or ERROR (GKE
+    may show a slow create so, then make it RUNNING: NVIDIA/aicr 2065, so not deleted and created again). The
+    slice comes from the first create."""
     from google.cloud.container_v1 import NodePool
 
     from tpu_rl import gke as requests
@@ -493,40 +502,7 @@ def test_a_retry_waits_for_a_pool_still_provisioning_instead_of_adopting_it(gke,
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"])
     config, pool_name = RunConfig.from_params(other.params), other.identity.tpu_pool_name(0)
-    gke_faults.set_fault("gke-test-provisioning", "capacity-held", pool_prefix=pool_name, seconds=5)
-    try:
-        client = gke.get_cluster_manager_client()
-        first = client.create_node_pool(
-            parent=requests.cluster_path(config),
-            node_pool=NodePool.from_json(json.dumps(requests.tpu_node_pool(config, other.identity, 0))),
-        )
-        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
-        assert run_operator(create, other.context()) == [first.name]
-        assert (
-            f"Node pool {pool_name} is PROVISIONING: waiting for GKE's operation {first.name}"
-            in capsys.readouterr().out
-        )
-        assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
-    finally:
-        gke_faults.clear_faults("gke-test-provisioning")
-        run_operator(
-            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
-        )
-
-
-def test_a_retry_waits_for_a_slow_create_that_shows_error_instead_of_deleting_the_pool(gke, created, capsys):
-    """GKE may show a pool in ERROR while its create still runs, then make it RUNNING (a slow create: NVIDIA/aicr
-    2065). A try that starts then (its first try lost with its worker) waits for GKE's operation: the pool is not
-    deleted and created again, and the slice comes from the first create."""
-    from google.cloud.container_v1 import NodePool
-
-    from tpu_rl import gke as requests
-    from tpu_rl.config import RunConfig
-
-    run, _ = created
-    other = Run(cluster_name=run.params["cluster_name"])
-    config, pool_name = RunConfig.from_params(other.params), other.identity.tpu_pool_name(0)
-    gke_faults.set_fault("gke-test-slow", "slow-create", pool_prefix=pool_name, seconds=12)
+    gke_faults.set_fault(f"gke-test-{fault}", fault, pool_prefix=pool_name, seconds=seconds)
     try:
         client = gke.get_cluster_manager_client()
         first = client.create_node_pool(
@@ -535,16 +511,16 @@ def test_a_retry_waits_for_a_slow_create_that_shows_error_instead_of_deleting_th
         )
         pool_path = f"{requests.cluster_path(config)}/nodePools/{pool_name}"
         deadline = time.monotonic() + 30
-        while client.get_node_pool(name=pool_path).status != NodePool.Status.ERROR:
-            assert time.monotonic() < deadline, "the emulator's slow create never showed ERROR"
+        while client.get_node_pool(name=pool_path).status != NodePool.Status[shown]:
+            assert time.monotonic() < deadline, f"the emulator's {fault} create never showed {shown}"
             time.sleep(0.5)
         create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
         assert run_operator(create, other.context()) == [first.name]  # no delete, no second create
-        assert f"Node pool {pool_name} is ERROR: waiting for GKE's operation {first.name}" in capsys.readouterr().out
+        assert f"Node pool {pool_name} is {shown}: waiting for GKE's operation {first.name}" in capsys.readouterr().out
         assert client.get_node_pool(name=pool_path).status == NodePool.Status.RUNNING
         assert len(_hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")) == 4
     finally:
-        gke_faults.clear_faults("gke-test-slow")
+        gke_faults.clear_faults(f"gke-test-{fault}")
         run_operator(
             cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
         )
