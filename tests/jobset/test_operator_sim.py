@@ -203,21 +203,33 @@ class _TriggerOfATask:
             await waiting
 
 
-def test_kill_deletes_the_jobset(sim):
-    """Both kill paths: the worker's on_kill (SIGTERM while executing) and the trigger cancelled once its task
-    left the deferral (a user marked it failed: its state is ``failed``)."""
+def test_kill_from_the_worker_deletes_the_jobset(sim):
+    """The worker's on_kill (SIGTERM while the task executes)."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    for path in ("worker", "trigger"):
-        name = unique(f"kill-{path}")
-        op = operator(tpu_jobset(name, run_seconds=120))
-        with pytest.raises(TaskDeferred) as deferred:
-            op.execute(task_context(ti_for(name)))
-        if path == "worker":
-            op.on_kill()
-        else:
-            asyncio.run(_TriggerOfATask(deferred.value.trigger, "failed").cancel_after(3))
-        sim.wait(f"JobSet deleted by the {path}'s kill", lambda name=name: not sim.jobsets(name), timeout=60)
+    name = unique("kill-worker")
+    op = operator(tpu_jobset(name, run_seconds=120))
+    with pytest.raises(TaskDeferred):
+        op.execute(task_context(ti_for(name)))
+    op.on_kill()
+    sim.wait("JobSet deleted by the worker's kill", lambda: not sim.jobsets(name), timeout=60)
+
+
+@pytest.mark.parametrize("start_delay", [30.0, 0.0], ids=["before-the-wait-started", "while-it-waits"])
+def test_a_trigger_cancelled_once_its_task_left_the_wait_deletes_the_jobset(sim, monkeypatch, start_delay):
+    """The trigger cancelled because its task left the deferral (a user marked it failed: its state is
+    ``failed``), whether the wait had started (its JobSet watched) or was still in its random start delay."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from tpu_rl.triggers import jobset as jobset_trigger
+
+    monkeypatch.setattr(jobset_trigger.random, "uniform", lambda low, high: start_delay)
+    name = unique("kill-trigger")
+    op = operator(tpu_jobset(name, run_seconds=120))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(task_context(ti_for(name)))
+    asyncio.run(_TriggerOfATask(deferred.value.trigger, "failed").cancel_after(3))
+    sim.wait("JobSet deleted by the trigger's kill", lambda: not sim.jobsets(name), timeout=60)
 
 
 def test_a_trigger_cancelled_while_its_task_waits_keeps_the_jobset(sim):

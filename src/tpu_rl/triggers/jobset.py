@@ -114,9 +114,13 @@ class JobSetTrigger(BaseTrigger):
         return f"{self.namespace}/{self.name}"
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        await asyncio.sleep(random.uniform(0, START_SPREAD_SECONDS))
         hook = self.hook()
-        await hook.ready()
+        try:
+            await asyncio.sleep(random.uniform(0, START_SPREAD_SECONDS))
+            await hook.ready()
+        except asyncio.CancelledError:  # a task that left the wait before it started still has its JobSet deleted
+            await self._cancelled_with_the_task(hook)
+            raise
         async with contextlib.AsyncExitStack() as sessions:
             progress, follower = Progress(self.log_tail_lines), self.log_follower(await self._log_printer(hook))
             progress.evaluation.update(follower.printer.kept)  # what the log may no longer show; it reads again
