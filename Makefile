@@ -42,13 +42,13 @@ test:
 
 # The whole pipeline on the simulated cluster through a local Airflow; KEEP_UI=1 leaves the UI up.
 demo: venv
-	scripts/with-stack.sh python scripts/demo.py --url "$$(scripts/airflow-stack.sh url)" \
+	scripts/with-stack.sh python -m scripts.demo --url "$$(scripts/airflow-stack.sh url)" \
 	  --conf "$(or $(CONF),include/examples/simulation.json)"
 
 # The fault campaign (scripts/chaos.py): runs at once on the simulation and the stack, each meeting faults drawn
 # at random; prints a table and fails when an invariant broke. make chaos ARGS="--seed 7 --runs 6 --faults 3"
 chaos: venv
-	scripts/with-stack.sh python scripts/chaos.py $(ARGS)
+	scripts/with-stack.sh python -m scripts.chaos $(ARGS)
 
 # The linter and the formatter's check (their rules in pyproject.toml); make test runs them first.
 lint: venv
@@ -84,7 +84,7 @@ bench: venv
 # One triggerer holding N deferred trainings on the simulated cluster (sim-up first): CPU, memory, requests per
 # training (benchmarks/triggerer_load.py; about 25 minutes). make bench-triggerer ARGS="--trainings 10"
 bench-triggerer: venv
-	nice -n 5 $(VENV)/bin/python benchmarks/triggerer_load.py $(ARGS)
+	nice -n 5 $(VENV)/bin/python -m benchmarks.triggerer_load $(ARGS)
 
 # make deploy-composer ENV=<name> LOCATION=<region> REPOSITORY=<Artifact Registry Python repository>
 #   [PROJECT=...] [REPOSITORY_LOCATION=...] [REPOSITORY_URL=...] [BUCKET=... SERVICE_ACCOUNT=...] [DRY_RUN=1]

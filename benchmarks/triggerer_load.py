@@ -31,7 +31,7 @@ temporary folder, its own database ``bench_triggerer`` on the PostgreSQL of scri
 idle state. It prints a table; it asserts nothing. Everything it created in the cluster and the bucket is
 deleted at the end, also after an error or Ctrl-C.
 
-    nice -n 5 .venv/bin/python benchmarks/triggerer_load.py [--trainings 10 25 50] [--warmup 90] [--window 300]
+    nice -n 5 .venv/bin/python -m benchmarks.triggerer_load [--trainings 10 25 50] [--warmup 90] [--window 300]
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class Children:
 
 
 def self_argv(role: str, *args) -> list:
-    return [sys.executable, __file__, "--role", role, *args]
+    return [sys.executable, "-m", "benchmarks.triggerer_load", "--role", role, *args]
 
 
 # -- the cluster and the bucket ----------------------------------------------------------------------------
@@ -386,10 +386,10 @@ class Cluster:
 def run_workload(spec_path: str) -> None:
     """Appends a log line to each head's container log every log_interval seconds (CRI format, as the MaxText
     emulator writes them) and uploads each training's event file, longer at each flush: nothing measured here."""
-    sys.path.insert(0, str(REPO / "sim"))
-    import maxtext_emulator as emulator
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
+
+    from sim import maxtext_emulator as emulator
 
     spec = json.loads(Path(spec_path).read_text())
     stop = []
@@ -461,8 +461,7 @@ def run_runner(spec_path: str, log_fd: int, out_path: str) -> None:
     import kubernetes_asyncio.client
     from yarl import URL
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from jobset_wait import RequestCounter
+    from benchmarks.jobset_wait import RequestCounter
 
     kube = RequestCounter()
     kube.wrap(kubernetes_asyncio.client.ApiClient, "trigger")

@@ -39,11 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "src")] if __name__ == "__main__" else []
+from scripts.local_airflow import AirflowApiError, LocalAirflow
+from sim import clients, faults, gke_faults, storage_faults
 
-from scripts.local_airflow import AirflowApiError, LocalAirflow  # noqa: E402
-from sim import clients, faults, gke_faults, storage_faults  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DAG_ID = "maxtext_rl_tpu"
 #: The tutorial's path on a small slice: 8 steps, a checkpoint every 2, a minute of training (room for a strike).

@@ -8,9 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from local_airflow import LocalAirflow, _time, stage_table  # noqa: E402
+from scripts.local_airflow import LocalAirflow, _time, stage_table
 
 DAG_ID = "maxtext_rl_tpu"
 #: How long the emulated trainer trains in the demo: long enough for train_rl's progress lines (one a minute)

@@ -271,8 +271,7 @@ def finish():
 
 
 def create_nodes():
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import nodes
+    from . import nodes
 
     nodes.ensure_nodes(str(SIM / "kubeconfig"))
 

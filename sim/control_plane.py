@@ -30,6 +30,8 @@ CACHE = Path(os.environ.get("TPU_RL_SIM_CACHE", Path.home() / ".cache" / "tpu-rl
 ETCD_PORT = int(os.environ.get("TPU_RL_SIM_ETCD_PORT", "23790"))
 GCS_PORT = int(os.environ.get("TPU_RL_SIM_GCS_PORT", "14443"))
 PYTHON = os.environ.get("TPU_RL_SIM_PYTHON", sys.executable)
+#: The environment a module of the package ``sim`` runs in (``python -m sim.NAME``): the checkout on its path.
+PACKAGE_PATH = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 PKI = SIM / "pki"
 FIELD_MANAGER = "tpu-rl-sim"
 
@@ -231,14 +233,16 @@ class ControlPlane:
             "SIM": str(self.dir),
             "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{GCS_PORT}",
             "TPU_RL_SIM_FAULTS_KUBECONFIG": str(SIM / "kubeconfig"),
+            **PACKAGE_PATH,
         }
-        self._launch("maxtext-emulator", [PYTHON, "-u", SRC / "maxtext_emulator.py"], env=env)
+        self._launch("maxtext-emulator", [PYTHON, "-u", "-m", "sim.maxtext_emulator"], env=env)
         self._launch(
             "pod-runner",
             [
                 PYTHON,
                 "-u",
-                SRC / "pod_runner.py",
+                "-m",
+                "sim.pod_runner",
                 "--cluster-dir",
                 self.dir,
                 "--kubeconfig",

@@ -15,8 +15,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
-import gke_dns
-from gke_settings import GKE_DIR, PKI, PROJECT, SA_EMAIL, TOKEN_PORT, TOKEN_SECONDS
+from . import gke_dns
+from .gke_settings import GKE_DIR, PKI, PROJECT, SA_EMAIL, TOKEN_PORT, TOKEN_SECONDS
 
 log = logging.getLogger("gke")
 

@@ -48,17 +48,12 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 
-SRC = Path(__file__).resolve().parent
-sys.path.insert(0, str(SRC))
-
-import gke_dns  # noqa: E402
-import gke_rules  # noqa: E402
-from gke_auth import Accounts, init_files, serve_tokens  # noqa: E402
-from gke_nodes import PoolNodes  # noqa: E402
-from gke_rules import GkeError  # noqa: E402
-from gke_settings import (  # noqa: E402
+from . import gke_dns, gke_rules
+from .gke_auth import Accounts, init_files, serve_tokens
+from .gke_nodes import PoolNodes
+from .gke_rules import GkeError
+from .gke_settings import (
     CLUSTER_CREATE_S,
     DEFAULT_BOOT_DISK,
     DELETE_S,
@@ -75,7 +70,7 @@ from gke_settings import (  # noqa: E402
     TOKEN_PORT,
     read_json,
 )
-from gke_transport import serve_grpc, serve_proxy  # noqa: E402
+from .gke_transport import serve_grpc, serve_proxy
 
 log = logging.getLogger("gke")
 
@@ -109,15 +104,14 @@ def reservations() -> set[str]:
 
 def held_seconds(fault_name: str) -> float:
     """How long a capacity-held fault keeps a pool's capacity back (a slow-reply fault: its reply)."""
-    import gke_faults
+    from . import gke_faults
 
     return float(gke_faults.list_faults().get(fault_name, {}).get("seconds") or 0)
 
 
 def take_fault(kind: str, pool_name: str, machine_type: str, cluster: str = ""):
     """The first fault rule of `kind` matching the pool; counts one use against its `times`."""
-    sys.path.insert(0, str(SRC))
-    import gke_faults
+    from . import gke_faults
 
     return gke_faults.take(kind, pool_name, machine_type, cluster)
 
@@ -188,7 +182,7 @@ class Emulator:
 
     # --- helpers ----------------------------------------------------------------------------------------
     def control_plane(self, key):
-        from control_plane import ControlPlane
+        from .control_plane import ControlPlane
 
         with self.lock:
             if key not in self.control_planes:

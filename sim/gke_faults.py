@@ -64,10 +64,7 @@ import json
 import os
 from pathlib import Path
 
-try:  # imported as sim.gke_faults (tests, scripts)
-    from .fault_rules import clear_rules, list_rules, put_rule, take_first
-except ImportError:  # run from sim/, or imported by the emulators there
-    from fault_rules import clear_rules, list_rules, put_rule, take_first
+from .fault_rules import clear_rules, list_rules, put_rule, take_first
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
 KINDS = (

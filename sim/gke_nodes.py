@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import hashlib
 
-import gke_rules
-from gke_settings import DEFAULT_BOOT_DISK
+from . import gke_rules
+from .gke_settings import DEFAULT_BOOT_DISK
 
 
 class PoolNodes:

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-import gke_rules
+from . import gke_rules
 
 SRC = Path(__file__).resolve().parent
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or SRC.parent / ".sim")

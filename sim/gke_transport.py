@@ -12,9 +12,9 @@ import threading
 from concurrent import futures
 from typing import Any
 
-import gke_dns
-from gke_rules import GkeError
-from gke_settings import DNS_PORT, GRPC_PORT, HOST, PKI, PROXY_PORT, SERVICE
+from . import gke_dns
+from .gke_rules import GkeError
+from .gke_settings import DNS_PORT, GRPC_PORT, HOST, PKI, PROXY_PORT, SERVICE
 
 log = logging.getLogger("gke")
 

@@ -15,11 +15,9 @@ hosts.py restore        recreate the missing standard nodes (sim/nodes.py) and r
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import nodes  # noqa: E402
+from . import nodes
 
 LOST_TAINT = {"key": "sim.tpu-rl.dev/host-lost", "value": "true", "effect": "NoExecute"}
 

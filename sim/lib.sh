@@ -8,6 +8,8 @@ source "$SIM_SRC/versions.env"
 CACHE=${TPU_RL_SIM_CACHE:-$HOME/.cache/tpu-rl-sim}
 SIM=${TPU_RL_SIM_DIR:-$REPO/.sim}
 PY=${TPU_RL_SIM_PYTHON:-$REPO/.venv/bin/python}
+# sim/ is the package `sim`: its modules run as `"$PY" -m sim.NAME`, found from the checkout.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # Ports: fixed by default, each overridable. Everything listens on 127.0.0.1 only.
 ETCD_PORT=${TPU_RL_SIM_ETCD_PORT:-23790}

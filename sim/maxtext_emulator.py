@@ -74,7 +74,6 @@ import os
 import random
 import shlex
 import struct
-import sys
 import threading
 import time
 import traceback
@@ -82,9 +81,7 @@ import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import faults  # noqa: E402  (sim/faults.py)
-import gke_rules  # noqa: E402  (sim/gke_rules.py: the emulated project's identities)
+from . import faults, gke_rules
 
 SIM = Path(os.environ.get("SIM", Path(__file__).resolve().parent.parent / ".sim"))
 RUN_SECONDS = float(os.environ.get("TPU_RL_SIM_RUN_SECONDS", "3"))

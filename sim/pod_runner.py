@@ -30,13 +30,11 @@ import shlex
 import signal
 import socket
 import socketserver
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from control_plane import CACHE, PKI, spawn, terminate  # noqa: E402
+from .control_plane import CACHE, PKI, spawn, terminate
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 POD_ROOT = "/run/pod"

@@ -26,10 +26,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote
 
-try:  # imported as sim.storage_faults (tests, scripts)
-    from .fault_rules import clear_rules, list_rules, put_rule, take_first
-except ImportError:  # run from sim/
-    from fault_rules import clear_rules, list_rules, put_rule, take_first
+from .fault_rules import clear_rules, list_rules, put_rule, take_first
 
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or Path(__file__).resolve().parent.parent / ".sim")
 ANSWERS = {

@@ -24,7 +24,7 @@ mkdir -p "$SIM"/{logs,pids,run,data}
 bash "$SIM_SRC/pki.sh" "$PKI"
 export SIM CACHE JOBSET_VERSION KWOK_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT \
   GKE_PROXY_PORT GKE_GRPC_PORT GKE_TOKEN_PORT GKE_DNS_PORT
-"$PY" "$SIM_SRC/cluster.py" files
+"$PY" -m sim.cluster files
 
 # launch NAME CMD...: reuse NAME if its recorded process is alive, else start CMD.
 launch() {
@@ -93,21 +93,21 @@ launch gcs-server "$fake_gcs" -scheme http -host 127.0.0.1 -port "$GCS_SERVER_PO
   -external-url "http://127.0.0.1:$GCS_PORT" -public-host "127.0.0.1:$GCS_PORT" \
   -backend filesystem -filesystem-root "$SIM/data/gcs" -log-level warn
 launch gcs env SIM="$SIM" TPU_RL_SIM_GCS_PORT="$GCS_PORT" TPU_RL_SIM_GCS_SERVER_PORT="$GCS_SERVER_PORT" \
-  "$PY" -u "$SIM_SRC/storage_faults.py" serve
+  "$PY" -u -m sim.storage_faults serve
 
 launch maxtext-emulator env KUBECONFIG="$KUBECONFIG_PATH" STORAGE_EMULATOR_HOST="http://127.0.0.1:$GCS_PORT" \
-  SIM="$SIM" "$PY" -u "$SIM_SRC/maxtext_emulator.py"
+  SIM="$SIM" "$PY" -u -m sim.maxtext_emulator
 
 # The GKE API emulator (sim/gke_emulator.py): the service-account key first (cluster.py finish names it).
-SIM="$SIM" TPU_RL_SIM_GKE_TOKEN_PORT=$GKE_TOKEN_PORT "$PY" "$SIM_SRC/gke_emulator.py" init
+SIM="$SIM" TPU_RL_SIM_GKE_TOKEN_PORT=$GKE_TOKEN_PORT "$PY" -m sim.gke_emulator init
 launch gke env SIM="$SIM" TPU_RL_SIM_DIR="$SIM" TPU_RL_SIM_CACHE="$CACHE" TPU_RL_SIM_PYTHON="$PY" \
   TPU_RL_SIM_ETCD_PORT="$ETCD_PORT" TPU_RL_SIM_GCS_PORT="$GCS_PORT" \
   TPU_RL_SIM_GKE_PROXY_PORT="$GKE_PROXY_PORT" TPU_RL_SIM_GKE_GRPC_PORT="$GKE_GRPC_PORT" \
   TPU_RL_SIM_GKE_TOKEN_PORT="$GKE_TOKEN_PORT" TPU_RL_SIM_GKE_DNS_PORT="$GKE_DNS_PORT" \
-  "$PY" -u "$SIM_SRC/gke_emulator.py"
+  "$PY" -u -m sim.gke_emulator
 
 # The JobSet manager and kwok need their CRDs before they start.
-"$PY" "$SIM_SRC/cluster.py" crds
+"$PY" -m sim.cluster crds
 stages=()
 for f in "$SIM_SRC"/kwok/*.yaml; do stages+=(--config="$f"); done
 launch kwok "$(bin kwok-$KWOK_VERSION kwok)" \
@@ -121,7 +121,7 @@ launch jobset "$(bin jobset-$JOBSET_VERSION jobset)" \
   --kubeconfig="$KUBECONFIG_PATH" --config="$SIM/jobset/config.yaml" --zap-log-level=info
 
 healthy kube-controller-manager kube-scheduler kwok jobset gcs-server gcs gke
-"$PY" "$SIM_SRC/cluster.py" webhooks nodes finish
+"$PY" -m sim.cluster webhooks nodes finish
 healthy maxtext-emulator
 
 elapsed=$(( ($(date +%s%N) - begin) / 1000000 ))

@@ -161,7 +161,8 @@ def test_tpu_node_deleted_mid_run_is_host_loss(sim):
             run_with_action(op, task_context(ti_for(name)), delete_node)
     finally:
         subprocess.run(
-            [sys.executable, str(REPO / "sim" / "nodes.py"), "--kubeconfig", sim.kubeconfig],
+            [sys.executable, "-m", "sim.nodes", "--kubeconfig", sim.kubeconfig],
+            cwd=REPO,
             check=True,
             capture_output=True,
         )

@@ -6,7 +6,6 @@ skips), and stops it at the end only if it started it.
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from tpu_rl_testing import read_env, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
-sys.path.insert(0, str(REPO / "sim"))
 
 
 class Sim:
@@ -97,7 +95,7 @@ def sim():
 def faults_api(sim):
     """The sim-side fault switch (sim/faults.py). The rules its test added are removed after it; the
     others stay, because e2e scenarios that set their own rules may still be running on the same sim."""
-    import faults
+    from sim import faults
 
     with faults.rules_removed_after(sim.core):
         yield faults

@@ -42,10 +42,11 @@ def wait(what, predicate, timeout):
 
 
 def test_control_plane_installs_and_runs_jobset(sim, tmp_path):
-    from control_plane import ControlPlane, process_alive, recorded_pid
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
-    from nodes import node
+
+    from sim.control_plane import ControlPlane, process_alive, recorded_pid
+    from sim.nodes import node
 
     cp = ControlPlane(f"test-cp-{SLOT}", SLOT)
     cp.stop(purge=True)  # leftovers of an interrupted run

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +23,6 @@ from tpu_rl_testing import environ
 pytestmark = pytest.mark.sim
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "sim"))
 
 PROJECT, REGION, ZONE = "tpu-rl-sim", "us-east5", "us-east5-b"
 CLUSTER = f"gke-emu-{uuid.uuid4().hex[:6]}"
@@ -224,7 +222,7 @@ def test_tpu_pool_create_then_delete_removes_its_nodes(hook, client, cluster):
 
 
 def test_stockout_fault_fails_the_pool_operation(hook, client, cluster):
-    import gke_faults
+    from sim import gke_faults
 
     gke_faults.set_fault("test-stockout", "stockout", pool_prefix="stock-", times=1)
     try:
@@ -288,8 +286,9 @@ def test_dns_endpoint_refuses_user_traffic_unless_the_cluster_allows_it(hook, cl
 
 
 def test_cluster_delete_stops_its_control_plane(hook, client, cluster):
-    from control_plane import ControlPlane
     from google.api_core.exceptions import NotFound
+
+    from sim.control_plane import ControlPlane
 
     state = json.loads((Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim")) / "gke" / "state.json").read_text())
     slot = state["clusters"][f"{PROJECT}/{REGION}/{CLUSTER}"]["slot"]

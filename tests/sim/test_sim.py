@@ -363,7 +363,7 @@ def test_crashed_training_is_restarted_and_resumes_from_its_last_checkpoint(sim,
 @pytest.fixture
 def spare_pool(sim):
     """Two extra TPU-like hosts in their own pool, so losing one never disturbs the shared slice."""
-    import nodes
+    from sim import nodes
 
     pool, names = f"sim-spare-{uuid.uuid4().hex[:4]}", []
     for i in range(2):
@@ -448,7 +448,7 @@ def two_host_jobset(name, pool):
     ],
 )
 def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(sim, spare_pool, how, reason, timeout):
-    import hosts
+    from sim import hosts
 
     pool, names = spare_pool
     name = f"sim-host-{uuid.uuid4().hex[:6]}"

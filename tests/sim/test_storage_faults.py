@@ -7,7 +7,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-import storage_faults
+
+from sim import storage_faults
 
 pytestmark = pytest.mark.sim
 

@@ -6,17 +6,12 @@ Pure: no simulation, no network. Each test fails if its rule is removed.
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
+from datetime import UTC
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
-
-from datetime import UTC
-
-import gke_rules as rules  # noqa: E402
-from gke_rules import GkeError  # noqa: E402
+from sim import gke_rules as rules
+from sim.gke_rules import GkeError
 
 REGION, PROJECT = "us-east5", "tpu-rl-sim"
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from sim import maxtext_emulator as emulator
 from tpu_rl import gke
 from tpu_rl import training_metrics as tm
 from tpu_rl.checkpoints import StoredObject
@@ -27,9 +26,6 @@ from tpu_rl.run import RunIdentity
 from tpu_rl.triggers.jobset import JobSetTrigger
 from tpu_rl.triggers.training_progress import TrainingProgress
 from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, jobset_trigger, task_context
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
-import maxtext_emulator as emulator  # noqa: E402
 
 DAG_ID, RUN_ID = "maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00"
 PRE = (

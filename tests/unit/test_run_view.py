@@ -7,21 +7,18 @@ its event files written by the MaxText emulator with tensorboardX. tests/unit al
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 import tpu_rl
+from sim import maxtext_emulator as emulator
 from tpu_rl import training_metrics as tm
 from tpu_rl.run import DAG_ID, RunIdentity
 from tpu_rl.run_scope import RunScope
 from tpu_rl_testing import TUTORIAL_CONF
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "sim"))
-
-import maxtext_emulator as emulator  # noqa: E402
 
 RUN_ID = "manual__2026-11-29T10:00:00+00:00"
 CONF = {**TUTORIAL_CONF, "num_batches": 20, "notify_conn_id": "smtp_team", "notify_to": "team@example.com"}

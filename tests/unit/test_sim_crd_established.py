@@ -7,14 +7,9 @@ omitempty). Pure: no simulation."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
-
-from control_plane import crd_established  # noqa: E402
+from sim.control_plane import crd_established
 
 ESTABLISHED = {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}
 NAMES_ACCEPTED = {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"}

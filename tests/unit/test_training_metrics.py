@@ -3,21 +3,15 @@ MaxText's writer, the trainer's evaluation lines, the progress line, the TPU cos
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 
+from sim import maxtext_emulator as emulator
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import ConfigError, RunConfig
 from tpu_rl_testing import jobset_trigger
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "sim"))
-
-import maxtext_emulator as emulator  # noqa: E402
 
 RUN = "gs://tpu-rl-sim/qwen3-30b-a3b/trained/run-1/rl"
 PRE = (

@@ -1,0 +1,1 @@
+"""The benchmarks (make bench, make bench-triggerer, ...), run from the checkout; each prints its numbers."""
