@@ -22,6 +22,15 @@ from urllib.parse import quote
 from tpu_rl import __version__
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import RunConfig
+from tpu_rl.contract import (
+    FINAL_STEP,
+    PUBLISHED_MODEL,
+    SLICE_TIMES,
+    TRAINING_EVALUATION,
+    TRAINING_JOBSET,
+    TRAINING_PREEMPTIONS,
+    Pull,
+)
 from tpu_rl.layout import GcsLayout
 from tpu_rl.preemption import describe_accounting
 from tpu_rl.timestamps import posix_time
@@ -47,6 +56,38 @@ RELOAD_SECONDS = 60
 STORAGE_CONSOLE = "https://console.cloud.google.com/storage/browser"
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+
+
+def _pulled(pull: Pull) -> Any:
+    return dataclasses.field(default=None, metadata={"pull": pull})
+
+
+@dataclass(frozen=True)
+class RunXComs:
+    """What the run's tasks pushed that the page shows, each None while its task has not pushed it: ``train_rl``'s
+    evaluation, preemptions and training JobSet (its ``created``: when the current attempt was submitted, so that
+    an earlier attempt's event file gives no ETA), ``delete_tpu_pools``'s slices, ``verify_training``'s final step
+    and ``publish_export``'s model URI. Each field names the XCom it is read from."""
+
+    evaluation: Mapping[str, Any] | None = _pulled(TRAINING_EVALUATION)
+    preemptions: Mapping[str, Any] | None = _pulled(TRAINING_PREEMPTIONS)
+    training_jobset: Mapping[str, Any] | None = _pulled(TRAINING_JOBSET)
+    slices: Sequence[Mapping[str, str]] | None = _pulled(SLICE_TIMES)
+    final_step: int | None = _pulled(FINAL_STEP)
+    model_uri: str | None = _pulled(PUBLISHED_MODEL)
+
+    @staticmethod
+    def pulls() -> dict[str, Pull]:
+        """The XCom each field is read from, by field name."""
+        return {f.name: f.metadata["pull"] for f in dataclasses.fields(RunXComs)}
+
+    @classmethod
+    def of(cls, stored: Mapping[Pull, Any]) -> RunXComs:
+        """The bundle from the run's XComs as stored (a pull missing: its field None)."""
+        values = {name: stored.get(pull) for name, pull in cls.pulls().items()}
+        if values["final_step"] is not None:
+            values["final_step"] = int(values["final_step"])
+        return cls(**values)
 
 
 def is_pipeline_params(params: Mapping[str, Any]) -> bool:
@@ -100,20 +141,13 @@ def run_page(
     config: RunConfig,
     layout: GcsLayout,
     files: Mapping[str, tm.Scalars],
-    evaluation: Mapping[str, Any] | None,
-    slices: Sequence[Mapping[str, str]] | None,
-    final_step: int | None,
-    model_uri: str | None,
-    preemptions: Mapping[str, Any] | None,
+    xcoms: RunXComs,
     now: float,
-    training_jobset: Mapping[str, Any] | None = None,
 ) -> RunPage:
-    """The page of a run from its config and layout, its event files' scalars (by file name) and its XComs:
-    ``train_rl``'s evaluation, preemptions and training JobSet (its ``created``: when the current attempt was
-    submitted, so that an earlier attempt's event file gives no ETA), ``delete_tpu_pools``'s slices,
-    ``verify_training``'s final step and ``publish_export``'s model URI (each None while its task has not
-    pushed it)."""
-    scores = tm.Evaluation.from_dict(evaluation)
+    """The page of a run from its config and layout, its event files' scalars (by file name) and its XComs."""
+    scores = tm.Evaluation.from_dict(xcoms.evaluation)
+    attempt_started = posix_time((xcoms.training_jobset or {}).get("created"))
+    slices = xcoms.slices
     cost = tm.tpu_cost(slices, config) if slices is not None and config.tpu_pools_per_run else None
     shown = [(name, str(getattr(config, name))) for name in SHOWN_SETTINGS]
     shown.insert(SHOWN_SETTINGS.index("batch_size") + 1, ("train_steps", str(config.train_steps)))
@@ -125,17 +159,15 @@ def run_page(
         settings=shown,
         curves=tm.merge_scalars(files),
         progress=(
-            tm.attempt_progress(files, config.train_steps, now, posix_time((training_jobset or {}).get("created")))
-            if state in ACTIVE_STATES
-            else None
+            tm.attempt_progress(files, config.train_steps, now, attempt_started) if state in ACTIVE_STATES else None
         ),
         evaluation=scores if config.evaluation_batches else None,
         evaluation_note=tm.describe_evaluation(scores, config),
         cost=cost,
         cost_note=tm.describe_cost(cost, config),
-        final_step=final_step,
-        preemptions=describe_accounting(dict(preemptions) if preemptions else None),
-        links=_output_links(config, layout, model_uri),
+        final_step=xcoms.final_step,
+        preemptions=describe_accounting(dict(xcoms.preemptions) if xcoms.preemptions else None),
+        links=_output_links(config, layout, xcoms.model_uri),
     )
 
 

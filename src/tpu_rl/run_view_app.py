@@ -16,9 +16,9 @@ connection as ``train_rl``'s progress reads them.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -28,37 +28,18 @@ from fastapi.responses import HTMLResponse
 
 from tpu_rl import run_view
 from tpu_rl.config import ConfigError
-from tpu_rl.contract import (
-    FINAL_STEP,
-    PUBLISHED_MODEL,
-    SLICE_TIMES,
-    TRAINING_EVALUATION,
-    TRAINING_JOBSET,
-    TRAINING_PREEMPTIONS,
-    Pull,
-)
+from tpu_rl.contract import Pull
 from tpu_rl.run_scope import RunScope
 from tpu_rl.training_metrics import Scalars
-
-#: The XComs the page reads, by the names it gives them.
-XCOMS = {
-    "evaluation": TRAINING_EVALUATION,
-    "preemptions": TRAINING_PREEMPTIONS,
-    "training_jobset": TRAINING_JOBSET,
-    "slices": SLICE_TIMES,
-    "final_step": FINAL_STEP,
-    "model_uri": PUBLISHED_MODEL,
-}
 
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A run as the page needs it: its scope (params, identity, data interval), its state, its XComs by
-    the names of :data:`XCOMS` (absent when not pushed)."""
+    """A run as the page needs it: its scope (params, identity, data interval), its state, its XComs."""
 
     scope: RunScope
     state: str
-    xcoms: Mapping[str, Any]
+    xcoms: run_view.RunXComs
 
 
 def read_run(dag_id: str, run_id: str, session: SessionDep) -> RunRecord:
@@ -83,11 +64,10 @@ def read_run(dag_id: str, run_id: str, session: SessionDep) -> RunRecord:
             XComModel.dag_id == dag_id,
             XComModel.run_id == run_id,
             XComModel.map_index == -1,
-            XComModel.task_id.in_({pulled.task for pulled in XCOMS.values()}),
+            XComModel.task_id.in_({pulled.task for pulled in run_view.RunXComs.pulls().values()}),
         )
     ).all()
     stored = {Pull(row.task_id, row.key): XComModel.deserialize_value(row) for row in rows}
-    xcoms = {name: stored[pulled] for name, pulled in XCOMS.items() if pulled in stored}
     context = {
         "params": params,
         "dag": dag,
@@ -96,7 +76,8 @@ def read_run(dag_id: str, run_id: str, session: SessionDep) -> RunRecord:
         "data_interval_start": dag_run.data_interval_start,
         "data_interval_end": dag_run.data_interval_end,
     }
-    return RunRecord(RunScope.of(context), str(getattr(dag_run.state, "value", dag_run.state)), xcoms)
+    state = str(getattr(dag_run.state, "value", dag_run.state))
+    return RunRecord(RunScope.of(context), state, run_view.RunXComs.of(stored))
 
 
 #: Reads a run's event files: (bucket, tensorboard prefix, Google Cloud connection) -> scalars by file name.
@@ -105,12 +86,11 @@ EventReader = Callable[[str, str, str], Awaitable[dict[str, Scalars]]]
 
 async def read_event_files(bucket: str, prefix: str, gcp_conn_id: str) -> dict[str, Scalars]:
     """Every event file under the prefix, read once, as the training's progress reads them."""
-    from tpu_rl.hooks.gcs import GcsReadHook
-    from tpu_rl.triggers.training_progress import TrainingProgress
+    from tpu_rl.hooks.gcs import EventFileFolder, GcsReadHook
 
-    progress = TrainingProgress({"bucket": bucket, "prefix": prefix, "train_steps": 1, "gcp_conn_id": gcp_conn_id})
-    await GcsReadHook(gcp_conn_id).run(bucket, progress.refresh)
-    return {name: file.scalars for name, file in progress.files.items()}
+    folder = EventFileFolder(prefix)
+    await GcsReadHook(gcp_conn_id).run(bucket, folder.refresh)
+    return folder.scalars()
 
 
 def event_reader() -> EventReader:
@@ -141,8 +121,6 @@ def create_app() -> FastAPI:
                 run_view.render_message(f"{scope.run.run_id}: the run's params fail validation", str(error))
             )
         files = await read_events(layout.bucket, layout.tensorboard_prefix, config.gcp_conn_id)
-        xcoms = run.xcoms
-        final_step = xcoms.get("final_step")
         page = run_view.run_page(
             dag_id=scope.run.dag_id,
             run_id=scope.run.run_id,
@@ -150,12 +128,7 @@ def create_app() -> FastAPI:
             config=config,
             layout=layout,
             files=files,
-            evaluation=xcoms.get("evaluation"),
-            slices=xcoms.get("slices"),
-            final_step=int(final_step) if final_step is not None else None,
-            model_uri=xcoms.get("model_uri"),
-            preemptions=xcoms.get("preemptions"),
-            training_jobset=xcoms.get("training_jobset"),
+            xcoms=run.xcoms,
             now=time.time(),
         )
         return HTMLResponse(run_view.render(page))

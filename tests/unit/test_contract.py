@@ -36,6 +36,12 @@ def test_every_xcom_pulled_across_tasks_is_pushed_by_a_task_of_the_dag(dag):
     assert {pulled.task for pulled in PULLED} <= set(dag.task_ids)
 
 
+def test_every_xcom_the_training_tab_shows_is_in_the_contract():
+    from tpu_rl.run_view import RunXComs
+
+    assert set(RunXComs.pulls().values()) <= set(PULLED)
+
+
 def test_every_templated_pull_is_in_the_contract_and_reads_a_task_that_runs_before_it(dag):
     pulls = list(templated_pulls(dag))
     # verify_training (trainer_completed), verify_export (prefix, not_before), publish_export (prefix, step)

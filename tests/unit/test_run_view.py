@@ -72,12 +72,13 @@ def tokens(metadata_db) -> dict[str, str]:
 def client_for(state: str, xcoms: dict, files: list[Path]):
     from fastapi.testclient import TestClient
 
+    from tpu_rl.run_view import RunXComs
     from tpu_rl.run_view_app import RunRecord, event_reader, read_run
     from tpu_rl.run_view_plugin import TpuRlRunViewPlugin
 
     (mounted,) = TpuRlRunViewPlugin().fastapi_apps
     app = mounted["app"]
-    record = RunRecord(RunScope(CONF, RunIdentity(DAG_ID, RUN_ID)), state, xcoms)
+    record = RunRecord(RunScope(CONF, RunIdentity(DAG_ID, RUN_ID)), state, RunXComs(**xcoms))
 
     async def read_events(bucket: str, prefix: str, gcp_conn_id: str) -> dict[str, tm.Scalars]:
         assert (bucket, prefix) == (CONF["gcs_bucket"], record.scope.layout.tensorboard_prefix)

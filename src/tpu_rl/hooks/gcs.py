@@ -28,7 +28,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpu_rl import checkpoints as rules
 from tpu_rl.checkpoints import StoredObject, Verdict
@@ -36,6 +36,9 @@ from tpu_rl.compat import AirflowException
 from tpu_rl.hooks.backoff import REQUEST_ATTEMPTS, backoff_seconds
 from tpu_rl.hooks.google_credentials import warm_google_credentials
 from tpu_rl.timestamps import parse_optional_time, parse_time
+
+if TYPE_CHECKING:
+    from tpu_rl.training_metrics import Scalars
 
 T = TypeVar("T")
 
@@ -142,6 +145,58 @@ class GcsReadHook:
     def run_now(self, bucket: str, check: Callable[[GcsReader], Awaitable[T]]) -> T:
         """:meth:`run` from synchronous code (a sensor's poke, an operator)."""
         return asyncio.run(self.run(bucket, check))
+
+
+# -- event files ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventFile:
+    """One TensorBoard event file as last read: its stored size and time, its bytes and their scalars."""
+
+    size: int
+    updated: datetime
+    data: bytes
+    scalars: Scalars
+
+
+class EventFileFolder:
+    """The TensorBoard event files under ``prefix``, read incrementally: one listing a read, and of each event file
+    only the bytes its writer added since the last read (GCS replaces the object at each flush, the earlier bytes
+    unchanged). The training's progress (the JobSet trigger) and the Training tab read the trainer's through it."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        #: What was read so far, by file name (the name under ``prefix``).
+        self.files: dict[str, EventFile] = {}
+
+    async def refresh(self, reader: GcsReader) -> None:
+        """List the folder once; read only the event files that changed, only their new bytes when they grew."""
+        from tpu_rl.training_metrics import is_event_file, read_scalars
+
+        listing, _ = await reader.list(self.prefix)
+        for name, stored in sorted(listing.items()):
+            known = self.files.get(name)
+            if (
+                not is_event_file(name)
+                or not stored.size
+                or (known and (known.size, known.updated) == (stored.size, stored.updated))
+            ):
+                continue
+            if known and stored.size > known.size:
+                data = known.data + await reader.read(self.prefix + name, known.size, stored.size - 1)
+            else:
+                data = await reader.read(self.prefix + name)
+            # Parsing is CPU work: off a triggerer's event loop.
+            scalars = await asyncio.to_thread(read_scalars, [data])
+            self.files[name] = EventFile(stored.size, stored.updated, data, scalars)
+
+    def scalars(self) -> dict[str, Scalars]:
+        """Each event file's scalars, by file name."""
+        return {name: file.scalars for name, file in self.files.items()}
+
+    def sizes(self) -> dict[str, int]:
+        return {name: file.size for name, file in self.files.items()}
 
 
 # -- the checks of a stage's output --------------------------------------------------------------------

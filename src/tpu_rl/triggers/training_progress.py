@@ -1,29 +1,18 @@
 """The training's progress, read by the JobSet trigger from the trainer's TensorBoard event files in the
-bucket: one listing of their folder per read, and of each event file only the bytes the trainer added since
-the last read (GCS replaces the object at each flush, with the earlier bytes unchanged)."""
+bucket (through :class:`~tpu_rl.hooks.gcs.EventFileFolder`: of each file only the bytes the trainer added since
+the last read), logged at most once per interval."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from tpu_rl.hooks.gcs import GcsReader
-from tpu_rl.training_metrics import Scalars, attempt_progress, is_event_file, read_scalars
+from tpu_rl.hooks.gcs import EventFileFolder, GcsReader
+from tpu_rl.training_metrics import attempt_progress
 
 #: Seconds between two reads, and so between two progress lines, while the training runs.
 PROGRESS_INTERVAL_SECONDS = 60
-
-
-@dataclass(frozen=True)
-class _EventFile:
-    size: int
-    updated: datetime
-    data: bytes
-    scalars: Scalars
 
 
 class TrainingProgress:
@@ -40,7 +29,7 @@ class TrainingProgress:
         self.train_steps = int(source["train_steps"])
         self.gcp_conn_id = source.get("gcp_conn_id") or "google_cloud_default"
         self.interval = float(source.get("interval") or PROGRESS_INTERVAL_SECONDS)
-        self.files: dict[str, _EventFile] = {}
+        self.events = EventFileFolder(self.prefix)
         self.logged_at: float | None = None
         #: The event files' sizes when the last line was logged.
         self.logged_sizes: dict[str, int] = {}
@@ -50,25 +39,6 @@ class TrainingProgress:
         wake a waiter a little early)."""
         return self.logged_at is None or time.monotonic() - self.logged_at >= self.interval - 1
 
-    async def refresh(self, reader: GcsReader) -> None:
-        """List the folder once; read only the event files that changed, only their new bytes when they grew."""
-        listing, _ = await reader.list(self.prefix)
-        for name, stored in sorted(listing.items()):
-            known = self.files.get(name)
-            if (
-                not is_event_file(name)
-                or not stored.size
-                or (known and (known.size, known.updated) == (stored.size, stored.updated))
-            ):
-                continue
-            if known and stored.size > known.size:
-                data = known.data + await reader.read(self.prefix + name, known.size, stored.size - 1)
-            else:
-                data = await reader.read(self.prefix + name)
-            # Parsing is CPU work: off the triggerer's event loop.
-            scalars = await asyncio.to_thread(read_scalars, [data])
-            self.files[name] = _EventFile(stored.size, stored.updated, data, scalars)
-
     async def report(
         self, reader: GcsReader, log: Any, attempt_started: float | None = None, only_news: bool = False
     ) -> None:
@@ -76,13 +46,11 @@ class TrainingProgress:
         ``attempt_started``: when the JobSet of the current attempt was created (POSIX seconds); ``only_news``:
         log only if the event files grew since the last line."""
         started = time.monotonic()
-        await self.refresh(reader)
-        sizes = {name: f.size for name, f in self.files.items()}
+        await self.events.refresh(reader)
+        sizes = self.events.sizes()
         if only_news and sizes == self.logged_sizes:
             return
-        line = attempt_progress(
-            {name: f.scalars for name, f in self.files.items()}, self.train_steps, time.time(), attempt_started
-        )
+        line = attempt_progress(self.events.scalars(), self.train_steps, time.time(), attempt_started)
         if line:
             log.info("Training progress: %s", line)
             self.logged_at, self.logged_sizes = started, sizes
