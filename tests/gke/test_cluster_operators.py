@@ -175,7 +175,7 @@ def test_kubernetes_calls_get_past_a_front_end_that_answers_503_or_drops_the_con
         target = hook.target.with_endpoint(*hook.gke_endpoint)
         for kind, times in cases:
             gke_faults.set_fault(f"gke-test-{kind}-async", kind, cluster=name, times=times)
-            assert asyncio.run(AsyncKubernetesApiHook(target).get_jobset("none", "default")) == {}
+            assert asyncio.run(AsyncKubernetesApiHook(target).get_jobset("none", "default")) is None
             assert gke_faults.list_faults()[f"gke-test-{kind}-async"]["applied"] == times
         gke_faults.set_fault("gke-test-kube-down", "kube-unavailable", cluster=name)  # never passes
         with pytest.raises(ApiException) as refused:

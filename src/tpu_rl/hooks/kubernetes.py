@@ -537,8 +537,8 @@ class AsyncKubernetesApiHook(LoggingMixin):
 
     async def _request(
         self, method: str, path: str, *, query: dict | None = None, body: Any = None, **options: Any
-    ) -> dict:
-        """The JSON answer, or {} for 404 Not Found."""
+    ) -> dict | None:
+        """The JSON answer, or None for 404 Not Found (absent, as the synchronous hook says it)."""
         from kubernetes_asyncio.client import ApiException
 
         try:
@@ -546,11 +546,11 @@ class AsyncKubernetesApiHook(LoggingMixin):
                 return json.loads(await response.read())
         except ApiException as e:
             if e.status == 404:
-                return {}
+                return None
             raise
 
-    async def get_jobset(self, name: str, namespace: str) -> dict:
-        """The JobSet, or {} if it does not exist."""
+    async def get_jobset(self, name: str, namespace: str) -> dict | None:
+        """The JobSet, or None if it does not exist."""
         return await self._request("GET", f"{_jobsets_path(namespace)}/{name}")
 
     async def delete_jobset(self, name: str, namespace: str, uid: str) -> None:
@@ -614,7 +614,7 @@ class AsyncKubernetesApiHook(LoggingMixin):
             f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/namespaces/{namespace}/{KUEUE_WORKLOADS}",
             query={"labelSelector": f"{KUEUE_JOB_UID_LABEL}={jobset_uid}"},
         )
-        return listing.get("items", [])
+        return (listing or {}).get("items", [])
 
     async def _watch(
         self, path: str, *, field_selector: str = "", label_selector: str = ""

@@ -11,6 +11,8 @@ is still there fails the task, so the usual alerting fires.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -47,6 +49,24 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     """
 
     ui_color = "#f4cccc"
+
+    @functools.cached_property
+    def _hooks(self) -> dict[tuple, Any]:
+        return {}
+
+    def gke_hook(self, gcp_conn_id: str, project: str, location: str) -> GkeApiHook:
+        """The GKE hook of a project and location, made once per execution (as a run's scope keeps its hooks)."""
+        key = ("gke", gcp_conn_id, project, location)
+        if key not in self._hooks:
+            self._hooks[key] = GkeApiHook(gcp_conn_id, project, location)
+        return self._hooks[key]
+
+    def kubernetes_hook(self, target: ClusterTarget) -> KubernetesApiHook:
+        """The Kubernetes hook of a cluster, made once per execution."""
+        key = ("kubernetes", json.dumps(target.to_dict(), sort_keys=True))
+        if key not in self._hooks:
+            self._hooks[key] = KubernetesApiHook(target)
+        return self._hooks[key]
 
     def execute(self, context: Any) -> list[dict]:
         params = context["params"]
@@ -108,7 +128,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
 
     def _gke_resources(self, project: str, location: str, gcp_conn_id: str):
         """This package's clusters and node pools in one location; the clusters whose Kubernetes API to read."""
-        hook = GkeApiHook(gcp_conn_id, project, location)
+        hook = self.gke_hook(gcp_conn_id, project, location)
         # A node pool has no creation time of its own: its create operation's start.
         pool_created = {
             gke.operation_target(op.target_link): op.start_time
@@ -157,7 +177,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
 
     def _kubernetes_resources(self, project: str, location: str, cluster: str, target: ClusterTarget):
         try:
-            jobsets, secrets = KubernetesApiHook(target).list_labelled(LABEL_RUN_KEY)
+            jobsets, secrets = self.kubernetes_hook(target).list_labelled(LABEL_RUN_KEY)
         except Exception as e:  # noqa: BLE001 - one unreachable cluster must not hide the others' report
             self.log.warning(
                 "Cluster %s/%s/%s is unreachable (%s): its JobSets and Secrets are not checked",
@@ -244,15 +264,15 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 continue
             try:
                 if r.kind == rp.JOBSET:
-                    KubernetesApiHook(targets[(r.project, r.location, r.cluster)]).delete_jobset(
+                    self.kubernetes_hook(targets[(r.project, r.location, r.cluster)]).delete_jobset(
                         r.name, r.namespace, uid=r.uid
                     )
                 elif r.kind == rp.SECRET:
-                    KubernetesApiHook(targets[(r.project, r.location, r.cluster)]).delete_secret(r.name, r.namespace)
+                    self.kubernetes_hook(targets[(r.project, r.location, r.cluster)]).delete_secret(r.name, r.namespace)
                 elif r.kind == rp.NODE_POOL:
-                    GkeApiHook(gcp_conn_id, r.project, r.location).delete_node_pool(r.cluster, r.name)
+                    self.gke_hook(gcp_conn_id, r.project, r.location).delete_node_pool(r.cluster, r.name)
                 else:
-                    GkeApiHook(gcp_conn_id, r.project, r.location).delete_cluster(r.name)
+                    self.gke_hook(gcp_conn_id, r.project, r.location).delete_cluster(r.name)
             except Exception as e:  # noqa: BLE001 - the next reaper run tries again; the report says why
                 self.log.warning("Could not delete %s %s: %s", r.kind, r.path, str(e)[:300])
                 result.append(dataclasses.replace(d, reason=f"{d.reason}; delete failed: {str(e)[:120]}"))

@@ -248,7 +248,7 @@ class JobSetTrigger(BaseTrigger):
     async def _watch_jobset(self, hook: AsyncKubernetesApiHook, progress: Progress) -> dict | None:
         """The JobSet once finished, or None once deleted (or replaced by another of the same name)."""
         first = await hook.get_jobset(self.name, self.namespace)
-        if first.get("metadata", {}).get("uid") != self.uid:
+        if first is None or first["metadata"]["uid"] != self.uid:
             return None
         seen = False
         async for kind, jobset in hook.watch_jobset(self.name, self.namespace):

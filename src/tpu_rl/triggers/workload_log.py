@@ -99,7 +99,7 @@ class JobSetLogRecord:
     async def claim(self) -> dict[str, Any]:
         """Reads what an earlier trigger of this wait recorded and marks the record this trigger's."""
         for _ in range(self.CLAIM_ATTEMPTS):
-            jobset = await self.hook.get_jobset(self.name, self.namespace)
+            jobset = await self.hook.get_jobset(self.name, self.namespace) or {}
             self.held, saved = st.log_record_text(jobset, self.uid), st.log_record(jobset, self.uid)
             if await self.save(saved):
                 return saved
