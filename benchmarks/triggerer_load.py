@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -55,8 +56,14 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from benchmarks.jobset_wait import RequestCounter
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_DIR = Path(os.environ.get("TPU_RL_SIM_DIR", REPO / ".sim"))
@@ -439,32 +446,58 @@ def run_workload(spec_path: str) -> None:
 # -- the trigger runner (the measured process) -------------------------------------------------------------
 
 
+#: What the triggerer's trigger runner has imported before its first trigger.
+RUNNER_MODULES = ("airflow.executors.workloads.trigger", "airflow.jobs.triggerer_job_runner", "airflow.models.trigger")
+
+
 def run_runner(spec_path: str, log_fd: int, out_path: str) -> None:
     """The triggerer's trigger-runner subprocess, as far as the triggers see it."""
-    os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "client"  # what TriggerRunner.run sets
-    from airflow.sdk.log import configure_logging, reset_logging
-
-    # supervisor._configure_logs_over_json_channel: JSON lines to the supervisor over a socket.
-    reset_logging()
-    configure_logging(json_output=True, output=os.fdopen(log_fd, "wb", buffering=0), sending_to_supervisor=True)
-
-    from airflow.executors.workloads.trigger import RunTrigger
-    from airflow.jobs.triggerer_job_runner import TriggerRunner
-    from airflow.models.trigger import Trigger
-
+    send_logs_to_supervisor(log_fd)
+    for module in RUNNER_MODULES:
+        importlib.import_module(module)
     spec = json.loads(Path(spec_path).read_text())
     print(json.dumps({"stage": "ready"}), flush=True)
     # The parent reads the memory of a runner with no trigger: what the triggerer's runner has imported.
     sys.stdin.readline()
 
-    import aiohttp
+    kube = count_kubernetes_requests()
+    storage_calls = count_storage_requests()
+    result = run_loop(run_triggers(spec), f"{out_path}.prof" if spec["profile"] else None)
+    calls = [(t, kind) for t, kind, _ in kube.calls]
+    from tpu_rl.hooks.kubernetes import LOG_STREAM_SECONDS
+
+    Path(out_path).write_text(
+        json.dumps({**result, "kube": calls, "storage": storage_calls, "log_stream_seconds": LOG_STREAM_SECONDS})
+    )
+
+
+def send_logs_to_supervisor(log_fd: int) -> None:
+    """Airflow's logging as in the runner subprocess (supervisor._configure_logs_over_json_channel): JSON lines
+    to the supervisor over a socket."""
+    os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "client"  # what TriggerRunner.run sets
+    from airflow.sdk.log import configure_logging, reset_logging
+
+    reset_logging()
+    configure_logging(json_output=True, output=os.fdopen(log_fd, "wb", buffering=0), sending_to_supervisor=True)
+
+
+def count_kubernetes_requests() -> RequestCounter:
+    """Counts each Kubernetes API request of the triggers (a watch or a followed log counts as one)."""
     import kubernetes_asyncio.client
-    from yarl import URL
 
     from benchmarks.jobset_wait import RequestCounter
 
     kube = RequestCounter()
     kube.wrap(kubernetes_asyncio.client.ApiClient, "trigger")
+    return kube
+
+
+def count_storage_requests() -> list[tuple[float, str]]:
+    """Records each Cloud Storage request of the triggers (and each token request) as (time, what): the list
+    grows as they run."""
+    import aiohttp
+    from yarl import URL
+
     storage_calls: list[tuple[float, str]] = []
     storage_host = os.environ.get("STORAGE_EMULATOR_HOST", "https://storage.googleapis.com").split("://")[-1]
     original = aiohttp.ClientSession._request
@@ -480,65 +513,84 @@ def run_runner(spec_path: str, log_fd: int, out_path: str) -> None:
         return await original(self, method, str_or_url, *args, **kwargs)
 
     aiohttp.ClientSession._request = counted
+    return storage_calls
 
-    async def main() -> dict:
-        from tpu_rl.triggers.jobset import JobSetTrigger  # the runner imports it for the first trigger anyway
 
-        runner = TriggerRunner()
-        for i, kwargs in enumerate(spec["triggers"], start=1):
-            classpath, serialized = JobSetTrigger(**kwargs).serialize()  # what BaseOperator.defer stores
-            runner.to_create.append(
-                RunTrigger(id=i, classpath=classpath, encrypted_kwargs=Trigger.encrypt_kwargs(serialized))
-            )
-        watchdog = asyncio.create_task(runner.block_watchdog())
-        lags: list[tuple[float, float]] = []
-        slow: list[tuple[float, str]] = []
-        if spec["attribute"]:  # asyncio's debug mode names each callback that held the loop over 0.1 s
-            loop = asyncio.get_running_loop()
-            loop.set_debug(True)
-            loop.slow_callback_duration = 0.1
-            handler = logging.Handler()
-            handler.emit = lambda record: slow.append((time.monotonic(), record.getMessage()[:300]))
-            logging.getLogger("asyncio").addHandler(handler)
+def run_loop(main: Coroutine[Any, Any, dict], profile_path: str | None) -> dict:
+    """asyncio.run, with cProfile's statistics written to ``profile_path`` when given: the event loop's thread
+    only, what the triggers do on the loop, not in threads."""
+    if profile_path is None:
+        return asyncio.run(main)
+    import cProfile
 
-        async def probe() -> None:  # how late the loop wakes a 0.1 s sleep
-            while True:
-                before = time.monotonic()
-                await asyncio.sleep(0.1)
-                lags.append((before, time.monotonic() - before - 0.1))
+    profiler = cProfile.Profile()
+    result = profiler.runcall(asyncio.run, main)
+    profiler.dump_stats(profile_path)
+    return result
 
-        prober = asyncio.create_task(probe())
-        await runner.create_triggers()
-        print(json.dumps({"stage": "started", "t": time.monotonic(), "triggers": len(runner.triggers)}), flush=True)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        ended_early = {
-            str(i): repr(d["task"].exception()) if d["task"].done() and not d["task"].cancelled() else "done"
-            for i, d in runner.triggers.items()
-            if d["task"].done()
-        }
-        runner.stop = True
-        tasks = [d["task"] for d in runner.triggers.values()]
-        for task in [*tasks, prober]:
-            task.cancel()
-        await asyncio.gather(*tasks, prober, watchdog, return_exceptions=True)
-        return {"ended_early": ended_early, "lags": lags, "slow": [(t, m) for t, m in slow if "Executing" in m]}
 
-    if spec["profile"]:  # the event loop's thread only: what the triggers do on the loop, not in threads
-        import cProfile
+async def run_triggers(spec: dict) -> dict:
+    """The spec's triggers run by Airflow's TriggerRunner, with its blocking watchdog, until SIGTERM: which
+    triggers ended before, how late the loop woke and (``attribute``) which callbacks held it over 0.1 s."""
+    from airflow.executors.workloads.trigger import RunTrigger
+    from airflow.jobs.triggerer_job_runner import TriggerRunner
+    from airflow.models.trigger import Trigger
 
-        profiler = cProfile.Profile()
-        result = profiler.runcall(asyncio.run, main())
-        profiler.dump_stats(f"{out_path}.prof")
-    else:
-        result = asyncio.run(main())
-    calls = [(t, kind) for t, kind, _ in kube.calls]
-    from tpu_rl.hooks.kubernetes import LOG_STREAM_SECONDS
+    from tpu_rl.triggers.jobset import JobSetTrigger  # the runner imports it for the first trigger anyway
 
-    Path(out_path).write_text(
-        json.dumps({**result, "kube": calls, "storage": storage_calls, "log_stream_seconds": LOG_STREAM_SECONDS})
-    )
+    runner = TriggerRunner()
+    for i, kwargs in enumerate(spec["triggers"], start=1):
+        classpath, serialized = JobSetTrigger(**kwargs).serialize()  # what BaseOperator.defer stores
+        runner.to_create.append(
+            RunTrigger(id=i, classpath=classpath, encrypted_kwargs=Trigger.encrypt_kwargs(serialized))
+        )
+    watchdog = asyncio.create_task(runner.block_watchdog())
+    lags: list[tuple[float, float]] = []
+    slow: list[tuple[float, str]] = []
+    if spec["attribute"]:
+        record_slow_callbacks(slow)
+    prober = asyncio.create_task(probe_lags(lags))
+    await runner.create_triggers()
+    print(json.dumps({"stage": "started", "t": time.monotonic(), "triggers": len(runner.triggers)}), flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    ended_early = await stop_triggers(runner, prober, watchdog)
+    return {"ended_early": ended_early, "lags": lags, "slow": [(t, m) for t, m in slow if "Executing" in m]}
+
+
+def record_slow_callbacks(slow: list[tuple[float, str]]) -> None:
+    """asyncio's debug mode on the running loop: each callback that held it over 0.1 s, named, into ``slow``."""
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.1
+    handler = logging.Handler()
+    handler.emit = lambda record: slow.append((time.monotonic(), record.getMessage()[:300]))
+    logging.getLogger("asyncio").addHandler(handler)
+
+
+async def probe_lags(lags: list[tuple[float, float]]) -> None:
+    """How late the loop wakes a 0.1 s sleep, as (when, how late), until cancelled."""
+    while True:
+        before = time.monotonic()
+        await asyncio.sleep(0.1)
+        lags.append((before, time.monotonic() - before - 0.1))
+
+
+async def stop_triggers(runner, prober: asyncio.Task, watchdog: asyncio.Task) -> dict[str, str]:
+    """Cancels the triggers and the probe and waits for them and the watchdog; returns the triggers that had
+    ended before (their id -> their exception, or "done")."""
+    ended_early = {
+        str(i): repr(d["task"].exception()) if d["task"].done() and not d["task"].cancelled() else "done"
+        for i, d in runner.triggers.items()
+        if d["task"].done()
+    }
+    runner.stop = True
+    tasks = [d["task"] for d in runner.triggers.values()]
+    for task in [*tasks, prober]:
+        task.cancel()
+    await asyncio.gather(*tasks, prober, watchdog, return_exceptions=True)
+    return ended_early
 
 
 # -- the supervisor's side of the trigger logs -------------------------------------------------------------
@@ -651,6 +703,28 @@ def trigger_kwargs(jobset: dict, prefix: str, train_steps: int) -> dict:
 
 
 def run_load(n: int, args, cluster: Cluster, children: Children, env: dict[str, str], tmp: Path) -> dict:
+    """One load: N trainings, their trainers' helper, the trigger runner and its log sink, measured over the
+    window; its row of the report. The JobSets and objects are deleted after, also after an error."""
+    spec_path = submit_trainings(n, args, cluster, tmp)
+    out_path = tmp / f"runner-{n}.json"
+    workload = start_trainers(children, env, spec_path)
+    runner, sink = start_runner_and_sink(n, children, env, spec_path, out_path, tmp)
+    try:
+        measured = measure_load(n, args, children, runner, sink)
+    finally:
+        children.stop(workload)
+        for process in (runner, sink):
+            children.stop(process)
+        print(f"N={n}: deleting the JobSets and objects", flush=True)
+        cluster.delete_jobsets()
+        cluster.delete_objects()
+    log_folder = Path(env["AIRFLOW_HOME"]) / "logs" / f"bench-n{n}"
+    return load_row(n, measured, json.loads(out_path.read_text()), tmp / f"sink-{n}.out", log_folder)
+
+
+def submit_trainings(n: int, args, cluster: Cluster, tmp: Path) -> Path:
+    """Submits N JobSets, waits until their heads run, and writes the spec the trainers' helper and the runner
+    read (the trainings, and the triggers' keywords); returns its path."""
     tag = uuid.uuid4().hex[:4]
     names = [f"tl{n}-{tag}-{i:03d}" for i in range(n)]
     run_seconds = args.warmup + args.window + 900
@@ -672,10 +746,22 @@ def run_load(n: int, args, cluster: Cluster, children: Children, env: dict[str, 
     }
     spec_path = tmp / f"spec-{n}.json"
     spec_path.write_text(json.dumps(spec))
-    out_path = tmp / f"runner-{n}.json"
+    return spec_path
+
+
+def start_trainers(children: Children, env: dict[str, str], spec_path: Path) -> subprocess.Popen:
+    """The trainers' helper, once the first version of each event file is up."""
     workload = children.start(self_argv("workload", spec_path), env=env, stdout=subprocess.PIPE, text=True)
-    if workload.stdout.readline().strip() != "flushed":  # the first version of each event file is up
+    if workload.stdout.readline().strip() != "flushed":
         raise SystemExit("the trainers' helper did not write the event files")
+    return workload
+
+
+def start_runner_and_sink(
+    n: int, children: Children, env: dict[str, str], spec_path: Path, out_path: Path, tmp: Path
+) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """The trigger runner and the log sink, joined by a socket (the runner's log channel); the sink's own output
+    goes to sink-N.out."""
     runner_end, sink_end = socket.socketpair()
     with open(tmp / f"sink-{n}.out", "w") as sink_out:
         sink = children.start(
@@ -695,73 +781,101 @@ def run_load(n: int, args, cluster: Cluster, children: Children, env: dict[str, 
     )
     runner_end.close()
     sink_end.close()
-    try:
-        if json.loads(runner.stdout.readline() or "{}").get("stage") != "ready":
-            raise SystemExit("the trigger runner did not start")
-        time.sleep(2)
-        idle = {"runner": memory(runner.pid), "sink": memory(sink.pid)}
-        idle_cpu = {"runner": cpu_seconds(runner.pid), "sink": cpu_seconds(sink.pid)}
-        go, go_wall = time.monotonic(), datetime.now(UTC)
-        runner.stdin.write("go\n")
-        runner.stdin.flush()
-        started = json.loads(runner.stdout.readline() or "{}")
-        if started.get("stage") != "started":
-            raise SystemExit("the trigger runner did not start its triggers")
-        print(f"N={n}: {started['triggers']} triggers running; warm-up {args.warmup:g} s", flush=True)
-        time.sleep(max(0.0, started["t"] + args.warmup - time.monotonic()))
-        print(f"N={n}: measuring {args.window:g} s", flush=True)
-        wall0 = datetime.now(UTC)
-        window = Window({"runner": runner.pid, "sink": sink.pid})
-        window.run(args.window)
-        measured = window.result()
-        t0, t1 = window.start, window.start + measured["runner"]["wall"]
-        wall1 = datetime.now(UTC)
-        runner.send_signal(signal.SIGTERM)
-        runner.wait(60)
-        children.stop(runner)
-        sink.wait(30)
-        children.stop(sink)
-    finally:
-        children.stop(workload)
-        for process in (runner, sink):
-            children.stop(process)
-        print(f"N={n}: deleting the JobSets and objects", flush=True)
-        cluster.delete_jobsets()
-        cluster.delete_objects()
-    result = json.loads(out_path.read_text())
+    return runner, sink
+
+
+@dataclass
+class Measured:
+    """One load's measurements, and when they were taken: monotonic times for the runner's records, wall-clock
+    times for the sink's log lines."""
+
+    #: The runner's and the sink's memory and CPU seconds before any trigger started.
+    idle: dict[str, dict[str, int]]
+    idle_cpu: dict[str, float]
+    #: Window.result() of the runner and the sink.
+    window: dict[str, dict[str, float]]
+    go: float
+    go_wall: datetime
+    start: float
+    end: float
+    start_wall: datetime
+    end_wall: datetime
+
+
+def measure_load(n: int, args, children: Children, runner: subprocess.Popen, sink: subprocess.Popen) -> Measured:
+    """Reads the idle runner, starts its triggers, waits out the warm-up, measures the window, then stops the
+    runner (SIGTERM: it writes its records) and the sink (which ends with the runner's log channel)."""
+    if json.loads(runner.stdout.readline() or "{}").get("stage") != "ready":
+        raise SystemExit("the trigger runner did not start")
+    time.sleep(2)
+    idle = {"runner": memory(runner.pid), "sink": memory(sink.pid)}
+    idle_cpu = {"runner": cpu_seconds(runner.pid), "sink": cpu_seconds(sink.pid)}
+    go, go_wall = time.monotonic(), datetime.now(UTC)
+    runner.stdin.write("go\n")
+    runner.stdin.flush()
+    started = json.loads(runner.stdout.readline() or "{}")
+    if started.get("stage") != "started":
+        raise SystemExit("the trigger runner did not start its triggers")
+    print(f"N={n}: {started['triggers']} triggers running; warm-up {args.warmup:g} s", flush=True)
+    time.sleep(max(0.0, started["t"] + args.warmup - time.monotonic()))
+    print(f"N={n}: measuring {args.window:g} s", flush=True)
+    start_wall = datetime.now(UTC)
+    window = Window({"runner": runner.pid, "sink": sink.pid})
+    window.run(args.window)
+    measured = window.result()
+    start, end = window.start, window.start + measured["runner"]["wall"]
+    end_wall = datetime.now(UTC)
+    runner.send_signal(signal.SIGTERM)
+    runner.wait(60)
+    children.stop(runner)
+    sink.wait(30)
+    children.stop(sink)
+    return Measured(idle, idle_cpu, measured, go, go_wall, start, end, start_wall, end_wall)
+
+
+def load_row(n: int, measured: Measured, result: dict, sink_output: Path, log_folder: Path) -> dict:
+    """The report's row of one load: the runner's records (``result``) counted over the window, per minute per
+    training, beside the measured CPU and memory."""
+    t0, t1 = measured.start, measured.end
     minutes = (t1 - t0) / 60
     kube = collections.Counter(kind for t, kind in result["kube"] if t0 <= t <= t1)
     storage = collections.Counter(kind for t, kind in result["storage"] if t0 <= t <= t1)
     lags = [lag for t, lag in result["lags"] if t0 <= t <= t1]
-    start_lags = [lag for t, lag in result["lags"] if go <= t < t0]
-    blocked = {"start": [], "window": []}  # the runner's watchdog warnings (the sink prints them with their time)
-    for line in (tmp / f"sink-{n}.out").read_text().splitlines():
-        with contextlib.suppress(ValueError, IndexError):
-            if "was blocked for" in line:
-                at, seconds = datetime.fromisoformat(line.split()[0]), float(line.split("blocked for ")[1].split()[0])
-                if go_wall <= at < wall0:
-                    blocked["start"].append(seconds)
-                elif wall0 <= at <= wall1:
-                    blocked["window"].append(seconds)
+    start_lags = [lag for t, lag in result["lags"] if measured.go <= t < t0]
     return {
         "n": n,
-        "measured": measured,
-        "idle": idle,
-        "idle_cpu": idle_cpu,
+        "measured": measured.window,
+        "idle": measured.idle,
+        "idle_cpu": measured.idle_cpu,
         "kube": kube,
         "storage": storage,
         "kube_rate": sum(kube.values()) / minutes / n,
         "storage_rate": sum(storage.values()) / minutes / n,
         "lag_max": max(lags, default=0.0),
         "lag_p99": sorted(lags)[int(len(lags) * 0.99)] if lags else 0.0,
-        "blocked": blocked,
+        "blocked": blocked_warnings(sink_output, measured),
         "start_lag_max": max(start_lags, default=0.0),
-        "slow": collections.Counter(_callback(message) for t, message in result["slow"] if t >= go),
+        "slow": collections.Counter(_callback(message) for t, message in result["slow"] if t >= measured.go),
         "ended_early": result["ended_early"],
-        "log_bytes": sum(f.stat().st_size for f in (Path(env["AIRFLOW_HOME"]) / "logs" / f"bench-n{n}").glob("*")),
+        "log_bytes": sum(f.stat().st_size for f in log_folder.glob("*")),
         "minutes": minutes,
         "log_stream_seconds": result["log_stream_seconds"],
     }
+
+
+def blocked_warnings(sink_output: Path, measured: Measured) -> dict[str, list[float]]:
+    """The runner's watchdog warnings (the sink prints them with their time), as how long the loop was blocked:
+    while the triggers started (and the warm-up), and in the window."""
+    blocked = {"start": [], "window": []}
+    for line in sink_output.read_text().splitlines():
+        with contextlib.suppress(ValueError, IndexError):
+            if "was blocked for" in line:
+                at, seconds = datetime.fromisoformat(line.split()[0]), float(line.split("blocked for ")[1].split()[0])
+                if measured.go_wall <= at < measured.start_wall:
+                    blocked["start"].append(seconds)
+                elif measured.start_wall <= at <= measured.end_wall:
+                    blocked["window"].append(seconds)
+    return blocked
 
 
 def _callback(message: str) -> str:
@@ -779,20 +893,37 @@ def _callback(message: str) -> str:
 def report(baseline: dict | None, rows: list[dict]) -> None:
     """The table: one row per N. CPU in cores (of one); memory in MiB (1024 * 1024 bytes)."""
     print()
-    base_cpu = base_mem = 0.0
-    if baseline:
-        base_cpu = sum(p["cpu"] for p in baseline.values())
-        base_mem = sum(p["pss_mean"] for p in baseline.values()) / MIB
-        rss = sum(p["rss_mean"] for p in baseline.values()) / MIB
-        print(
-            f"Triggerer baseline (airflow triggerer, no triggers, {len(baseline)} processes): "
-            f"CPU {base_cpu:.3f} core, memory {base_mem:.0f} MiB PSS ({rss:.0f} MiB RSS summed)"
-        )
-        for name, p in baseline.items():
-            pss, rss = p["pss_mean"] / MIB, p["rss_mean"] / MIB
-            print(f"  {name:<28} CPU {p['cpu']:.3f}  PSS {pss:4.0f} MiB  RSS {rss:4.0f} MiB")
-    else:
+    base_cpu, base_mem = print_baseline(baseline)
+    growths = print_loads(rows, base_cpu, base_mem)
+    for (n0, g0), (n1, g1) in zip(growths, growths[1:], strict=False):
+        print(f"Memory per further training, N={n0} -> {n1}: {(g1 - g0) / (n1 - n0):.2f} MiB")
+    if rows:
+        print_goal(rows[-1], with_baseline=bool(baseline))
+    stalls(rows)
+    print_requests(rows)
+
+
+def print_baseline(baseline: dict | None) -> tuple[float, float]:
+    """The idle triggerer's processes; returns its CPU (cores) and memory (MiB PSS), 0 without a baseline."""
+    if not baseline:
         print("No baseline measured (--no-baseline): totals are the trainings' share only.")
+        return 0.0, 0.0
+    base_cpu = sum(p["cpu"] for p in baseline.values())
+    base_mem = sum(p["pss_mean"] for p in baseline.values()) / MIB
+    rss = sum(p["rss_mean"] for p in baseline.values()) / MIB
+    print(
+        f"Triggerer baseline (airflow triggerer, no triggers, {len(baseline)} processes): "
+        f"CPU {base_cpu:.3f} core, memory {base_mem:.0f} MiB PSS ({rss:.0f} MiB RSS summed)"
+    )
+    for name, p in baseline.items():
+        pss, rss = p["pss_mean"] / MIB, p["rss_mean"] / MIB
+        print(f"  {name:<28} CPU {p['cpu']:.3f}  PSS {pss:4.0f} MiB  RSS {rss:4.0f} MiB")
+    return base_cpu, base_mem
+
+
+def print_loads(rows: list[dict], base_cpu: float, base_mem: float) -> list[tuple[int, float]]:
+    """One line per N, with the totals (also kept in each row, for the goal); returns each N's memory growth (runner
+    and sink, MiB)."""
     header = (
         "   N | runner CPU | sink CPU | runner RSS idle  mean   max   HWM | +MiB | sink +MiB "
         "| k8s/min/trg | gcs/min/trg | lag p99   max s | total CPU | total MiB"
@@ -819,25 +950,29 @@ def report(baseline: dict | None, rows: list[dict]) -> None:
     print("runner: the process running the N triggers; sink: the supervisor's handling of their log lines.")
     print("+MiB: runner RSS mean over the window less its RSS before the first trigger (imports made on first use")
     print("included). Total = baseline + runner + sink CPU; memory = baseline PSS + runner and sink growth.")
-    for (n0, g0), (n1, g1) in zip(growths, growths[1:], strict=False):
-        print(f"Memory per further training, N={n0} -> {n1}: {(g1 - g0) / (n1 - n0):.2f} MiB")
-    if rows:
-        last = rows[-1]
-        meets = (
-            last["total_cpu"] <= GOAL_CPU,
-            last["total_mem"] <= GOAL_MEMORY_MIB,
-            last["kube_rate"] <= GOAL_REQUESTS_PER_MINUTE,
-            last["storage_rate"] <= GOAL_REQUESTS_PER_MINUTE,
-        )
-        print(
-            f"Goal at N={last['n']}: CPU {last['total_cpu']:.3f} <= {GOAL_CPU} {'yes' if meets[0] else 'NO'}; "
-            f"memory {last['total_mem']:.0f} <= {GOAL_MEMORY_MIB} MiB {'yes' if meets[1] else 'NO'}; "
-            f"Kubernetes {last['kube_rate']:.2f}/min/training <= {GOAL_REQUESTS_PER_MINUTE} "
-            f"{'yes' if meets[2] else 'NO'}; storage {last['storage_rate']:.2f}/min/training <= "
-            f"{GOAL_REQUESTS_PER_MINUTE} {'yes' if meets[3] else 'NO'}"
-            + ("" if baseline else " (without the baseline)")
-        )
-    stalls(rows)
+    return growths
+
+
+def print_goal(last: dict, with_baseline: bool) -> None:
+    """Whether the largest load meets the goals for CPU, memory and requests per training."""
+    meets = (
+        last["total_cpu"] <= GOAL_CPU,
+        last["total_mem"] <= GOAL_MEMORY_MIB,
+        last["kube_rate"] <= GOAL_REQUESTS_PER_MINUTE,
+        last["storage_rate"] <= GOAL_REQUESTS_PER_MINUTE,
+    )
+    print(
+        f"Goal at N={last['n']}: CPU {last['total_cpu']:.3f} <= {GOAL_CPU} {'yes' if meets[0] else 'NO'}; "
+        f"memory {last['total_mem']:.0f} <= {GOAL_MEMORY_MIB} MiB {'yes' if meets[1] else 'NO'}; "
+        f"Kubernetes {last['kube_rate']:.2f}/min/training <= {GOAL_REQUESTS_PER_MINUTE} "
+        f"{'yes' if meets[2] else 'NO'}; storage {last['storage_rate']:.2f}/min/training <= "
+        f"{GOAL_REQUESTS_PER_MINUTE} {'yes' if meets[3] else 'NO'}"
+        + ("" if with_baseline else " (without the baseline)")
+    )
+
+
+def print_requests(rows: list[dict]) -> None:
+    """Per N: the window, the trigger logs' size, the triggers that ended early, and each kind of request."""
     for r in rows:
         print(
             f"\nN={r['n']}: window {r['minutes']:.2f} min; trigger log files {r['log_bytes'] / 1024:.0f} KiB; "
@@ -885,6 +1020,22 @@ def _interrupt(*_) -> None:
 
 
 def main() -> None:
+    args = argument_parser().parse_args()
+    if args.role == "runner":
+        return run_runner(args.spec, args.log_fd, args.out)
+    if args.role == "sink":
+        return run_sink(args.log_fd, args.log_folder)
+    if args.role == "workload":
+        return run_workload(args.spec)
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+    signal.signal(signal.SIGTERM, _interrupt)
+    baseline, rows = run_benchmark(args)
+    report(baseline, rows)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The benchmark's options, and the hidden ones of the roles it starts copies of itself in (``self_argv``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainings", type=int, nargs="+", default=[10, 25, 50], help="N, one load each")
     parser.add_argument("--warmup", type=float, default=90, help="seconds after the triggers started")
@@ -909,16 +1060,12 @@ def main() -> None:
     parser.add_argument("--log-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--log-folder", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.role == "runner":
-        return run_runner(args.spec, args.log_fd, args.out)
-    if args.role == "sink":
-        return run_sink(args.log_fd, args.log_folder)
-    if args.role == "workload":
-        return run_workload(args.spec)
+    return parser
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
-    signal.signal(signal.SIGTERM, _interrupt)
+
+def run_benchmark(args) -> tuple[dict | None, list[dict]]:
+    """The baseline (unless --no-baseline) and one load per N; the processes it started and what it created in
+    the cluster and the bucket are gone after, also after an error or Ctrl-C."""
     simulation = sim_env()
     os.environ.update(simulation)  # this process's own Kubernetes and storage clients reach the simulation
     children = Children()
@@ -944,7 +1091,7 @@ def main() -> None:
             children.stop_all()
             print("cleaning up", flush=True)
             cluster.cleanup()
-    report(baseline, rows)
+    return baseline, rows
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from scripts.local_airflow import LocalAirflow, _time, stage_table
@@ -17,11 +18,7 @@ TRAINING_SECONDS = 150
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--conf", required=True, help="JSON file with the run's params")
-    parser.add_argument("--timeout", type=float, default=1800)
-    args = parser.parse_args()
+    args = parse_args()
     airflow = LocalAirflow(args.url)
     conf = json.loads(Path(args.conf).read_text())
 
@@ -30,11 +27,39 @@ def main() -> int:
     run_id = airflow.trigger(DAG_ID, conf)
     print(f"triggered {DAG_ID} run {run_id} with {args.conf}")
     train_for(run_id, conf, TRAINING_SECONDS)
-    started, last, shown, read_at = time.monotonic(), None, set(), 0.0
+    started = time.monotonic()
+    progress = progress_printer(airflow, run_id, started)
+    try:
+        state = airflow.wait_for_run(DAG_ID, run_id, args.timeout, on_poll=progress)
+    finally:
+        train_for(run_id, conf, None)
+    instances = airflow.task_instances(DAG_ID, run_id)
+    print(f"\nrun {run_id}: {state} in {time.monotonic() - started:.0f} s\n")
+    print(stage_table(instances, airflow.upstream(DAG_ID)))
+    if conf.get("tpu_pool_mode", "per_run") == "per_run" and not conf.get("kubernetes_conn_id"):
+        print()
+        print(tpu_time(conf, run_id, instances))
+    if state != "success":
+        print_failed_logs(airflow, run_id, instances)
+        return 1
+    print_outputs(airflow, run_id, instances)
+    return 0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--conf", required=True, help="JSON file with the run's params")
+    parser.add_argument("--timeout", type=float, default=1800)
+    return parser.parse_args()
+
+
+def progress_printer(airflow: LocalAirflow, run_id: str, started: float) -> Callable[[str], None]:
+    """What to call at each poll of the run: prints the stages that run, when they change; while train_rl waits
+    for the training, its new progress lines as the triggerer logs them (its log read every 15 s)."""
+    last, shown, read_at = None, set(), 0.0
 
     def progress(_state: str) -> None:
-        """The stages that run, when they change; while train_rl waits for the training, its new progress
-        lines as the triggerer logs them (its log read every 15 s)."""
         nonlocal last, read_at
         instances = airflow.task_instances(DAG_ID, run_id)
         running = sorted(
@@ -51,23 +76,20 @@ def main() -> int:
                     shown.add(line)
                     print(f"  {time.monotonic() - started:6.0f} s    {line}", flush=True)
 
-    try:
-        state = airflow.wait_for_run(DAG_ID, run_id, args.timeout, on_poll=progress)
-    finally:
-        train_for(run_id, conf, None)
-    instances = airflow.task_instances(DAG_ID, run_id)
-    print(f"\nrun {run_id}: {state} in {time.monotonic() - started:.0f} s\n")
-    print(stage_table(instances, airflow.upstream(DAG_ID)))
-    if conf.get("tpu_pool_mode", "per_run") == "per_run" and not conf.get("kubernetes_conn_id"):
-        print()
-        print(tpu_time(conf, run_id, instances))
-    if state != "success":
-        for task_id, ti in instances.items():
-            if ti["state"] == "failed":
-                log = airflow.task_log(DAG_ID, run_id, task_id, ti["try_number"])
-                print(f"\n--- {task_id} (try {ti['try_number']}), last lines of its log ---")
-                print("\n".join(log.splitlines()[-25:]))
-        return 1
+    return progress
+
+
+def print_failed_logs(airflow: LocalAirflow, run_id: str, instances: dict) -> None:
+    """The last lines of each failed task's log: why the run failed."""
+    for task_id, ti in instances.items():
+        if ti["state"] == "failed":
+            log = airflow.task_log(DAG_ID, run_id, task_id, ti["try_number"])
+            print(f"\n--- {task_id} (try {ti['try_number']}), last lines of its log ---")
+            print("\n".join(log.splitlines()[-25:]))
+
+
+def print_outputs(airflow: LocalAirflow, run_id: str, instances: dict) -> None:
+    """A successful run's last progress lines and what it produced (its tasks' XComs)."""
     train_log = airflow.task_log(DAG_ID, run_id, "train_rl", instances["train_rl"]["try_number"])
     print("\ntraining progress (train_rl's log, at most one line a minute):")
     print("\n".join(f"  {line}" for line in progress_lines(train_log)[-5:]) or "  (none logged)")
@@ -76,7 +98,6 @@ def main() -> int:
     print(f"  final training step: {airflow.xcom(DAG_ID, run_id, 'verify_training')}")
     print(f"  Hugging Face model:  {airflow.xcom(DAG_ID, run_id, 'publish_export')}")
     print(f"  base checkpoint:     {airflow.xcom(DAG_ID, run_id, 'verify_converted')}")
-    return 0
 
 
 def progress_lines(log: str) -> list[str]:

@@ -301,33 +301,9 @@ class Runner:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", help="Composer environment name")
-    parser.add_argument("--location", help="the environment's region")
-    parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
-    parser.add_argument("--repository", help="Artifact Registry Python repository for the wheel (created if missing)")
-    parser.add_argument("--repository-location", help="the repository's region (default: the environment's)")
-    parser.add_argument(
-        "--repository-url", help="the repository's URL, when it is not Artifact Registry's for --repository"
-    )
-    parser.add_argument("--bucket", help="the environment's bucket; skips gcloud's describe")
-    parser.add_argument("--service-account", help="the environment's service account; with --bucket")
-    parser.add_argument("--replace-programs", action="store_true", help="replace a programs file edited in the bucket")
-    parser.add_argument("--dry-run", action="store_true", help="print every step; change nothing")
+    parser = argument_parser()
     args = parser.parse_args(argv)
-    if not (args.env and args.location) and not args.bucket:
-        parser.error("give --env and --location (and --repository), or --bucket")
-    if args.env and not args.location:
-        parser.error("--env needs --location")
-    if args.env and not (args.repository or args.repository_url):
-        parser.error("--env needs --repository: the Artifact Registry Python repository the environment installs from")
-    if args.repository and not (args.repository_location or args.location):
-        parser.error("--repository needs --repository-location (or --location): the repository's region")
-    if args.repository and args.bucket and not args.service_account and not args.dry_run:
-        parser.error(
-            "--repository with --bucket needs --service-account: the environment's service account, which is "
-            "granted roles/artifactregistry.reader on the repository (without --bucket, gcloud's describe gives it)"
-        )
+    check_arguments(parser, args)
     run = Runner(args.dry_run)
     wheel = wheel_path()
     requirement = f"{DISTRIBUTION}=={version()}"
@@ -341,49 +317,108 @@ def main(argv: list[str] | None = None) -> int:
     env = Environment(args.env, args.location, args.project) if args.env else None
     bucket, service_account, pypi = args.bucket, args.service_account, {}
     if env and not bucket:
-        described = json.loads(run.read(env.describe_command())).get("config", {})
-        bucket = described["dagGcsPrefix"].removeprefix("gs://").split("/", 1)[0]
-        service_account = described.get("nodeConfig", {}).get("serviceAccount")
-        pypi = described.get("softwareConfig", {}).get("pypiPackages", {})
-        print(f"environment {env.name}: bucket gs://{bucket}, service account {service_account}")
+        bucket, service_account, pypi = describe_environment(env, run)
 
     # 1-2. The wheel in the repository, which the environment may read.
-    if args.repository:
-        project = args.project or run.read(["gcloud", "config", "get-value", "project"]).strip()
-        location = args.repository_location or args.location
-        commands = repository_commands(project, location, args.repository, service_account or "SERVICE_ACCOUNT")
-        if args.dry_run or subprocess.run(commands["describe"], capture_output=True).returncode != 0:
-            print(f"repository {args.repository} in {location}: created unless it exists")
-            run.change(commands["create"])
-        run.change(commands["reader"], capture_output=True)
-    index_url = (
-        args.repository_url.rstrip("/") + "/"
-        if args.repository_url
-        else (repository_url(project, location, args.repository) if args.repository else None)
-    )
+    repository = prepare_repository(args, service_account, run) if args.repository else None
+    index_url = args.repository_url.rstrip("/") + "/" if args.repository_url else repository
     if index_url:
-        token = None
-        if ".pkg.dev/" in index_url and not args.dry_run:
-            token = run.read(["gcloud", "auth", "print-access-token"]).strip()
-        if project_on_index(PUBLIC_INDEX, DISTRIBUTION):
-            raise SystemExit(
-                f"{PUBLIC_INDEX} has a project named {DISTRIBUTION}: with the repository as pip's extra "
-                "index, the environment could install that one. Use an Artifact Registry virtual "
-                "repository (this repository before PyPI) as the environment's index-url instead"
-            )
-        upload(wheel, index_url, token, run)
-        pip_conf(client, bucket, index_url, run)
+        publish_wheel(wheel, index_url, client, bucket, run)
 
     # 3. The environment's custom package, then 4. the DAG files and programs that use it.
     if env:
-        if pypi.get(DISTRIBUTION) == requirement.removeprefix(DISTRIBUTION):
-            print(f"the environment already installs {requirement}")
-        else:
-            print(
-                f"custom PyPI package: {DISTRIBUTION}{pypi.get(DISTRIBUTION, ' (none)')} -> {requirement} "
-                "(Composer rebuilds the image and restarts Airflow: several minutes)"
-            )
-            run.change(env.update_command(requirement))
+        install_package(env, pypi, requirement, run)
+    deploy_dags(client, bucket, args)
+    return 0
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", help="Composer environment name")
+    parser.add_argument("--location", help="the environment's region")
+    parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
+    parser.add_argument("--repository", help="Artifact Registry Python repository for the wheel (created if missing)")
+    parser.add_argument("--repository-location", help="the repository's region (default: the environment's)")
+    parser.add_argument(
+        "--repository-url", help="the repository's URL, when it is not Artifact Registry's for --repository"
+    )
+    parser.add_argument("--bucket", help="the environment's bucket; skips gcloud's describe")
+    parser.add_argument("--service-account", help="the environment's service account; with --bucket")
+    parser.add_argument("--replace-programs", action="store_true", help="replace a programs file edited in the bucket")
+    parser.add_argument("--dry-run", action="store_true", help="print every step; change nothing")
+    return parser
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses (``parser.error``) the combinations a deploy cannot complete, before any call."""
+    if not (args.env and args.location) and not args.bucket:
+        parser.error("give --env and --location (and --repository), or --bucket")
+    if args.env and not args.location:
+        parser.error("--env needs --location")
+    if args.env and not (args.repository or args.repository_url):
+        parser.error("--env needs --repository: the Artifact Registry Python repository the environment installs from")
+    if args.repository and not (args.repository_location or args.location):
+        parser.error("--repository needs --repository-location (or --location): the repository's region")
+    if args.repository and args.bucket and not args.service_account and not args.dry_run:
+        parser.error(
+            "--repository with --bucket needs --service-account: the environment's service account, which is "
+            "granted roles/artifactregistry.reader on the repository (without --bucket, gcloud's describe gives it)"
+        )
+
+
+def describe_environment(env: Environment, run: Runner) -> tuple[str, str | None, dict[str, str]]:
+    """The environment's bucket, service account and custom PyPI packages, from gcloud's describe."""
+    described = json.loads(run.read(env.describe_command())).get("config", {})
+    bucket = described["dagGcsPrefix"].removeprefix("gs://").split("/", 1)[0]
+    service_account = described.get("nodeConfig", {}).get("serviceAccount")
+    pypi = described.get("softwareConfig", {}).get("pypiPackages", {})
+    print(f"environment {env.name}: bucket gs://{bucket}, service account {service_account}")
+    return bucket, service_account, pypi
+
+
+def prepare_repository(args: argparse.Namespace, service_account: str | None, run: Runner) -> str:
+    """Creates the Artifact Registry repository unless it exists and lets the environment's service account read
+    it; returns the repository's URL."""
+    project = args.project or run.read(["gcloud", "config", "get-value", "project"]).strip()
+    location = args.repository_location or args.location
+    commands = repository_commands(project, location, args.repository, service_account or "SERVICE_ACCOUNT")
+    if args.dry_run or subprocess.run(commands["describe"], capture_output=True).returncode != 0:
+        print(f"repository {args.repository} in {location}: created unless it exists")
+        run.change(commands["create"])
+    run.change(commands["reader"], capture_output=True)
+    return repository_url(project, location, args.repository)
+
+
+def publish_wheel(wheel: Path, index_url: str, client, bucket: str, run: Runner) -> None:
+    """The wheel in the repository and the repository in the environment's pip configuration; refused while
+    PyPI has a project of the same name."""
+    token = None
+    if ".pkg.dev/" in index_url and not run.dry_run:
+        token = run.read(["gcloud", "auth", "print-access-token"]).strip()
+    if project_on_index(PUBLIC_INDEX, DISTRIBUTION):
+        raise SystemExit(
+            f"{PUBLIC_INDEX} has a project named {DISTRIBUTION}: with the repository as pip's extra "
+            "index, the environment could install that one. Use an Artifact Registry virtual "
+            "repository (this repository before PyPI) as the environment's index-url instead"
+        )
+    upload(wheel, index_url, token, run)
+    pip_conf(client, bucket, index_url, run)
+
+
+def install_package(env: Environment, pypi: dict[str, str], requirement: str, run: Runner) -> None:
+    """Sets the environment's custom PyPI package to ``requirement``, unless it already installs it."""
+    if pypi.get(DISTRIBUTION) == requirement.removeprefix(DISTRIBUTION):
+        print(f"the environment already installs {requirement}")
+        return
+    print(
+        f"custom PyPI package: {DISTRIBUTION}{pypi.get(DISTRIBUTION, ' (none)')} -> {requirement} "
+        "(Composer rebuilds the image and restarts Airflow: several minutes)"
+    )
+    run.change(env.update_command(requirement))
+
+
+def deploy_dags(client, bucket: str, args: argparse.Namespace) -> None:
+    """Syncs the DAG files and programs to the bucket and prints what changed."""
     result = sync(
         client,
         bucket,
@@ -398,7 +433,6 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in result.kept.items():
         print(f"kept gs://{bucket}/{name}: it {why}")
     print(f"sync gs://{bucket}: {result.summary()}{' (dry run)' if args.dry_run else ''}")
-    return 0
 
 
 def upload(wheel: Path, index_url: str, token: str | None, run: Runner) -> None:
