@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test lint format unit demo chaos plan sim-up sim-down sim-status bench bench-triggerer bench-trigger-start
+.PHONY: venv wheel test lint format core unit demo chaos plan sim-up sim-down sim-status bench bench-triggerer bench-trigger-start
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
@@ -58,6 +58,10 @@ lint: venv
 # Formats every Python file as make lint expects.
 format: venv
 	$(VENV)/bin/ruff format .
+
+# The pure core's tests: no PostgreSQL, no cluster, under a minute (make test runs them too).
+core: venv
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -m core tests/unit
 
 # The tests that need only the metadata database (config, manifests, plan, DAG wiring, deploy files).
 unit: venv

@@ -11,6 +11,9 @@ import pytest
 
 from tpu_rl import event_files
 
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
+
 # TensorBoard is a test dependency only: the package does not need it (requirements.txt).
 EventFileLoader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader").EventFileLoader
 tensor_util = pytest.importorskip("tensorboard.util.tensor_util")

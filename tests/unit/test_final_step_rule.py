@@ -1,6 +1,11 @@
 """The rule that tells the end-of-run checkpoint from a periodic one (maxtext.md, stage b)."""
 
+import pytest
+
 from tpu_rl.checkpoints import check_final_step
+
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
 
 
 def test_planned_end_and_early_end_off_the_period_are_final():

@@ -1,8 +1,13 @@
 """The lease protocol's decisions (``tpu_rl.leases``), as the operators apply them to what they read from the
 bucket: which run creates, keeps or deletes a shared cluster, and which run holds a capacity group's slices."""
 
+import pytest
+
 from tpu_rl.leases import Holder, Lease, join_cluster, leave_cluster, take_capacity
 from tpu_rl.run import RunIdentity
+
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
 
 STATES = {"ended": "success", "gone": "missing", "running": "running", "deleter": "running"}
 

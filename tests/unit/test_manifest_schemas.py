@@ -18,6 +18,9 @@ from tpu_rl.config import RunConfig
 from tpu_rl.plan import plan_documents
 from tpu_rl_testing import REPO
 
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
+
 KUBERNETES_VERSION = "1.34.0"
 VARIANTS = {
     "tutorial": {},

@@ -23,6 +23,9 @@ from tpu_rl.layout import GcsLayout
 from tpu_rl.plan import plan_documents
 from tpu_rl.run import DataInterval
 
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
+
 MAXTEXT_VERSION = "0.2.4"
 #: The Tunix release MaxText 0.2.4 requires (its wheel: google-tunix>=0.1.7), and the metrics library Tunix
 #: writes TensorBoard files through (MaxText 0.2.4: google-metrax>=0.2.4).
@@ -333,13 +336,14 @@ def test_a_hub_dataset_is_loaded_with_hf_subset_and_the_recipe_sets_files_split_
 def test_the_emulated_trainer_loads_a_hub_dataset_as_maxtext_does():
     """The MaxText emulator refuses what train_rl's datasets.load_dataset(dataset_name, name=hf_subset) would: a
     dataset alone whose configs lack rl.yml's hf_subset; data files are read as parquet, whatever the name."""
-    from sim import maxtext_emulator as emulator
+    from sim.maxtext_outputs import PodFailure
+    from sim.maxtext_stages import load_hub_dataset
 
     hf_subset = yaml.safe_load(read("configs/post_train/rl.yml"))["hf_subset"]
-    with pytest.raises(emulator.PodFailure, match=f"BuilderConfig '{hf_subset}' not found"):
-        emulator.load_hub_dataset("nvidia/OpenMathInstruct-2", hf_subset, None)
-    emulator.load_hub_dataset("nvidia/OpenMathInstruct-2", hf_subset, "gs://b/prompts/*.parquet")
-    emulator.load_hub_dataset("openai/gsm8k", hf_subset, None)
+    with pytest.raises(PodFailure, match=f"BuilderConfig '{hf_subset}' not found"):
+        load_hub_dataset("nvidia/OpenMathInstruct-2", hf_subset, None)
+    load_hub_dataset("nvidia/OpenMathInstruct-2", hf_subset, "gs://b/prompts/*.parquet")
+    load_hub_dataset("openai/gsm8k", hf_subset, None)
 
 
 def test_tunix_logs_the_step_it_restored():

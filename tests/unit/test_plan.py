@@ -5,12 +5,16 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
+import pytest
 import yaml
 
 from tpu_rl.config import RunConfig
 from tpu_rl.plan import plan_documents, render
 from tpu_rl.run import RunIdentity
 from tpu_rl_testing import REPO
+
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
 
 
 def _by_kind(docs):

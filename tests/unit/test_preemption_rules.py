@@ -13,6 +13,9 @@ from tpu_rl.layout import GcsLayout
 from tpu_rl.run import RunIdentity
 from tpu_rl_testing import SIM_CONF
 
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
+
 NAME = "qwen-train-1a2b3c4d"
 FIRST_FAILED_HEAD = f"{NAME}-pathways-head-0"
 

@@ -8,10 +8,21 @@ from itertools import pairwise
 
 import pytest
 
-from sim import maxtext_emulator as emulator
+from sim.maxtext_outputs import (
+    GROWING_FLUSHES,
+    evaluation_line,
+    growing_event_file,
+    put_event_file,
+    tensorboard_event_file,
+    training_scalars,
+)
+from sim.maxtext_stages import train_rl
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import ConfigError, RunConfig
 from tpu_rl_testing import jobset_trigger
+
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
 
 RUN = "gs://tpu-rl-sim/qwen3-30b-a3b/trained/run-1/rl"
 PRE = (
@@ -25,8 +36,8 @@ POST = (
 
 
 def test_event_files_of_the_emulated_trainer_read_back_as_written():
-    written = emulator.training_scalars(RUN, 50, range(1, 51))
-    name, data = emulator.tensorboard_event_file(written)
+    written = training_scalars(RUN, 50, range(1, 51))
+    name, data = tensorboard_event_file(written)
 
     read = tm.read_scalars([data])
 
@@ -38,7 +49,7 @@ def test_event_files_of_the_emulated_trainer_read_back_as_written():
 
 
 def test_the_emulated_curves_move_like_a_training_run():
-    curves = tm.read_scalars([emulator.tensorboard_event_file(emulator.training_scalars(RUN, 50, range(1, 51)))[1]])
+    curves = tm.read_scalars([tensorboard_event_file(training_scalars(RUN, 50, range(1, 51)))[1]])
     reward = [value for _, value in curves[tm.REWARD_TAG]]
     loss = [value for _, value in curves[tm.LOSS_TAG]]
 
@@ -53,7 +64,7 @@ def test_the_emulated_curves_move_like_a_training_run():
 def test_a_resumed_run_shows_the_resumed_attempts_values_for_the_steps_it_logged_again(tmp_path):
     crashed = {tm.LOSS_TAG: [(1, 0.875), (2, 0.75), (3, 0.625)]}  # exact in float32, as the files store them
     resumed = {tm.LOSS_TAG: [(3, 0.5), (4, 0.25)]}
-    for data in (emulator.tensorboard_event_file(crashed)[1], emulator.tensorboard_event_file(resumed)[1]):
+    for data in (tensorboard_event_file(crashed)[1], tensorboard_event_file(resumed)[1]):
         (tmp_path / f"events.out.tfevents.{len(list(tmp_path.iterdir())) + 1700000000}.head").write_bytes(data)
 
     curves = tm.read_scalars(sorted(tmp_path.iterdir()))
@@ -62,7 +73,7 @@ def test_a_resumed_run_shows_the_resumed_attempts_values_for_the_steps_it_logged
 
 
 def test_a_file_cut_short_while_it_is_written_gives_the_steps_before_the_cut():
-    data = emulator.tensorboard_event_file({tm.LOSS_TAG: [(1, 0.875), (2, 0.75), (3, 0.625)]})[1]
+    data = tensorboard_event_file({tm.LOSS_TAG: [(1, 0.875), (2, 0.75), (3, 0.625)]})[1]
 
     assert tm.read_scalars([data[:-5]])[tm.LOSS_TAG] == [(1, 0.875), (2, 0.75)]
 
@@ -102,7 +113,7 @@ def test_evaluation_lines_with_pass_at_1_scores_or_no_test_prompts():
 
 
 def test_the_emulators_evaluation_lines_read_back():
-    lines = [emulator.evaluation_line("Pre", RUN, 20, 0.4), emulator.evaluation_line("Post", RUN, 20, 0.25)]
+    lines = [evaluation_line("Pre", RUN, 20, 0.4), evaluation_line("Post", RUN, 20, 0.25)]
 
     evaluation = tm.parse_evaluation(lines)
 
@@ -149,7 +160,7 @@ def emulated_training(*faults, **args):
         "checkpoint_period": "5",
         **args,
     }
-    lines, _ = emulator.train_rl(storage, args, {}, list(faults))
+    lines, _ = train_rl(storage, args, {}, list(faults))
     return lines, storage.objects
 
 
@@ -328,7 +339,7 @@ def test_evaluation_and_cost_params_out_of_range_are_refused(tutorial_conf, para
 
 def event_file(name_time: int, steps, train_steps: int = 50) -> tuple[str, dict]:
     """An emulated attempt's event file: its name (the writer's start time in it) and its scalars."""
-    _, data = emulator.tensorboard_event_file(emulator.training_scalars(RUN, train_steps, steps))
+    _, data = tensorboard_event_file(training_scalars(RUN, train_steps, steps))
     return f"events.out.tfevents.{name_time}.head-0", tm.read_scalars([data])
 
 
@@ -464,8 +475,8 @@ def test_the_eta_is_never_an_earlier_attempts_while_the_resumed_trainer_loads_th
 def test_the_emulated_trainer_grows_its_event_file_as_the_real_one_flushes():
     """Each version of the file the emulator uploads holds whole records up to a step: what a reader of the
     growing file (the trigger's progress, the Training tab) sees of a real trainer between flushes."""
-    written = emulator.training_scalars(RUN, 50, range(1, 51))
-    name, data, sizes = emulator.growing_event_file(written)
+    written = training_scalars(RUN, 50, range(1, 51))
+    name, data, sizes = growing_event_file(written)
 
     assert [step for step, _ in sizes] == list(range(0, 51)) and sizes[-1][1] == len(data)  # rewards from step 0
     for step, size in sizes[1::7]:
@@ -488,12 +499,12 @@ def test_the_emulated_training_uploads_growing_versions_then_the_whole_file():
         (),
         {"written": [], "key": lambda self, rel: rel, "bucket": type("B", (), {"blob": lambda self, key: Blob()})()},
     )()
-    name, data, sizes = emulator.growing_event_file(emulator.training_scalars(RUN, 12, range(1, 13)))
+    name, data, sizes = growing_event_file(training_scalars(RUN, 12, range(1, 13)))
     started = clock.monotonic()
-    emulator.put_event_file(out, f"tensorboard/{name}", data, sizes, duration=20.0)
+    put_event_file(out, f"tensorboard/{name}", data, sizes, duration=20.0)
     assert uploads == [] and out.written == [f"tensorboard/{name}"]  # nothing before the first flush
     clock.sleep(19.5)
-    assert len(uploads) == emulator.GROWING_FLUSHES
+    assert len(uploads) == GROWING_FLUSHES
     lengths = [len(d) for _, d in uploads]
     assert lengths == sorted(lengths) and lengths[-1] == len(data) and lengths[0] < len(data)
     assert uploads[0][0] - started >= 2.5 and uploads[-1][0] - started <= 19
