@@ -91,7 +91,11 @@ def coerce(value: Any, type_name: str) -> Any:
 
 _PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 _REGION = re.compile(r"[a-z]+-[a-z]+\d+")
+#: A GKE cluster's or node pool's name (GKE API reference, Cluster.name; the same rule for NodePool.name).
 _CLUSTER = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+#: A Kueue LocalQueue's name as the workloads' label value carries it: an object name (DNS subdomain) that is also a
+#: label value (at most 63 characters, beginning and ending with a letter or digit).
+_LOCAL_QUEUE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _QUANTITY = re.compile(r"\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?")
@@ -166,7 +170,7 @@ def _validate_required(c: Any):
 
 
 def _validate_cloud_names(c: Any):
-    """Project, region, zone, cluster and bucket: names GCP accepts."""
+    """Project, region, zone, cluster, CPU pool, Kueue queue and bucket: names GCP and Kubernetes accept."""
     if c.project and not _PROJECT.fullmatch(c.project):
         yield Problem("project", f"'{c.project}' is not a project ID", "use 6-30 lowercase letters, digits, dashes")
     if c.region and not _REGION.fullmatch(c.region):
@@ -180,6 +184,18 @@ def _validate_cloud_names(c: Any):
             "cluster_name",
             f"'{c.cluster_name}' is not a GKE cluster name",
             "use at most 40 lowercase letters, digits and dashes, starting with a letter",
+        )
+    if c.cpu_pool_name and not _CLUSTER.fullmatch(c.cpu_pool_name):
+        yield Problem(
+            "cpu_pool_name",
+            f"'{c.cpu_pool_name}' is not a GKE node pool name",
+            "use at most 40 lowercase letters, digits and dashes, starting with a letter, e.g. cpu-np",
+        )
+    if c.kueue_queue_name and not _LOCAL_QUEUE.fullmatch(c.kueue_queue_name):
+        yield Problem(
+            "kueue_queue_name",
+            f"'{c.kueue_queue_name}' is not a LocalQueue name a label can carry",
+            "use at most 63 lowercase letters, digits, dashes and dots, starting and ending with a letter or digit",
         )
     bucket = c.gcs_bucket
     if bucket and (not _BUCKET.fullmatch(bucket) or bucket.startswith("goog") or ".." in bucket):

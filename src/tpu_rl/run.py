@@ -34,9 +34,16 @@ STAGE_WORDS = {"hf_to_maxtext": "hf2mt", "train": "train", "maxtext_to_hf": "mt2
 RUN_KEY_LENGTH = 8
 
 
-def slug(text: str) -> str:
-    """Lowercase letters, digits and single dashes: safe in object names and GCS paths."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", text.lower())).strip("-")
+#: The longest value a Kubernetes label (and a GKE resource label) holds.
+LABEL_VALUE_MAX = 63
+
+
+def slug(text: str, limit: int | None = None) -> str:
+    """Lowercase letters, digits and single dashes, at most ``limit`` characters, beginning and ending with a letter
+    or digit (cut after the limit, a dash would end it: Kubernetes refuses such a label value): safe in object
+    names, label values and GCS paths."""
+    cleaned = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", text.lower())).strip("-")
+    return cleaned[:limit].rstrip("-") if limit is not None else cleaned
 
 
 @dataclass(frozen=True)
@@ -57,10 +64,10 @@ class RunIdentity:
     def slug(self) -> str:
         """Readable and unique folder name for the run's outputs."""
         name = f"interval-{self.interval[:10]}" if self.interval else self.run_id
-        return f"{slug(name)[:60]}-{self.key}"
+        return f"{slug(name, 60)}-{self.key}"
 
     def labels(self) -> dict[str, str]:
-        return {LABEL_RUN_KEY: self.key, LABEL_DAG_ID: slug(self.dag_id)[:63]}
+        return {LABEL_RUN_KEY: self.key, LABEL_DAG_ID: slug(self.dag_id, LABEL_VALUE_MAX)}
 
     def annotations(self) -> dict[str, str]:
         """The run's full identity, which labels (slugs) cannot hold: the reaper asks Airflow about it."""

@@ -1,10 +1,14 @@
 """Validation: every bad value is refused with a message naming the field and the fix."""
 
+import re
 from datetime import UTC
 
 import pytest
 
 from tpu_rl.config import ConfigError, RunConfig
+
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
 
 
 def problems_for(conf: dict, **overrides) -> dict[str, str]:
@@ -364,3 +368,61 @@ def test_a_split_slice_with_data_files_is_refused(tutorial_conf):
         tutorial_conf, extra_train_args={"hf_train_files": "gs://b/p/*.parquet", "train_split": "train[0:200]"}
     )
     assert "refuses slices" in problems["extra_train_args"]
+
+
+def test_a_cpu_pool_or_kueue_queue_name_gke_or_kubernetes_would_refuse_is_refused_before_anything_exists(
+    tutorial_conf,
+):
+    found = problems_for(tutorial_conf, cpu_pool_name="CPU_pool", kueue_queue_name="Team Queue")
+    assert "'CPU_pool' is not a GKE node pool name" in found["cpu_pool_name"]
+    assert "e.g. cpu-np" in found["cpu_pool_name"]
+    assert "'Team Queue' is not a LocalQueue name a label can carry" in found["kueue_queue_name"]
+    assert "cpu_pool_name" in problems_for(tutorial_conf, cpu_pool_name="c" * 41)  # GKE: at most 40
+    ok = RunConfig.from_params({**tutorial_conf, "cpu_pool_name": "pathways-cpu", "kueue_queue_name": "team-a.q1"})
+    assert (ok.cpu_pool_name, ok.kueue_queue_name) == ("pathways-cpu", "team-a.q1")
+
+
+#: A Kubernetes label value (apimachinery validation.IsValidLabelValue): at most 63 characters, empty or beginning
+#: and ending with a letter or digit, with dashes, underscores and dots between.
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+def generated_ids() -> list[str]:
+    """DAG and run ids of every length around the label's limit, with a separator at each position."""
+    ids = ["manual__2026-12-05T10:00:00+00:00", "scheduled__2026-12-05T00:00:00+00:00", "A", "_x_", "Ünïcode-run"]
+    for length in range(55, 72):
+        for cut in range(length - 10, length):
+            base = "ab" * length
+            ids += [base[:cut] + sep + base[cut + 1 : length] for sep in ("_", ".", "-", " ", "__")]
+    return ids
+
+
+def test_every_label_value_the_package_writes_is_valid_for_any_dag_and_run_id(tutorial_conf):
+    """A program id of 63+ characters with a separator at the 63rd made a label value ending in a dash: the JobSet
+    and the Secret creates failed, after the slice was created."""
+    from datetime import datetime
+
+    from tpu_rl.plan import plan_documents
+    from tpu_rl.run import RunIdentity
+
+    config = RunConfig.from_params({**tutorial_conf, "kueue_queue_name": "team-a"})
+    bad = set()
+    for dag_id in generated_ids():
+        run = RunIdentity(dag_id, generated_ids()[0])
+        for _, document in plan_documents(config, run, datetime(2026, 12, 5, tzinfo=UTC)):
+            bad |= {(dag_id, v) for v in label_values(document) if not LABEL_VALUE.fullmatch(v)}
+    assert bad == set()
+
+
+def label_values(document) -> list[str]:
+    """Every value of a ``labels`` or ``resource_labels`` mapping in a manifest or request, at any depth."""
+    found = []
+    if isinstance(document, dict):
+        for key, value in document.items():
+            if key in ("labels", "resource_labels") and isinstance(value, dict):
+                found += [str(v) for v in value.values()]
+            found += label_values(value)
+    elif isinstance(document, list):
+        for item in document:
+            found += label_values(item)
+    return found

@@ -23,7 +23,7 @@ from tpu_rl.compat import AirflowException, TaskDeferralTimeout, TaskDeferred
 from tpu_rl.contract import XCOM_JOBSET  # the JobSet the task tracks (name, namespace, uid, created)
 from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
 from tpu_rl.links import JobSetLogsLink, JobSetWorkloadLink
-from tpu_rl.run import RunIdentity, slug
+from tpu_rl.run import LABEL_VALUE_MAX, RunIdentity, slug
 from tpu_rl.vocabulary import (
     ANNOTATION_DAG_ID,
     ANNOTATION_RUN_ID,
@@ -332,7 +332,7 @@ class JobSetOperator(BaseOperator):
         labels = meta.setdefault("labels", {})
         for key, value in run.labels().items():  # a manifest built for the run's scope names its key already
             labels.setdefault(key, value)
-        labels[LABEL_TASK_ID] = slug(ti.task_id)[:63].strip("-") or "task"
+        labels[LABEL_TASK_ID] = slug(ti.task_id, LABEL_VALUE_MAX) or "task"
         meta.setdefault("annotations", {}).update(
             {
                 ANNOTATION_DAG_ID: ti.dag_id,
