@@ -1,4 +1,4 @@
-"""A fresh Kubernetes control plane per simulated GKE cluster (used by sim/gke_emulator.py).
+"""A fresh Kubernetes control plane per simulated GKE cluster (used by the GKE emulator, sim/gke_project.py).
 
 Each cluster gets its own kube-apiserver on the simulation's shared etcd (`--etcd-prefix=/gke/<name>`),
 kube-controller-manager, kube-scheduler, kwok, a MaxText emulator and a pod runner (sim/pod_runner.py),
@@ -180,78 +180,12 @@ class ControlPlane:
         self._launch("kube-apiserver", self._apiserver_argv())
         self._wait(lambda: self._healthy("kube-apiserver"), 60, "kube-apiserver")
         self._bootstrap(tokens)
-        kube = [
-            f"--kubeconfig={self.kubeconfig}",
-            f"--authentication-kubeconfig={self.kubeconfig}",
-            f"--authorization-kubeconfig={self.kubeconfig}",
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
-            "--kube-api-qps=100",
-            "--kube-api-burst=200",
-        ]
-        self._launch(
-            "kube-controller-manager",
-            [
-                KUBE_BIN / "kube-controller-manager",
-                *kube,
-                f"--secure-port={self.ports['kube-controller-manager']}",
-                "--use-service-account-credentials=true",
-                f"--service-account-private-key-file={self.dir}/pki/sa.key",
-                f"--root-ca-file={PKI}/ca.crt",
-                f"--cluster-signing-cert-file={PKI}/ca.crt",
-                f"--cluster-signing-key-file={PKI}/ca.key",
-                "--controllers=*",
-            ],
-        )
-        self._launch(
-            "kube-scheduler", [KUBE_BIN / "kube-scheduler", *kube, f"--secure-port={self.ports['kube-scheduler']}"]
-        )
-        kwok_port = self.ports["kwok"]
-        self._launch(
-            "kwok",
-            [
-                KWOK_DIR / "bin" / "kwok",
-                f"--kubeconfig={self.kubeconfig}",
-                *[f"--config={f}" for f in sorted((SRC / "kwok").glob("*.yaml"))],
-                "--manage-all-nodes=false",
-                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                "--node-ip=127.0.0.1",
-                f"--node-port={kwok_port}",
-                f"--server-address=127.0.0.1:{kwok_port}",
-                f"--cidr={self.pod_cidr}",
-                f"--tls-cert-file={PKI}/serving.crt",
-                f"--tls-private-key-file={PKI}/serving.key",
-                "--node-lease-duration-seconds=40",
-                "--enable-crds=Logs",
-            ],
-        )
-        # One fault switch for every simulated cluster: the standing cluster's ConfigMap (sim/faults.py), so a
-        # test can aim a fault at a workload of a cluster that does not exist yet (rules match by name).
-        env = {
-            **os.environ,
-            "KUBECONFIG": self.kubeconfig,
-            "SIM": str(self.dir),
-            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{GCS_PORT}",
-            "TPU_RL_SIM_FAULTS_KUBECONFIG": str(SIM / "kubeconfig"),
-            **PACKAGE_PATH,
-        }
+        self._launch("kube-controller-manager", self._controller_manager_argv())
+        self._launch("kube-scheduler", self._scheduler_argv())
+        self._launch("kwok", self._kwok_argv())
+        env = self._emulators_env()
         self._launch("maxtext-emulator", [PYTHON, "-u", "-m", "sim.maxtext_emulator"], env=env)
-        self._launch(
-            "pod-runner",
-            [
-                PYTHON,
-                "-u",
-                "-m",
-                "sim.pod_runner",
-                "--cluster-dir",
-                self.dir,
-                "--kubeconfig",
-                self.kubeconfig,
-                "--apiserver",
-                self.endpoint,
-            ],
-            env=env,
-        )
+        self._launch("pod-runner", self._pod_runner_argv(), env=env)
 
     def wait_ready(self, timeout: float = 60) -> None:
         """Waits until every component answers its health probe; raises TimeoutError naming the laggard."""
@@ -357,6 +291,84 @@ class ControlPlane:
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--enable-admission-plugins=ExtendedResourceToleration",
+        ]
+
+    def _kube_client_flags(self):
+        """What the controller manager and the scheduler share: the admin kubeconfig, loopback, no leader election."""
+        return [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+        ]
+
+    def _controller_manager_argv(self):
+        return [
+            KUBE_BIN / "kube-controller-manager",
+            *self._kube_client_flags(),
+            f"--secure-port={self.ports['kube-controller-manager']}",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={self.dir}/pki/sa.key",
+            f"--root-ca-file={PKI}/ca.crt",
+            f"--cluster-signing-cert-file={PKI}/ca.crt",
+            f"--cluster-signing-key-file={PKI}/ca.key",
+            "--controllers=*",
+        ]
+
+    def _scheduler_argv(self):
+        return [
+            KUBE_BIN / "kube-scheduler",
+            *self._kube_client_flags(),
+            f"--secure-port={self.ports['kube-scheduler']}",
+        ]
+
+    def _kwok_argv(self):
+        kwok_port = self.ports["kwok"]
+        return [
+            KWOK_DIR / "bin" / "kwok",
+            f"--kubeconfig={self.kubeconfig}",
+            *[f"--config={f}" for f in sorted((SRC / "kwok").glob("*.yaml"))],
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--node-ip=127.0.0.1",
+            f"--node-port={kwok_port}",
+            f"--server-address=127.0.0.1:{kwok_port}",
+            f"--cidr={self.pod_cidr}",
+            f"--tls-cert-file={PKI}/serving.crt",
+            f"--tls-private-key-file={PKI}/serving.key",
+            "--node-lease-duration-seconds=40",
+            "--enable-crds=Logs",
+        ]
+
+    def _emulators_env(self):
+        """The environment of the MaxText emulator and the pod runner: this cluster's kubeconfig and directory, the
+        Cloud Storage emulator, and one fault switch for every simulated cluster: the standing cluster's ConfigMap
+        (sim/faults.py), so a test can aim a fault at a workload of a cluster that does not exist yet (rules match
+        by name)."""
+        return {
+            **os.environ,
+            "KUBECONFIG": self.kubeconfig,
+            "SIM": str(self.dir),
+            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{GCS_PORT}",
+            "TPU_RL_SIM_FAULTS_KUBECONFIG": str(SIM / "kubeconfig"),
+            **PACKAGE_PATH,
+        }
+
+    def _pod_runner_argv(self):
+        return [
+            PYTHON,
+            "-u",
+            "-m",
+            "sim.pod_runner",
+            "--cluster-dir",
+            self.dir,
+            "--kubeconfig",
+            self.kubeconfig,
+            "--apiserver",
+            self.endpoint,
         ]
 
     def _pid(self, name):

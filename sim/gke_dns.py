@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import json
 import logging
 import ssl
@@ -174,6 +175,27 @@ def serve(port: int, pki: Path, route: Callable[[str], Route | None], caller: Ca
 
     route(host): the cluster behind a DNS name (None: no such cluster); caller(token): the account of a
     Google access token, or None."""
+    server_tls = _server_tls(pki)
+    upstream_tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    upstream_tls.check_hostname = False  # the apiserver's cert names 127.0.0.1, dialed as host:port
+    handle = functools.partial(_handle, route=route, caller=caller, upstream_tls=upstream_tls)
+    ready = threading.Event()
+
+    def run():
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", port, ssl=server_tls))
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=run, name="dns-endpoint", daemon=True).start()
+    if not ready.wait(30):
+        raise SystemExit(f"cannot listen on 127.0.0.1:{port}")
+
+
+def _server_tls(pki: Path) -> ssl.SSLContext:
+    """TLS that presents, by SNI, the certificate of the location a name is in (``*.<location>.gke.goog``, made on
+    first use); us-central1's to a client that names none."""
     contexts: dict[str, ssl.SSLContext] = {}
 
     def context_for(location: str) -> ssl.SSLContext:
@@ -191,68 +213,58 @@ def serve(port: int, pki: Path, route: Callable[[str], Route | None], caller: Ca
     base = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     base.load_cert_chain(*_region_certificate(pki, "us-central1"))
     base.sni_callback = on_sni
-    upstream_tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    upstream_tls.check_hostname = False  # the apiserver's cert names 127.0.0.1, dialed as host:port
+    return base
 
-    async def pipe(reader, writer):
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()
 
-    async def handle(reader, writer):
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ssl.SSLError):
-            writer.close()
-            return
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
-        host = headers.get("host", "").split(":")[0]
-        target = route(host)
-        auth = headers.get("authorization", "")
-        if target is None:
-            writer.write(_response(404, "NotFound", f"No cluster has the DNS endpoint {host}."))
-        elif target.reset:
-            writer.close()
-            return
-        elif target.refusal:
-            writer.write(_response(target.refusal[0], REASONS[target.refusal[0]], target.refusal[1]))
-        elif not (auth.startswith("Bearer ") and caller(auth[7:])):
-            # GKE checks IAM (container.clusters.connect) for the caller's Google credentials.
-            writer.write(
-                _response(
-                    401,
-                    "Unauthorized",
-                    "Request had invalid authentication credentials. Expected OAuth 2 access token.",
-                )
-            )
-        else:
-            host_part, port_part = target.apiserver.rsplit(":", 1)
-            try:
-                up_reader, up_writer = await asyncio.open_connection(host_part, int(port_part), ssl=upstream_tls)
-            except OSError as e:
-                writer.write(_response(503, "ServiceUnavailable", f"The control plane is unreachable: {e}"))
-            else:
-                up_writer.write(head)
-                await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-                return
-        await writer.drain()
+async def _pipe(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
         writer.close()
 
-    ready = threading.Event()
 
-    def run():
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", port, ssl=base))
-        ready.set()
-        loop.run_forever()
-
-    threading.Thread(target=run, name="dns-endpoint", daemon=True).start()
-    if not ready.wait(30):
-        raise SystemExit(f"cannot listen on 127.0.0.1:{port}")
+async def _handle(reader, writer, route, caller, upstream_tls):
+    """One connection: its first request is checked (see the module's docstring), then refused or joined to the
+    cluster's apiserver."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ssl.SSLError):
+        writer.close()
+        return
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    host = headers.get("host", "").split(":")[0]
+    target = route(host)
+    auth = headers.get("authorization", "")
+    if target is None:
+        writer.write(_response(404, "NotFound", f"No cluster has the DNS endpoint {host}."))
+    elif target.reset:
+        writer.close()
+        return
+    elif target.refusal:
+        writer.write(_response(target.refusal[0], REASONS[target.refusal[0]], target.refusal[1]))
+    elif not (auth.startswith("Bearer ") and caller(auth[7:])):
+        # GKE checks IAM (container.clusters.connect) for the caller's Google credentials.
+        writer.write(
+            _response(
+                401,
+                "Unauthorized",
+                "Request had invalid authentication credentials. Expected OAuth 2 access token.",
+            )
+        )
+    else:
+        host_part, port_part = target.apiserver.rsplit(":", 1)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host_part, int(port_part), ssl=upstream_tls)
+        except OSError as e:
+            writer.write(_response(503, "ServiceUnavailable", f"The control plane is unreachable: {e}"))
+        else:
+            up_writer.write(head)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            return
+    await writer.drain()
+    writer.close()

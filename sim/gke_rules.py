@@ -2,114 +2,36 @@
 enum names, i.e. ``type(msg).to_dict(msg, preserving_proto_field_name=True, use_integers_for_enums=False)``).
 
 Used by sim/gke_emulator.py before it accepts a request, and by tests/unit/test_gke_rules.py. No imports from
-plugins/ (the pipeline is what these rules check) and nothing but the standard library.
+plugins/ (the pipeline is what these rules check): only the standard library, sim/gke_errors.py and
+sim/gke_machines.py, pure too.
 
-Every rule raises ``GkeError(code, message)``; ``code`` is the gRPC status name the emulator answers with
-(google.api_core maps it to the same exception class as for real GKE: INVALID_ARGUMENT -> BadRequest /
-InvalidArgument, ALREADY_EXISTS -> AlreadyExists (409 Conflict), NOT_FOUND -> NotFound,
-FAILED_PRECONDITION -> FailedPrecondition). Messages are GKE's where a public source quotes them (cited at
-each rule); otherwise written in GKE's style and marked "(wording ours)".
+Here: locations, names, a node pool's settings and capacity (Spot, flex-start, reservations, quota), the whole
+request (``check_cluster``, ``check_node_pool``, which run every rule) and what the operations running on a
+cluster forbid. What GKE refuses of a pool's machine (its type, TPU slice, boot disk, network interface) is in
+sim/gke_machines.py, with the machine table.
+
+Every rule raises ``GkeError(code, message)`` (sim/gke_errors.py: the gRPC status the emulator answers with).
+Messages are GKE's where a public source quotes them (cited at each rule); otherwise written in GKE's style and
+marked "(wording ours)".
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass
 
-GIB = 1024**3
-MIB = 1024**2
-
-
-class GkeError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _bad(message: str) -> GkeError:
-    return GkeError("INVALID_ARGUMENT", message)
-
+from .gke_errors import GkeError, invalid_argument
+from .gke_machines import (
+    DEFAULT_BOOT_DISK,
+    MACHINE_TYPES,
+    check_disk_type,
+    check_gvnic,
+    check_tpu_slice,
+    machine,
+)
 
 # --------------------------------------------------------------------------------------------------------------
-# Machine types. Sources (vCPU, memory, chips):
-#   TPU v6e: Cloud TPU docs "TPU v6e" https://cloud.google.com/tpu/docs/v6e  (ct6e-standard-1t 44 vCPU 448 GB,
-#            -4t 180 vCPU 720 GB, -8t 180 vCPU 1440 GB)
-#   TPU v5e: "TPU v5e" https://cloud.google.com/tpu/docs/v5e  (ct5lp-hightpu-1t 24/48 GB, -4t 112/192 GB,
-#            -8t 224/384 GB)
-#   TPU v5p: "TPU v5p" https://cloud.google.com/tpu/docs/v5p  (ct5p-hightpu-4t 208 vCPU 448 GB, 4 chips)
-#   TPU v4:  "TPU v4" https://cloud.google.com/tpu/docs/v4  (ct4p-hightpu-4t 240 vCPU 407 GB, 4 chips)
-#   CPU:     Compute Engine "General-purpose machine family" https://cloud.google.com/compute/docs/general-purpose-machines
-#            (e2/n2-standard: 4 GB per vCPU; n4-standard: 4 GB per vCPU; c4d-standard: 3.875 GB per vCPU)
-# GB here is Compute Engine's GB (GiB in practice: GCE reports memoryMb = GB * 1024).
+# Locations and the project
 # --------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MachineType:
-    name: str
-    vcpus: int
-    memory_gb: float
-    tpu_chips: int = 0
-    #: GKE node label cloud.google.com/gke-tpu-accelerator
-    tpu_accelerator: str = ""
-    #: "v6e", "v5e", "v5p", "v4"
-    tpu_generation: str = ""
-
-    @property
-    def family(self) -> str:
-        return self.name.split("-")[0]
-
-
-MACHINE_TYPES = {
-    m.name: m
-    for m in (
-        MachineType("ct6e-standard-1t", 44, 448, 1, "tpu-v6e-slice", "v6e"),
-        MachineType("ct6e-standard-4t", 180, 720, 4, "tpu-v6e-slice", "v6e"),
-        MachineType("ct6e-standard-8t", 180, 1440, 8, "tpu-v6e-slice", "v6e"),
-        MachineType("ct5lp-hightpu-1t", 24, 48, 1, "tpu-v5-lite-podslice", "v5e"),
-        MachineType("ct5lp-hightpu-4t", 112, 192, 4, "tpu-v5-lite-podslice", "v5e"),
-        MachineType("ct5lp-hightpu-8t", 224, 384, 8, "tpu-v5-lite-podslice", "v5e"),
-        MachineType("ct5p-hightpu-4t", 208, 448, 4, "tpu-v5p-slice", "v5p"),
-        MachineType("ct4p-hightpu-4t", 240, 407, 4, "tpu-v4-podslice", "v4"),
-        MachineType("e2-standard-8", 8, 32),
-        MachineType("e2-standard-16", 16, 64),
-        MachineType("n2-standard-8", 8, 32),
-        MachineType("n2-standard-16", 16, 64),
-        MachineType("n2-standard-32", 32, 128),
-        MachineType("n4-standard-8", 8, 32),
-        MachineType("n4-standard-32", 32, 128),
-        MachineType("n4-standard-64", 64, 256),
-        # Compute Engine "General-purpose machine family": the N4 standard table ends at n4-standard-80 (80 vCPUs,
-        # 320 GB); the C4D standard table has c4d-standard-192 (192 vCPUs, 744 GB). Both are offered by the
-        # package (tpu_rl.machines.SHAPES, tests/unit/test_gke_rules.py checks every one is known here).
-        MachineType("n4-standard-80", 80, 320),
-        MachineType("c4-standard-8", 8, 30),
-        MachineType("c4-standard-96", 96, 360),
-        MachineType("c4d-standard-32", 32, 124),
-        MachineType("c4d-standard-96", 96, 372),
-        MachineType("c4d-standard-192", 192, 744),
-    )
-}
-
-# Machine series that take only Hyperdisk (no Persistent Disk) boot disks. Source: Compute Engine "Machine
-# series comparison" / "Supported disk types" tables https://cloud.google.com/compute/docs/machine-resource
-# (C4, C4D, N4: Hyperdisk only; TPU v6e VMs: Hyperdisk Balanced, see https://cloud.google.com/tpu/docs/v6e).
-HYPERDISK_ONLY_FAMILIES = {"c4", "c4d", "c4a", "n4", "n4d", "c3", "ct6e"}
-
-# Topologies per generation. Sources: the TPU docs pages above ("Supported configurations" tables).
-TPU_2D_TOPOLOGIES = {
-    "v6e": {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"},
-    "v5e": {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"},
-}
-
-# The default boot disk GKE uses when node_config.disk_type is empty. Source: GKE docs "Configuring a custom
-# boot disk" https://cloud.google.com/kubernetes-engine/docs/how-to/custom-boot-disks: "By default, GKE uses
-# balanced Persistent Disks in version 1.24 or later" (pd-balanced). Overridable by the emulator
-# (TPU_RL_SIM_GKE_DEFAULT_BOOT_DISK) because whether GKE now picks hyperdisk-balanced by itself for
-# Hyperdisk-only machine types is not documented there.
-DEFAULT_BOOT_DISK = "pd-balanced"
 
 # The zones of the regions the emulator serves: those with TPU zones in Cloud TPU's "TPU regions and zones"
 # (v6e: us-central1-b, us-east1-d, us-east5-a/-b, europe-west4-a, asia-northeast1-b; v5e: us-central1-a,
@@ -138,14 +60,6 @@ def project_number(project_id: str) -> str:
     if project_id == "tpu-rl-sim":
         return PROJECT_NUMBER
     return str(100000000000 + int.from_bytes(project_id.encode(), "big") % 899999999999)
-
-
-def machine(name: str) -> MachineType:
-    if name not in MACHINE_TYPES:
-        # Source: GKE's answer for an unknown machine type, quoted in kubernetes/kubernetes PR #12985:
-        # 'code=400, message=machine type "ns-standard-1" does not exist.'
-        raise _bad(f'Machine type "{name}" does not exist.')
-    return MACHINE_TYPES[name]
 
 
 def zones_of(region: str) -> list[str]:
@@ -189,9 +103,9 @@ def check_node_pool_name(name: str) -> None:
 
 def _check_name(field: str, message_name: str, name: str) -> None:
     if not name:
-        raise _bad(f"{message_name} must be specified.")  # (wording ours)
+        raise invalid_argument(f"{message_name} must be specified.")  # (wording ours)
     if not NAME_RE.fullmatch(name):
-        raise _bad(
+        raise invalid_argument(
             f'Invalid value for field "{field}": "{name}". Must be up to 40 characters: lowercase letters, '
             "numbers and hyphens, starting with a letter and ending with a letter or a number."
         )  # (wording ours)
@@ -221,7 +135,7 @@ def check_management_with_release_channel(cluster: dict, pool: dict) -> None:
     if channel == "UNSPECIFIED" or "management" not in pool or pool["management"] is None:
         return
     if not pool["management"].get("auto_upgrade"):
-        raise _bad(f"Auto_upgrade cannot be false when release_channel {channel} is set.")
+        raise invalid_argument(f"Auto_upgrade cannot be false when release_channel {channel} is set.")
 
 
 def check_pool_locations(region: str, pool: dict) -> None:
@@ -234,78 +148,10 @@ def check_pool_locations(region: str, pool: dict) -> None:
     allowed = zones_of(region)
     for zone in pool.get("locations") or []:
         if zone not in allowed:
-            raise _bad(
+            raise invalid_argument(
                 f'Location "{zone}" is not a zone of the cluster\'s region "{region}"; node pool '
                 f'"{pool.get("name")}" can use {", ".join(allowed)}.'
             )  # (wording ours)
-
-
-def check_tpu_slice(pool: dict) -> None:
-    """A TPU machine type and placement_policy.tpu_topology must describe a slice GKE can build:
-    - the topology is valid for the generation (2D lists for v5e/v6e, AxBxC for v4/v5p);
-    - chips of the topology == nodes per zone x chips per host of the machine type;
-    - a multi-host slice (more chips than one host has) needs placement_policy.type COMPACT, a topology, the
-      4-chip machine type and exactly one zone.
-    Source: GKE docs "Plan TPUs in GKE" / "Deploy TPU workloads in GKE Standard"
-    https://cloud.google.com/kubernetes-engine/docs/how-to/tpus (multi-host slice: node count = chips of the
-    topology / chips per VM; --tpu-topology with --placement-type=COMPACT); TPU docs for v6e/v5e/v5p/v4
-    (topologies and chips per VM); error wording after GKE's "Maximum node count 0 is not a valid size of
-    TPU pod slice with topology 2x2x2" quoted in vllm-project/ci-infra PR 545.
-    """
-    config = pool.get("config") or {}
-    mt = MACHINE_TYPES.get(config.get("machine_type") or "")
-    placement = pool.get("placement_policy") or {}
-    topology = placement.get("tpu_topology") or ""
-    if mt is None or not mt.tpu_chips:
-        if topology:
-            raise _bad(
-                f'TPU topology {topology} requires a TPU machine type, got "{config.get("machine_type")}".'
-            )  # (wording ours)
-        return
-    autoscaling = pool.get("autoscaling") or {}
-    # An autoscaled slice pool grows to its maximum at once, so GKE checks the maximum ("Maximum node count
-    # 0 is not a valid size ...", quoted below); a fixed one its initial count.
-    counted = "Maximum node count" if autoscaling.get("enabled") else "Node count"
-    nodes = int(
-        (autoscaling.get("max_node_count") if autoscaling.get("enabled") else pool.get("initial_node_count")) or 0
-    )
-    if not topology:
-        return  # single-host slices, one per node
-    if not re.fullmatch(r"\d+x\d+(x\d+)?", topology):
-        raise _bad(f'Invalid TPU topology "{topology}".')  # (wording ours)
-    dims = [int(d) for d in topology.split("x")]
-    if mt.tpu_generation in TPU_2D_TOPOLOGIES:
-        valid = topology in TPU_2D_TOPOLOGIES[mt.tpu_generation]
-    else:
-        # v4/v5p: AxBxC with every dimension 1, 2 or 4 (2x2x1 ... 4x4x4), or every dimension a multiple of 4
-        # (4x4x12, 8x8x16): TPU docs "TPU v5p" / "TPU v4", topologies.
-        valid = (
-            len(dims) == 3 and min(dims) >= 1 and (all(d in (1, 2, 4) for d in dims) or all(d % 4 == 0 for d in dims))
-        )
-    if not valid:
-        raise _bad(f'TPU topology "{topology}" is not supported for machine type "{mt.name}".')  # (wording ours)
-    chips = math.prod(dims)
-    if chips % mt.tpu_chips or chips < mt.tpu_chips:
-        raise _bad(
-            f'TPU topology "{topology}" ({chips} chips) cannot be built from "{mt.name}" ({mt.tpu_chips} chips per VM).'
-        )  # (wording ours)
-    expected = chips // mt.tpu_chips
-    if nodes != expected:
-        raise _bad(
-            f"{counted} {nodes} is not a valid size of TPU pod slice with topology {topology}; "
-            f"a {topology} slice of {mt.name} has {expected} nodes."
-        )
-    if expected > 1:
-        if placement.get("type") != "COMPACT":
-            raise _bad(
-                f"A multi-host TPU slice (topology {topology}) requires placement_policy.type COMPACT."
-            )  # (wording ours)
-        if mt.tpu_chips != 4:
-            raise _bad(
-                f'Machine type "{mt.name}" cannot form a multi-host TPU slice; use the 4-chip machine type.'
-            )  # (wording ours)
-        if len(pool.get("locations") or []) > 1:
-            raise _bad("A multi-host TPU slice node pool must be in exactly one zone.")  # (wording ours)
 
 
 def check_reservation_affinity(pool: dict, project: str, known_reservations: set[str]) -> None:
@@ -327,12 +173,14 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: set
     if kind != "SPECIFIC_RESERVATION":
         return
     if affinity.get("key") != "compute.googleapis.com/reservation-name":
-        raise _bad(
+        raise invalid_argument(
             'Reservation affinity key must be "compute.googleapis.com/reservation-name" for SPECIFIC_RESERVATION.'
         )  # (wording ours)
     values = affinity.get("values") or []
     if len(values) != 1:
-        raise _bad(f"SPECIFIC_RESERVATION requires exactly one reservation name, got {len(values)}.")  # (wording ours)
+        raise invalid_argument(
+            f"SPECIFIC_RESERVATION requires exactly one reservation name, got {len(values)}."
+        )  # (wording ours)
     value = values[0]
     match = re.fullmatch(r"projects/([^/]+)/reservations/([^/]+)", value)
     short = match.group(2) if match else value
@@ -371,9 +219,9 @@ def check_capacity(pool: dict) -> None:
     name = pool.get("name")
     affinity = (config.get("reservation_affinity") or {}).get("consume_reservation_type") or "UNSPECIFIED"
     if config.get("spot") and config.get("flex_start"):
-        raise _bad(f'Node pool "{name}": spot and flex_start cannot both be set.')
+        raise invalid_argument(f'Node pool "{name}": spot and flex_start cannot both be set.')
     if config.get("spot") and affinity not in ("UNSPECIFIED", "NO_RESERVATION"):
-        raise _bad(
+        raise invalid_argument(
             f'Node pool "{name}": Spot VMs cannot consume reservations; reservation affinity must be '
             f"NO_RESERVATION, got {affinity}."
         )
@@ -383,55 +231,20 @@ def check_capacity(pool: dict) -> None:
     if mt is not None and mt.tpu_generation == "v4":
         # GKE docs "About flex-start" https://cloud.google.com/kubernetes-engine/docs/concepts/dws
         # (requirements: "TPU v3 and v4 are not supported").
-        raise _bad(f'Node pool "{name}": flex-start does not support machine type "{mt.name}".')
+        raise invalid_argument(f'Node pool "{name}": flex-start does not support machine type "{mt.name}".')
     if affinity != "NO_RESERVATION":
-        raise _bad(f'Node pool "{name}": flex-start requires reservation affinity NO_RESERVATION, got {affinity}.')
+        raise invalid_argument(
+            f'Node pool "{name}": flex-start requires reservation affinity NO_RESERVATION, got {affinity}.'
+        )
     if int(pool.get("initial_node_count") or 0):
-        raise _bad(f'Node pool "{name}": flex-start node pools start with no nodes; initial_node_count must be 0.')
+        raise invalid_argument(
+            f'Node pool "{name}": flex-start node pools start with no nodes; initial_node_count must be 0.'
+        )
     autoscaling = pool.get("autoscaling") or {}
     if not autoscaling.get("enabled") or int(autoscaling.get("min_node_count") or 0):
-        raise _bad(f'Node pool "{name}": flex-start requires autoscaling enabled with min_node_count 0.')
+        raise invalid_argument(f'Node pool "{name}": flex-start requires autoscaling enabled with min_node_count 0.')
     if (pool.get("management") or {"auto_repair": True}).get("auto_repair"):
-        raise _bad(f'Node pool "{name}": flex-start requires node auto-repair to be disabled.')
-
-
-def check_disk_type(pool: dict, default_disk: str = DEFAULT_BOOT_DISK) -> None:
-    """Hyperdisk-only machine series (C4, C4D, N4, C3, ct6e ...) refuse a Persistent Disk (pd-*) boot disk,
-    including GKE's default pd-balanced when disk_type is empty.
-    Source: Compute Engine "Machine series comparison" https://cloud.google.com/compute/docs/machine-resource
-    (supported disk types per series); GKE "Configuring a custom boot disk" (default pd-balanced);
-    error text of Compute Engine quoted in astronomer/astronomer issue 2463: "[pd-balanced, c4-standard-16]
-    features are not compatible for creating instance."
-    """
-    config = pool.get("config") or {}
-    name = config.get("machine_type") or ""
-    if name.split("-")[0] not in HYPERDISK_ONLY_FAMILIES:
-        return
-    disk = config.get("disk_type") or default_disk
-    if disk.startswith("pd-"):
-        raise _bad(
-            f"Google Compute Engine: [{disk}, {name}] features are not compatible for creating instance. "
-            f'Machine type "{name}" supports only Hyperdisk boot disks; set disk_type to '
-            "hyperdisk-balanced."
-        )
-
-
-def check_gvnic(pool: dict) -> None:
-    """C4D VMs support only the gVNIC network interface: a pool that turns gVNIC off explicitly is refused.
-    Source: Compute Engine "C4D machine series" https://cloud.google.com/compute/docs/general-purpose-machines#c4d_series
-    ("C4D ... supports only the gVNIC network interface") and GKE "Using Google Virtual NIC"
-    https://cloud.google.com/kubernetes-engine/docs/how-to/using-gvnic. A pool that does not set gvnic is
-    accepted (what GKE enables by itself for such machine types is not documented there).
-    """
-    config = pool.get("config") or {}
-    name = config.get("machine_type") or ""
-    if (
-        name.split("-")[0] == "c4d"
-        and "gvnic" in config
-        and config["gvnic"] is not None
-        and not (config["gvnic"] or {}).get("enabled")
-    ):
-        raise _bad(f'Machine type "{name}" requires gVNIC; set gvnic.enabled to true.')  # (wording ours)
+        raise invalid_argument(f'Node pool "{name}": flex-start requires node auto-repair to be disabled.')
 
 
 def check_workload_metadata(cluster: dict, pool: dict) -> None:
@@ -444,7 +257,7 @@ def check_workload_metadata(cluster: dict, pool: dict) -> None:
     mode = (config.get("workload_metadata_config") or {}).get("mode") or "MODE_UNSPECIFIED"
     pool_id = (cluster.get("workload_identity_config") or {}).get("workload_pool") or ""
     if mode == "GKE_METADATA" and not pool_id:
-        raise _bad(
+        raise invalid_argument(
             "Workload Identity must be enabled on the cluster to use GKE_METADATA workload metadata mode "
             f'(node pool "{pool.get("name")}").'
         )  # (wording ours)
@@ -483,16 +296,18 @@ def check_node_metadata(pool: dict) -> None:
     metadata = (pool.get("config") or {}).get("metadata") or {}
     for key, value in metadata.items():
         if key in RESERVED_METADATA_KEYS:
-            raise _bad(f'Node pool "{pool.get("name")}": metadata key "{key}" is reserved.')  # (wording ours)
+            raise invalid_argument(
+                f'Node pool "{pool.get("name")}": metadata key "{key}" is reserved.'
+            )  # (wording ours)
         if not _METADATA_KEY.fullmatch(key) or len(key.encode()) >= 128:
-            raise _bad(
+            raise invalid_argument(
                 f'Node pool "{pool.get("name")}": metadata key "{key}" must match [a-zA-Z0-9-_]+ and be '
                 "less than 128 bytes."
             )  # (wording ours)
         if len(str(value).encode()) > 32 * 1024:
-            raise _bad(f'Node pool "{pool.get("name")}": the value of metadata key "{key}" exceeds 32 KB.')
+            raise invalid_argument(f'Node pool "{pool.get("name")}": the value of metadata key "{key}" exceeds 32 KB.')
     if sum(len(k.encode()) + len(str(v).encode()) for k, v in metadata.items()) >= 512 * 1024:
-        raise _bad(f'Node pool "{pool.get("name")}": metadata exceeds 512 KB in total.')
+        raise invalid_argument(f'Node pool "{pool.get("name")}": metadata exceeds 512 KB in total.')
 
 
 def check_node_pool(
@@ -521,10 +336,10 @@ def check_cluster(
     names = [p.get("name") for p in cluster.get("node_pools") or []]
     for name in names:
         if names.count(name) > 1:
-            raise _bad(f'Node pool name "{name}" is used more than once.')  # (wording ours)
+            raise invalid_argument(f'Node pool name "{name}" is used more than once.')  # (wording ours)
     if cluster.get("initial_node_count") and names:
         # Source: GKE API reference Cluster.initial_node_count ("... cannot be used together with node_pools").
-        raise _bad("Cannot specify both initial_node_count and node_pools.")  # (wording ours)
+        raise invalid_argument("Cannot specify both initial_node_count and node_pools.")  # (wording ours)
     for pool in cluster.get("node_pools") or []:
         check_node_pool(cluster, pool, region, project, reservations, default_disk)
 
@@ -633,78 +448,3 @@ def check_node_pool_absent(cluster_name: str, pool_name: str, existing: set[str]
     """Source: as check_cluster_absent: a second pool of the same name answers 409 ALREADY_EXISTS."""
     if pool_name in existing:
         raise GkeError("ALREADY_EXISTS", f'Already exists: node pool "{pool_name}" in cluster "{cluster_name}".')
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Node allocatable (GKE's reservations)
-# --------------------------------------------------------------------------------------------------------------
-
-
-def reserved_memory_bytes(capacity_bytes: int) -> int:
-    """Memory GKE reserves for the kubelet and system: 25% of the first 4 GiB, 20% of the next 4 GiB, 10% of the
-    next 8 GiB, 6% of the next 112 GiB, 2% above 128 GiB (machines under 1 GiB: 255 MiB).
-    Source: GKE docs "Plan GKE Standard node sizes" / "Node allocatable resources"
-    https://cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes#memory_and_cpu_reservations
-    """
-    if capacity_bytes < GIB:
-        return 255 * MIB
-    tiers = [(4 * GIB, 0.25), (4 * GIB, 0.20), (8 * GIB, 0.10), (112 * GIB, 0.06), (math.inf, 0.02)]
-    left, reserved = capacity_bytes, 0.0
-    for size, rate in tiers:
-        part = min(left, size)
-        reserved += part * rate
-        left -= part
-        if left <= 0:
-            break
-    return int(reserved)
-
-
-EVICTION_THRESHOLD_BYTES = 100 * MIB  # same page: "GKE reserves an additional 100 MiB ... for kernel eviction"
-
-
-def reserved_cpu_millicores(cores: int) -> float:
-    """CPU GKE reserves: 6% of the first core, 1% of the next, 0.5% of the next 2, 0.25% of cores above 4.
-    Source: as reserved_memory_bytes."""
-    tiers = [(1, 0.06), (1, 0.01), (2, 0.005), (math.inf, 0.0025)]
-    left, reserved = float(cores), 0.0
-    for size, rate in tiers:
-        part = min(left, size)
-        reserved += part * rate * 1000
-        left -= part
-        if left <= 0:
-            break
-    return reserved
-
-
-#: GKE's default boot disk, GB (API reference NodeConfig.disk_size_gb: "If unspecified, the default disk size
-#: is 100GB").
-DEFAULT_DISK_GB = 100
-#: Local ephemeral storage a node leaves to pods, as a share of its boot disk's capacity: GKE's example output in
-#: "Plan GKE Standard node sizes" (a node of the default disk: capacity ephemeral-storage 98831908Ki,
-#: allocatable 47060071478 bytes: 46.5%). GKE's reservation grows slower than the disk; the share is kept for any
-#: size, which is conservative for larger disks.
-EPHEMERAL_ALLOCATABLE_SHARE = 47060071478 / (98831908 * 1024)
-
-
-def node_resources(mt: MachineType, disk_gb: int = DEFAULT_DISK_GB) -> tuple[dict[str, str], dict[str, str]]:
-    """(capacity, allocatable) of a node of machine type ``mt`` with a boot disk of ``disk_gb``, as the kubelet
-    reports them (Kubernetes quantities)."""
-    memory = int(mt.memory_gb * GIB)
-    disk = int(disk_gb * 98831908 * 1024 / DEFAULT_DISK_GB)  # the filesystem of the example's 100 GB disk
-    capacity = {
-        "cpu": str(mt.vcpus),
-        "memory": f"{memory // 1024}Ki",
-        "pods": "110",
-        "ephemeral-storage": f"{disk // 1024}Ki",
-    }
-    cpu_alloc = mt.vcpus * 1000 - math.ceil(reserved_cpu_millicores(mt.vcpus))
-    mem_alloc = memory - reserved_memory_bytes(memory) - EVICTION_THRESHOLD_BYTES
-    allocatable = {
-        "cpu": f"{cpu_alloc}m",
-        "memory": f"{mem_alloc // 1024}Ki",
-        "pods": "110",
-        "ephemeral-storage": str(int(disk * EPHEMERAL_ALLOCATABLE_SHARE)),
-    }
-    if mt.tpu_chips:
-        capacity["google.com/tpu"] = allocatable["google.com/tpu"] = str(mt.tpu_chips)
-    return capacity, allocatable

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from . import gke_rules
+from . import gke_machines
 
 SRC = Path(__file__).resolve().parent
 SIM = Path(os.environ.get("SIM") or os.environ.get("TPU_RL_SIM_DIR") or SRC.parent / ".sim")
@@ -38,7 +38,7 @@ DELETE_S = seconds("DELETE", "2")
 #: minutes on GKE (observed: "Not all instances running in IGM after 35m ... [GCE_STOCKOUT]", Cluster Toolkit PR
 #: 6278; retries about every 4 minutes, NVIDIA/aicr issue 2764), time-scaled here.
 STOCKOUT_S = seconds("STOCKOUT", "10")
-DEFAULT_BOOT_DISK = os.environ.get("TPU_RL_SIM_GKE_DEFAULT_BOOT_DISK", gke_rules.DEFAULT_BOOT_DISK)
+DEFAULT_BOOT_DISK = os.environ.get("TPU_RL_SIM_GKE_DEFAULT_BOOT_DISK", gke_machines.DEFAULT_BOOT_DISK)
 
 
 def read_json(path, default):

@@ -13,7 +13,7 @@ from concurrent import futures
 from typing import Any
 
 from . import gke_dns
-from .gke_rules import GkeError
+from .gke_errors import GkeError
 from .gke_settings import DNS_PORT, GRPC_PORT, HOST, PKI, PROXY_PORT, SERVICE
 
 log = logging.getLogger("gke")
@@ -92,65 +92,75 @@ def serve_proxy():
     listener.bind(("127.0.0.1", PROXY_PORT))
     listener.listen(64)
 
-    def pipe(a, b):
-        try:
-            while True:
-                readable, _, _ = select.select([a, b], [], [], 300)
-                if not readable:
-                    return
-                for s in readable:
-                    data = s.recv(65536)
-                    if not data:
-                        return
-                    (b if s is a else a).sendall(data)
-        except OSError:
-            return
-        finally:
-            for s in (a, b):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def handle(conn):
-        try:
-            conn.settimeout(10)
-            head = b""
-            while b"\r\n\r\n" not in head and len(head) < 8192:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    conn.close()
-                    return
-                head += chunk
-            line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            parts = line.split()
-            target = parts[1].rsplit(":", 1) if len(parts) == 3 and parts[0] == "CONNECT" else ["", ""]
-            if target == [HOST, "443"]:
-                port = GRPC_PORT
-            elif gke_dns.is_endpoint_host(target[0]) and target[1] == "443":
-                port = DNS_PORT
-            else:
-                log.info("proxy refused %r", line)
-                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                conn.close()
-                return
-            upstream = socket.create_connection(("127.0.0.1", port), timeout=10)
-            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            rest = head.split(b"\r\n\r\n", 1)[1]
-            if rest:
-                upstream.sendall(rest)
-            conn.settimeout(None)
-            upstream.settimeout(None)
-            pipe(conn, upstream)
-        except OSError:
-            try:
-                conn.close()
-            except OSError:
-                pass
-
     def accept():
         while True:
             conn, _ = listener.accept()
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+            threading.Thread(target=_tunnel, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, name="proxy", daemon=True).start()
+
+
+def _upstream_port(request_line: str) -> int | None:
+    """The emulator's own port a CONNECT request line asks for, or None for any other target."""
+    parts = request_line.split()
+    target = parts[1].rsplit(":", 1) if len(parts) == 3 and parts[0] == "CONNECT" else ["", ""]
+    if target == [HOST, "443"]:
+        return GRPC_PORT
+    if gke_dns.is_endpoint_host(target[0]) and target[1] == "443":
+        return DNS_PORT
+    return None
+
+
+def _tunnel(conn):
+    """One client connection: its CONNECT request read, then refused or piped to the port it asks for."""
+    try:
+        conn.settimeout(10)
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 8192:
+            chunk = conn.recv(4096)
+            if not chunk:
+                conn.close()
+                return
+            head += chunk
+        line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        port = _upstream_port(line)
+        if port is None:
+            log.info("proxy refused %r", line)
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            conn.close()
+            return
+        upstream = socket.create_connection(("127.0.0.1", port), timeout=10)
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        rest = head.split(b"\r\n\r\n", 1)[1]
+        if rest:
+            upstream.sendall(rest)
+        conn.settimeout(None)
+        upstream.settimeout(None)
+        _pipe(conn, upstream)
+    except OSError:
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+
+def _pipe(a, b):
+    """Copies bytes both ways until either side closes or neither sends for 5 minutes; then closes both."""
+    try:
+        while True:
+            readable, _, _ = select.select([a, b], [], [], 300)
+            if not readable:
+                return
+            for s in readable:
+                data = s.recv(65536)
+                if not data:
+                    return
+                (b if s is a else a).sendall(data)
+    except OSError:
+        return
+    finally:
+        for s in (a, b):
+            try:
+                s.close()
+            except OSError:
+                pass

@@ -1,4 +1,5 @@
-"""GKE's validation rules of the simulation (sim/gke_rules.py): each refused request, and its accepted twin.
+"""GKE's validation rules of the simulation (sim/gke_rules.py, sim/gke_machines.py): each refused request, and its
+accepted twin.
 
 Pure: no simulation, no network. Each test fails if its rule is removed.
 """
@@ -10,8 +11,12 @@ from datetime import UTC
 
 import pytest
 
+from sim import gke_machines as machines
 from sim import gke_rules as rules
-from sim.gke_rules import GkeError
+from sim.gke_errors import GkeError
+
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
 
 REGION, PROJECT = "us-east5", "tpu-rl-sim"
 
@@ -88,15 +93,17 @@ def test_pool_zone_outside_region_refused():
 
 
 def test_tpu_node_count_must_match_topology():
-    message = refused(rules.check_tpu_slice, tpu_pool(initial_node_count=8))
+    message = refused(machines.check_tpu_slice, tpu_pool(initial_node_count=8))
     assert message.startswith("Node count 8 is not a valid size of TPU pod slice with topology 8x8")
-    rules.check_tpu_slice(tpu_pool(initial_node_count=16))
-    rules.check_tpu_slice(tpu_pool(initial_node_count=2, placement_policy={"type": "COMPACT", "tpu_topology": "2x4"}))
+    machines.check_tpu_slice(tpu_pool(initial_node_count=16))
+    machines.check_tpu_slice(
+        tpu_pool(initial_node_count=2, placement_policy={"type": "COMPACT", "tpu_topology": "2x4"})
+    )
 
 
 def test_tpu_topology_must_exist_for_generation():
     assert "7x9" in refused(
-        rules.check_tpu_slice, tpu_pool(placement_policy={"type": "COMPACT", "tpu_topology": "7x9"})
+        machines.check_tpu_slice, tpu_pool(placement_policy={"type": "COMPACT", "tpu_topology": "7x9"})
     )
     # v5p/v4 are 3D: 2x2x2 is a v5p topology, 8x8 is not.
     v5p = tpu_pool(
@@ -104,23 +111,23 @@ def test_tpu_topology_must_exist_for_generation():
         initial_node_count=2,
         placement_policy={"type": "COMPACT", "tpu_topology": "2x2x2"},
     )
-    rules.check_tpu_slice(v5p)
-    rules.check_tpu_slice(
+    machines.check_tpu_slice(v5p)
+    machines.check_tpu_slice(
         {**v5p, "initial_node_count": 48, "placement_policy": {"type": "COMPACT", "tpu_topology": "4x4x12"}}
     )
     refused(
-        rules.check_tpu_slice,
+        machines.check_tpu_slice,
         {**v5p, "initial_node_count": 12, "placement_policy": {"type": "COMPACT", "tpu_topology": "2x4x6"}},
     )
-    refused(rules.check_tpu_slice, {**v5p, "placement_policy": {"type": "COMPACT", "tpu_topology": "8x8"}})
+    refused(machines.check_tpu_slice, {**v5p, "placement_policy": {"type": "COMPACT", "tpu_topology": "8x8"}})
 
 
 def test_multi_host_slice_needs_compact_placement_and_4_chip_hosts():
-    assert "COMPACT" in refused(rules.check_tpu_slice, tpu_pool(placement_policy={"tpu_topology": "8x8"}))
+    assert "COMPACT" in refused(machines.check_tpu_slice, tpu_pool(placement_policy={"tpu_topology": "8x8"}))
     eight = tpu_pool(config={"machine_type": "ct6e-standard-8t"}, initial_node_count=8)
-    refused(rules.check_tpu_slice, eight)
+    refused(machines.check_tpu_slice, eight)
     # single host: an 8-chip VM holds a whole 2x4 slice, no placement needed
-    rules.check_tpu_slice(
+    machines.check_tpu_slice(
         tpu_pool(
             config={"machine_type": "ct6e-standard-8t"}, initial_node_count=1, placement_policy={"tpu_topology": "2x4"}
         )
@@ -128,7 +135,7 @@ def test_multi_host_slice_needs_compact_placement_and_4_chip_hosts():
 
 
 def test_topology_without_tpu_machine_refused():
-    refused(rules.check_tpu_slice, tpu_pool(config={"machine_type": "n2-standard-8"}))
+    refused(machines.check_tpu_slice, tpu_pool(config={"machine_type": "n2-standard-8"}))
 
 
 def with_reservation(affinity):
@@ -237,33 +244,35 @@ def test_flex_start_refuses_tpu_v4():
     )
     pool["config"] = {**pool["config"], "machine_type": "ct4p-hightpu-4t", "disk_type": "pd-balanced"}
     assert 'does not support machine type "ct4p-hightpu-4t"' in refused(rules.check_capacity, pool)
-    rules.check_tpu_slice(pool)
+    machines.check_tpu_slice(pool)
 
 
 def test_autoscaled_slice_pool_is_sized_by_its_maximum():
     pool = flex_pool(autoscaling={"enabled": True, "min_node_count": 0, "max_node_count": 8})
-    assert refused(rules.check_tpu_slice, pool).startswith(
+    assert refused(machines.check_tpu_slice, pool).startswith(
         "Maximum node count 8 is not a valid size of TPU pod slice with topology 8x8"
     )
-    rules.check_tpu_slice(flex_pool())
+    machines.check_tpu_slice(flex_pool())
 
 
 @pytest.mark.parametrize("machine_type", ["c4d-standard-96", "n4-standard-32", "ct6e-standard-4t", "c4-standard-96"])
 def test_hyperdisk_only_machine_types_refuse_pd(machine_type):
     pool = {"name": "p", "config": {"machine_type": machine_type, "disk_type": "pd-ssd"}}
-    assert "[pd-ssd, " in refused(rules.check_disk_type, pool)
+    assert "[pd-ssd, " in refused(machines.check_disk_type, pool)
     # no disk type: GKE's default pd-balanced, also refused
-    assert "[pd-balanced, " in refused(rules.check_disk_type, {"name": "p", "config": {"machine_type": machine_type}})
-    rules.check_disk_type({"name": "p", "config": {"machine_type": machine_type, "disk_type": "hyperdisk-balanced"}})
-    rules.check_disk_type({"name": "p", "config": {"machine_type": "n2-standard-8"}})
+    assert "[pd-balanced, " in refused(
+        machines.check_disk_type, {"name": "p", "config": {"machine_type": machine_type}}
+    )
+    machines.check_disk_type({"name": "p", "config": {"machine_type": machine_type, "disk_type": "hyperdisk-balanced"}})
+    machines.check_disk_type({"name": "p", "config": {"machine_type": "n2-standard-8"}})
 
 
 def test_c4d_refuses_gvnic_off():
     refused(
-        rules.check_gvnic, {"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": False}}}
+        machines.check_gvnic, {"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": False}}}
     )
-    rules.check_gvnic({"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": True}}})
-    rules.check_gvnic({"name": "p", "config": {"machine_type": "n2-standard-8", "gvnic": {"enabled": False}}})
+    machines.check_gvnic({"name": "p", "config": {"machine_type": "c4d-standard-96", "gvnic": {"enabled": True}}})
+    machines.check_gvnic({"name": "p", "config": {"machine_type": "n2-standard-8", "gvnic": {"enabled": False}}})
 
 
 def test_gke_metadata_needs_workload_identity():
@@ -356,7 +365,7 @@ def test_every_machine_type_the_package_offers_is_known_and_regions_have_their_r
     from tpu_rl.tpu import GENERATIONS
 
     offered = set(SHAPES) | {m for g in GENERATIONS.values() for m in g.machine_types}
-    assert offered - set(rules.MACHINE_TYPES) == set()
+    assert offered - set(machines.MACHINE_TYPES) == set()
     assert rules.zones_of("us-east5") == ["us-east5-a", "us-east5-b", "us-east5-c"]
     refused(rules.check_pool_locations, "us-east5", {"name": "p", "locations": ["us-east5-d"]})
     refused(rules.zones_of, "us-east9", code="NOT_FOUND")
@@ -408,15 +417,15 @@ def test_node_metadata_keys_gke_reserves_or_cannot_hold_are_refused():
 def test_allocatable_follows_gke_reservations():
     # GKE's worked example in "Plan GKE Standard node sizes": a 32 GiB / 8 vCPU node reserves 3.56 GiB memory
     # (1 + 0.8 + 0.8 + 0.96) plus 100 MiB eviction, and 90 m CPU (60 + 10 + 10 + 4 x 2.5).
-    capacity, allocatable = rules.node_resources(rules.MACHINE_TYPES["e2-standard-8"])
+    capacity, allocatable = machines.node_resources(machines.MACHINE_TYPES["e2-standard-8"])
     assert capacity["memory"] == f"{32 * 1024 * 1024}Ki"
     reserved_ki = 32 * 1024 * 1024 - int(allocatable["memory"].removesuffix("Ki"))
     assert reserved_ki == pytest.approx(3.56 * 1024 * 1024 + 100 * 1024, abs=2)
     assert allocatable["cpu"] == "7910m"
     # above 128 GiB the 2 % tier applies: 720 GiB -> 0.25*4 + 0.2*4 + 0.1*8 + 0.06*112 + 0.02*592 GiB
-    reserved = rules.reserved_memory_bytes(720 * rules.GIB) / rules.GIB
+    reserved = machines.reserved_memory_bytes(720 * machines.GIB) / machines.GIB
     assert reserved == pytest.approx(1 + 0.8 + 0.8 + 6.72 + 11.84)
-    capacity, allocatable = rules.node_resources(rules.MACHINE_TYPES["ct6e-standard-4t"])
+    capacity, allocatable = machines.node_resources(machines.MACHINE_TYPES["ct6e-standard-4t"])
     assert capacity["google.com/tpu"] == allocatable["google.com/tpu"] == "4"
 
 
