@@ -15,6 +15,7 @@ from tpu_rl import __version__, gke, manifests
 from tpu_rl.config import ConfigError, RunConfig
 from tpu_rl.layout import GcsLayout
 from tpu_rl.run import DAG_ID, RunIdentity
+from tpu_rl.training_metrics import gate_resolution
 
 
 def plan_documents(
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     print(f"# tpu-rl {__version__}: what run {args.run_id!r} of {args.dag_id} would submit")
+    if resolution := gate_resolution(config):
+        print(f"# Quality gate: {resolution}")
     sys.stdout.write(render(config, RunIdentity(args.dag_id, args.run_id)))
     return 0
 

@@ -125,8 +125,16 @@ class Score:
     format_accuracy: float
     mean_reward: float
 
+    @property
+    def empty(self) -> bool:
+        """No prompt was scored (``total=0``: MaxText's length filter and ``drop_remainder`` left no whole batch):
+        its percentages say nothing, and the gate treats it as no evaluation."""
+        return self.total <= 0
+
     def describe(self) -> str:
         """Each percentage with the number of prompts behind it: on 20 prompts one prompt is 5 points."""
+        if self.empty:
+            return "no prompt scored (total=0)"
         return (
             f"accuracy {self.accuracy:.1f}% ({self.correct:g}/{self.total}), partial {self.partial_accuracy:.1f}% "
             f"({self._count(self.partial_accuracy)}/{self.total}), format {self.format_accuracy:.1f}% "
@@ -225,6 +233,8 @@ def quality_gate(evaluation: Evaluation | None, config: RunConfig) -> list[str]:
     )
     if after is None:
         return [f"the trainer logged no 'Post RL Training' line, so the quality gate cannot be checked {figures}"]
+    if after.empty:
+        return [f"the evaluation after training scored no prompt, so the quality gate cannot be checked {figures}"]
     reasons = []
     if config.min_post_accuracy and after.accuracy < config.min_post_accuracy:
         reasons.append(
@@ -232,9 +242,10 @@ def quality_gate(evaluation: Evaluation | None, config: RunConfig) -> list[str]:
             f"{config.min_post_accuracy:g}% {figures}"
         )
     if config.require_no_regression:
-        if before is None:
+        if before is None or before.empty:
             reasons.append(
-                f"require_no_regression: the trainer logged no 'Pre RL Training' line to compare with {figures}"
+                "require_no_regression: the trainer logged no 'Pre RL Training' line with a scored prompt to "
+                f"compare with {figures}"
             )
         elif (change := accuracy_change(before, after))[1] < 0:
             reasons.append(
@@ -249,7 +260,7 @@ def quality_gate(evaluation: Evaluation | None, config: RunConfig) -> list[str]:
 def regression_note(evaluation: Evaluation | None) -> str | None:
     """Why a lower accuracy after training did not fail ``require_no_regression``, for the gate's log."""
     before, after = (evaluation.before, evaluation.after) if evaluation else (None, None)
-    if not (before and after and after.accuracy < before.accuracy):
+    if not (before and after) or before.empty or after.empty or after.accuracy >= before.accuracy:
         return None
     low, high = accuracy_change(before, after)
     return (
@@ -268,6 +279,39 @@ def wilson_interval(correct: float, total: int, z: float = 1.96) -> tuple[float,
     centre = (p + z * z / (2 * total)) / (1 + z * z / total)
     spread = z / (1 + z * z / total) * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
     return max(0.0, centre - spread), min(1.0, centre + spread)
+
+
+def gate_resolution(config: RunConfig) -> str | None:
+    """What the run's quality gate can tell apart on the prompts its evaluation scores, for the log of the run's
+    validation (None without a gate): a gate on a few prompts passes a regression or fails a good model by
+    chance. With the tutorial's 20 prompts one prompt is 5 points, a model with a true 60% shows under 50% one
+    time in eight, and only a fall of 35 points from 60% is beyond chance."""
+    prompts = config.evaluation_prompts
+    if not config.has_quality_gate or not prompts:
+        return None
+    parts = [f"the quality gate decides on at most {prompts} test prompts, one prompt {100 / prompts:.1f} points"]
+    if config.require_no_regression:
+        fall = _smallest_fall_beyond_chance(prompts)
+        parts.append(
+            "require_no_regression fails only on a fall beyond chance"
+            + (f" (from 60%: {fall:.0f} points or more)" if fall is not None else " (none is, on so few)")
+        )
+    parts.append("more test prompts (num_test_batches, eval_batch_size in extra_train_args) make it finer")
+    return "; ".join(parts)
+
+
+def _smallest_fall_beyond_chance(prompts: int) -> float | None:
+    """The smallest fall from 60% accuracy, in points, whose 95% interval lies below 0 (None: none does)."""
+    start = round(0.6 * prompts)
+    before = _counted(start, prompts)
+    for after in range(start, -1, -1):
+        if accuracy_change(before, _counted(after, prompts))[1] < 0:
+            return 100 * (start - after) / prompts
+    return None
+
+
+def _counted(correct: int, total: int) -> Score:
+    return Score(correct, total, 100 * correct / total, 0, 0, 0)
 
 
 def accuracy_change(before: Score, after: Score) -> tuple[float, float]:

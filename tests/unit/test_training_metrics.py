@@ -311,6 +311,45 @@ def test_a_gate_without_the_after_figures_fails_rather_than_passing(tutorial_con
     ]
 
 
+def test_an_empty_evaluation_is_no_evaluation_to_the_gate_not_a_crash(tutorial_conf):
+    """MaxText's length filter and drop_remainder can leave no whole test batch: ``total=0``. The gate crashed with
+    ZeroDivisionError; it now says the evaluation scored no prompt, as for a missing line."""
+    empty = (
+        "Post RL Training: corr=0, total=0, accuracy=0.0%, partial_accuracy=0.0%, format_accuracy=0.0%, mean_reward=0.0"
+    )
+    evaluation = tm.parse_evaluation([PRE, empty])
+    config = gated(tutorial_conf, min_post_accuracy=50, require_no_regression=True)
+
+    [reason] = tm.quality_gate(evaluation, config)
+    assert reason.startswith("the evaluation after training scored no prompt, so the quality gate cannot be checked")
+    assert "after: no prompt scored (total=0)" in reason
+    assert tm.regression_note(evaluation) is None
+    empty_before = tm.parse_evaluation([empty.replace("Post", "Pre"), POST])
+    [reason] = tm.quality_gate(empty_before, gated(tutorial_conf, require_no_regression=True))
+    assert reason.startswith("require_no_regression: the trainer logged no 'Pre RL Training' line with a scored")
+
+
+def test_the_gate_says_at_validation_what_its_prompts_can_tell_apart(tutorial_conf):
+    """The tutorial's evaluation: 5 batches of 4 prompts. On 20, only a fall of 35 points from 60% is beyond chance
+    (12/20 to 6/20 passes); on 200 prompts, 10 points."""
+    note = tm.gate_resolution(gated(tutorial_conf, require_no_regression=True))
+    assert note.startswith("the quality gate decides on at most 20 test prompts, one prompt 5.0 points")
+    assert "require_no_regression fails only on a fall beyond chance (from 60%: 35 points or more)" in note
+    assert tm.quality_gate(_counted_evaluation(12, 6, 20), gated(tutorial_conf, require_no_regression=True)) == []
+    larger = gated(tutorial_conf, require_no_regression=True, extra_train_args={"eval_batch_size": 40})
+    assert "at most 200 test prompts" in tm.gate_resolution(larger) and "10 points or more" in tm.gate_resolution(
+        larger
+    )
+    assert tm.gate_resolution(gated(tutorial_conf)) is None
+
+
+def _counted_evaluation(before: int, after: int, total: int) -> tm.Evaluation:
+    def score(correct):
+        return tm.Score(correct, total, 100 * correct / total, 0, 0, 0)
+
+    return tm.Evaluation(score(before), score(after))
+
+
 def test_a_gate_on_a_run_without_evaluation_is_refused_before_anything_starts(tutorial_conf):
     with pytest.raises(ConfigError) as error:
         gated(tutorial_conf, min_post_accuracy=50, extra_train_args={"num_test_batches": 0})

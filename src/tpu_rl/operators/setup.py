@@ -17,6 +17,7 @@ from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, d
 from tpu_rl.machines import quantity_cpu, quantity_gib
 from tpu_rl.manifests import hf_token_secret, workload_service_account
 from tpu_rl.run_scope import RunScoped
+from tpu_rl.training_metrics import gate_resolution
 from tpu_rl.triggers.triggerer import TriggererCheckTrigger
 from tpu_rl.vocabulary import JOBSET_CRD, KUEUE_GROUP, KUEUE_LOCALQUEUES, KUEUE_VERSION, NODEPOOL_LABEL, TPU_RESOURCE
 
@@ -47,6 +48,8 @@ class ValidateRunConfigOperator(RunScoped, BaseOperator):
         self.log.info("base checkpoint: %s", layout.uri(layout.converted_prefix))
         self.log.info("training output: %s", layout.uri(layout.training_prefix))
         self.log.info("Hugging Face export: %s", layout.uri(layout.export_prefix))
+        if resolution := gate_resolution(config):
+            self.log.warning("Quality gate: %s", resolution)
 
 
 class TriggererCheckOperator(BaseOperator):
