@@ -396,7 +396,7 @@ def run_workload(spec_path: str) -> None:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    from sim import maxtext_emulator as emulator
+    from sim import maxtext_outputs as emulator
 
     spec = json.loads(Path(spec_path).read_text())
     stop = []

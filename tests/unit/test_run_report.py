@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sim import maxtext_emulator as emulator
+from sim.maxtext_outputs import tensorboard_event_file, training_scalars
 from tpu_rl import gke
 from tpu_rl import training_metrics as tm
 from tpu_rl.checkpoints import StoredObject
@@ -85,7 +85,7 @@ class GrowingBucket:
 
 def test_progress_reads_only_what_the_trainer_added_at_most_two_requests_a_minute(caplog):
     """The API load of the progress: one listing a minute, plus one ranged read when the file grew."""
-    _, data = emulator.tensorboard_event_file(emulator.training_scalars("gs://b/run", 30, range(1, 31)))
+    _, data = tensorboard_event_file(training_scalars("gs://b/run", 30, range(1, 31)))
     bucket = GrowingBucket(data, "events.out.tfevents.1800000000.head-0")
     progress = TrainingProgress({"bucket": "b", "prefix": "run/tensorboard/", "train_steps": 30})
     log = logging.getLogger("progress")
@@ -381,7 +381,7 @@ def training_trigger_lines(
 
 
 def full_event_file() -> GrowingBucket:
-    _, data = emulator.tensorboard_event_file(emulator.training_scalars("gs://b/run", 30, range(1, 31)))
+    _, data = tensorboard_event_file(training_scalars("gs://b/run", 30, range(1, 31)))
     return GrowingBucket(data, "events.out.tfevents.1800000000.head-0")
 
 

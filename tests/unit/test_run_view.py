@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tpu_rl
-from sim import maxtext_emulator as emulator
+from sim.maxtext_outputs import tensorboard_event_file, training_scalars
 from tpu_rl import training_metrics as tm
 from tpu_rl.run import DAG_ID, RunIdentity
 from tpu_rl.run_scope import RunScope
@@ -50,7 +50,7 @@ def event_files(tmp_path_factory) -> list[Path]:
     folder = tmp_path_factory.mktemp("tensorboard")
     paths = []
     for seed, steps in (("first", range(1, 13)), ("resumed", range(11, 21))):
-        name, data = emulator.tensorboard_event_file(emulator.training_scalars(seed, 20, steps))
+        name, data = tensorboard_event_file(training_scalars(seed, 20, steps))
         paths.append(folder / f"{name}.{seed}")
         paths[-1].write_bytes(data)
     return paths
