@@ -6,7 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tpu_rl
+
+#: The pure core's tests: make core runs them without PostgreSQL or a cluster.
+pytestmark = pytest.mark.core
 
 PACKAGE = Path(tpu_rl.__file__).parent
 #: The core: params in, typed values and plain dicts out.
@@ -83,14 +88,42 @@ def test_no_module_of_the_package_imports_itself_back_through_others():
     assert circles == []
 
 
-def test_no_function_of_the_package_is_longer_than_60_lines():
+#: The checkout's Python beside the package, held to the same rules: the simulation, the tools, the benchmarks.
+CHECKOUT = Path(__file__).resolve().parents[2]
+BESIDE = ("sim", "scripts", "benchmarks")
+
+
+def python_files() -> list[Path]:
+    """The package's modules and the Python of the simulation, the tools and the benchmarks."""
+    return [*modules().values(), *(p for folder in BESIDE for p in sorted((CHECKOUT / folder).rglob("*.py")))]
+
+
+def test_no_function_is_longer_than_60_lines():
     long = [
-        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in modules().values()
+        f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in python_files()
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60
     ]
     assert long == []
+
+
+def test_the_simulation_tools_and_benchmarks_are_packages_that_edit_no_import_path():
+    """``sim``, ``scripts`` and ``benchmarks`` import each other as packages (``python -m sim.NAME``): a module
+    put on ``sys.path`` by hand is imported twice under two names (``gke_faults`` and ``sim.gke_faults``), each
+    with its own state. A module of the simulation stays under 700 lines: one job each."""
+    assert all((CHECKOUT / folder / "__init__.py").is_file() for folder in BESIDE)
+    edits = [
+        f"{path.relative_to(CHECKOUT)}:{node.lineno}"
+        for path in python_files()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys"
+    ]
+    assert edits == []
+    big = [
+        f"{p.name} ({n} lines)" for p in (CHECKOUT / "sim").glob("*.py") if (n := len(p.read_text().splitlines())) > 700
+    ]
+    assert big == []
 
 
 def test_operators_sensors_and_triggers_reach_clouds_only_through_the_package_hooks():
