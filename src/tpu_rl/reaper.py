@@ -30,7 +30,8 @@ class Resource:
     ``where``: (project, location) for GKE resources; with the cluster (and namespace) for the others.
     ``chips``: TPU chips it holds (a TPU pool's; a cluster's own TPU pools'); ``kept_by_design``: why it
     must never be deleted whatever its run's state (keep_cluster); ``lease``: a shared cluster's lease
-    (``gs://`` URI), whose live holders use it.
+    (``gs://`` URI), whose live holders use it; ``being_deleted``: what is deleting it when GKE shows it STOPPING
+    (its delete operation, or its cluster's), empty otherwise.
     """
 
     kind: str
@@ -45,6 +46,7 @@ class Resource:
     kept_by_design: str = ""
     uid: str = ""
     lease: str = ""
+    being_deleted: str = ""
 
     @property
     def path(self) -> str:
@@ -67,6 +69,13 @@ class Decision:
     chip_hours: float = 0.0
     deleted: bool = field(default=False, compare=False)
 
+    @property
+    def word(self) -> str:
+        """reap, keep, or being deleted (by someone else: nobody needs to remove it)."""
+        if self.resource.being_deleted:
+            return "being deleted"
+        return "reap" if self.reap else "keep"
+
     def row(self) -> dict[str, object]:
         r = self.resource
         return {
@@ -76,7 +85,7 @@ class Decision:
             "owner_run_id": r.owner.run_id,
             "run_state": self.run_state,
             "age_minutes": round(self.age.total_seconds() / 60, 1),
-            "decision": "reap" if self.reap else "keep",
+            "decision": self.word,
             "reason": self.reason,
             "tpu_chips": r.chips,
             "chip_hours": round(self.chip_hours, 2),
@@ -97,6 +106,8 @@ def decide(
     def keep(reason: str) -> Decision:
         return Decision(resource, run_state, False, reason, age, chip_hours)
 
+    if resource.being_deleted:
+        return keep(f"being deleted: {resource.being_deleted}")
     if resource.kept_by_design:
         return keep(resource.kept_by_design)
     if run_state not in ENDED_STATES and run_state != MISSING:
@@ -125,7 +136,7 @@ def report(decisions: list[Decision]) -> str:
     header = ("decision", "kind", "resource", "owner run", "run state", "age", "TPU chips", "chip-hours", "reason")
     rows = [header] + [
         (
-            "reap" + (" (deleted)" if d.deleted else "") if d.reap else "keep",
+            d.word + (" (deleted)" if d.deleted else ""),
             d.resource.kind,
             d.resource.path,
             f"{d.resource.owner.dag_id} / {d.resource.owner.run_id}",

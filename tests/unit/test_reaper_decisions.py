@@ -132,3 +132,34 @@ def test_a_leaked_flex_start_slice_counts_the_chips_it_scales_to():
         config = RunConfig.from_params({**TUTORIAL_CONF, "capacity_type": capacity_type})
         pool = NodePool.from_json(json.dumps(tpu_node_pool(config, run, 0)))
         assert pool_chips(pool) == 64, capacity_type
+
+
+def test_what_gke_is_deleting_is_reported_as_being_deleted_not_as_a_leak():
+    """Right after a run deleted its cluster, GKE still lists it (STOPPING) with its pools: a dry run of the reaper
+    called them leaks and failed. Nobody needs to remove them: the report says who is deleting them."""
+    from types import SimpleNamespace
+
+    from tpu_rl.operators.reaper import _being_deleted, _running_deletes
+
+    def op(kind, target, status="RUNNING", name="operation-1"):
+        link = f"https://container.googleapis.com/v1/projects/123/locations/us-east5/clusters/{target}"
+        return SimpleNamespace(
+            operation_type=SimpleNamespace(name=kind), status=SimpleNamespace(name=status), target_link=link, name=name
+        )
+
+    deletes = _running_deletes(
+        [op("DELETE_CLUSTER", "c"), op("DELETE_NODE_POOL", "d/nodePools/tpu-1", "DONE"), op("CREATE_NODE_POOL", "e")]
+    )
+    assert deletes == {("c", None): "operation-1"}
+    assert _being_deleted("STOPPING", deletes.get(("c", None)), "the cluster") == (
+        "GKE runs the delete of the cluster (operation operation-1)"
+    )
+    assert _being_deleted("STOPPING", None) == "GKE is deleting the node pool (status STOPPING)"
+    assert _being_deleted("RUNNING", None) == ""
+
+    going = resource(being_deleted="GKE runs the delete of the cluster (operation operation-1)")
+    decision = rp.decide(going, rp.MISSING, NOW, timedelta(0))
+    assert decision.word == "being deleted" and decision.row()["decision"] == "being deleted"
+    assert rp.left_behind_capacity([decision]) == []
+    assert "being deleted" in rp.report([decision])
+    assert rp.decide(resource(), rp.MISSING, NOW, timedelta(0)).word == "reap"

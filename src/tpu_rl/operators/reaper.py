@@ -129,24 +129,35 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     def _gke_resources(self, project: str, location: str, gcp_conn_id: str):
         """This package's clusters and node pools in one location; the clusters whose Kubernetes API to read."""
         hook = self.gke_hook(gcp_conn_id, project, location)
+        operations = list(hook.list_operations())
         # A node pool has no creation time of its own: its create operation's start.
         pool_created = {
             gke.operation_target(op.target_link): op.start_time
-            for op in hook.list_operations()
+            for op in operations
             if op.operation_type.name == "CREATE_NODE_POOL"
         }
+        deletes = _running_deletes(operations)
         found, reachable = [], {}
         for cluster in hook.list_clusters():
             base = {"project": project, "location": location}
             owner = gke.cluster_owner(cluster.description)
+            cluster_deleted = _being_deleted(cluster.status.name, deletes.get((cluster.name, None)), "the cluster")
             tpu_pools = []
             for pool in cluster.node_pools:
                 pool_owner = gke.pool_owner(dict(pool.config.metadata))
                 if pool_owner is None:
                     continue
                 created = parse_time(pool_created.get((cluster.name, pool.name)) or cluster.create_time)
+                deleted = cluster_deleted and f"with its cluster ({cluster_deleted})"
                 resource = rp.Resource(
-                    rp.NODE_POOL, pool.name, pool_owner, created, cluster=cluster.name, chips=pool_chips(pool), **base
+                    rp.NODE_POOL,
+                    pool.name,
+                    pool_owner,
+                    created,
+                    cluster=cluster.name,
+                    chips=pool_chips(pool),
+                    being_deleted=deleted or _being_deleted(pool.status.name, deletes.get((cluster.name, pool.name))),
+                    **base,
                 )
                 found.append(resource)
                 tpu_pools.append(resource)
@@ -161,6 +172,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                         chips=sum(p.chips for p in tpu_pools),
                         kept_by_design=keep,
                         lease=gke.cluster_lease_uri(cluster.description) or "",
+                        being_deleted=cluster_deleted,
                         **base,
                     )
                 )
@@ -289,3 +301,20 @@ class ReapOrphanedResourcesOperator(BaseOperator):
             )
             result.append(dataclasses.replace(d, deleted=True))
         return result
+
+
+def _running_deletes(operations) -> dict[tuple[str, str | None], str]:
+    """The cluster and pool deletes GKE is running, by (cluster, pool or None): each operation's name."""
+    running = {}
+    for op in operations:
+        if op.operation_type.name in ("DELETE_CLUSTER", "DELETE_NODE_POOL") and op.status.name != "DONE":
+            if target := gke.operation_target(op.target_link):
+                running[target] = op.name
+    return running
+
+
+def _being_deleted(status: str, operation: str | None, what: str = "the node pool") -> str:
+    """Why GKE shows a cluster or pool STOPPING: its running delete operation, or that it is being deleted."""
+    if operation:
+        return f"GKE runs the delete of {what} (operation {operation})"
+    return f"GKE is deleting {what} (status STOPPING)" if status == "STOPPING" else ""
