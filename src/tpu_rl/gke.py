@@ -300,8 +300,40 @@ TPU_QUOTAS = {
 }
 
 
-def quota_hint(config: RunConfig) -> str:
-    """What to ask for when GKE refuses a TPU pool for quota."""
+#: The quota a refusal names: GKE's own form (``Insufficient regional quota to satisfy request: resource "CPUS":
+#: ...``) or Compute Engine's (``Quota 'IN_USE_ADDRESSES' exceeded. Limit: 8.0 in region us-east5.``).
+_QUOTA_NAMED = re.compile(r"""resource "(?P<resource>[A-Z0-9_]+)"|Quota '(?P<quota>[A-Z0-9_]+)' exceeded""")
+#: What a run's cluster draws of the quotas that are not TPU chips (GKE "Quotas and limits"; the README's "Quotas a
+#: run needs"), by the start of the metric's name.
+OTHER_QUOTAS = {
+    "IN_USE_ADDRESSES": "in-use IP addresses: one per node with a public IP (a v6e-64 run's about 20)",
+    "CPUS": "vCPUs: the system pool's and the CPU pool's machines (a project on the default regional CPU quota "
+    "may also hold at most three GKE clusters per region)",
+    "N2_CPUS": "N2 vCPUs: the system pool's machines",
+    "C4D_CPUS": "C4D vCPUs: the CPU pool's machines (pw_cpu_machine_type)",
+    "HYPERDISK": "Hyperdisk: the boot disks of C4D and TPU v6e machines, which take only Hyperdisk",
+    "SSD_TOTAL_GB": "SSD persistent disk: the nodes' boot disks",
+}
+
+
+def quota_named(message: str) -> str | None:
+    """The quota metric GKE's refusal names (None: it names none)."""
+    match = _QUOTA_NAMED.search(message)
+    return (match["resource"] or match["quota"]) if match else None
+
+
+def quota_hint(config: RunConfig, message: str = "") -> str:
+    """What to ask for when GKE refuses a TPU pool for quota: the quota GKE named, or the TPU chips'."""
+    named = quota_named(message)
+    if named and "TPU" not in named:
+        what = next((text for prefix, text in OTHER_QUOTAS.items() if named.startswith(prefix)), "")
+        return (
+            f"fix: the project lacks Compute Engine quota {named} in {config.region}"
+            + (f" ({what})" if what else "")
+            + ", not TPU chips. Request it on the Quotas page (IAM & Admin > Quotas & System Limits, service Compute "
+            "Engine API); the README's 'Quotas a run needs' lists what a run draws. Waiting does not help: "
+            "capacity_wait_minutes does not apply"
+        )
     standard, preemptible = TPU_QUOTAS.get(config.slice.generation.name, ("the TPU quota", "the preemptible TPU quota"))
     quota = preemptible if CAPACITY[config.capacity_type].preemptible else standard
     return (

@@ -172,6 +172,33 @@ def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monk
     assert "not the Cloud TPU API's" in message and "Waiting does not help" in message
 
 
+@pytest.mark.parametrize(
+    ("message", "named"),
+    [
+        (
+            "Insufficient regional quota to satisfy request: resource \"IN_USE_ADDRESSES\": request requires '16.0' "
+            "and is short '8.0'. project has a quota of '8.0' with '8.0' available. [GCE_QUOTA_EXCEEDED]",
+            "IN_USE_ADDRESSES in us-east5 (in-use IP addresses",
+        ),
+        ("Quota 'C4D_CPUS' exceeded.  Limit: 96.0 in region us-east5. [GCE_QUOTA_EXCEEDED]", "C4D_CPUS in us-east5"),
+    ],
+)
+def test_a_quota_failure_that_is_not_tpu_chips_names_the_quota_gke_named(monkeypatch, message, named):
+    """A run's nodes also draw IP address, CPU and disk quota: the hint said TPU chips whatever GKE named."""
+    stocked_out_operation(monkeypatch, message)
+    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
+    with pytest.raises(AirflowFailException) as failed:
+        operator.operation_done(
+            context(),
+            {"status": "success", "operation_name": "operation-2"},
+            next_step=0,
+            capacity_deadline=time.time() + 3600,
+        )
+    message = str(failed.value)
+    assert f"fix: the project lacks Compute Engine quota {named}" in message and ", not TPU chips." in message
+    assert "v6e-64 chips" not in message and "Quotas a run needs" in message
+
+
 def test_a_create_longer_than_one_with_capacity_is_waited_for_until_gke_ends_it(monkeypatch, capsys):
     """A create still running long after the run's capacity deadline, GKE naming no reason, may be slow (GKE made
     one RUNNING after about 35 minutes, showing ERROR meanwhile: NVIDIA/aicr 2065) or held for capacity (GKE then

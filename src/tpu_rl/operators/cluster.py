@@ -351,7 +351,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             except GkeRefusedError as error:
                 if error.refusal is gke.Refusal.QUOTA:
                     raise AirflowFailException(
-                        f"GKE refused TPU node pool {body['name']}: {error.message}; {gke.quota_hint(config)}"
+                        f"GKE refused TPU node pool {body['name']}: {error.message}; "
+                        f"{gke.quota_hint(config, error.message)}"
                     ) from None
                 refused = error
                 break  # GKE takes no more now: the next pass goes on
@@ -420,7 +421,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if event["status"] == "quota":
             config = self.bind_scope(context).config
             raise AirflowFailException(
-                f"GKE cannot create TPU node pool {event['node_pool']}: {event['message']}; {gke.quota_hint(config)}"
+                f"GKE cannot create TPU node pool {event['node_pool']}: {event['message']}; "
+                f"{gke.quota_hint(config, event['message'])}"
             )
         if event["status"] == "capacity_timeout":
             config = self.bind_scope(context).config
@@ -453,7 +455,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             )
         if gke.is_quota_error(message):
             raise AirflowFailException(
-                f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(config)}"
+                f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(config, message)}"
             )
         if not gke.is_capacity_error(message):
             raise AirflowFailException(
