@@ -26,8 +26,9 @@ $SIM/gke/token-secret): a refresh returns the same token, so a control plane sta
 keeps accepting it (the control planes get {token: client_email} at start).
 
 State: $SIM/gke/state.json (clusters, node pools, operations, control-plane slots); reservations the
-emulator knows: $SIM/gke/reservations.json (a JSON list of names or projects/P/reservations/N; default
-none); capacity faults: $SIM/gke/faults.json (sim/gke_faults.py), read on each request. Durations:
+emulator knows: $SIM/gke/reservations.json (a JSON list of names or projects/P/reservations/N, or of
+{"name": projects/OWNER/reservations/N, "shared_with": [projects]}; default none); capacity faults:
+$SIM/gke/faults.json (sim/gke_faults.py), read on each request. Durations:
 TPU_RL_SIM_GKE_CLUSTER_CREATE_SECONDS (3, after the control plane is ready), _POOL_CREATE_SECONDS (3),
 _DELETE_SECONDS (2), _PENDING_SECONDS (0.3), _STOCKOUT_SECONDS (10: GKE's ~35 minutes of retrying a create for
 capacity, time-scaled). See sim/README.md.
@@ -67,9 +68,9 @@ from .gke_transport import serve_grpc, serve_proxy
 log = logging.getLogger("gke")
 
 
-def reservations() -> set[str]:
-    """The reservations the emulator knows (read on each request)."""
-    return set(read_json(GKE_DIR / "reservations.json", []))
+def reservations(project: str) -> dict[str, frozenset[str]]:
+    """The reservations the emulator knows, with who may consume each (read on each request)."""
+    return gke_rules.reservation_consumers(read_json(GKE_DIR / "reservations.json", []), project)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ class Emulator(Project):
             if not body.get("node_pools") and not body.get("initial_node_count"):
                 # GKE answers this for a Standard cluster without nodes (wording ours).
                 raise GkeError("INVALID_ARGUMENT", "Cluster.initial_node_count or Cluster.node_pools must be set.")
-            gke_rules.check_cluster(body, location, project, reservations(), DEFAULT_BOOT_DISK)
+            gke_rules.check_cluster(body, location, project, reservations(project), DEFAULT_BOOT_DISK)
             if body.get("initial_node_count"):  # the legacy form: one pool named default-pool
                 cluster.node_pools.append(
                     c.NodePool(
@@ -217,7 +218,7 @@ class Emulator(Project):
         with self.lock:
             cluster = self.cluster(key)["cluster"]
             cluster_body = as_dict(cluster)
-            gke_rules.check_node_pool(cluster_body, body, location, project, reservations(), DEFAULT_BOOT_DISK)
+            gke_rules.check_node_pool(cluster_body, body, location, project, reservations(project), DEFAULT_BOOT_DISK)
             gke_rules.check_node_pool_absent(name, pool.name, {p.name for p in cluster.node_pools})
             self._refuse_for_faults(key, pool.name)
             gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool", pool=pool.name)

@@ -154,18 +154,43 @@ def check_pool_locations(region: str, pool: dict) -> None:
             )  # (wording ours)
 
 
-def check_reservation_affinity(pool: dict, project: str, known_reservations: set[str]) -> None:
+#: A reservation as ReservationAffinity names it: NAME (the pool's project), or projects/OWNER/reservations/NAME with an
+#: optional block and sub-block (Compute API ReservationAffinity; xpk core/reservation.py sends blocks).
+_RESERVATION_VALUE = re.compile(
+    r"(?:projects/(?P<owner>[^/]+)/reservations/)?(?P<name>[^/]+)"
+    r"(?:/reservationBlocks/[^/]+(?:/reservationSubBlocks/[^/]+)?)?"
+)
+
+
+def reservation_consumers(entries: list, project: str) -> dict[str, frozenset[str]]:
+    """The reservations the emulated Compute Engine holds, by path, with the projects that may consume each: its
+    owner, and the projects it is shared with. ``entries``: names or paths (reservations of ``project`` or of the
+    path's owner, not shared), or ``{"name": path, "shared_with": [project, ...]}``.
+    Source: Compute Engine "Shared reservations" (a reservation's shareSettings: shareType SPECIFIC_PROJECTS and
+    the consumer projects; only those projects can consume it)."""
+    known = {}
+    for entry in entries:
+        name, shared = (entry["name"], entry.get("shared_with", [])) if isinstance(entry, dict) else (entry, [])
+        match = _RESERVATION_VALUE.fullmatch(name)
+        owner = match["owner"] or project
+        known[f"projects/{owner}/reservations/{match['name']}"] = frozenset({owner, *shared})
+    return known
+
+
+def check_reservation_affinity(pool: dict, project: str, known_reservations: dict[str, frozenset[str]]) -> None:
     """SPECIFIC_RESERVATION needs key compute.googleapis.com/reservation-name and exactly one value, naming a
-    reservation that exists.
+    reservation that exists (in the pool's project, or another project's shared with it).
     Source: GKE API reference ReservationAffinity ("key: Corresponds to the label key of a reservation resource.
     To target a SPECIFIC_RESERVATION by name, specify "compute.googleapis.com/reservation-name" as the key and
     specify the name of your reservation as its value.")
     https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig#ReservationAffinity ;
-    GKE docs "Consuming reserved zonal resources"
+    GKE docs "Consuming reserved zonal resources" (a shared reservation by projects/OWNER/reservations/NAME)
     https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations ;
     unknown reservation: GKE's 404 quoted in GoogleCloudPlatform/cluster-toolkit PR 5043: "Google Compute
-    Engine: reservation "NAME" not found for node pool "POOL" at zone "ZONE"." (code NOT_FOUND).
-    ``known_reservations`` holds reservation names (short) or projects/P/reservations/NAME paths.
+    Engine: reservation "NAME" not found for node pool "POOL" at zone "ZONE"." (code NOT_FOUND); a reservation
+    of another project not shared with the pool's is refused likewise (wording ours: Compute Engine does not
+    show one project another's reservations).
+    ``known_reservations``: :func:`reservation_consumers`.
     """
     config = pool.get("config") or {}
     affinity = config.get("reservation_affinity") or {}
@@ -181,15 +206,15 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: set
         raise invalid_argument(
             f"SPECIFIC_RESERVATION requires exactly one reservation name, got {len(values)}."
         )  # (wording ours)
-    value = values[0]
-    match = re.fullmatch(r"projects/([^/]+)/reservations/([^/]+)", value)
-    short = match.group(2) if match else value
-    full = value if match else f"projects/{project}/reservations/{value}"
-    if short not in known_reservations and full not in known_reservations:
+    match = _RESERVATION_VALUE.fullmatch(values[0])
+    if not match:
+        raise invalid_argument(f'Invalid reservation "{values[0]}".')  # (wording ours)
+    path = f"projects/{match['owner'] or project}/reservations/{match['name']}"
+    if project not in known_reservations.get(path, ()):
         zone = (pool.get("locations") or ["?"])[0]
         raise GkeError(
             "NOT_FOUND",
-            f'Google Compute Engine: reservation "{short}" not found for node pool '
+            f'Google Compute Engine: reservation "{match["name"]}" not found for node pool '
             f'"{pool.get("name")}" at zone "{zone}".',
         )
 
@@ -311,7 +336,12 @@ def check_node_metadata(pool: dict) -> None:
 
 
 def check_node_pool(
-    cluster: dict, pool: dict, region: str, project: str, reservations: set[str], default_disk: str = DEFAULT_BOOT_DISK
+    cluster: dict,
+    pool: dict,
+    region: str,
+    project: str,
+    reservations: dict[str, frozenset[str]],
+    default_disk: str = DEFAULT_BOOT_DISK,
 ) -> None:
     """Every per-pool rule, in the order GKE's validation is likely to meet them."""
     check_node_pool_name(pool.get("name") or "")
@@ -330,7 +360,11 @@ def check_node_pool(
 
 
 def check_cluster(
-    cluster: dict, region: str, project: str, reservations: set[str], default_disk: str = DEFAULT_BOOT_DISK
+    cluster: dict,
+    region: str,
+    project: str,
+    reservations: dict[str, frozenset[str]],
+    default_disk: str = DEFAULT_BOOT_DISK,
 ) -> None:
     check_cluster_name(cluster.get("name") or "")
     names = [p.get("name") for p in cluster.get("node_pools") or []]

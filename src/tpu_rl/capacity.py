@@ -48,11 +48,13 @@ def _on_demand(config: RunConfig, pool: dict[str, Any]) -> None:
 
 def _reservation(config: RunConfig, pool: dict[str, Any]) -> None:
     """gcloud ``--reservation-affinity=specific --reservation=NAME`` (xpk ``--reservation``); GKE API reference
-    ReservationAffinity: key ``compute.googleapis.com/reservation-name``, the reservation as its value."""
+    ReservationAffinity: key ``compute.googleapis.com/reservation-name``, the reservation as its value: a name in
+    the pool's project or ``projects/OWNER/reservations/NAME`` (a shared reservation; GKE "Consuming reserved zonal
+    resources"; xpk ``core/reservation.py`` also sends ``/reservationBlocks/...``)."""
     pool["config"]["reservation_affinity"] = {
         "consume_reservation_type": "SPECIFIC_RESERVATION",
         "key": "compute.googleapis.com/reservation-name",
-        "values": [f"projects/{config.project}/reservations/{config.reservation}"],
+        "values": [config.reservation_path],
     }
 
 

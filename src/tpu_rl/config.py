@@ -153,7 +153,12 @@ class RunConfig:
         enum=list(CAPACITY),
     )
     reservation: str = _param(
-        "", "TPU slice", "Reservation", "Name of the TPU reservation to consume; only with capacity_type 'reservation'."
+        "",
+        "TPU slice",
+        "Reservation",
+        "The TPU reservation to consume; only with capacity_type 'reservation'. Its name in the run's project, or "
+        "projects/OWNER/reservations/NAME for a reservation another project owns and shares with the run's "
+        "(optionally with /reservationBlocks/BLOCK, as xpk sends).",
     )
     capacity_wait_minutes: int = _param(
         0,
@@ -532,6 +537,14 @@ class RunConfig:
     def evaluation_batches(self) -> int:
         """Test batches train_rl evaluates before and after training (0: no evaluation lines)."""
         return int(self.extra_train_args.get("num_test_batches", MAXTEXT_DEFAULT_TEST_BATCHES))
+
+    @property
+    def reservation_path(self) -> str:
+        """The reservation as GKE's ReservationAffinity takes it: ``projects/OWNER/reservations/NAME[/...]``, the
+        run's project for a bare name."""
+        if self.reservation.startswith("projects/"):
+            return self.reservation
+        return f"projects/{self.project}/reservations/{self.reservation}"
 
     @property
     def evaluation_prompts(self) -> int:

@@ -93,6 +93,13 @@ _PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 _REGION = re.compile(r"[a-z]+-[a-z]+\d+")
 #: A GKE cluster's or node pool's name (GKE API reference, Cluster.name; the same rule for NodePool.name).
 _CLUSTER = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+#: A reservation: a Compute Engine name (RFC 1035) in the run's project, or the path of one another project owns
+#: (shared), optionally down to a block and sub-block (Compute API ReservationAffinity; xpk core/reservation.py).
+_RESOURCE_NAME = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_RESERVATION = re.compile(
+    rf"(?:projects/[a-z][a-z0-9-]{{4,28}}[a-z0-9]/reservations/)?{_RESOURCE_NAME}"
+    rf"(?:/reservationBlocks/{_RESOURCE_NAME}(?:/reservationSubBlocks/{_RESOURCE_NAME})?)?"
+)
 #: A Kueue LocalQueue's name as the workloads' label value carries it: an object name (DNS subdomain) that is also a
 #: label value (at most 63 characters, beginning and ending with a letter or digit).
 _LOCAL_QUEUE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
@@ -254,6 +261,13 @@ def _validate_capacity(c: Any):
             "reservation",
             f"is required when capacity_type is '{c.capacity_type}'",
             "name the reservation to consume, or choose another capacity_type",
+        )
+    if c.reservation and not _RESERVATION.fullmatch(c.reservation):
+        yield Problem(
+            "reservation",
+            f"'{c.reservation}' is not a reservation name or path",
+            "give its name (lowercase letters, digits, dashes) for one in the run's project, or "
+            "projects/OWNER/reservations/NAME for one another project shares with it",
         )
     if c.reservation and not needs_reservation:
         yield Problem(

@@ -426,3 +426,26 @@ def label_values(document) -> list[str]:
         for item in document:
             found += label_values(item)
     return found
+
+
+@pytest.mark.parametrize(
+    ("reservation", "path"),
+    [
+        ("my-v6e", "projects/my-project/reservations/my-v6e"),
+        ("projects/central-tpus/reservations/v6e-pool", "projects/central-tpus/reservations/v6e-pool"),
+        (
+            "projects/central-tpus/reservations/v6e-pool/reservationBlocks/block-1",
+            "projects/central-tpus/reservations/v6e-pool/reservationBlocks/block-1",
+        ),
+    ],
+)
+def test_a_reservation_is_a_name_in_the_runs_project_or_the_path_of_a_shared_one(tutorial_conf, reservation, path):
+    conf = {**tutorial_conf, "project": "my-project", "capacity_type": "reservation"}
+    assert RunConfig.from_params({**conf, "reservation": reservation}).reservation_path == path
+
+
+@pytest.mark.parametrize("reservation", ["projects/central-tpus/v6e", "My_Reservation", "projects//reservations/r"])
+def test_a_reservation_that_is_neither_name_nor_path_is_refused(tutorial_conf, reservation):
+    found = problems_for(tutorial_conf, capacity_type="reservation", reservation=reservation)
+    assert f"'{reservation}' is not a reservation name or path" in found["reservation"]
+    assert "projects/OWNER/reservations/NAME" in found["reservation"]

@@ -57,8 +57,8 @@ def refused(fn, *args, code="INVALID_ARGUMENT"):
 
 
 def test_valid_tpu_pool_and_cluster_pass():
-    rules.check_cluster(cluster(), REGION, PROJECT, set())
-    rules.check_node_pool(cluster(), tpu_pool(), REGION, PROJECT, set())
+    rules.check_cluster(cluster(), REGION, PROJECT, {})
+    rules.check_node_pool(cluster(), tpu_pool(), REGION, PROJECT, {})
 
 
 def test_auto_upgrade_off_on_release_channel_refused_auto_repair_off_accepted():
@@ -150,18 +150,17 @@ def test_specific_reservation_form():
         "key": "compute.googleapis.com/reservation-name",
         "values": [f"projects/{PROJECT}/reservations/res-a"],
     }
-    rules.check_reservation_affinity(with_reservation(good), PROJECT, {"res-a"})
-    rules.check_reservation_affinity(
-        with_reservation({**good, "values": ["res-a"]}), PROJECT, {f"projects/{PROJECT}/reservations/res-a"}
-    )
-    refused(rules.check_reservation_affinity, with_reservation({**good, "key": "reservation"}), PROJECT, {"res-a"})
+    known = rules.reservation_consumers(["res-a"], PROJECT)
+    rules.check_reservation_affinity(with_reservation(good), PROJECT, known)
+    rules.check_reservation_affinity(with_reservation({**good, "values": ["res-a"]}), PROJECT, known)
+    refused(rules.check_reservation_affinity, with_reservation({**good, "key": "reservation"}), PROJECT, known)
     refused(
         rules.check_reservation_affinity,
         with_reservation({**good, "values": ["res-a", "res-b"]}),
         PROJECT,
-        {"res-a", "res-b"},
+        rules.reservation_consumers(["res-a", "res-b"], PROJECT),
     )
-    refused(rules.check_reservation_affinity, with_reservation({**good, "values": []}), PROJECT, {"res-a"})
+    refused(rules.check_reservation_affinity, with_reservation({**good, "values": []}), PROJECT, known)
 
 
 def test_unknown_reservation_not_found():
@@ -170,12 +169,12 @@ def test_unknown_reservation_not_found():
         "key": "compute.googleapis.com/reservation-name",
         "values": ["gone"],
     }
-    message = refused(rules.check_reservation_affinity, with_reservation(affinity), PROJECT, set(), code="NOT_FOUND")
+    message = refused(rules.check_reservation_affinity, with_reservation(affinity), PROJECT, {}, code="NOT_FOUND")
     assert message == (
         'Google Compute Engine: reservation "gone" not found for node pool "tpu-slice-0" at zone "us-east5-b".'
     )
     # ANY_RESERVATION names none
-    rules.check_reservation_affinity(with_reservation({"consume_reservation_type": "ANY_RESERVATION"}), PROJECT, set())
+    rules.check_reservation_affinity(with_reservation({"consume_reservation_type": "ANY_RESERVATION"}), PROJECT, {})
 
 
 def spot_pool(**config):
@@ -200,7 +199,7 @@ def flex_pool(**overrides):
 
 
 def test_spot_pool_consumes_no_reservation():
-    rules.check_node_pool(cluster(), spot_pool(), REGION, PROJECT, set())
+    rules.check_node_pool(cluster(), spot_pool(), REGION, PROJECT, {})
     rules.check_capacity(spot_pool(reservation_affinity={"consume_reservation_type": "NO_RESERVATION"}))
     for kind in ("ANY_RESERVATION", "SPECIFIC_RESERVATION"):
         assert "Spot VMs cannot consume reservations" in refused(
@@ -209,7 +208,7 @@ def test_spot_pool_consumes_no_reservation():
 
 
 def test_flex_start_pool_as_gke_documents_it_passes():
-    rules.check_node_pool(cluster(), flex_pool(), REGION, PROJECT, set())
+    rules.check_node_pool(cluster(), flex_pool(), REGION, PROJECT, {})
 
 
 @pytest.mark.parametrize(
@@ -287,7 +286,7 @@ def test_duplicates_already_exist():
     rules.check_cluster_absent("tpu-rl", PROJECT, REGION, {"other"})
     refused(rules.check_node_pool_absent, "tpu-rl", "p", {"p"}, code="ALREADY_EXISTS")
     body = cluster(node_pools=[{"name": "a", "initial_node_count": 1}, {"name": "a", "initial_node_count": 1}])
-    refused(rules.check_cluster, body, REGION, PROJECT, set())
+    refused(rules.check_cluster, body, REGION, PROJECT, {})
 
 
 def test_concurrent_operations_refused_only_on_the_same_pool_or_the_cluster():
@@ -373,10 +372,10 @@ def test_every_machine_type_the_package_offers_is_known_and_regions_have_their_r
 
 def test_cluster_checks_its_pools():
     body = cluster(node_pools=[tpu_pool(management={"auto_repair": True, "auto_upgrade": False})])
-    refused(rules.check_cluster, body, REGION, PROJECT, set())
+    refused(rules.check_cluster, body, REGION, PROJECT, {})
     body = copy.deepcopy(cluster())
     body["node_pools"][0]["config"]["machine_type"] = "no-such-type"
-    assert 'Machine type "no-such-type" does not exist.' == refused(rules.check_cluster, body, REGION, PROJECT, set())
+    assert 'Machine type "no-such-type" does not exist.' == refused(rules.check_cluster, body, REGION, PROJECT, {})
 
 
 def test_node_metadata_keys_gke_reserves_or_cannot_hold_are_refused():
@@ -387,7 +386,7 @@ def test_node_metadata_keys_gke_reserves_or_cannot_hold_are_refused():
             tpu_pool(config={**tpu_pool()["config"], "metadata": {key: "x"}}),
             REGION,
             PROJECT,
-            set(),
+            {},
         )
     assert "must match" in refused(
         rules.check_node_pool,
@@ -395,7 +394,7 @@ def test_node_metadata_keys_gke_reserves_or_cannot_hold_are_refused():
         tpu_pool(config={**tpu_pool()["config"], "metadata": {"tpu.rl/run": "x"}}),
         REGION,
         PROJECT,
-        set(),
+        {},
     )
     assert "exceeds 32 KB" in refused(
         rules.check_node_pool,
@@ -403,14 +402,14 @@ def test_node_metadata_keys_gke_reserves_or_cannot_hold_are_refused():
         tpu_pool(config={**tpu_pool()["config"], "metadata": {"big": "x" * 40000}}),
         REGION,
         PROJECT,
-        set(),
+        {},
     )
     rules.check_node_pool(
         cluster(),
         tpu_pool(config={**tpu_pool()["config"], "metadata": {"tpu-rl-run-id": "manual__2026-12-01T00:00:00+00:00"}}),
         REGION,
         PROJECT,
-        set(),
+        {},
     )
 
 
@@ -470,7 +469,7 @@ def test_every_request_the_pipeline_makes_passes_gkes_rules(overrides):
     config = RunConfig.from_params({**TUTORIAL_CONF, "project": PROJECT, **overrides})
     run = RunIdentity("maxtext_rl_tpu", "manual__rules")
     cluster = gke.cluster_body(config, run, datetime(2026, 11, 30, tzinfo=UTC))
-    reservations = {config.reservation} if config.reservation else set()
+    reservations = rules.reservation_consumers([config.reservation] if config.reservation else [], PROJECT)
     rules.check_cluster(cluster, REGION, PROJECT, reservations)
     for index in range(config.cluster_nodepool_count):
         rules.check_node_pool(cluster, gke.tpu_node_pool(config, run, index), REGION, PROJECT, reservations)
@@ -494,10 +493,47 @@ def test_every_capacity_type_makes_a_pool_gke_takes_and_reads_as_its_properties_
     run = RunIdentity("maxtext_rl_tpu", "manual__capacity")
     cluster = gke.cluster_body(config, run, datetime(2026, 11, 30, tzinfo=UTC))
     pool = gke.tpu_node_pool(config, run, 0)
-    rules.check_node_pool(cluster, pool, REGION, PROJECT, {config.reservation} if config.reservation else set())
+    rules.check_node_pool(
+        cluster,
+        pool,
+        REGION,
+        PROJECT,
+        rules.reservation_consumers([config.reservation] if config.reservation else [], PROJECT),
+    )
     affinity = pool["config"].get("reservation_affinity") or {}
     assert (affinity.get("consume_reservation_type") == "SPECIFIC_RESERVATION") == kind.needs_reservation
     assert (pool["initial_node_count"] == 0) == kind.starts_empty == config.uses_flex_start
     assert bool(pool["config"].get("spot")) == kind.preemptible
     assert ("preemptible" in gke.quota_hint(config)) == kind.preemptible
     assert gke.capacity_fields(config)  # the plan says what it sets
+
+
+@pytest.mark.parametrize("value", ["projects/owner-proj/reservations/shared-v6e", "shared-v6e"])
+def test_a_reservation_another_project_shares_is_consumed_by_its_path_and_refused_unless_shared(value):
+    """A TPU reservation is often owned by a central project and shared: the run names it
+    projects/OWNER/reservations/NAME, and the pool's request carries that path as it is (it became
+    projects/RUN/reservations/projects/OWNER/...); GKE refuses one that is not shared with the pool's project."""
+    from datetime import datetime
+
+    from tpu_rl import gke
+    from tpu_rl.config import RunConfig
+    from tpu_rl.run import RunIdentity
+    from tpu_rl_testing import TUTORIAL_CONF
+
+    config = RunConfig.from_params(
+        {**TUTORIAL_CONF, "project": PROJECT, "capacity_type": "reservation", "reservation": value}
+    )
+    run = RunIdentity("maxtext_rl_tpu", "manual__shared")
+    cluster = gke.cluster_body(config, run, datetime(2026, 11, 30, tzinfo=UTC))
+    pool = gke.tpu_node_pool(config, run, 0)
+    owner = "owner-proj" if value.startswith("projects/") else PROJECT
+    path = f"projects/{owner}/reservations/shared-v6e"
+    assert pool["config"]["reservation_affinity"]["values"] == [path]
+    shared = rules.reservation_consumers([{"name": path, "shared_with": [PROJECT]}], PROJECT)
+    rules.check_node_pool(cluster, pool, REGION, PROJECT, shared)
+    if owner != PROJECT:
+        not_shared = rules.reservation_consumers([{"name": path, "shared_with": ["someone-else"]}], PROJECT)
+        message = refused(rules.check_node_pool, cluster, pool, REGION, PROJECT, not_shared, code="NOT_FOUND")
+        assert 'reservation "shared-v6e" not found for node pool' in message
+    block = with_reservation({**pool["config"]["reservation_affinity"], "values": [f"{path}/reservationBlocks/b1"]})
+    rules.check_reservation_affinity(block, PROJECT, shared)
