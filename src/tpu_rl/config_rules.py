@@ -282,13 +282,19 @@ def _validate_capacity(c: Any):
             "tpu_pool_mode is 'existing' (the run creates none; preemptions are resumed on any capacity)",
             "leave capacity_type 'on_demand', or set tpu_pool_mode to 'per_run'",
         )
-    if c.capacity_wait_minutes and (c.uses_existing_tpu_pools or c.uses_flex_start):
-        reason = (
-            "tpu_pool_mode is 'existing' (the run creates no pool)"
-            if c.uses_existing_tpu_pools
-            else "a flex_start pool is created empty at once: its slice comes when train_rl's pods ask for it, "
-            "and train_rl waits for it"
-        )
+    if c.capacity_wait_minutes and (c.uses_existing_tpu_pools or c.tpu_pools_with_cluster or c.uses_flex_start):
+        if c.uses_existing_tpu_pools:
+            reason = "tpu_pool_mode is 'existing' (the run creates no pool)"
+        elif c.tpu_pools_with_cluster:
+            reason = (
+                "tpu_pool_mode is 'cluster': the TPU pools are created inside the cluster's create, which a "
+                "stockout fails whole (use tpu_pool_mode 'per_run' to wait for a scarce slice)"
+            )
+        else:
+            reason = (
+                "a flex_start pool is created empty at once: its slice comes when train_rl's pods ask for it, "
+                "and train_rl waits for it"
+            )
         yield Problem(
             "capacity_wait_minutes",
             f"bounds the wait of a pool create that GKE holds for capacity, but {reason}",

@@ -311,6 +311,8 @@ def test_capacity_settings_that_would_be_ignored_are_refused(tutorial_conf):
     )
     flex = problems_for(tutorial_conf, capacity_type="flex_start", capacity_wait_minutes=30)["capacity_wait_minutes"]
     assert "a flex_start pool is created empty at once" in flex and flex.endswith("fix: set it to 0.")
+    with_cluster = problems_for(tutorial_conf, tpu_pool_mode="cluster", capacity_wait_minutes=30)
+    assert "the TPU pools are created inside the cluster's create" in with_cluster["capacity_wait_minutes"]
     assert RunConfig.from_params({**tutorial_conf, "capacity_type": "spot", "capacity_wait_minutes": 30})
 
 
