@@ -238,6 +238,14 @@ def _validate_cluster_access(c: Any):
         yield Problem(
             "namespace", f"'{c.namespace}' is not a Kubernetes namespace name", "use lowercase letters, digits, dashes"
         )
+    if c.kueue_queue_name and c.tpu_pools_per_run:
+        yield Problem(
+            "kueue_queue_name",
+            "queues the run's workloads in Kueue, but tpu_pool_mode is 'per_run': the run creates its slice before "
+            "it submits the training, and Kueue may hold the JobSet suspended for hours while the slice bills",
+            "use Kueue with a standing slice (tpu_pool_mode 'cluster' or 'existing'), or clear kueue_queue_name "
+            "(capacity_group queues runs before their slices exist)",
+        )
 
 
 def _validate_capacity(c: Any):

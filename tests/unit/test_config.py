@@ -375,12 +375,17 @@ def test_a_split_slice_with_data_files_is_refused(tutorial_conf):
 def test_a_cpu_pool_or_kueue_queue_name_gke_or_kubernetes_would_refuse_is_refused_before_anything_exists(
     tutorial_conf,
 ):
-    found = problems_for(tutorial_conf, cpu_pool_name="CPU_pool", kueue_queue_name="Team Queue")
+    found = problems_for(
+        tutorial_conf, cpu_pool_name="CPU_pool", kueue_queue_name="Team Queue", tpu_pool_mode="cluster"
+    )
     assert "'CPU_pool' is not a GKE node pool name" in found["cpu_pool_name"]
     assert "e.g. cpu-np" in found["cpu_pool_name"]
     assert "'Team Queue' is not a LocalQueue name a label can carry" in found["kueue_queue_name"]
     assert "cpu_pool_name" in problems_for(tutorial_conf, cpu_pool_name="c" * 41)  # GKE: at most 40
-    ok = RunConfig.from_params({**tutorial_conf, "cpu_pool_name": "pathways-cpu", "kueue_queue_name": "team-a.q1"})
+    standing = {"tpu_pool_mode": "cluster"}
+    ok = RunConfig.from_params(
+        {**tutorial_conf, **standing, "cpu_pool_name": "pathways-cpu", "kueue_queue_name": "team-a.q1"}
+    )
     assert (ok.cpu_pool_name, ok.kueue_queue_name) == ("pathways-cpu", "team-a.q1")
 
 
@@ -407,7 +412,7 @@ def test_every_label_value_the_package_writes_is_valid_for_any_dag_and_run_id(tu
     from tpu_rl.plan import plan_documents
     from tpu_rl.run import RunIdentity
 
-    config = RunConfig.from_params({**tutorial_conf, "kueue_queue_name": "team-a"})
+    config = RunConfig.from_params({**tutorial_conf, "kueue_queue_name": "team-a", "tpu_pool_mode": "cluster"})
     bad = set()
     for dag_id in generated_ids():
         run = RunIdentity(dag_id, generated_ids()[0])
@@ -451,3 +456,10 @@ def test_a_reservation_that_is_neither_name_nor_path_is_refused(tutorial_conf, r
     found = problems_for(tutorial_conf, capacity_type="reservation", reservation=reservation)
     assert f"'{reservation}' is not a reservation name or path" in found["reservation"]
     assert "projects/OWNER/reservations/NAME" in found["reservation"]
+
+
+def test_kueue_with_a_slice_created_per_run_is_refused_it_would_bill_while_kueue_holds_the_training(tutorial_conf):
+    found = problems_for(tutorial_conf, kueue_queue_name="user-queue")["kueue_queue_name"]
+    assert "the run creates its slice before it submits the training" in found
+    assert "tpu_pool_mode 'cluster' or 'existing'" in found
+    assert RunConfig.from_params({**tutorial_conf, "kueue_queue_name": "user-queue", "tpu_pool_mode": "cluster"})
