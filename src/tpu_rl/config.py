@@ -64,6 +64,11 @@ def _required(section: str, title: str, description: str, **schema: Any) -> Any:
     return _param(None, section, title, description, **schema)
 
 
+#: The Pathways images' tag matching MaxText 0.2.4's image (its JAX 0.11.0): Pathways on GKE publishes its proxy and
+#: server images with jax-<version> tags; xpk's default, :latest, drifts from the trainer's JAX.
+PATHWAYS_IMAGE_TAG = "jax-0.11.0"
+
+
 @dataclass(frozen=True)
 class RunConfig:
     # Cloud
@@ -411,10 +416,12 @@ class RunConfig:
         pattern=r"^[a-z][a-z0-9-]*$",
     )
     pathways_image_tag: str = _param(
-        "latest",
+        PATHWAYS_IMAGE_TAG,
         "Advanced",
         "Pathways image tag",
-        "Tag of the Pathways proxy and server images; pin it to match the JAX in the MaxText image.",
+        "Tag of the Pathways proxy and server images: jax-<version>, the JAX of the MaxText image "
+        f"(cloud_image_name; {PATHWAYS_IMAGE_TAG} for MaxText 0.2.4's). Move it with the MaxText image: a Pathways "
+        "server of another JAX than the trainer's fails at start or mid-run.",
     )
     max_restarts: int = _param(
         0,

@@ -463,3 +463,10 @@ def test_kueue_with_a_slice_created_per_run_is_refused_it_would_bill_while_kueue
     assert "the run creates its slice before it submits the training" in found
     assert "tpu_pool_mode 'cluster' or 'existing'" in found
     assert RunConfig.from_params({**tutorial_conf, "kueue_queue_name": "user-queue", "tpu_pool_mode": "cluster"})
+
+
+def test_the_pathways_images_carry_the_jax_tag_of_the_maxtext_image_not_latest(tutorial_config):
+    """xpk's :latest drifts from the trainer's JAX; MaxText 0.2.4's image pins JAX 0.11.0."""
+    assert tutorial_config.cloud_image_name.endswith(":0.2.4")
+    assert tutorial_config.pathways_image("server").endswith("/pathways/server:jax-0.11.0")
+    assert tutorial_config.pathways_image("proxy_server").endswith("/pathways/proxy_server:jax-0.11.0")
