@@ -27,6 +27,14 @@ def converted_prefix(config: RunConfig) -> str:
     return f"{config.model_name}/max-text-format/{conversion_id(config)}/"
 
 
+#: The MaxText settings that decide which prompts a training step reads, and in what order: the split or its slice
+#: (``train_split``), the files (``hf_train_files``), the dataset's configuration (``hf_subset``), the shuffle
+#: (``data_shuffle_seed``) and the length filter that drops prompts (``max_prefill_predict_length``; MaxText
+#: 0.2.4 ``configs/rl.yml`` and its input pipeline). A resume fast-forwards the data by steps: under other values
+#: it would train on other prompts than the steps before it.
+TRAINING_DATA_KEYS = ("train_split", "hf_train_files", "hf_subset", "data_shuffle_seed", "max_prefill_predict_length")
+
+
 def training_record(config: RunConfig) -> dict[str, Any]:
     """The parameters a training run must keep across all its attempts, as plain JSON values.
 
@@ -48,6 +56,17 @@ def training_record(config: RunConfig) -> dict[str, Any]:
             if config.interval_data
             else {}
         ),
+        # The data settings given in extra_train_args (only when some are: records without them still resume).
+        **({"training_data": data} if (data := _training_data(config)) else {}),
+    }
+
+
+def _training_data(config: RunConfig) -> dict[str, Any]:
+    """The :data:`TRAINING_DATA_KEYS` the run sets in extra_train_args, but for the interval's (recorded apart)."""
+    return {
+        key: config.extra_train_args[key]
+        for key in TRAINING_DATA_KEYS
+        if key in config.extra_train_args and key not in config.interval_data
     }
 
 

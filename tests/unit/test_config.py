@@ -190,6 +190,25 @@ def test_training_record_holds_typed_values(tutorial_config):
     assert record["load_parameters_path"] == GcsLayout(tutorial_config, RunIdentity("d", "r")).converted_items_prefix
 
 
+def test_a_resume_over_other_data_settings_is_caught_by_the_training_record(tutorial_conf):
+    """train_split, hf_subset, the shuffle seed or the length filter given in extra_train_args decide which prompts
+    a step reads: a cleared run resumed under other values would fast-forward over other data."""
+    from tpu_rl.checkpoints import training_record_changes
+    from tpu_rl.layout import training_record
+
+    def record(**extra):
+        return training_record(RunConfig.from_params({**tutorial_conf, "extra_train_args": extra}))
+
+    first = record(data_shuffle_seed=7, hf_subset="main", max_prefill_predict_length=256)
+    assert first["training_data"] == {"data_shuffle_seed": 7, "hf_subset": "main", "max_prefill_predict_length": 256}
+    changed = training_record_changes(
+        first, record(data_shuffle_seed=8, hf_subset="main", max_prefill_predict_length=256)
+    )
+    assert changed and "data_shuffle_seed" in changed[0]
+    assert "training_data" not in record()  # a record without such settings reads as before
+    assert training_record_changes(record(), record()) == []
+
+
 # Requests that real GKE or Kubernetes would refuse or never schedule are refused before anything exists.
 
 
