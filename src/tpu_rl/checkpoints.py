@@ -266,6 +266,11 @@ def check_hf_export(
 # --- Training record ---------------------------------------------------------------------------
 
 
+#: Parameters a later version added to the record: a record written before lacks them, and its run resumes as it
+#: did then (what it trained on under them is not known).
+ADDED_TO_THE_RECORD = ("training_data",)
+
+
 def training_record_changes(recorded: Mapping, current: Mapping) -> list[str]:
     """The parameters that differ between a run's record and a resume, as ``"name: old -> new"``.
 
@@ -276,6 +281,7 @@ def training_record_changes(recorded: Mapping, current: Mapping) -> list[str]:
         f"{key}: {recorded.get(key)!r} -> {current.get(key)!r}"
         for key in sorted(set(recorded) | set(current))
         if not _same_recorded_value(recorded.get(key), current.get(key))
+        and not (key in ADDED_TO_THE_RECORD and key not in recorded)
     ]
 
 

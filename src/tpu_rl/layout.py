@@ -56,8 +56,9 @@ def training_record(config: RunConfig) -> dict[str, Any]:
             if config.interval_data
             else {}
         ),
-        # The data settings given in extra_train_args (only when some are: records without them still resume).
-        **({"training_data": data} if (data := _training_data(config)) else {}),
+        # The data settings given in extra_train_args (a record written before 2.4.0 lacks them: see
+        # checkpoints.training_record_changes).
+        "training_data": _training_data(config),
     }
 
 

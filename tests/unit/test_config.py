@@ -205,8 +205,10 @@ def test_a_resume_over_other_data_settings_is_caught_by_the_training_record(tuto
         first, record(data_shuffle_seed=8, hf_subset="main", max_prefill_predict_length=256)
     )
     assert changed and "data_shuffle_seed" in changed[0]
-    assert "training_data" not in record()  # a record without such settings reads as before
-    assert training_record_changes(record(), record()) == []
+    assert record()["training_data"] == {} and training_record_changes(record(), record()) == []
+    assert training_record_changes(record(), record(hf_subset="socratic"))  # settings added on a clear: refused
+    before = {k: v for k, v in first.items() if k != "training_data"}  # written by an earlier version
+    assert training_record_changes(before, first) == []
 
 
 # Requests that real GKE or Kubernetes would refuse or never schedule are refused before anything exists.
