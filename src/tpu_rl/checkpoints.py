@@ -317,6 +317,15 @@ def is_committed(verdict: Verdict) -> bool:
     return not any(problem.startswith(f"no {COMMIT_SUCCESS} ") for problem in verdict.problems)
 
 
+def as_restored(verdict: Verdict) -> tuple[Verdict, str | None]:
+    """A step folder as Orbax restores it: a committed one is complete, what else its check found a warning (the
+    leaf layout of the Pathways persistence path is not publicly documented: see :func:`plan_resume`, which resumes
+    from such a step); an uncommitted one keeps its problems. The final-step check and the resume read a step alike."""
+    if verdict.complete or not is_committed(verdict):
+        return verdict, None
+    return Verdict(), verdict.describe()
+
+
 def plan_resume(newest_first: Iterable[tuple[int, Verdict]]) -> ResumePlan:
     """The resume point, from the verdicts of the step folders under ``checkpoints/actor/``, newest first.
 

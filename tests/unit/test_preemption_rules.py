@@ -193,6 +193,18 @@ def test_a_committed_step_that_fails_the_leaf_check_is_resumed_from_with_a_warni
     assert plan.committed_warnings == ((30, "leaf actor/30/model_params/w/ has no .zarray"),)
 
 
+def test_the_final_step_check_reads_a_committed_step_as_the_resume_does():
+    """verify_training failed a committed final step on the leaf check that a resume treats as a warning: the
+    run then failed on a checkpoint Orbax restores. Both read a step through checkpoints.as_restored."""
+    _, leafless = verdict(50, leaf=False)
+    accepted, warning = ck.as_restored(leafless)
+    assert accepted.complete and warning == "leaf actor/50/model_params/w/ has no .zarray"
+    _, uncommitted = verdict(50, committed=False)
+    assert ck.as_restored(uncommitted) == (uncommitted, None) and not uncommitted.complete
+    _, whole = verdict(50)
+    assert ck.as_restored(whole) == (whole, None)
+
+
 def test_a_complete_newest_step_sets_nothing_aside_and_no_step_means_the_base_checkpoint():
     assert ck.plan_resume([verdict(30), verdict(20, committed=False)]) == ck.ResumePlan(30)
     assert ck.plan_resume([verdict(10, committed=False)]).resume_from == 0

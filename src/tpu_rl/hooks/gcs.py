@@ -237,9 +237,10 @@ async def final_training_step(
             break
         uncommitted.append(candidate)
     verdict = rules.check_final_step(step, train_steps, checkpoint_period, uncommitted, trainer_completed)
-    if verdict.complete:
-        verdict = await probe_orbax_step(reader, f"{prefix}{step}/", f"actor/{step}/", items)
-    return verdict, {"step": step}
+    if not verdict.complete:
+        return verdict, {"step": step}
+    verdict, warning = rules.as_restored(await probe_orbax_step(reader, f"{prefix}{step}/", f"actor/{step}/", items))
+    return verdict, {"step": step, **({"warning": f"actor/{step}/ is committed, but {warning}"} if warning else {})}
 
 
 @dataclass(frozen=True)

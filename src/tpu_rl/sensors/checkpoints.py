@@ -99,6 +99,7 @@ class GcsOutputSensor(BaseSensorOperator):
         if event["status"] != "complete":
             raise AirflowSensorTimeout(event["message"])
         self.log.info("%s is complete", event["uri"])
+        self._warn(event)
         return self.result(event)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
@@ -106,7 +107,13 @@ class GcsOutputSensor(BaseSensorOperator):
         if not verdict.complete:
             self.log.info("%s not complete yet: %s", self.uri, verdict.describe())
             return False
+        self._warn(found)
         return PokeReturnValue(True, self.result({"uri": self.uri, **found}))
+
+    def _warn(self, found: dict[str, Any]) -> None:
+        """What the check accepted but a person should know (a committed step whose leaves it could not find)."""
+        if found.get("warning"):
+            self.log.warning("%s: %s", self.uri, found["warning"])
 
 
 class OrbaxCheckpointSensor(GcsOutputSensor):
