@@ -318,10 +318,12 @@ def is_committed(verdict: Verdict) -> bool:
 
 
 def as_restored(verdict: Verdict) -> tuple[Verdict, str | None]:
-    """A step folder as Orbax restores it: a committed one is complete, what else its check found a warning (the
-    leaf layout of the Pathways persistence path is not publicly documented: see :func:`plan_resume`, which resumes
-    from such a step); an uncommitted one keeps its problems. The final-step check and the resume read a step alike."""
-    if verdict.complete or not is_committed(verdict):
+    """A step folder as the final-step check takes it: a committed one whose only problems are its leaves' is
+    complete, those problems a warning (the leaf layout of the Pathways persistence path is not publicly documented;
+    :func:`plan_resume` resumes from such a step alike); anything else keeps its problems (an item without its
+    metadata, no commit)."""
+    leaves_only = all(problem.startswith("leaf ") for problem in verdict.problems)
+    if verdict.complete or not is_committed(verdict) or not leaves_only:
         return verdict, None
     return Verdict(), verdict.describe()
 

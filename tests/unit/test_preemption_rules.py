@@ -203,6 +203,10 @@ def test_the_final_step_check_reads_a_committed_step_as_the_resume_does():
     assert ck.as_restored(uncommitted) == (uncommitted, None) and not uncommitted.complete
     _, whole = verdict(50)
     assert ck.as_restored(whole) == (whole, None)
+    no_item = ck.check_orbax_step(
+        "actor/50/", ["commit_success.txt", "_CHECKPOINT_METADATA"], {"_CHECKPOINT_METADATA": META}, ITEMS
+    )
+    assert ck.as_restored(no_item) == (no_item, None) and not no_item.complete  # an item missing is no leaf layout
 
 
 def test_a_complete_newest_step_sets_nothing_aside_and_no_step_means_the_base_checkpoint():
