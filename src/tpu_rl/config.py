@@ -23,6 +23,7 @@ from tpu_rl.config_rules import (
     ConfigError,
     Problem,
 )
+from tpu_rl.machines import POD_SHARE_OF_BOOT_DISK
 from tpu_rl.run import DataInterval
 from tpu_rl.tpu import SliceShape, slice_shape
 
@@ -538,7 +539,7 @@ class RunConfig:
     def cpu_pool_disk_gb(self) -> int:
         """A created CPU pool's boot disk: 500 GB, or enough for a conversion pod's disk where GKE leaves about
         47% of a boot disk to pods (its "Plan GKE Standard node sizes" example)."""
-        return max(500, math.ceil(self.conversion_disk_gib * 2**30 / 1e9 / 0.45))
+        return max(500, math.ceil(self.conversion_disk_gib * 2**30 / 1e9 / POD_SHARE_OF_BOOT_DISK))
 
     @property
     def evaluation_batches(self) -> int:

@@ -49,6 +49,16 @@ SHAPES = {
     "c4d-standard-192": MachineShape(192, 744),
 }
 
+#: The share of a node's boot disk GKE leaves to pods as ephemeral storage: about 47% in the example of its "Plan GKE
+#: Standard node sizes" (the rest: the OS, images, logs, the eviction threshold); 45% keeps a margin.
+POD_SHARE_OF_BOOT_DISK = 0.45
+
+
+def pod_disk_gib(boot_disk_gb: float) -> float:
+    """GiB of a node's boot disk (GB, as GKE states its size) that pods may fill."""
+    return boot_disk_gb * 1e9 / GIB * POD_SHARE_OF_BOOT_DISK
+
+
 #: Series that boot only from Hyperdisk (Compute Engine "Machine series comparison": C4, C4A, C4D, N4, and
 #: the TPU v6e hosts ct6e); a pd-* boot disk is refused.
 _HYPERDISK_ONLY = ("c4-", "c4a-", "c4d-", "n4-", "ct6e-")

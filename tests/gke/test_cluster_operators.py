@@ -389,10 +389,53 @@ def test_a_conversion_that_fits_no_cpu_pool_node_fails_before_it_is_submitted(cr
     # The download goes to the node's disk: a pool whose nodes leave less of it to pods than the download needs.
     with pytest.raises(
         AirflowFailException,
-        match=r"asks for 300Gi of it, and no node of the CPU pool 'cpu-np' leaves "
-        r"more than \d+Gi to pods; fix: give the pool a larger boot disk",
+        match=r"asks for 300Gi of it, and the CPU pool 'cpu-np' leaves at most \d+Gi of a node's disk to pods; "
+        r"fix: give the pool a larger boot disk",
     ):
         check(_hook_for(run), SimpleNamespace(**{**fits, "conversion_disk_gib": 300}))
+
+
+def test_a_cpu_pool_at_zero_nodes_is_checked_as_gke_makes_its_nodes_and_a_missing_pool_fails(gke, created):
+    """Cluster Toolkit's Pathways CPU pool autoscales from 0: with no node to read, the check read nothing and a
+    conversion that could never fit sat Pending for hours. It now reads the pool's machine type and boot disk."""
+    from google.cloud.container_v1 import NodePool
+
+    from tpu_rl import gke as requests
+    from tpu_rl.config import RunConfig
+    from tpu_rl.hooks.gke import GkeApiHook
+
+    run, _ = created
+    config = RunConfig.from_params(run.params)
+    body = {**requests.cpu_pool(config), "name": "cpu-zero", "initial_node_count": 0}
+    body["autoscaling"] = {"enabled": True, "min_node_count": 0, "max_node_count": 2}
+    body["config"] = {**body["config"], "disk_size_gb": 100}  # leaves about 42Gi to pods: less than a download
+    client = gke.get_cluster_manager_client()
+    client.create_node_pool(parent=requests.cluster_path(config), node_pool=NodePool.from_json(json.dumps(body)))
+    pool_path = f"{requests.cluster_path(config)}/nodePools/cpu-zero"
+    deadline = time.time() + 60
+    while client.get_node_pool(name=pool_path).status.name != "RUNNING" and time.time() < deadline:
+        time.sleep(0.5)
+    hook = GkeApiHook(run.params["gcp_conn_id"], run.params["project"], run.params["region"])
+    check = EnsureJobSetOperator(task_id="ensure_jobset")._check_cpu_pool
+    zero = SimpleNamespace(
+        cpu_pool_name="cpu-zero",
+        cluster_name=config.cluster_name,
+        conversion_memory="64Gi",
+        conversion_cpu="8",
+        model_name="qwen3-30b-a3b",
+        conversion_disk_gib=85,
+        cpu_pool_disk_gb=500,
+    )
+    try:
+        assert _hook_for(run).list_nodes("cloud.google.com/gke-nodepool=cpu-zero") == []
+        with pytest.raises(
+            AirflowFailException, match=r"the CPU pool 'cpu-zero' leaves at most 4\dGi of a node's disk"
+        ):
+            check(_hook_for(run), zero, hook)
+        with pytest.raises(AirflowFailException, match=r"has no node pool 'cpu-gone'"):
+            check(_hook_for(run), SimpleNamespace(**{**vars(zero), "cpu_pool_name": "cpu-gone"}), hook)
+    finally:
+        client.delete_node_pool(name=pool_path)
 
 
 def _hook_for(run):

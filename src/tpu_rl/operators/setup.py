@@ -14,7 +14,7 @@ from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError
 from tpu_rl.config_rules import conversion_fit_problems
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
-from tpu_rl.machines import quantity_cpu, quantity_gib
+from tpu_rl.machines import SHAPES, pod_disk_gib, quantity_cpu, quantity_gib
 from tpu_rl.manifests import hf_token_secret, workload_service_account
 from tpu_rl.run_scope import RunScoped
 from tpu_rl.training_metrics import gate_resolution
@@ -150,7 +150,7 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
                 self.log.warning("JobSet is installed only in part (%s): repairing it", problem)
             self._install(hook, config.jobset_version, config.namespace)
         if not config.conversion_on_tpu:
-            self._check_cpu_pool(hook, config)
+            self._check_cpu_pool(hook, config, None if config.kubernetes_conn_id else scope.gke)
         if config.kueue_queue_name:
             self._check_local_queue(hook, config)
 
@@ -174,40 +174,70 @@ class EnsureJobSetOperator(RunScoped, BaseOperator):
             time.sleep(self.poll_interval)
         self.log.info("JobSet %s is installed: its controller is Available and its webhooks default a JobSet", version)
 
-    def _check_cpu_pool(self, hook: Any, config: Any) -> None:
-        """A conversion pod that fits no node of the CPU pool would stay Pending for ever: fail now."""
-        nodes = hook.list_nodes(f"{NODEPOOL_LABEL}={config.cpu_pool_name}")
-        if not nodes:
-            self.log.info(
-                "The CPU pool %s has no node now (autoscaled to zero?): conversion size not checked",
-                config.cpu_pool_name,
-            )
+    def _check_cpu_pool(self, hook: Any, config: Any, gke: Any = None) -> None:
+        """A conversion pod that fits no node of the CPU pool would stay Pending for ever: fail now. ``gke``: the
+        cluster's GKE hook, to read a pool that has no node now (it autoscales from 0, as Cluster Toolkit's)."""
+        room = self._cpu_pool_room(hook, config, gke)
+        if room is None:
             return
-        memory = max(quantity_gib(n.status.allocatable["memory"]) for n in nodes)
-        cpu = max(quantity_cpu(n.status.allocatable["cpu"]) for n in nodes)
-        disk = max(quantity_gib(n.status.allocatable.get("ephemeral-storage", "0")) for n in nodes)
-        self.log.info(
-            "CPU pool %s: largest node leaves %.1fGi, %.2f CPUs and %.0fGi of local disk to pods",
-            config.cpu_pool_name,
-            memory,
-            cpu,
-            disk,
-        )
+        cpu, memory, disk, where = room
         for problem in conversion_fit_problems(
-            config,
-            cpu,
-            memory,
-            where=f"any node of the CPU pool '{config.cpu_pool_name}'",
-            larger="use a pool of larger machines",
+            config, cpu, memory, where=where, larger="use a pool of larger machines"
         ):
             raise AirflowFailException(str(problem))
         if disk < config.conversion_disk_gib:
             raise AirflowFailException(
                 f"cpu_pool_name: the conversion downloads {config.model_name} to the node's disk and asks for "
-                f"{config.conversion_disk_gib}Gi of it, and no node of the CPU pool '{config.cpu_pool_name}' leaves "
-                f"more than {disk:.0f}Gi to pods; fix: give the pool a larger boot disk (e.g. gcloud container "
-                f"node-pools create ... --disk-size {config.cpu_pool_disk_gb}), or name another pool"
+                f"{config.conversion_disk_gib}Gi of it, and the CPU pool '{config.cpu_pool_name}' leaves at most "
+                f"{disk:.0f}Gi of a node's disk to pods; fix: "
+                f"give the pool a larger boot disk (e.g. gcloud container node-pools create ... --disk-size "
+                f"{config.cpu_pool_disk_gb}), or name another pool"
             )
+
+    def _cpu_pool_room(self, hook: Any, config: Any, gke: Any) -> tuple[float, float, float, str] | None:
+        """(CPUs, GiB of memory, GiB of disk) a node of the CPU pool leaves to pods, and how to name that node: its
+        largest node's allocatable, or, with no node now, what GKE would give a node of its machine type and boot
+        disk. None when neither is known."""
+        name = config.cpu_pool_name
+        nodes = hook.list_nodes(f"{NODEPOOL_LABEL}={name}")
+        if nodes:
+            memory = max(quantity_gib(n.status.allocatable["memory"]) for n in nodes)
+            cpu = max(quantity_cpu(n.status.allocatable["cpu"]) for n in nodes)
+            disk = max(quantity_gib(n.status.allocatable.get("ephemeral-storage", "0")) for n in nodes)
+            self.log.info(
+                "CPU pool %s: largest node leaves %.1fGi, %.2f CPUs and %.0fGi of local disk to pods",
+                name,
+                memory,
+                cpu,
+                disk,
+            )
+            return cpu, memory, disk, f"any node of the CPU pool '{name}'"
+        pool = self._gke_pool(gke, config) if gke is not None else None
+        shape = SHAPES.get(pool.config.machine_type) if pool is not None else None
+        if shape is None:
+            self.log.info("The CPU pool %s has no node now, and its machine type is not known: not checked", name)
+            return None
+        self.log.info(
+            "The CPU pool %s has no node now (it scales from 0): checked as GKE makes a node of it (%s, %d GB disk)",
+            name,
+            pool.config.machine_type,
+            pool.config.disk_size_gb,
+        )
+        where = f"a node of the CPU pool '{name}' ({pool.config.machine_type}, {pool.config.disk_size_gb} GB disk)"
+        return shape.allocatable_cpu, shape.allocatable_memory_gib, pod_disk_gib(pool.config.disk_size_gb), where
+
+    @staticmethod
+    def _gke_pool(gke: Any, config: Any) -> Any:
+        """The CPU pool as GKE has it; a pool the cluster lacks fails the run (its pods would wait for ever)."""
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return gke.get_node_pool(config.cluster_name, config.cpu_pool_name)
+        except NotFound:
+            raise AirflowFailException(
+                f"cpu_pool_name: the cluster {config.cluster_name} has no node pool '{config.cpu_pool_name}', which "
+                "the conversions and the Pathways head select; fix: name one of its CPU pools"
+            ) from None
 
     def _check_local_queue(self, hook: Any, config: Any) -> None:
         if not hook.has_custom_object(
