@@ -8,7 +8,8 @@ Stage contract (arguments read, `key=value` and `--flag=value`):
   train_rl        base_output_directory, run_name (required), num_batches (4), rl.num_iterations (1) or a
                   flat num_iterations, train_fraction (1.0), num_epoch (1),
                   checkpoint_period (50), max_num_checkpoints_to_keep (10), num_test_batches (5),
-                  batch_size (1), load_parameters_path (must exist when given)
+                  batch_size (1), load_parameters_path (must exist when given); a key MaxText 0.2.4 does not
+                  know fails it first, with MaxText's "MAXTEXT CONFIG ERROR" and exit code 2
                   ->  <base>/<run>/checkpoints/actor/<step>/{model_params/, optimizer_state/, ...}
                       and one event file per attempt in <base>/<run>/tensorboard/ (MaxText's tags, one
                       scalar per trained step: docs/training-metrics.md); resumes after the last
@@ -24,9 +25,12 @@ returns (the lines it logs, the :class:`~sim.maxtext_outputs.Bucket` it wrote), 
 :class:`~sim.maxtext_outputs.PodFailure`.
 """
 
+import json
 import random
 import shlex
 import struct
+from functools import cache
+from pathlib import Path
 
 from .maxtext_outputs import (
     LEAVES,
@@ -75,6 +79,33 @@ def parse_invocation(command):
                     args[key] = value
             return STAGES[tokens[i + 1]], args, flags
     return None, {}, {}
+
+
+#: The config keys MaxText 0.2.4's train_rl accepts: the package's data file (scripts/maxtext_keys.py writes it
+#: from the release's wheel), read from the checkout the simulation runs from.
+MAXTEXT_KEYS = Path(__file__).resolve().parents[1] / "src" / "tpu_rl" / "maxtext_keys_0.2.4.json"
+
+
+@cache
+def train_rl_keys():
+    return json.loads(MAXTEXT_KEYS.read_text())["keys"]
+
+
+def check_config_keys(args):
+    """Refuses an unknown key as MaxText 0.2.4's pyconfig does, before a model or a dataset is loaded. OmegaConf
+    makes a dotted override a nested mapping, so the part before the first dot is checked (configs/pyconfig.py:254
+    _prepare_for_pydantic, :270 the warning, :271 the ValueError naming the key and every field, in RLConfig's
+    field order where this lists them sorted); the error is logged between two rules of '=' (:385-387) and the
+    process exits with 2 (:398, _handle_config_exception). The first unknown key of the command is the one named."""
+    known = train_rl_keys()
+    for key in args:
+        head = key.split(".", 1)[0]
+        if head not in known:
+            error = f"MAXTEXT CONFIG ERROR: {head!r} not in {', '.join(map(repr, known))}."
+            rule = "=" * 80
+            lines = [f"W1204 pyconfig.py:270] Ignoring invalid/unsupported field from YAML/CLI: {head!r}"]
+            lines += [f"E1204 pyconfig.py:{n}] {text}" for n, text in ((385, rule), (386, error), (387, rule))]
+            raise PodFailure(error, exit_code=2, lines=lines)
 
 
 def truthy(value):
@@ -140,6 +171,7 @@ ACTOR = "checkpoints/actor"
 def train_rl(client, args, flags, faults_, duration=0.0):
     """MaxText's RL trainer: resumes after the last committed step, saves the actor every checkpoint_period steps,
     writes its curves to an event file that grows over ``duration`` seconds, and evaluates before and after."""
+    check_config_keys(args)
     if args.get("load_parameters_path"):
         require_input(client, args["load_parameters_path"], "load_parameters_path")
     out = Bucket(client, args["base_output_directory"].rstrip("/") + "/" + args["run_name"])

@@ -361,7 +361,8 @@ class RunConfig:
         {},
         "Training",
         "Extra train_rl arguments",
-        'More MaxText keys for train_rl, e.g. {"rl.num_iterations": 2}. Unknown keys fail the trainer.',
+        'More MaxText keys for train_rl, e.g. {"rl.num_iterations": 2}. A key MaxText 0.2.4 does not know is '
+        "refused before anything is created (MaxText would fail at the trainer's start).",
     )
 
     # Evaluation and cost

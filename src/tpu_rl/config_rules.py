@@ -8,10 +8,14 @@ checked against; this module does not import ``tpu_rl.config``, which imports it
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import re
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from tpu_rl.capacity import CAPACITY, DEFAULT_CAPACITY
@@ -51,7 +55,8 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{self.field}: {self.message}; fix: {self.fix}."
+        end = "" if self.fix.endswith(("?", ".")) else "."
+        return f"{self.field}: {self.message}; fix: {self.fix}{end}"
 
 
 class ConfigError(ValueError):
@@ -148,6 +153,7 @@ def problems(c: Any) -> Iterator[Problem]:
         _validate_conversion,
         _validate_workloads,
         _validate_slice,
+        _validate_maxtext_keys,
         _validate_interval_data,
         _validate_dataset,
         _validate_planned_steps,
@@ -444,6 +450,82 @@ def _axes_divide(c: Any, side: str, kind: str, *fields: str, blame: int):
             f"{fields[0]} x {fields[1]} = {product} does not divide the {devices:g} {side} devices",
             f"choose {kind} parallelisms whose product divides the {side} devices",
         )
+
+
+#: The MaxText release whose train_rl keys extra_train_args is checked against: the default image's (cloud_image_name,
+#: tpu_post_training:0.2.4). Its key file ships with the package, written from the release's wheel by
+#: scripts/maxtext_keys.py.
+MAXTEXT_RELEASE = "0.2.4"
+
+
+@cache
+def maxtext_keys() -> dict[str, Any]:
+    """MaxText's train_rl keys as shipped: ``keys`` (what its pyconfig accepts), ``nested`` (the fields of the
+    models nested in its config, such as ``rl``), ``mappings`` (fields holding a free mapping) and ``defaults`` (the
+    keys of the rl.yml it loads)."""
+    return json.loads(resources.files("tpu_rl").joinpath(f"maxtext_keys_{MAXTEXT_RELEASE}.json").read_text())
+
+
+@cache
+def _maxtext_spellings() -> frozenset[str]:
+    """Every key train_rl takes as written: the top-level keys, and ``outer.inner`` for a nested model's field."""
+    known = maxtext_keys()
+    dotted = {f"{outer}.{inner}" for outer, fields in known["nested"].items() for inner in fields}
+    return frozenset(known["keys"]) | dotted
+
+
+def is_maxtext_key(key: str) -> bool:
+    """Whether MaxText's train_rl knows ``key``: a field of its config, ``outer.inner`` for a model nested in it
+    (``rl.num_iterations``), or anything under a field holding a free mapping (``generation_configs.greedy.x``)."""
+    return key in _maxtext_spellings() or any(key.startswith(f"{m}.") for m in maxtext_keys()["mappings"])
+
+
+_RL_CONFIG = f"train_rl's config (MaxText {MAXTEXT_RELEASE}: configs/types.py RLConfig)"
+
+
+def _flat_over(key: str) -> str:
+    """The flat key MaxText copies over the nested ``key`` (``dataset.num_batches``: ``num_batches``), when rl.yml or
+    the run sets it; else ''."""
+    outer, _, inner = key.partition(".")
+    given = inner in _OWN_TRAIN_KEYS or inner in maxtext_keys()["defaults"]
+    return inner if given and inner in maxtext_keys()["nested"].get(outer, ()) else ""
+
+
+@cache
+def _suggestions() -> tuple[str, ...]:
+    """The keys a fix may name: not a nested model as a whole (``dataset``), nor a nested key MaxText replaces."""
+    return tuple(sorted(k for k in _maxtext_spellings() if k not in maxtext_keys()["nested"] and not _flat_over(k)))
+
+
+def _closest_keys(key: str) -> list[str]:
+    """The keys nearest ``key`` (difflib's ratio) that MaxText would use as given, the runners-up only when nearly
+    as near as the nearest."""
+    ratio = {k: difflib.SequenceMatcher(None, key, k).ratio() for k in difflib.get_close_matches(key, _suggestions())}
+    return [k for k in ratio if ratio[k] >= max(ratio.values()) - 0.1]
+
+
+def _validate_maxtext_keys(c: Any):
+    """Each extra_train_args key is one MaxText's train_rl knows. Its pyconfig refuses any other top-level key when
+    train_rl starts (MaxText 0.2.4 configs/pyconfig.py:271, "MAXTEXT CONFIG ERROR", exit code 2): on the TPU slice
+    the run created, and again on every retry. An unknown key inside a nested model (rl.num_iteratons) it would
+    drop without a word, and a nested key given flat as well (dataset.num_test_batches: rl.yml sets
+    num_test_batches) it replaces by the flat one (configs/types.py:4585, map_flat_fields_to_nested_models)."""
+    for key in sorted(map(str, c.extra_train_args)):
+        if not is_maxtext_key(key):
+            close = [repr(k) for k in _closest_keys(key)]
+            fix = f"did you mean {_either(close)}?" if close else f"remove it, or use a key of {_RL_CONFIG}"
+            yield Problem("extra_train_args", f"'{key}' is not a MaxText {MAXTEXT_RELEASE} setting", fix)
+            continue
+        flat = _flat_over(key)
+        if flat:
+            own = flat in _OWN_TRAIN_KEYS
+            setter = "the run" if own else "MaxText's rl.yml"
+            yield Problem(
+                "extra_train_args",
+                f"'{key}' is replaced by the flat '{flat}' that {setter} sets (MaxText {MAXTEXT_RELEASE} copies a "
+                "flat key over the nested one)",
+                f"set '{flat}' with its parameter" if own else f"set '{flat}' instead",
+            )
 
 
 #: The MaxText 0.2.4 keys that say what a run trains on (configs/base.yml, configs/post_train/rl.yml): a

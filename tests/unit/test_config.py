@@ -145,6 +145,40 @@ def test_extra_train_args_cannot_override_own_params(tutorial_conf):
     assert config.train_steps == 100
 
 
+def test_a_key_maxtext_does_not_know_is_refused_with_the_nearest_one(tutorial_conf):
+    """MaxText 0.2.4 refuses an unknown key only when train_rl starts, on the TPU slice the run created."""
+    problems = problems_for(tutorial_conf, extra_train_args={"learning_rat": 1e-6})
+    assert problems["extra_train_args"] == (
+        "extra_train_args: 'learning_rat' is not a MaxText 0.2.4 setting; fix: did you mean 'learning_rate'?"
+    )
+
+
+@pytest.mark.parametrize(
+    "key, fix",
+    [
+        ("rl.num_iteratons", "did you mean 'rl.num_iterations'?"),  # MaxText would drop it and train 1 iteration
+        ("learning_rate.peak", "did you mean 'learning_rate'?"),  # learning_rate holds a number, not keys
+        ("eval_dataset", "did you mean 'eval_dataset_name'?"),
+        ("temperature", "did you mean 'temperature_tuning' or 'distill_temperature'?"),
+        ("zzz", "remove it, or use a key of train_rl's config (MaxText 0.2.4: configs/types.py RLConfig)."),
+    ],
+)
+def test_each_unknown_key_is_named_with_its_fix(tutorial_conf, key, fix):
+    problems = problems_for(tutorial_conf, extra_train_args={"learning_rate": 1e-6, key: 1})
+    assert problems["extra_train_args"] == f"extra_train_args: '{key}' is not a MaxText 0.2.4 setting; fix: {fix}"
+
+
+def test_known_keys_nested_keys_and_keys_under_a_mapping_are_accepted(tutorial_conf):
+    extra = {
+        "learning_rate": 1e-6,
+        "rl.num_iterations": 2,
+        "num_generations": 4,
+        "rl.grpo_beta": 0.04,
+        "generation_configs.greedy.temperature": 0.1,
+    }
+    assert RunConfig.from_params({**tutorial_conf, "extra_train_args": extra}).extra_train_args == extra
+
+
 @pytest.mark.parametrize(
     "extra, steps",
     [

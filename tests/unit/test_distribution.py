@@ -71,7 +71,7 @@ def test_the_installed_package_is_the_wheel_of_this_checkout():
     assert installed.version == tpu_rl.__version__
     stale = []
     for record in installed.files:
-        if record.parts[0] == "tpu_rl" and record.suffix in (".py", ".yaml"):
+        if record.parts[0] == "tpu_rl" and record.suffix in (".py", ".yaml", ".json"):
             source = REPO / "src" / Path(*record.parts)
             if not source.is_file() or source.read_bytes() != record.locate().read_bytes():
                 stale.append(str(record))

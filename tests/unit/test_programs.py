@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.config_rules import INTERVAL_DATA_KEYS, is_maxtext_key
 from tpu_rl.layout import GcsLayout, training_record
 from tpu_rl.leases import Holder, Lease
 from tpu_rl.maxtext import train_rl
@@ -86,6 +87,22 @@ def test_interval_data_templates_are_checked():
         RunConfig.from_params(
             {**conf, "interval_data": {"train_split": "train[{first}:{stop}]"}, "examples_per_interval": 100}
         )
+
+
+def test_a_programs_maxtext_keys_are_checked_at_parse_time():
+    """A program's extra_train_args and data keys reach train_rl as MaxText keys: a typo would fail each interval's
+    run on its TPU slice, so the DAG file refuses it; the data keys it allows are MaxText 0.2.4's."""
+    body = example_body()
+    body["params"] = {**body["params"], "extra_train_args": {"eval_dataset_nam": "openai/gsm8k"}}
+    with pytest.raises(ProgramError) as raised:
+        parse_program("programs.yaml", "p", body)
+    assert (
+        "params.extra_train_args: 'eval_dataset_nam' is not a MaxText 0.2.4 setting; fix: did you mean "
+        "'eval_dataset_name'?" in str(raised.value)
+    )
+    with pytest.raises(ProgramError, match="params.interval_data: 'train_splt' is not a data key"):
+        parse_program("programs.yaml", "p", {**example_body(), "data": {"train_splt": "train[{first}:{stop}]"}})
+    assert all(is_maxtext_key(key) for key in INTERVAL_DATA_KEYS)
 
 
 def test_each_interval_trains_on_its_own_slice_of_the_data_and_records_it():
