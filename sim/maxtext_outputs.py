@@ -247,17 +247,20 @@ def training_scalars(seed, train_steps, steps):
     return scalars
 
 
-def tensorboard_event_file(scalars):
+def tensorboard_event_file(scalars, wall_time=None):
     """One event file as MaxText's writer makes it (tensorboardX's SummaryWriter through metrax's
-    TensorboardBackend): returns (file name, bytes)."""
-    name, data, _ = growing_event_file(scalars)
+    TensorboardBackend): returns (file name, bytes). ``wall_time``: as for :func:`growing_event_file`."""
+    name, data, _ = growing_event_file(scalars, wall_time)
     return name, data
 
 
-def growing_event_file(scalars):
+def growing_event_file(scalars, wall_time=None):
     """The event file and, for each step, how many of its bytes hold the steps up to it: a writer that flushed
     after that step had written that prefix (records are appended, never rewritten). Returns (file name, bytes,
-    [(step, size)])."""
+    [(step, size)]).
+
+    ``wall_time(step)``: the POSIX time to stamp on a step's records (a trainer's pace); by default the time of
+    writing, as the real writer stamps them, which here puts every step within a moment."""
     import tempfile
 
     from tensorboardX import SummaryWriter
@@ -266,7 +269,7 @@ def growing_event_file(scalars):
     with tempfile.TemporaryDirectory() as folder:
         writer = SummaryWriter(logdir=folder)
         for step, tag, value in points:
-            writer.add_scalar(tag, value, step)
+            writer.add_scalar(tag, value, step, walltime=None if wall_time is None else wall_time(step))
         writer.close()
         (path,) = Path(folder).iterdir()
         data = path.read_bytes()

@@ -3,10 +3,10 @@
 An event file is a sequence of TFRecords (``tensorflow/core/lib/io/record_writer.cc``: a little-endian
 uint64 length, the masked CRC-32C of those 8 bytes, the data, the masked CRC-32C of the data), each holding
 one serialised ``Event`` (``tensorflow/core/util/event.proto``). Only the fields a scalar needs are decoded
-from the protobuf wire format: ``Event.step`` and ``Event.summary``; in ``Summary.Value`` the ``tag``, a
-``simple_value`` (what tensorboardX's ``add_scalar`` writes, and so MaxText's writer) or a ``tensor`` whose
-``metadata.plugin_data.plugin_name`` is ``scalars`` (TensorBoard's own summaries, tensorboardX with
-``new_style=True``).
+from the protobuf wire format: ``Event.wall_time``, ``Event.step`` and ``Event.summary``; in ``Summary.Value``
+the ``tag``, a ``simple_value`` (what tensorboardX's ``add_scalar`` writes, and so MaxText's writer) or a
+``tensor`` whose ``metadata.plugin_data.plugin_name`` is ``scalars`` (TensorBoard's own summaries,
+tensorboardX with ``new_style=True``).
 
 Why not TensorBoard's reader: its current release needs protobuf >= 6.31.1 and grpcio >= 1.74, which Cloud
 Composer's images do not all have, and the package must install there without moving a preinstalled
@@ -32,6 +32,8 @@ class Scalar:
     step: int
     tag: str
     value: float
+    #: When the writer logged it (POSIX seconds): tensorboardX stamps each record with ``time.time()``.
+    wall_time: float
 
 
 def records(data: bytes) -> Iterator[bytes]:
@@ -55,9 +57,11 @@ def records(data: bytes) -> Iterator[bytes]:
 def scalars(data: bytes) -> Iterator[Scalar]:
     """Every scalar of an event file, in the order written."""
     for record in records(data):
-        step, summary = 0, None
+        step, summary, wall_time = 0, None, 0.0
         for number, value in _fields(record):
-            if number == 2:
+            if number == 1:
+                wall_time = struct.unpack("<d", value)[0]
+            elif number == 2:
                 step = _signed(value)
             elif number == 5:
                 summary = value
@@ -67,7 +71,7 @@ def scalars(data: bytes) -> Iterator[Scalar]:
             if number == 1:
                 scalar = _scalar_value(value)
                 if scalar is not None:
-                    yield Scalar(step, *scalar)
+                    yield Scalar(step, *scalar, wall_time)
 
 
 def _scalar_value(value: bytes) -> tuple[str, float] | None:

@@ -32,7 +32,12 @@ KL_TAG = "actor/train/kl"
 #: Event files are named ``events.out.tfevents.<start time>.<host>``: sorted names are in writing order.
 EVENT_FILE_MARK = "events.out.tfevents."
 
-#: Scalars per tag: (step, value), by step.
+#: Not a tag: the wall time (POSIX seconds) at which the trainer logged each step's loss (:data:`LOSS_TAG`), as
+#: (step, wall time). It rides with the curves so that it goes wherever they go (the merge of attempts, the
+#: incremental reader, the Training tab); the ETA's pace comes from it. No curve shows it.
+STEP_TIMES = "tpu_rl/step_wall_time"
+
+#: Scalars per tag: (step, value), by step; and :data:`STEP_TIMES`.
 Scalars = dict[str, list[tuple[int, float]]]
 
 
@@ -47,12 +52,15 @@ def read_scalars(files: Iterable[str | Path | bytes]) -> Scalars:
     Files count in the order given: pass them sorted by name. A resumed run writes a new file per attempt
     and logs again the steps its crashed predecessor logged after its last checkpoint; the later value
     wins, as in TensorBoard. A file cut short while its writer flushes yields the records before the cut.
+    The loss's records also give :data:`STEP_TIMES`.
     """
     curves: dict[str, dict[int, float]] = {}
     for source in files:
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
         for scalar in event_files.scalars(data):
             curves.setdefault(scalar.tag, {})[scalar.step] = scalar.value
+            if scalar.tag == LOSS_TAG:
+                curves.setdefault(STEP_TIMES, {})[scalar.step] = scalar.wall_time
     return {tag: sorted(points.items()) for tag, points in sorted(curves.items())}
 
 
@@ -78,8 +86,8 @@ def attempt_progress(
 ) -> str | None:
     """:func:`progress_line` from the scalars of each event file (by file name); None before any file.
 
-    The newest file is the trainer's current attempt: its writer's start gives the elapsed time, and the
-    step before its first logged loss the step it resumed from, so the ETA counts only its own steps. A file
+    The newest file is the trainer's current attempt: its writer's start gives the elapsed time, the step
+    before its first logged loss the step it resumed from, and its own step times the ETA's pace. A file
     whose writer started before ``attempt_started`` (POSIX seconds: when the current attempt was submitted)
     is an earlier attempt's: until the current one writes its first file (minutes of loading the model), the
     line gives the step reached and no ETA, which would be the earlier attempt's.
@@ -95,10 +103,13 @@ def attempt_progress(
             f"step {step}/{train_steps} ({100 * step // train_steps}%) before this attempt, which has not "
             "logged a step yet (it loads the model)"
         )
-    current, losses = files[names[-1]].get(LOSS_TAG), scalars.get(LOSS_TAG)
-    if current:  # the current attempt is where its own curve ends (an earlier one may have logged further)
-        scalars = {**scalars, LOSS_TAG: [(step, value) for step, value in losses if step <= current[-1][0]]}
+    own = files[names[-1]]
+    current, losses = own.get(LOSS_TAG), scalars.get(LOSS_TAG) or []
     resumed_from = current[0][0] - 1 if current else (losses[-1][0] if losses else 0)
+    if current:  # the current attempt is where its own curve ends (an earlier one may have logged further)
+        losses = [(step, value) for step, value in losses if step <= current[-1][0]]
+    # The pace is this attempt's own: between an earlier attempt's steps and its own lies the restart.
+    scalars = {**scalars, LOSS_TAG: losses, STEP_TIMES: own.get(STEP_TIMES) or []}
     started = event_file_started(names[-1])
     return progress_line(scalars, train_steps, now - started if started else 0.0, resumed_from)
 
@@ -334,23 +345,39 @@ def accuracy_change(before: Score, after: Score) -> tuple[float, float]:
 def progress_line(
     scalars: Mapping[str, Sequence[tuple[int, float]]], train_steps: int, elapsed_seconds: float, resumed_from: int = 0
 ) -> str:
-    """E.g. ``step 30/50 (60%), 1h12m elapsed, ETA 48m, reward 0.41 (+0.12 since start)``.
+    """E.g. ``step 30/50 (60%), 1h12m elapsed, ETA 40m, reward 0.41 (+0.12 since start)``.
 
-    :param elapsed_seconds: since this attempt of the trainer started; it began at step ``resumed_from``
-        (the checkpoint it restored), so the ETA uses only the steps it made itself.
+    The ETA is the steps left at the pace of this attempt's own steps (:func:`seconds_per_step`), not the time
+    since it started: a 30B model's trainer loads the model, evaluates it and compiles for many minutes before
+    its first step.
+
+    :param elapsed_seconds: since this attempt of the trainer started (shown as is).
+    :param resumed_from: the step this attempt began at (the checkpoint it restored).
     """
     losses = scalars.get(LOSS_TAG) or []
     step = losses[-1][0] if losses else resumed_from
     parts = [f"step {step}/{train_steps} ({100 * step // train_steps}%)", f"{_duration(elapsed_seconds)} elapsed"]
-    if resumed_from < step < train_steps:
-        parts.append(f"ETA {_duration(elapsed_seconds / (step - resumed_from) * (train_steps - step))}")
-    elif step < train_steps:
-        parts.append("ETA after the first logged step")
+    if step < train_steps:
+        pace = seconds_per_step(scalars.get(STEP_TIMES) or [], resumed_from, step)
+        parts.append(
+            "ETA after the second logged step" if pace is None else f"ETA {_duration(pace * (train_steps - step))}"
+        )
     rewards = scalars.get(REWARD_TAG) or []
     if rewards:
         first, last = rewards[0][1], rewards[-1][1]
         parts.append(f"reward {last:.2f} ({last - first:+.2f} since start)")
     return ", ".join(parts)
+
+
+def seconds_per_step(step_times: Sequence[tuple[int, float]], resumed_from: int, step: int) -> float | None:
+    """The seconds per step between the first and the last step the attempt logged (of ``step_times``, those
+    after ``resumed_from`` up to ``step``); None before its second: one step alone gives no pace, and the time
+    before it is loading and compiling, not training."""
+    own = [(logged, at) for logged, at in step_times if resumed_from < logged <= step]
+    if len(own) < 2:
+        return None
+    (first, started), (last, ended) = own[0], own[-1]
+    return (ended - started) / (last - first)
 
 
 def _duration(seconds: float) -> str:

@@ -18,10 +18,14 @@ pytestmark = pytest.mark.core
 EventFileLoader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader").EventFileLoader
 tensor_util = pytest.importorskip("tensorboard.util.tensor_util")
 
+#: The wall time of the first record written by TensorBoard's own writer here, and the seconds between records.
+STAMP, SECONDS = 1_764_583_200.123456, 30.5
+
 
 def _write(tmp_path: Path, form: str = "simple_value") -> bytes:
     """An event file of 10 scalars and a text summary: written by tensorboardX's ``add_scalar`` (what MaxText's
-    writer does: ``simple_value``), or by TensorBoard's own scalar summary (a rank-0 tensor of the dtype)."""
+    writer does: ``simple_value``, stamped with the time of writing), or by TensorBoard's own scalar summary (a
+    rank-0 tensor of the dtype, stamped every :data:`SECONDS` from :data:`STAMP`)."""
     import numpy as np
 
     folder = tmp_path / form
@@ -48,7 +52,7 @@ def _write(tmp_path: Path, form: str = "simple_value") -> bytes:
 
         metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"))
         writer = EventFileWriter(str(folder))
-        for tag, value, step in points:
+        for index, (tag, value, step) in enumerate(points):
             if form == "tensor_content":  # the packed bytes of the value, as a tensor of any size is written
                 tensor = tensor_util.make_tensor_proto(np.array(value, dtype="float32"))
                 tensor.ClearField("float_val")
@@ -56,25 +60,25 @@ def _write(tmp_path: Path, form: str = "simple_value") -> bytes:
             else:
                 tensor = tensor_util.make_tensor_proto(np.array(value, dtype=form))
             summary = Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
-            writer.add_event(Event(step=step, wall_time=1.0, summary=summary))
+            writer.add_event(Event(step=step, wall_time=STAMP + SECONDS * index, summary=summary))
         writer.close()
     (path,) = folder.iterdir()
     return path.read_bytes()
 
 
-def _tensorboard_scalars(data: bytes, tmp_path: Path) -> list[tuple[int, str, float]]:
+def _tensorboard_scalars(data: bytes, tmp_path: Path) -> list[tuple[int, str, float, float]]:
     path = tmp_path / "events.out.tfevents.copy"
     path.write_bytes(data)
     return [
-        (event.step, value.tag, float(tensor_util.make_ndarray(value.tensor).item()))
+        (event.step, value.tag, float(tensor_util.make_ndarray(value.tensor).item()), event.wall_time)
         for event in EventFileLoader(str(path)).Load()
         for value in event.summary.value
         if value.metadata.plugin_data.plugin_name == "scalars"
     ]
 
 
-def _ours(data: bytes) -> list[tuple[int, str, float]]:
-    return [(s.step, s.tag, s.value) for s in event_files.scalars(data)]
+def _ours(data: bytes) -> list[tuple[int, str, float, float]]:
+    return [(s.step, s.tag, s.value, s.wall_time) for s in event_files.scalars(data)]
 
 
 @pytest.mark.parametrize("form", ["simple_value", "float32", "float64", "float16", "int64", "tensor_content"])
@@ -84,7 +88,16 @@ def test_reads_the_scalars_tensorboard_reads(tmp_path, form):
     ours = _ours(data)
 
     assert ours == _tensorboard_scalars(data, tmp_path)
-    assert len(ours) == 10 and ("actor/train/loss", 5) in {(tag, step) for step, tag, _ in ours}
+    assert len(ours) == 10 and ("actor/train/loss", 5) in {(tag, step) for step, tag, _, _ in ours}
+    wall_times = [wall_time for *_, wall_time in ours]
+    assert wall_times == sorted(wall_times) and wall_times[0] > 1_700_000_000  # POSIX seconds, as written
+
+
+def test_the_wall_time_is_the_writers_to_the_microsecond(tmp_path):
+    """The ETA's pace comes from these times: the double is read whole (a float32 would round it to 128 s)."""
+    data = _write(tmp_path, "float32")
+
+    assert [wall_time for *_, wall_time in _ours(data)] == [STAMP + SECONDS * index for index in range(10)]
 
 
 def test_a_file_cut_while_its_writer_flushes_yields_the_whole_records_before_the_cut(tmp_path):
@@ -113,7 +126,7 @@ def test_the_package_reads_event_files_without_tensorboard():
     must read (not only import) without it."""
     probe = (
         "import sys, tpu_rl.training_metrics as tm, sim_writer; "
-        "print(len(tm.read_scalars([sim_writer.data()])), "
+        "print(len(tm.read_scalars([sim_writer.data()])[tm.LOSS_TAG]), "
         "sorted(m for m in sys.modules if m.startswith('tensorboard')))"
     )
     writer = "import base64\ndef data():\n    return base64.b64decode(%r)\n"

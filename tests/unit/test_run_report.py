@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import struct
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -84,8 +85,11 @@ class GrowingBucket:
 
 
 def test_progress_reads_only_what_the_trainer_added_at_most_two_requests_a_minute(caplog):
-    """The API load of the progress: one listing a minute, plus one ranged read when the file grew."""
-    _, data = tensorboard_event_file(training_scalars("gs://b/run", 30, range(1, 31)))
+    """The API load of the progress: one listing a minute, plus one ranged read when the file grew. The ETA comes
+    from the times of the steps read so far (a step a minute), whatever the read cut off."""
+    _, data = tensorboard_event_file(
+        training_scalars("gs://b/run", 30, range(1, 31)), lambda step: 1_800_000_600 + 60 * step
+    )
     bucket = GrowingBucket(data, "events.out.tfevents.1800000000.head-0")
     progress = TrainingProgress({"bucket": "b", "prefix": "run/tensorboard/", "train_steps": 30})
     log = logging.getLogger("progress")
@@ -103,6 +107,10 @@ def test_progress_reads_only_what_the_trainer_added_at_most_two_requests_a_minut
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == minutes - 1  # nothing before the first flush
     assert lines[-1].startswith("Training progress: step 30/30 (100%), ")
+    for line in lines[:-1]:  # the steps left at a minute a step
+        step = int(re.search(r"step (\d+)/30", line)[1])
+        eta = "ETA after the second logged step" if step < 2 else f"ETA {30 - step}m"
+        assert f", {eta}" in line if step < 30 else "ETA" not in line, line
 
 
 def test_the_training_trigger_serialises_where_its_event_files_are():

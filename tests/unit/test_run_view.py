@@ -46,11 +46,12 @@ MODEL_URI = f"gs://{CONF['gcs_bucket']}/qwen3-30b-a3b/hf-trained/run/"
 
 @pytest.fixture(scope="module")
 def event_files(tmp_path_factory) -> list[Path]:
-    """Two attempts of a trainer: a preempted one up to step 12, and its resume from step 10 to the end."""
+    """Two attempts of a trainer, a step every 90 s: a preempted one up to step 12, and its resume from step 10 to
+    the end."""
     folder = tmp_path_factory.mktemp("tensorboard")
     paths = []
     for seed, steps in (("first", range(1, 13)), ("resumed", range(11, 21))):
-        name, data = tensorboard_event_file(training_scalars(seed, 20, steps))
+        name, data = tensorboard_event_file(training_scalars(seed, 20, steps), lambda step: 1_764_583_200 + 90 * step)
         paths.append(folder / f"{name}.{seed}")
         paths[-1].write_bytes(data)
     return paths
@@ -145,7 +146,8 @@ def test_a_finished_run_shows_its_curves_evaluation_cost_and_outputs(tokens, eve
 def test_a_running_run_shows_its_progress_and_reloads_itself(tokens, event_files):
     html = page_of(client_for("running", {}, event_files[:1]), tokens["viewer"]).text
 
-    assert re.search(r'id="progress">step 12/20 \(60%\), .* elapsed, ETA ', html)
+    assert re.search(r'id="progress">step 12/20 \(60%\), .* elapsed, ETA 12m, reward ', html)  # 8 steps of 90 s
+    assert tm.STEP_TIMES not in html  # the times the ETA comes from are no curve
     assert '<meta http-equiv="refresh" content="60">' in html
     assert "final step not resolved yet (of 20 planned)" in html
     assert "no evaluation logged yet" in html and "unknown: delete_tpu_pools recorded no slice times" in html

@@ -42,10 +42,22 @@ def test_event_files_of_the_emulated_trainer_read_back_as_written():
     read = tm.read_scalars([data])
 
     assert tm.is_event_file(f"{RUN}/tensorboard/{name}")
-    assert read.keys() == written.keys()
+    assert read.keys() == written.keys() | {tm.STEP_TIMES}
     for tag, points in written.items():
         assert [step for step, _ in read[tag]] == [step for step, _ in points], tag
         assert [value for _, value in read[tag]] == pytest.approx([value for _, value in points], rel=1e-6), tag
+    assert [step for step, _ in read[tm.STEP_TIMES]] == list(range(1, 51))  # one per logged loss
+
+
+def test_the_step_times_are_when_the_trainer_logged_each_loss_and_merge_like_the_curves():
+    crashed = tensorboard_event_file({tm.LOSS_TAG: [(1, 0.875), (2, 0.75), (3, 0.625)]}, lambda s: 1000.5 + 60 * s)
+    resumed = tensorboard_event_file({tm.LOSS_TAG: [(3, 0.5), (4, 0.25)]}, lambda s: 5000.25 + 90 * s)
+    files = {name: tm.read_scalars([data]) for name, data in (("a", crashed[1]), ("b", resumed[1]))}
+
+    assert files["a"][tm.STEP_TIMES] == [(1, 1060.5), (2, 1120.5), (3, 1180.5)]
+    merged = tm.merge_scalars(files)
+    assert merged[tm.STEP_TIMES] == [(1, 1060.5), (2, 1120.5), (3, 5270.25), (4, 5360.25)]  # the later attempt's
+    assert merged == tm.read_scalars([crashed[1], resumed[1]])
 
 
 def test_the_emulated_curves_move_like_a_training_run():
@@ -205,27 +217,48 @@ def test_evaluation_is_described_with_both_sets_of_figures(tutorial_config):
 # --- progress -----------------------------------------------------------------------------------------------
 
 
+#: When the attempt's writer started (POSIX seconds; its event file's name holds it).
+STARTED = 1_800_000_000
+
+
+def step_times(steps, first_step_after: float, seconds_per_step: float, started: float = STARTED) -> list:
+    """The times an attempt logged ``steps``: its first ``first_step_after`` seconds after its writer started
+    (loading the model, evaluating it, compiling), then one every ``seconds_per_step``."""
+    return [(s, started + first_step_after + i * seconds_per_step) for i, s in enumerate(steps)]
+
+
 def curves(steps: int, first_reward: float, last_reward: float) -> dict:
+    """Steps 1..``steps``, the first 14 minutes after the writer started, then one every 2 minutes."""
     return {
         tm.LOSS_TAG: [(s, 1 / s) for s in range(1, steps + 1)],
         tm.REWARD_TAG: [(0, first_reward), *[(s, 0.3) for s in range(1, steps - 1)], (steps - 1, last_reward)],
+        tm.STEP_TIMES: step_times(range(1, steps + 1), 14 * 60, 120),
     }
 
 
 def test_progress_line_shows_step_elapsed_eta_and_reward_change():
     line = tm.progress_line(curves(30, 0.29, 0.41), train_steps=50, elapsed_seconds=72 * 60)
 
-    assert line == "step 30/50 (60%), 1h12m elapsed, ETA 48m, reward 0.41 (+0.12 since start)"
+    # 20 steps left at 2 minutes a step; the 14 minutes before the first step are not training.
+    assert line == "step 30/50 (60%), 1h12m elapsed, ETA 40m, reward 0.41 (+0.12 since start)"
 
 
 def test_progress_of_a_resumed_attempt_counts_only_its_own_steps():
-    line = tm.progress_line(curves(30, 0.3, 0.3), train_steps=50, elapsed_seconds=10 * 60, resumed_from=20)
+    scalars = curves(30, 0.3, 0.3)
+    # Steps 1..20 were an earlier attempt's, 3 minutes each; this one logs a step a minute from a minute in.
+    scalars[tm.STEP_TIMES] = step_times(range(1, 21), 900, 180, STARTED - 7200) + step_times(range(21, 31), 60, 60)
+
+    line = tm.progress_line(scalars, train_steps=50, elapsed_seconds=10 * 60, resumed_from=20)
 
     assert line.startswith("step 30/50 (60%), 10m elapsed, ETA 20m,")
 
 
-def test_progress_before_the_first_step_and_at_the_end():
-    assert tm.progress_line({}, 50, 40) == "step 0/50 (0%), 40s elapsed, ETA after the first logged step"
+def test_progress_before_the_second_step_and_at_the_end():
+    assert tm.progress_line({}, 50, 40) == "step 0/50 (0%), 40s elapsed, ETA after the second logged step"
+    first = {tm.LOSS_TAG: [(1, 0.5)], tm.STEP_TIMES: step_times([1], 30 * 60, 0)}
+    assert tm.progress_line(first, 50, 31 * 60) == "step 1/50 (2%), 31m elapsed, ETA after the second logged step"
+    resumed = curves(21, 0.3, 0.3)  # its first step of its own, after 20 of an earlier attempt: still no pace
+    assert tm.progress_line(resumed, 50, 600, resumed_from=20).startswith("step 21/50 (42%), 10m elapsed, ETA after")
     assert tm.progress_line(curves(50, 0.2, 0.6), 50, 3 * 3600 + 5 * 60) == (
         "step 50/50 (100%), 3h05m elapsed, reward 0.60 (+0.40 since start)"
     )
@@ -376,20 +409,43 @@ def test_evaluation_and_cost_params_out_of_range_are_refused(tutorial_conf, para
 # --- what the pipeline shows: progress of the current attempt, evaluation in XCom, cost, summary -------------
 
 
-def event_file(name_time: int, steps, train_steps: int = 50) -> tuple[str, dict]:
-    """An emulated attempt's event file: its name (the writer's start time in it) and its scalars."""
-    _, data = tensorboard_event_file(training_scalars(RUN, train_steps, steps))
+def event_file(
+    name_time: int, steps, train_steps: int = 50, first_step_after: float = 60, seconds_per_step: float = 60
+) -> tuple[str, dict]:
+    """An emulated attempt's event file: its name (the writer's start time in it) and its scalars; its first
+    step logged ``first_step_after`` seconds after its writer started, then one every ``seconds_per_step``."""
+
+    def logged_at(step: int) -> float:  # a reward, logged at its update's step less one, gets that step's time
+        return name_time + first_step_after + max(0, step - steps[0]) * seconds_per_step
+
+    _, data = tensorboard_event_file(training_scalars(RUN, train_steps, steps), logged_at)
     return f"events.out.tfevents.{name_time}.head-0", tm.read_scalars([data])
 
 
-def test_progress_of_the_current_attempt_after_a_restart_counts_from_its_writers_start():
-    files = dict([event_file(1_800_000_000, range(1, 21)), event_file(1_800_003_000, range(21, 31))])
+def test_progress_of_the_current_attempt_after_a_restart_counts_its_own_time_and_steps():
+    earlier = event_file(1_800_000_000, range(1, 21), seconds_per_step=180)
+    files = dict([earlier, event_file(1_800_003_000, range(21, 31))])
 
     line = tm.attempt_progress(files, train_steps=50, now=1_800_003_000 + 10 * 60)
 
-    # The second attempt made 10 steps in 10 minutes: 20 more take 20 minutes.
+    # The second attempt logs a step a minute (the first attempt took 3): 20 more take 20 minutes.
     assert line.startswith("step 30/50 (60%), 10m elapsed, ETA 20m, reward ")
     assert tm.attempt_progress({}, 50, now=0) is None  # before the trainer wrote anything: no line
+
+
+def test_the_eta_comes_from_the_pace_of_the_steps_not_from_the_half_hour_before_the_first():
+    """A 30B model's trainer starts its writer, then loads the model, evaluates it and compiles for half an hour
+    before its first step; then it logs a step a minute. 45 steps left take 45 minutes, not 5 hours."""
+    name, scalars = event_file(STARTED, range(1, 6), first_step_after=30 * 60, seconds_per_step=60)
+
+    line = tm.attempt_progress({name: scalars}, train_steps=50, now=STARTED + 34 * 60 + 20)
+
+    assert line.startswith("step 5/50 (10%), 34m elapsed, ETA 45m, reward ")
+    name, first = event_file(STARTED, range(1, 2), first_step_after=30 * 60)
+    assert tm.attempt_progress({name: first}, 50, now=STARTED + 31 * 60) == (
+        f"step 1/50 (2%), 31m elapsed, ETA after the second logged step, reward {first[tm.REWARD_TAG][0][1]:.2f} "
+        "(+0.00 since start)"
+    )
 
 
 def test_only_the_trainers_evaluation_and_success_lines_are_kept_while_its_log_streams():
@@ -498,12 +554,18 @@ def test_the_success_line_is_kept_with_the_evaluation_lines_however_much_the_eva
 def test_the_eta_is_never_an_earlier_attempts_while_the_resumed_trainer_loads_the_model():
     """A resumed trainer writes its first event file only after minutes of loading the 30B model: until then
     the newest file is the preempted attempt's, whose ETA no longer holds."""
-    earlier = {"events.out.tfevents.1764583200.head-0": {tm.LOSS_TAG: [(s, 0.5) for s in range(1, 31)]}}
+    steps = range(1, 31)
+    earlier = {
+        "events.out.tfevents.1764583200.head-0": {
+            tm.LOSS_TAG: [(s, 0.5) for s in steps],
+            tm.STEP_TIMES: step_times(steps, 600, 60, 1764583200),
+        }
+    }
     resubmitted_at, now = 1764583200 + 3600, 1764583200 + 3700
 
     line = tm.attempt_progress(earlier, 50, now, attempt_started=resubmitted_at)
     assert line == "step 30/50 (60%) before this attempt, which has not logged a step yet (it loads the model)"
-    assert "ETA" in tm.attempt_progress(earlier, 50, now)  # without the attempt's start, as before
+    assert "ETA 20m" in tm.attempt_progress(earlier, 50, now)  # without the attempt's start, as before
 
     resumed = {**earlier, "events.out.tfevents.1764586900.head-0": {tm.LOSS_TAG: [(s, 0.4) for s in range(25, 29)]}}
     assert tm.attempt_progress(resumed, 50, resubmitted_at + 300, attempt_started=resubmitted_at).startswith(
