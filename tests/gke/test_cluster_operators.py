@@ -415,7 +415,7 @@ def test_a_cpu_pool_at_zero_nodes_is_checked_as_gke_makes_its_nodes_and_a_missin
     deadline = time.time() + 60
     while client.get_node_pool(name=pool_path).status.name != "RUNNING" and time.time() < deadline:
         time.sleep(0.5)
-    hook = GkeApiHook(run.params["gcp_conn_id"], run.params["project"], run.params["region"])
+    hook = GkeApiHook(config.gcp_conn_id, config.project, config.region)
     check = EnsureJobSetOperator(task_id="ensure_jobset")._check_cpu_pool
     zero = SimpleNamespace(
         cpu_pool_name="cpu-zero",
@@ -436,6 +436,18 @@ def test_a_cpu_pool_at_zero_nodes_is_checked_as_gke_makes_its_nodes_and_a_missin
             check(_hook_for(run), SimpleNamespace(**{**vars(zero), "cpu_pool_name": "cpu-gone"}), hook)
     finally:
         client.delete_node_pool(name=pool_path)
+        _wait_until_gone(client, pool_path)  # the module's next requests on the cluster would meet its operation
+
+
+def _wait_until_gone(client, pool_path: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            client.get_node_pool(name=pool_path)
+        except NotFound:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{pool_path} was not deleted within {timeout} s")
 
 
 def _hook_for(run):
