@@ -41,6 +41,31 @@ SUPPORTED_MODELS = (
     "llama3.1-70b",
 )
 
+#: Hugging Face checkpoints (lowercase) and the MaxText model whose config (``configs/models/<model>.yml``: its layers,
+#: heads and RoPE base) they fit. One per model is MaxText 0.2.4's own pairing (``utils/globals.py`` HF_IDS); the
+#: others are the same release family's other variants, same architecture and ``rope_theta``. A model paired with
+#: other weights converts without error into a wrong model: ``qwen3-30b-a3b-base.yml`` has ``rope_max_timescale``
+#: 1_000_000, the 2507 weights' config ``rope_theta`` 10_000_000 (``qwen3-30b-a3b.yml``'s). A repository not listed
+#: here (a fine-tune of one's own) is not checked.
+MODEL_OF_WEIGHTS = {
+    "qwen/qwen3-30b-a3b-instruct-2507": "qwen3-30b-a3b",
+    "qwen/qwen3-30b-a3b-thinking-2507": "qwen3-30b-a3b",
+    "qwen/qwen3-30b-a3b-base": "qwen3-30b-a3b-base",
+    "qwen/qwen3-30b-a3b": "qwen3-30b-a3b-base",
+    "qwen/qwen3-235b-a22b-instruct-2507": "qwen3-235b-a22b",
+    "qwen/qwen3-235b-a22b-thinking-2507": "qwen3-235b-a22b",
+    **{
+        f"qwen/qwen3-{size}{variant}": f"qwen3-{size}"
+        for size in ("0.6b", "4b", "8b", "14b", "32b")
+        for variant in ("", "-base")
+    },
+    **{
+        f"meta-llama/llama-3.1-{size}{variant}": f"llama3.1-{size}"
+        for size in ("8b", "70b")
+        for variant in ("", "-instruct")
+    },
+}
+
 #: The dataset ``train_rl`` uses when ``dataset_name`` is not given (MaxText 0.2.4, configs/post_train/rl.yml).
 MAXTEXT_DEFAULT_DATASET = "openai/gsm8k"
 #: Test batches ``train_rl`` evaluates before and after training unless extra_train_args sets
@@ -326,6 +351,14 @@ def _validate_model(c: Any):
         )
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", c.hf_model_path):
         yield Problem("hf_model_path", f"'{c.hf_model_path}' is not a Hugging Face repo id", "use owner/name")
+    fits = MODEL_OF_WEIGHTS.get(c.hf_model_path.lower())
+    if fits and c.model_name in SUPPORTED_MODELS and fits != c.model_name:
+        yield Problem(
+            "model_name",
+            f"'{c.model_name}' does not fit the weights of {c.hf_model_path}, which are {fits}'s (its layers and RoPE "
+            "base: the conversion would succeed into a wrong model, or fail after the download)",
+            f"set model_name to '{fits}', or hf_model_path to weights of {c.model_name}",
+        )
     for name in ("conversion_cpu", "conversion_memory"):
         if not _QUANTITY.fullmatch(getattr(c, name)):
             yield Problem(name, f"'{getattr(c, name)}' is not a Kubernetes quantity", "use e.g. 32 or 256Gi")

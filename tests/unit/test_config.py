@@ -525,3 +525,25 @@ def test_the_pathways_images_carry_the_jax_tag_of_the_maxtext_image_not_latest(t
     assert tutorial_config.cloud_image_name.endswith(":0.2.4")
     assert tutorial_config.pathways_image("server").endswith("/pathways/server:jax-0.11.0")
     assert tutorial_config.pathways_image("proxy_server").endswith("/pathways/proxy_server:jax-0.11.0")
+
+
+@pytest.mark.parametrize(
+    ("model_name", "fits"),
+    [("qwen3-30b-a3b-base", "qwen3-30b-a3b"), ("qwen3-8b", "qwen3-30b-a3b")],
+)
+def test_a_model_name_that_does_not_fit_the_weights_is_refused_before_the_conversion(tutorial_conf, model_name, fits):
+    """qwen3-30b-a3b-base with the default Instruct-2507 weights converted without error into a model with the wrong
+    RoPE base; qwen3-8b with them failed after the download started."""
+    found = problems_for(tutorial_conf, model_name=model_name)["model_name"]
+    assert f"'{model_name}' does not fit the weights of Qwen/Qwen3-30B-A3B-Instruct-2507, which are {fits}'s" in found
+    assert f"set model_name to '{fits}'" in found
+
+
+def test_weights_of_the_models_own_family_or_of_ones_own_are_accepted(tutorial_conf):
+    for model_name, weights in (
+        ("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B-Thinking-2507"),
+        ("qwen3-30b-a3b-base", "Qwen/Qwen3-30B-A3B-Base"),
+        ("qwen3-8b", "Qwen/Qwen3-8B"),
+        ("qwen3-30b-a3b", "my-team/qwen3-30b-a3b-sft"),  # a fine-tune: not in the table, not checked
+    ):
+        assert RunConfig.from_params({**tutorial_conf, "model_name": model_name, "hf_model_path": weights})

@@ -247,5 +247,5 @@ def test_the_conversion_asks_for_the_disk_its_download_needs(tutorial_conf, run)
     assert resources["requests"]["ephemeral-storage"] == resources["limits"]["ephemeral-storage"] == "80Gi"
     assert pod["volumes"] == [{"name": "hf-cache", "emptyDir": {"sizeLimit": "80Gi"}}]
     assert disk == 500
-    pod, disk = conversion(model_name="qwen3-235b-a22b")  # 470 GB of safetensors: a larger boot disk
+    pod, disk = conversion(model_name="qwen3-235b-a22b", hf_model_path="Qwen/Qwen3-235B-A22B-Instruct-2507")  # 470 GB
     assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "536Gi" and disk == 1279
