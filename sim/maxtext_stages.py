@@ -185,12 +185,13 @@ def train_rl(client, args, flags, faults_, duration=0.0):
     test_batches = int(args.get("num_test_batches", 5))
     start = max(committed_steps(out, ACTOR), default=0)
     lines = start_lines(args, train_steps, period, start)
-    # Evaluation on num_test_batches * batch_size test prompts, before and after training; none with 0.
+    # Evaluation on num_test_batches batches of test prompts, before and after training; none with 0.
     seed = out.url
-    test_prompts = test_batches * int(args.get("batch_size", 1))
+    test_prompts = test_batches * evaluation_batch_size(args)
     accuracy_before, accuracy_after = evaluation_accuracies(seed, faults_)
-    if test_batches > 0:
-        lines.append(evaluation_line("Pre", seed, test_prompts, accuracy_before))
+    if test_batches > 0:  # a resumed attempt evaluates the weights it restored: part of the way trained
+        restored = accuracy_before + (accuracy_after - accuracy_before) * start / max(train_steps, 1)
+        lines.append(evaluation_line("Pre", f"{seed}/{start}" if start else seed, test_prompts, restored))
     end = crash[0] if crash else max(preempt[0], start) if preempt else stop
     lines += rollout_lines(faults_, range(start + 1, end + 1))
     trained = range(start + 1, end + (0 if crash else 1))
@@ -263,6 +264,13 @@ def start_lines(args, train_steps, period, start):
         lines.append(f"Restored params from step: {start} in 1.234 seconds")
         lines.append(f"Fast forwarded {start} micro-batches.")
     return lines
+
+
+def evaluation_batch_size(args):
+    """Prompts per test batch: eval_batch_size when above 0, else batch_size (MaxText 0.2.4 train_rl.py:380-396;
+    rl.yml's eval_batch_size). The length filter and drop_remainder take none of the emulator's short prompts."""
+    size = int(args.get("eval_batch_size", -1))
+    return size if size > 0 else int(args.get("batch_size", 1))
 
 
 def evaluation_accuracies(seed, faults_):
