@@ -87,11 +87,6 @@ def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_r
     ) in log
     assert "at step 30: resuming from step 24 (preemption 1 of 3)" in log
     assert "Restored params from step: 24 in " in log  # the trainer's own line (Tunix)
-    # The resumed attempt evaluates the weights it restored, which score otherwise: "before" is the first attempt's.
-    pres = [training_metrics.parse_evaluation([line]).before for line in log.splitlines() if "Pre RL Training:" in line]
-    assert len({pre.accuracy for pre in pres}) == 2, pres
-    evaluation = airflow.xcom(DAG_ID, run_id, "train_rl", "evaluation")
-    assert evaluation["before"]["accuracy"] == pres[0].accuracy
 
     # The checkpoints prove the resume: the second attempt's event file starts right after step 24.
     events = sorted(n for n in names(gcs, layout, layout.tensorboard_prefix) if training_metrics.is_event_file(n))
