@@ -201,7 +201,7 @@ def train_rl(client, args, flags, faults_, duration=0.0):
         training_scalars(seed, train_steps, trained), paced(start, trained, duration)
     )
     put_event_file(out, f"tensorboard/{name}", events, sizes, duration)
-    end_early(crash, preempt, end)
+    end_early(crash, preempt, end, lines)
     lines.append("RL Training Completed Successfully!")
     if "preempt-in-evaluation" in faults_:  # the host goes during the evaluation after training
         raise PodFailure(
@@ -318,15 +318,17 @@ def delete_old_checkpoints(out, keep):
     return lines
 
 
-def end_early(crash, preempt, end):
-    """The crash-at-step and preempt-at-step faults end the training after its saves and its event file."""
+def end_early(crash, preempt, end, lines):
+    """The crash-at-step and preempt-at-step faults end the training after its saves and its event file, its log
+    holding what it printed until then (its Pre line, its rollouts), as a real trainer's does."""
     if crash:
-        raise PodFailure(f"training crashed at step {crash[0]} (simulated)")
+        raise PodFailure(f"training crashed at step {crash[0]} (simulated)", lines=lines)
     if preempt:
         raise PodFailure(
             f"SIGTERM after step {end}: the host is shutting down (simulated Spot VM preemption)",
             exit_code=143,
             disruption="TerminationByKubelet",
+            lines=lines,
         )
 
 

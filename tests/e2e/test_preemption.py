@@ -87,6 +87,13 @@ def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_r
     ) in log
     assert "at step 30: resuming from step 24 (preemption 1 of 3)" in log
     assert "Restored params from step: 24 in " in log  # the trainer's own line (Tunix)
+    # The resumed attempt's Pre line scores the weights it restored: the run's "before" is the first attempt's,
+    # kept in the training record when that attempt ended.
+    record = json.loads(gcs.bucket(layout.bucket).blob(layout.training_record_object).download_as_bytes())
+    evaluation = airflow.xcom(DAG_ID, run_id, "train_rl", "evaluation")
+    assert evaluation["before"] == record["evaluation_before"]
+    resumed_pres = [training_metrics.parse_evaluation([line]).before for line in log.splitlines() if "Pre RL" in line]
+    assert resumed_pres and evaluation["before"]["accuracy"] not in {pre.accuracy for pre in resumed_pres}
 
     # The checkpoints prove the resume: the second attempt's event file starts right after step 24.
     events = sorted(n for n in names(gcs, layout, layout.tensorboard_prefix) if training_metrics.is_event_file(n))
