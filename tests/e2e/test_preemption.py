@@ -92,8 +92,8 @@ def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_r
     record = json.loads(gcs.bucket(layout.bucket).blob(layout.training_record_object).download_as_bytes())
     evaluation = airflow.xcom(DAG_ID, run_id, "train_rl", "evaluation")
     assert evaluation["before"] == record["evaluation_before"]
-    resumed_pres = [training_metrics.parse_evaluation([line]).before for line in log.splitlines() if "Pre RL" in line]
-    assert resumed_pres and evaluation["before"]["accuracy"] not in {pre.accuracy for pre in resumed_pres}
+    pres = {training_metrics.parse_evaluation([line]).before.accuracy for line in log.splitlines() if "Pre RL" in line}
+    assert pres - {evaluation["before"]["accuracy"]}, pres  # the resumed attempt's own Pre line scored otherwise
 
     # The checkpoints prove the resume: the second attempt's event file starts right after step 24.
     events = sorted(n for n in names(gcs, layout, layout.tensorboard_prefix) if training_metrics.is_event_file(n))
