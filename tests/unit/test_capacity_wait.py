@@ -149,13 +149,8 @@ def test_quota_is_not_a_stockout_the_wait_ends_at_once(monkeypatch):
     }
 
 
-def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monkeypatch):
-    stocked_out_operation(
-        monkeypatch,
-        "Insufficient regional quota to satisfy request: "
-        'resource "TPUS_PER_TPU_FAMILY": '
-        "request requires '64.0' and is short '64.0'. [GCE_QUOTA_EXCEEDED]",
-    )
+def quota_failure() -> str:
+    """The message of the pool create's failure once GKE ended the create for quota, with an hour of wait left."""
     operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
     with pytest.raises(AirflowFailException) as failed:
         operator.operation_done(
@@ -163,8 +158,18 @@ def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monk
             {"status": "success", "operation_name": "operation-2"},
             next_step=0,
             capacity_deadline=time.time() + 3600,
-        )  # plenty of wait left: still fails at once
-    message = str(failed.value)
+        )
+    return str(failed.value)
+
+
+def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monkeypatch):
+    stocked_out_operation(
+        monkeypatch,
+        "Insufficient regional quota to satisfy request: "
+        'resource "TPUS_PER_TPU_FAMILY": '
+        "request requires '64.0' and is short '64.0'. [GCE_QUOTA_EXCEEDED]",
+    )
+    message = quota_failure()  # plenty of wait left: still fails at once
     assert (
         "Compute Engine quota for 64 v6e-64 chips in us-east5: TPUS_PER_TPU_FAMILY (dimension tpu_family CT6E)"
         in message
@@ -186,15 +191,7 @@ def test_a_quota_failure_names_the_compute_engine_quota_and_what_to_request(monk
 def test_a_quota_failure_that_is_not_tpu_chips_names_the_quota_gke_named(monkeypatch, message, named):
     """A run's nodes also draw IP address, CPU and disk quota: the hint said TPU chips whatever GKE named."""
     stocked_out_operation(monkeypatch, message)
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
-    with pytest.raises(AirflowFailException) as failed:
-        operator.operation_done(
-            context(),
-            {"status": "success", "operation_name": "operation-2"},
-            next_step=0,
-            capacity_deadline=time.time() + 3600,
-        )
-    message = str(failed.value)
+    message = quota_failure()
     assert f"fix: the project lacks Compute Engine quota {named}" in message and ", not TPU chips." in message
     assert "v6e-64 chips" not in message and "Quotas a run needs" in message
 
