@@ -28,6 +28,7 @@ for _program in load_programs(_file) if _file else []:
         # runs a zero-length interval).
         schedule=CronDataIntervalTimetable(_program.schedule, timezone="UTC"),
         start_date=_program.start_date,
+        end_date=_program.end_date,  # the last interval's start: Airflow schedules none after it
         catchup=_program.catchup,
         max_active_runs=_program.max_active_runs,
         param_defaults=_program.params,

@@ -8,7 +8,9 @@ Stage contract (arguments read, `key=value` and `--flag=value`):
   train_rl        base_output_directory, run_name (required), num_batches (4), rl.num_iterations (1) or a
                   flat num_iterations, train_fraction (1.0), num_epoch (1),
                   checkpoint_period (50), max_num_checkpoints_to_keep (10), num_test_batches (5),
-                  batch_size (1), load_parameters_path (must exist when given); a key MaxText 0.2.4 does not
+                  batch_size (1), load_parameters_path (must exist when given), the data keys
+                  (sim/maxtext_data.py: a split instruction past its split ends the training early or fails
+                  it, as Hugging Face datasets does); a key MaxText 0.2.4 does not
                   know fails it first, with MaxText's "MAXTEXT CONFIG ERROR" and exit code 2
                   ->  <base>/<run>/checkpoints/actor/<step>/{model_params/, optimizer_state/, ...}
                       and one event file per attempt in <base>/<run>/tensorboard/ (MaxText's tags, one
@@ -33,6 +35,7 @@ import time
 from functools import cache
 from pathlib import Path
 
+from .maxtext_data import load_data
 from .maxtext_outputs import (
     LEAVES,
     Bucket,
@@ -132,24 +135,6 @@ def to_maxtext(client, args, flags, faults_):
 #: Lines the evaluation after training logs at least (more than a log tail of 100 lines holds).
 EVALUATION_LOG_LINES = 150
 
-#: The Hub datasets' configs this emulator knows (their dataset cards' "Subset" lists): MaxText 0.2.4's
-#: train_rl.get_dataset loads a Hub dataset without data files as datasets.load_dataset(dataset_name,
-#: name=hf_subset, split=split), hf_subset defaulting to 'main' (configs/post_train/rl.yml), GSM8K's config.
-HUB_DATASET_CONFIGS = {"openai/gsm8k": ("main", "socratic"), "nvidia/OpenMathInstruct-2": ("default",)}
-
-
-def load_hub_dataset(name, subset, data_files):
-    """Refuses what datasets.load_dataset would: a config the dataset lacks (its ValueError). With data files
-    the split is read as parquet, whatever the name; a dataset this emulator does not know is refused too."""
-    if data_files:
-        return
-    if name not in HUB_DATASET_CONFIGS:
-        raise PodFailure(f"the emulator knows the configs of {sorted(HUB_DATASET_CONFIGS)} only, not of {name}")
-    if subset not in HUB_DATASET_CONFIGS[name]:
-        raise PodFailure(
-            f"ValueError: BuilderConfig '{subset}' not found. Available: {list(HUB_DATASET_CONFIGS[name])}"
-        )
-
 
 def rollout_lines(faults_, steps) -> list[str]:
     """The ``flood=M`` fault's M MiB of Tunix's rollout lines, spread over ``steps``: each step's prompts, one numpy
@@ -177,17 +162,19 @@ def train_rl(client, args, flags, faults_, duration=0.0):
         require_input(client, args["load_parameters_path"], "load_parameters_path")
     out = Bucket(client, args["base_output_directory"].rstrip("/") + "/" + args["run_name"])
     train_steps = train_steps_of(args)
-    load_datasets(args)
+    data = load_data(args)
     period = int(args.get("checkpoint_period", 50))
     keep = int(args.get("max_num_checkpoints_to_keep", 10))
-    stop = min([train_steps] + fault_steps(faults_, "stop-at-step"))
+    # The trainer ends when its data does: num_iterations steps a batch (MaxText 0.2.4 configs/types.py).
+    last = min(train_steps, data.train_batches * int(args.get("num_iterations", args.get("rl.num_iterations", 1))))
+    stop = min([last] + fault_steps(faults_, "stop-at-step"))
     crash, preempt = fault_steps(faults_, "crash-at-step"), fault_steps(faults_, "preempt-at-step")
     test_batches = int(args.get("num_test_batches", 5))
     start = max(committed_steps(out, ACTOR), default=0)
     lines = start_lines(args, train_steps, period, start)
     # Evaluation on num_test_batches batches of test prompts, before and after training; none with 0.
     seed = out.url
-    test_prompts = test_batches * evaluation_batch_size(args)
+    test_prompts = data.test_prompts
     accuracy_before, accuracy_after = evaluation_accuracies(seed, faults_)
     if test_batches > 0:  # a resumed attempt evaluates the weights it restored: part of the way trained
         restored = accuracy_before + (accuracy_after - accuracy_before) * start / max(train_steps, 1)
@@ -234,16 +221,6 @@ def train_steps_of(args):
     )
 
 
-def load_datasets(args):
-    """The training split and, when the run evaluates, the test split: eval_dataset_name (rl.yml: GSM8K), else the
-    training set."""
-    subset = args.get("hf_subset", "main")
-    load_hub_dataset(args.get("dataset_name", "openai/gsm8k"), subset, args.get("hf_train_files"))
-    if int(args.get("num_test_batches", 5)) > 0:
-        eval_name = args.get("eval_dataset_name", "openai/gsm8k") or args.get("dataset_name", "openai/gsm8k")
-        load_hub_dataset(eval_name, subset, args.get("hf_eval_files"))
-
-
 def fault_steps(faults_, name):
     """The steps N of the faults ``<name>=N``."""
     return [int(f.split("=")[1]) for f in faults_ if f.startswith(f"{name}=")]
@@ -264,13 +241,6 @@ def start_lines(args, train_steps, period, start):
         lines.append(f"Restored params from step: {start} in 1.234 seconds")
         lines.append(f"Fast forwarded {start} micro-batches.")
     return lines
-
-
-def evaluation_batch_size(args):
-    """Prompts per test batch: eval_batch_size when above 0, else batch_size (MaxText 0.2.4 train_rl.py:380-396;
-    rl.yml's eval_batch_size). The length filter and drop_remainder take none of the emulator's short prompts."""
-    size = int(args.get("eval_batch_size", -1))
-    return size if size > 0 else int(args.get("batch_size", 1))
 
 
 def evaluation_accuracies(seed, faults_):

@@ -478,7 +478,8 @@ class RunConfig:
 
     def for_interval(self, interval: DataInterval | None) -> RunConfig:
         """The config of a run that trains one data interval: ``interval_data`` filled in and passed to the
-        trainer with the other MaxText keys. Raises ConfigError when the keys need an interval the run lacks."""
+        trainer with the other MaxText keys. Raises ConfigError when the keys need an interval the run lacks, or
+        when the interval is past the end of its data."""
         if not self.interval_data:
             return self
         if interval is None:
@@ -493,7 +494,14 @@ class RunConfig:
             )
         values = interval.template_values(self.examples_per_interval)
         rendered = {key: template.format(**values) for key, template in self.interval_data.items()}
-        return dataclasses.replace(self, extra_train_args={**self.extra_train_args, **rendered})
+        config = dataclasses.replace(self, extra_train_args={**self.extra_train_args, **rendered})
+        problems = [
+            Problem(p.field, f"the interval of {interval.start:%Y-%m-%d} (index {interval.index}): {p.message}", p.fix)
+            for p in config_rules.validate_training_rows(config)
+        ]
+        if problems:
+            raise ConfigError(problems)
+        return config
 
     # Derived values, computed once.
 

@@ -18,6 +18,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from tpu_rl import hub_datasets
 from tpu_rl.capacity import CAPACITY, DEFAULT_CAPACITY
 from tpu_rl.jobset_release import shipped_versions
 from tpu_rl.machines import SHAPES, quantity_cpu, quantity_gib
@@ -181,6 +182,7 @@ def problems(c: Any) -> Iterator[Problem]:
         _validate_maxtext_keys,
         _validate_interval_data,
         _validate_dataset,
+        validate_training_rows,
         _validate_planned_steps,
         _validate_evaluation,
         _validate_notification,
@@ -606,6 +608,56 @@ def _validate_dataset(c: Any):
         )
 
 
+def validate_training_rows(c: Any):
+    """The prompts the Hub split instruction gives train_rl: none (``datasets`` raises "corresponds to no data!")
+    or fewer than the run plans (it trains fewer steps) is refused; a split the package knows no size of is
+    not checked (``data_resolution`` says so). Runs again on each interval's rendered instruction."""
+    known = hub_datasets.training_data(c)
+    if known is None:
+        return
+    instruction, subset, rows = known
+    field = "interval_data" if "train_split" in c.interval_data else "extra_train_args"
+    sizes = ", ".join(f"{name} {count:,}" for name, count in rows.items())
+    split = f"{c.effective_dataset} ({subset}: {sizes})"
+    try:
+        selected = hub_datasets.selected_rows(instruction, rows)
+    except ValueError as error:
+        yield Problem(
+            field, f"train_split '{instruction}' of {split}: {str(error).rstrip('.')}", "use one of its splits"
+        )
+        return
+    eval_dataset = c.extra_train_args.get("eval_dataset_name", MAXTEXT_DEFAULT_DATASET)
+    trained, needed = hub_datasets.trained_rows(selected, c.effective_dataset, eval_dataset), prompts_needed(c)
+    fix = (
+        "this interval is past the end of the data: end the program before it (its end_date), or give it more "
+        "data (another split or dataset)"
+        if c.interval_data
+        else f"select at least {hub_datasets.rows_for(needed, c.effective_dataset, eval_dataset)} rows"
+    )
+    if selected == 0:
+        yield Problem(
+            field,
+            f"train_split '{instruction}' selects no row of {split}: Hugging Face refuses it "
+            '("corresponds to no data!") once the model is loaded on the slice',
+            fix,
+        )
+    elif trained < needed:
+        held = " after the 5% train_rl holds out to evaluate" if trained < selected else ""
+        yield Problem(
+            field,
+            f"train_split '{instruction}' gives {trained} prompts{held} of {split}, fewer than the {needed} the run "
+            f"plans (num_batches x batch_size): MaxText would train {trained // c.batch_size} batches, not "
+            f"{c.num_batches}, and end before the planned final step",
+            fix,
+        )
+
+
+def prompts_needed(c: Any) -> int:
+    """The prompts train_rl takes for its planned steps: num_batches x batch_size x train_fraction (MaxText 0.2.4
+    train_rl.prepare_datasets' dataset_size)."""
+    return int(c.num_batches * c.batch_size * float(c.extra_train_args.get("train_fraction", 1.0)))
+
+
 def _validate_interval_data(c: Any):
     """The per-interval data keys: known keys, templates with known fields, enough examples per interval."""
     for key, template in c.interval_data.items():
@@ -635,13 +687,17 @@ def _validate_interval_data(c: Any):
                 f"is 0, and interval_data '{key}' uses {{first}}/{{stop}}",
                 f"set it to the prompts each interval trains on (at least {c.num_batches * c.batch_size})",
             )
-    needed = c.num_batches * c.batch_size
-    if 0 < c.examples_per_interval < needed:
+    needed = prompts_needed(c)
+    eval_dataset = c.extra_train_args.get("eval_dataset_name", MAXTEXT_DEFAULT_DATASET)
+    trained = hub_datasets.trained_rows(c.examples_per_interval, c.effective_dataset, eval_dataset)
+    if 0 < c.examples_per_interval and trained < needed:
+        left = f" ({trained} once train_rl holds 5% out to evaluate on)" if trained < c.examples_per_interval else ""
         yield Problem(
             "examples_per_interval",
-            f"{c.examples_per_interval} prompts are fewer than num_batches x batch_size = {needed} (MaxText would "
-            "train fewer steps than planned, and the run would wait for a final step that never comes)",
-            f"set it to at least {needed}, or lower num_batches",
+            f"{c.examples_per_interval} prompts{left} are fewer than num_batches x batch_size = "
+            f"{needed} (MaxText would train fewer steps than planned, and end before the planned final step)",
+            f"set it to at least {hub_datasets.rows_for(needed, c.effective_dataset, eval_dataset)}, or lower "
+            "num_batches",
         )
 
 

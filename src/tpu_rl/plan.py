@@ -13,6 +13,7 @@ import yaml
 
 from tpu_rl import __version__, gke, manifests
 from tpu_rl.config import ConfigError, RunConfig
+from tpu_rl.hub_datasets import data_resolution
 from tpu_rl.layout import GcsLayout
 from tpu_rl.run import DAG_ID, RunIdentity
 from tpu_rl.training_metrics import gate_resolution
@@ -109,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# tpu-rl {__version__}: what run {args.run_id!r} of {args.dag_id} would submit")
     if resolution := gate_resolution(config):
         print(f"# Quality gate: {resolution}")
+    if resolution := data_resolution(config):
+        print(f"# Training data: {resolution}")
     sys.stdout.write(render(config, RunIdentity(args.dag_id, args.run_id)))
     return 0
 

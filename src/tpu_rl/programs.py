@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from tpu_rl.config import ConfigError, RunConfig
-from tpu_rl.run import DAG_ID, REAPER_DAG_ID
+from tpu_rl.run import DAG_ID, REAPER_DAG_ID, DataInterval
 
 #: Where the DAG file looks for declarations when TPU_RL_PROGRAMS does not name a file, relative to its
 #: folder: beside it (where ``make deploy-composer`` puts them: Cloud Composer gives its DAG processor the
@@ -38,6 +38,7 @@ FIELDS = (
     "description",
     "schedule",
     "start_date",
+    "end_date",
     "catchup",
     "max_active_runs",
     "capacity",
@@ -65,6 +66,7 @@ class Program:
     max_active_runs: int = 1
     description: str = ""
     params: dict[str, Any] = field(default_factory=dict)
+    end_date: datetime | None = None
 
     @property
     def doc_md(self) -> str:
@@ -72,7 +74,8 @@ class Program:
         return (
             f"### Recurring MaxText RL program `{self.dag_id}`\n\n{self.description}\n\n"
             f"Declared in `include/programs.yaml`; built by the same code as `{DAG_ID}` (its tasks are "
-            f"described there). Schedule `{self.schedule}` from {self.start_date:%Y-%m-%d}; one run per data "
+            f"described there). Schedule `{self.schedule}` from {self.start_date:%Y-%m-%d}"
+            f"{f' to {self.end_date:%Y-%m-%d}' if self.end_date else ''}; one run per data "
             "interval, whose outputs (checkpoints, export, Asset event) belong to the interval. Backfill: "
             f"`airflow backfill create --dag-id {self.dag_id} --from-date ... --to-date ... "
             "--reprocess-behavior failed`, or the UI's backfill dialog.\n\n"
@@ -164,15 +167,15 @@ def parse_program(source: str, dag_id: Any, body: Any) -> Program:
             f"schedule: {schedule!r} is not a five-field cron expression or one of Airflow's presets "
             f"({', '.join(CRON_PRESETS)}); fix: use e.g. '@daily' or '0 6 * * 1'"
         )
-    start = body.get("start_date")
-    if isinstance(start, date) and not isinstance(start, datetime):
-        start = datetime(start.year, start.month, start.day, tzinfo=UTC)
-    if not isinstance(start, datetime):
+    start = _date_field(body.get("start_date"))
+    if start is None:
         problems.append(
-            f"start_date: {start!r} is not a date; fix: write it as a YAML date, unquoted: start_date: 2026-11-01"
+            f"start_date: {body.get('start_date')!r} is not a date; fix: write it as a YAML date, unquoted: "
+            "start_date: 2026-11-01"
         )
-    elif start.tzinfo is None:
-        start = start.replace(tzinfo=UTC)
+    end = _date_field(body.get("end_date"))
+    if "end_date" in body and end is None:
+        problems.append(f"end_date: {body['end_date']!r} is not a date; fix: write it unquoted: end_date: 2026-12-07")
     catchup = body.get("catchup", False)
     if not isinstance(catchup, bool):
         problems.append(f"catchup: {catchup!r} must be true or false")
@@ -194,9 +197,70 @@ def parse_program(source: str, dag_id: Any, body: Any) -> Program:
     if "examples_per_interval" in body:
         params["examples_per_interval"] = body["examples_per_interval"]
     try:
-        RunConfig.from_params(params)
+        config = RunConfig.from_params(params)
     except ConfigError as error:
         problems += [f"params.{p.field}: {p.message}; fix: {p.fix}" for p in error.problems]
     if problems:
         raise ProgramError(source, name, problems)
-    return Program(name, schedule, start, catchup, max_active, str(body.get("description", "")), params)
+    problems += _data_end_problems(config, schedule, start, end)
+    if problems:
+        raise ProgramError(source, name, problems)
+    return Program(name, schedule, start, catchup, max_active, str(body.get("description", "")), params, end)
+
+
+def _date_field(value: Any) -> datetime | None:
+    """A YAML date or datetime as a UTC datetime; None for anything else."""
+    if isinstance(value, date) and not isinstance(value, datetime):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC)
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return None
+
+
+def _data_end_problems(config: RunConfig, schedule: str, start: datetime, end: datetime | None) -> list[str]:
+    """A program whose Hub split runs out (each interval taking the next examples_per_interval rows) must end
+    before it does: each later interval would fail at validate_config. The first interval without its prompts
+    is found by bisection over the interval index (the rows an interval selects shrink as its index grows)."""
+    if not _interval_fails(config, MAX_DATA_INTERVALS):
+        return []
+    low, high = 0, MAX_DATA_INTERVALS  # the first interval without its prompts is in low..high
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if _interval_fails(config, middle) else (middle + 1, high)
+    if low == 0:
+        return []  # the first interval is refused with its own problem when it runs
+    final = _interval_start(schedule, start, low - 1)
+    if end is not None and end <= final:
+        return []
+    return [
+        f"end_date: the data runs out after {low} interval(s): the interval of "
+        f"{_moment(_interval_start(schedule, start, low))} would get fewer prompts than a run needs; fix: set "
+        f"end_date: {_moment(final)} (the last interval with its prompts), or give the program more data"
+    ]
+
+
+def _moment(when: datetime) -> str:
+    """A date as YAML reads it back: the day, or the day and time when the schedule fires within days."""
+    return f"{when:%Y-%m-%d}" if when.time() == datetime.min.time() else when.isoformat().replace("+00:00", "Z")
+
+
+#: Intervals a program's data is checked for (about 27 years of a daily schedule).
+MAX_DATA_INTERVALS = 10_000
+
+
+def _interval_fails(config: RunConfig, index: int) -> bool:
+    """The interval of ``index`` is refused for its data (its dates do not matter to a Hub split's rows)."""
+    day = datetime(2000, 1, 1, tzinfo=UTC)
+    try:
+        config.for_interval(DataInterval(day, day, index))
+    except ConfigError:
+        return True
+    return False
+
+
+def _interval_start(schedule: str, start: datetime, index: int) -> datetime:
+    """The start of the program's interval ``index`` (its schedule's fire times from its start date)."""
+    from croniter import croniter
+
+    fire_times = croniter(CRON_PRESETS.get(schedule, schedule), start - timedelta(microseconds=1))
+    return [fire_times.get_next(datetime) for _ in range(index + 1)][-1]

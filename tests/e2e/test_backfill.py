@@ -23,20 +23,23 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 import pytest
 
 from scripts.local_airflow import stage_table
 from sim import faults
+from tpu_rl.programs import load_programs
 from tpu_rl.run import RunIdentity
 from tpu_rl_testing import REPO, SMALL_SLICE, cluster_or_none
 
 pytestmark = pytest.mark.e2e
 
 PROGRAM = "maxtext_rl_tpu_daily"
-PROGRAM_START = date(2026, 11, 1)
+#: The shipped example's declaration (include/examples/programs.yaml), which the stack's DAG file reads.
+DECLARED = next(p for p in load_programs(REPO / "include/examples/programs.yaml") if p.dag_id == PROGRAM)
+PROGRAM_START, PROGRAM_END = DECLARED.start_date.date(), DECLARED.end_date.date()
 EXAMPLES_PER_INTERVAL = 200
 TOKEN = uuid.uuid4().hex[:6]
 CLUSTER = f"tpu-rl-bf-{TOKEN}"
@@ -53,11 +56,12 @@ def stack_cli(*args: str) -> str:
 
 @functools.cache
 def days() -> list[datetime]:
-    """The three latest complete intervals: unpausing the program then creates no other run (the scheduler's
-    next interval is the latest, already in the backfill). Fixed at the first call: a session that goes past
-    midnight UTC checks the intervals it backfilled."""
-    yesterday = datetime.now(UTC).date() - timedelta(days=1)
-    return [datetime.combine(yesterday - timedelta(days=n), datetime.min.time(), UTC) for n in (2, 1, 0)]
+    """The three latest complete intervals the program schedules (its end_date is the last interval with its
+    prompts): unpausing the program then creates no other run (the scheduler's next interval is the latest,
+    already in the backfill). Fixed at the first call: a session that goes past midnight UTC checks the
+    intervals it backfilled."""
+    last = min(datetime.now(UTC).date() - timedelta(days=1), PROGRAM_END)
+    return [datetime.combine(last - timedelta(days=n), datetime.min.time(), UTC) for n in (2, 1, 0)]
 
 
 def interval_run(day: datetime) -> RunIdentity:

@@ -336,8 +336,8 @@ def test_a_hub_dataset_is_loaded_with_hf_subset_and_the_recipe_sets_files_split_
 def test_the_emulated_trainer_loads_a_hub_dataset_as_maxtext_does():
     """The MaxText emulator refuses what train_rl's datasets.load_dataset(dataset_name, name=hf_subset) would: a
     dataset alone whose configs lack rl.yml's hf_subset; data files are read as parquet, whatever the name."""
+    from sim.maxtext_data import load_hub_dataset
     from sim.maxtext_outputs import PodFailure
-    from sim.maxtext_stages import load_hub_dataset
 
     hf_subset = yaml.safe_load(read("configs/post_train/rl.yml"))["hf_subset"]
     with pytest.raises(PodFailure, match=f"BuilderConfig '{hf_subset}' not found"):

@@ -51,7 +51,8 @@ def test_a_schedule_airflow_could_not_run_is_refused_at_parse_time(schedule):
 
 @pytest.mark.parametrize("schedule", ["@quarterly", "0 6 * * 1", "*/30 * * * *"])
 def test_airflow_presets_and_cron_expressions_are_accepted(schedule):
-    assert parse_program("programs.yaml", "p", {**example_body(), "schedule": schedule}).schedule == schedule
+    body = {**example_body(), "schedule": schedule, "end_date": example_body()["start_date"]}  # 37 intervals of data
+    assert parse_program("programs.yaml", "p", body).schedule == schedule
 
 
 def test_a_program_declared_twice_is_refused_instead_of_the_first_one_vanishing(tmp_path):

@@ -13,6 +13,7 @@ from tpu_rl import __version__
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import ConfigError
 from tpu_rl.config_rules import conversion_fit_problems
+from tpu_rl.hub_datasets import data_resolution
 from tpu_rl.jobset_release import CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, describe, release_objects
 from tpu_rl.machines import SHAPES, pod_disk_gib, quantity_cpu, quantity_gib
 from tpu_rl.manifests import hf_token_secret, workload_service_account
@@ -50,6 +51,8 @@ class ValidateRunConfigOperator(RunScoped, BaseOperator):
         self.log.info("Hugging Face export: %s", layout.uri(layout.export_prefix))
         if resolution := gate_resolution(config):
             self.log.warning("Quality gate: %s", resolution)
+        if resolution := data_resolution(config):
+            self.log.warning("Training data: %s", resolution)
 
 
 class TriggererCheckOperator(BaseOperator):
