@@ -2,11 +2,13 @@
 plan emits exists there, and every model the form offers is known to its configs and converters.
 MaxText refuses unknown keys at start-up: on a TPU slice that is an expensive way to find a typo."""
 
+import hashlib
 import os
 import re
 import shlex
 import subprocess
 import sys
+import urllib.request
 import zipfile
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -27,9 +29,10 @@ from tpu_rl.run import DataInterval
 pytestmark = pytest.mark.core
 
 MAXTEXT_VERSION = "0.2.4"
-#: The Tunix release MaxText 0.2.4 requires (its wheel: google-tunix>=0.1.7), and the metrics library Tunix
-#: writes TensorBoard files through (MaxText 0.2.4: google-metrax>=0.2.4).
-TUNIX_VERSION = "0.1.7"
+#: The least Tunix release MaxText 0.2.4's wheel asks for (google-tunix>=0.1.7; its post-training install pins a
+#: later commit, TUNIX_COMMIT below, which the Tunix markers are read at), and the metrics library Tunix writes
+#: TensorBoard files through (MaxText 0.2.4: google-metrax>=0.2.4).
+TUNIX_LEAST_RELEASE = "0.1.7"
 METRAX_VERSION = "0.2.4"
 CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpu-rl"
 
@@ -174,13 +177,105 @@ def test_the_checker_rejects_unknown_keys():
 # --- what the trainer reports: its TensorBoard tags and its evaluation lines (docs/training-metrics.md) ------
 
 
+#: The Tunix commit MaxText 0.2.4's post-training install pins (dependencies/extra_deps/post_train_github_deps.txt),
+#: and the archive it installs: what the image runs, and what every Tunix marker in this file is read from.
+TUNIX_COMMIT = "c4ec573d29e4c3a3955b348256d464b119c8a6d1"
+TUNIX_ARCHIVE_URL = f"https://github.com/google/tunix/archive/{TUNIX_COMMIT}.zip"
+#: Each file a Tunix marker is read from, with its git blob id at TUNIX_COMMIT (git rev-parse COMMIT:tunix/PATH):
+#: a file is read only if its bytes hash to it, so a marker found is the commit's. No Tunix release on PyPI holds
+#: these files (0.1.7, the newest, is older than the commit and differs in each of them).
+TUNIX_BLOBS_AT_COMMIT = {
+    "sft/metrics_logger.py": "50ace9bae1d34731aac2f40d4a80f691c596b9ca",
+    "sft/peft_trainer.py": "f9c43f46c0a82233073a0e042647bf5ddace8f2f",
+    "sft/checkpoint_manager.py": "eff10e3354c3851a713eba537be54db00b93b4c2",
+    "rl/rl_cluster.py": "14bd15a966aa943f682d5ebf98733b8edd550bd6",
+    "rl/reward_manager.py": "c80b0d7ffb9106a4216dc8036e02f27104739704",
+    "rl/grpo/grpo_learner.py": "82dba67025c7e27aead6f62264d9daf2913ce646",
+}
+#: A clone of google/tunix (work tree or bare) to take the commit from where GitHub is out of reach.
+TUNIX_REPO_VARIABLE = "TUNIX_REPO"
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a file's bytes: what git rev-parse COMMIT:PATH prints for the file at that commit."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def fetch_tunix_archive(archive: Path) -> None:
+    """The commit's source as a zip laid out as GitHub's archive, from TUNIX_REPO if set, else GitHub; kept only
+    when every file the markers are read from is the commit's."""
+    partial = archive.with_suffix(".part")
+    repo = os.environ.get(TUNIX_REPO_VARIABLE)
+    if repo:
+        command = ["git", "-C", repo, "archive", "--format=zip", f"--prefix=tunix-{TUNIX_COMMIT}/", "-o", str(partial)]
+        made = subprocess.run([*command, TUNIX_COMMIT, "tunix"], capture_output=True, text=True)
+        assert made.returncode == 0, f"{TUNIX_REPO_VARIABLE}={repo}: {made.stderr}"
+    else:
+        with urllib.request.urlopen(TUNIX_ARCHIVE_URL, timeout=30) as response:
+            partial.write_bytes(response.read())
+    for path in TUNIX_BLOBS_AT_COMMIT:
+        tunix_file(zipfile.ZipFile(partial), path)
+    partial.rename(archive)
+
+
+@lru_cache
+def tunix_archive() -> tuple[zipfile.ZipFile | None, str]:
+    """The pinned commit's source, fetched once into ~/.cache/tpu-rl/google-tunix-<commit>/; or why it cannot be."""
+    archive = CACHE_ROOT / f"google-tunix-{TUNIX_COMMIT}" / f"tunix-{TUNIX_COMMIT}.zip"
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fetch_tunix_archive(archive)
+        except OSError as error:
+            return None, (
+                f"Tunix {TUNIX_COMMIT} is on GitHub only, out of reach here ({error}): set {TUNIX_REPO_VARIABLE} to "
+                f"a clone of google/tunix, or put its archive ({TUNIX_ARCHIVE_URL}) at {archive}"
+            )
+    return zipfile.ZipFile(archive), ""
+
+
+def tunix_file(archive: zipfile.ZipFile, path: str) -> str:
+    """tunix/<path> in the archive, if its bytes are the file's at TUNIX_COMMIT."""
+    name = f"tunix-{TUNIX_COMMIT}/tunix/{path}"
+    assert name in archive.namelist(), f"{archive.filename} has no {name}"
+    data = archive.read(name)
+    assert git_blob_id(data) == TUNIX_BLOBS_AT_COMMIT[path], f"{name} in {archive.filename} is not the commit's"
+    return data.decode()
+
+
 def tunix(path: str) -> str:
-    return cached_wheel("google-tunix", TUNIX_VERSION).read(f"tunix/{path}").decode()
+    """tunix/<path> at TUNIX_COMMIT (the test skips where the commit's source cannot be had)."""
+    archive, why_not = tunix_archive()
+    if archive is None:
+        pytest.skip(why_not)
+    return tunix_file(archive, path)
+
+
+def test_the_release_pins_the_tunix_commit_the_markers_are_read_at():
+    pins = wheel().read("dependencies/extra_deps/post_train_github_deps.txt").decode()
+    [pinned] = re.findall(r"^google-tunix @ https://github\.com/google/tunix/archive/(\w+)\.zip$", pins, re.M)
+    assert pinned == TUNIX_COMMIT, (
+        f"MaxText pins Tunix {pinned}, the markers were read at {TUNIX_COMMIT}: set TUNIX_COMMIT to it, record "
+        "each file's blob id at the new commit in TUNIX_BLOBS_AT_COMMIT, run this file with "
+        f"{TUNIX_REPO_VARIABLE}=<a clone> (or with GitHub in reach) and redo the Tunix line numbers in "
+        "docs/training-metrics.md"
+    )
+    assert TUNIX_COMMIT in (Path(__file__).resolve().parents[2] / "docs/training-metrics.md").read_text()
+
+
+def test_a_file_is_read_only_with_the_commits_bytes(tmp_path):
+    """A file that is not the commit's (here Tunix 0.1.7's, which has every marker) is refused, not read."""
+    assert git_blob_id(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git hash-object of the empty file
+    release = cached_wheel("google-tunix", TUNIX_LEAST_RELEASE).read("tunix/sft/metrics_logger.py")
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as other:
+        other.writestr(f"tunix-{TUNIX_COMMIT}/tunix/sft/metrics_logger.py", release)
+    with pytest.raises(AssertionError, match="is not the commit's"):
+        tunix_file(zipfile.ZipFile(tmp_path / "other.zip"), "sft/metrics_logger.py")
 
 
 def test_the_release_requires_the_tunix_and_metrax_read_here():
     metadata = wheel().read(f"maxtext-{MAXTEXT_VERSION}.dist-info/METADATA").decode()
-    assert f"Requires-Dist: google-tunix>={TUNIX_VERSION}; extra == 'tpu-post-train'" in metadata
+    assert f"Requires-Dist: google-tunix>={TUNIX_LEAST_RELEASE}; extra == 'tpu-post-train'" in metadata
     assert f"Requires-Dist: google-metrax>={METRAX_VERSION}; extra == 'tpu-post-train'" in metadata
 
 
@@ -284,21 +379,11 @@ def test_a_programs_interval_data_reaches_the_keys_train_rl_loads_its_training_d
 
 # --- what the package relies on of the Tunix commit and the Orbax release the image runs ------------------
 
-#: The Tunix commit MaxText 0.2.4's post-training install pins (dependencies/extra_deps/post_train_github_deps.txt).
-#: It is on GitHub only, which this test cannot reach: every marker read from the Tunix 0.1.7 wheel below was
-#: found unchanged at this commit (docs/training-metrics.md has both line numbers).
-TUNIX_COMMIT = "c4ec573d29e4c3a3955b348256d464b119c8a6d1"
 ORBAX_VERSION = "0.12.8"
 
 
 def orbax(path: str) -> str:
     return cached_wheel("orbax-checkpoint", ORBAX_VERSION).read(f"orbax/checkpoint/{path}").decode()
-
-
-def test_the_release_pins_the_tunix_commit_the_docs_name():
-    pins = wheel().read("dependencies/extra_deps/post_train_github_deps.txt").decode()
-    assert f"google-tunix @ https://github.com/google/tunix/archive/{TUNIX_COMMIT}.zip" in pins
-    assert TUNIX_COMMIT in (Path(__file__).resolve().parents[2] / "docs/training-metrics.md").read_text()
 
 
 def test_orbax_skips_a_step_without_its_commit_marker_and_writes_the_marker_last():
