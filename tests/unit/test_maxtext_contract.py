@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import urllib.request
+import warnings
 import zipfile
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -244,10 +245,13 @@ def tunix_file(archive: zipfile.ZipFile, path: str) -> str:
 
 
 def tunix(path: str) -> str:
-    """tunix/<path> at TUNIX_COMMIT (the test skips where the commit's source cannot be had)."""
+    """tunix/<path> at TUNIX_COMMIT; where the commit's source cannot be had, the least release MaxText asks for
+    (0.1.7, from PyPI), with a warning saying so: its markers were found unchanged at the commit when they were
+    written, and a check against a release beats none."""
     archive, why_not = tunix_archive()
     if archive is None:
-        pytest.skip(why_not)
+        warnings.warn(f"{why_not}; read from google-tunix {TUNIX_LEAST_RELEASE} instead", stacklevel=2)
+        return cached_wheel("google-tunix", TUNIX_LEAST_RELEASE).read(f"tunix/{path}").decode()
     return tunix_file(archive, path)
 
 
