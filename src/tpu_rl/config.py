@@ -146,7 +146,12 @@ class RunConfig:
     topology: str = _param("8x8", "TPU slice", "Topology", "Chip topology of one slice, e.g. 8x8.")
     compute_type: str = _param("ct6e-standard-4t", "TPU slice", "TPU machine type", "Machine type of the TPU hosts.")
     cluster_nodepool_count: int = _param(
-        1, "TPU slice", "Number of slices", "TPU node pools (slices) the training uses.", minimum=1
+        1,
+        "TPU slice",
+        "Number of slices",
+        "TPU node pools (slices) the training uses. Above 1, MaxText's multislice branch: the device fractions must "
+        "give whole slices and ici_expert_parallelism must be 1.",
+        minimum=1,
     )
     capacity_type: str = _param(
         DEFAULT_CAPACITY,
@@ -279,7 +284,7 @@ class RunConfig:
         0.5,
         "Training",
         "Trainer devices fraction",
-        "trainer_devices_fraction: share of the chips that train; must give whole chips.",
+        "trainer_devices_fraction: share of the chips that train; must give whole chips (whole slices on several).",
     )
     sampler_devices_fraction: float = _param(
         0.5,

@@ -463,7 +463,11 @@ def _validate_slice(c: Any):
         )
     # ici_fsdp_parallelism and rollout_data_parallelism default to -1 (auto-filled), so the explicit axes
     # only have to divide the devices of their side.
-    yield from _axes_divide(c, "trainer", "ICI", "ici_tensor_parallelism", "ici_expert_parallelism", blame=1)
+    trainer_axes = list(_axes_divide(c, "trainer", "ICI", "ici_tensor_parallelism", "ici_expert_parallelism", blame=1))
+    yield from trainer_axes
+    if not trainer_axes and not c.multislice:  # one slice: the sampler's mesh has the same ICI axes
+        # (MaxText 0.2.4 utils/model_creation_utils.py:689 sampler_config = config, :770 its mesh)
+        yield from _axes_divide(c, "sampler", "ICI", "ici_tensor_parallelism", "ici_expert_parallelism", blame=1)
     yield from _axes_divide(
         c, "sampler", "rollout", "rollout_tensor_parallelism", "rollout_expert_parallelism", blame=0
     )

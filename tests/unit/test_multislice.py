@@ -135,6 +135,11 @@ def test_the_single_slice_branch_on_several_slices_fails_as_jax_does(tutorial_co
     assert "Number of slices 2 must equal" in str(split_failure(args, 3, 64))  # a trainer on 1.5 slices
 
 
+def test_the_single_slice_branch_lays_the_samplers_mesh_with_the_trainers_axes(tutorial_config, run):
+    args = {**train_args(tutorial_config, run), "sampler_devices_fraction": "0.375"}
+    assert "Unspecified value unable to be determined with the given ICI" in str(split_failure(args, 1, 64))
+
+
 @pytest.mark.parametrize(
     ("change", "error"),
     [
