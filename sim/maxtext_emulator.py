@@ -47,6 +47,7 @@ those files, so `kubectl logs` (and read_namespaced_pod_log) work; the workload 
 emulated.
 """
 
+import math
 import os
 import time
 import traceback
@@ -86,6 +87,20 @@ def workload_attempt(meta):
         + (f"/attempt-{attempt}" if attempt is not None else "")
     )
     return workload, attempt, attempt_key
+
+
+def pathways_slices(pod):
+    """(slices, chips per slice) of the Pathways job the pod heads, as its resource manager is told them
+    (``--instance_count``, ``--instance_type=tpuv6e:8x8``: the chips are the topology's product); None without one."""
+    flags = {}
+    for container in [*(pod.spec.init_containers or []), *pod.spec.containers]:
+        for arg in container.args or []:
+            key, _, value = arg.partition("=")
+            flags[key] = value
+    if "--instance_count" not in flags or ":" not in flags.get("--instance_type", ""):
+        return None
+    topology = flags["--instance_type"].split(":", 1)[1]
+    return int(flags["--instance_count"]), math.prod(int(n) for n in topology.split("x"))
 
 
 def failure_annotations(error, effective, fails, attempt):
@@ -280,7 +295,10 @@ class Emulator:
         if fails and not stage_faults:
             return [], f"{stage}: nothing written (the pod fails before saving)"
         # The trainer runs for the pod's run seconds: its event file grows over them.
-        timing = {"duration": float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))} if stage == "train_rl" else {}
+        timing = {}
+        if stage == "train_rl":
+            run_seconds = float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))
+            timing = {"duration": run_seconds, "slices": pathways_slices(pod)}
         lines, out = RUNNERS[stage](self.gcs, args, flags, stage_faults, **timing)
         return lines, f"{stage}: wrote {len(out.written)} objects under {out.url}"
 

@@ -11,7 +11,9 @@ Stage contract (arguments read, `key=value` and `--flag=value`):
                   batch_size (1), load_parameters_path (must exist when given), the data keys
                   (sim/maxtext_data.py: a split instruction past its split ends the training early or fails
                   it, as Hugging Face datasets does); a key MaxText 0.2.4 does not
-                  know fails it first, with MaxText's "MAXTEXT CONFIG ERROR" and exit code 2
+                  know fails it first, with MaxText's "MAXTEXT CONFIG ERROR" and exit code 2; then the
+                  device split of the Pathways slices (num_trainer_slices, num_samplers_slices, the device
+                  fractions, ici_*/dcn_*_parallelism: sim/maxtext_devices.py) fails it where MaxText fails
                   ->  <base>/<run>/checkpoints/actor/<step>/{model_params/, optimizer_state/, ...}
                       and one event file per attempt in <base>/<run>/tensorboard/ (MaxText's tags, one
                       scalar per trained step: docs/training-metrics.md); resumes after the last
@@ -36,6 +38,7 @@ from functools import cache
 from pathlib import Path
 
 from .maxtext_data import load_data
+from .maxtext_devices import device_split
 from .maxtext_outputs import (
     LEAVES,
     Bucket,
@@ -154,10 +157,12 @@ def rollout_lines(faults_, steps) -> list[str]:
 ACTOR = "checkpoints/actor"
 
 
-def train_rl(client, args, flags, faults_, duration=0.0):
-    """MaxText's RL trainer: resumes after the last committed step, saves the actor every checkpoint_period steps,
-    writes its curves to an event file that grows over ``duration`` seconds, and evaluates before and after."""
+def train_rl(client, args, flags, faults_, duration=0.0, slices=None):
+    """MaxText's RL trainer: splits the devices of ``slices`` (count, chips per slice) between trainer and sampler,
+    resumes after the last committed step, saves the actor every checkpoint_period steps, writes its curves to an
+    event file that grows over ``duration`` seconds, and evaluates before and after."""
     check_config_keys(args)
+    split = device_split(args, *slices) if slices else []
     if args.get("load_parameters_path"):
         require_input(client, args["load_parameters_path"], "load_parameters_path")
     out = Bucket(client, args["base_output_directory"].rstrip("/") + "/" + args["run_name"])
@@ -171,7 +176,7 @@ def train_rl(client, args, flags, faults_, duration=0.0):
     crash, preempt = fault_steps(faults_, "crash-at-step"), fault_steps(faults_, "preempt-at-step")
     test_batches = int(args.get("num_test_batches", 5))
     start = max(committed_steps(out, ACTOR), default=0)
-    lines = start_lines(args, train_steps, period, start)
+    lines = split + start_lines(args, train_steps, period, start)
     # Evaluation on num_test_batches batches of test prompts, before and after training; none with 0.
     seed = out.url
     test_prompts = data.test_prompts

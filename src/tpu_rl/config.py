@@ -146,7 +146,12 @@ class RunConfig:
     topology: str = _param("8x8", "TPU slice", "Topology", "Chip topology of one slice, e.g. 8x8.")
     compute_type: str = _param("ct6e-standard-4t", "TPU slice", "TPU machine type", "Machine type of the TPU hosts.")
     cluster_nodepool_count: int = _param(
-        1, "TPU slice", "Number of slices", "TPU node pools (slices) the training uses.", minimum=1
+        1,
+        "TPU slice",
+        "Number of slices",
+        "TPU node pools (slices) the training uses. Above 1, MaxText's multislice branch: the device fractions must "
+        "give whole slices and ici_expert_parallelism must be 1.",
+        minimum=1,
     )
     capacity_type: str = _param(
         DEFAULT_CAPACITY,
@@ -279,7 +284,7 @@ class RunConfig:
         0.5,
         "Training",
         "Trainer devices fraction",
-        "trainer_devices_fraction: share of the chips that train; must give whole chips.",
+        "trainer_devices_fraction: share of the chips that train; must give whole chips (whole slices on several).",
     )
     sampler_devices_fraction: float = _param(
         0.5,
@@ -518,11 +523,30 @@ class RunConfig:
         return self.slice.hosts
 
     @property
+    def multislice(self) -> bool:
+        """Whether train_rl runs MaxText's multislice branch: each role on whole slices, data parallel over DCN."""
+        return self.cluster_nodepool_count > 1
+
+    @property
+    def trainer_slices(self) -> float:
+        """The slices that train (MaxText's ``num_trainer_slices``): the trainer's fraction of the run's slices."""
+        return _whole_if_near(self.cluster_nodepool_count * self.trainer_devices_fraction)
+
+    @property
+    def sampler_slices(self) -> float:
+        """The slices that generate rollouts (MaxText's ``num_samplers_slices``)."""
+        return _whole_if_near(self.cluster_nodepool_count * self.sampler_devices_fraction)
+
+    @property
     def trainer_devices(self) -> float:
+        if self.multislice:
+            return self.trainer_slices * self.slice.chips
         return self.chips * self.trainer_devices_fraction
 
     @property
     def sampler_devices(self) -> float:
+        if self.multislice:
+            return self.sampler_slices * self.slice.chips
         return self.chips * self.sampler_devices_fraction
 
     @property
@@ -635,3 +659,10 @@ def _default_of(spec: dataclasses.Field) -> Any:
     if spec.default_factory is not dataclasses.MISSING:
         return spec.default_factory()
     return spec.default
+
+
+def _whole_if_near(share: float) -> float:
+    """A role's share of the slices, made whole when a fraction written to a few decimals means it (0.333333 of
+    three slices is one); any other share stays as it is, for validation to refuse."""
+    nearest = round(share)
+    return float(nearest) if abs(share - nearest) < 1e-4 else share

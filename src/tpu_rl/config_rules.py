@@ -179,6 +179,7 @@ def problems(c: Any) -> Iterator[Problem]:
         _validate_conversion,
         _validate_workloads,
         _validate_slice,
+        _validate_multislice,
         _validate_maxtext_keys,
         _validate_interval_data,
         _validate_dataset,
@@ -454,7 +455,7 @@ def _validate_slice(c: Any):
         devices = c.chips * fraction
         if not 0 < fraction <= 1:
             yield Problem(name, f"{fraction} is outside (0, 1]", "use a fraction such as 0.5")
-        elif not devices.is_integer():
+        elif not c.multislice and not devices.is_integer():
             yield Problem(name, f"gives {devices:g} of {c.chips} chips", "choose a fraction that gives whole chips")
     if c.trainer_devices_fraction + c.sampler_devices_fraction > 1:
         yield Problem(
@@ -464,7 +465,11 @@ def _validate_slice(c: Any):
         )
     # ici_fsdp_parallelism and rollout_data_parallelism default to -1 (auto-filled), so the explicit axes
     # only have to divide the devices of their side.
-    yield from _axes_divide(c, "trainer", "ICI", "ici_tensor_parallelism", "ici_expert_parallelism", blame=1)
+    trainer_axes = list(_axes_divide(c, "trainer", "ICI", "ici_tensor_parallelism", "ici_expert_parallelism", blame=1))
+    yield from trainer_axes
+    if not trainer_axes and not c.multislice:  # one slice: the sampler's mesh has the same ICI axes
+        # (MaxText 0.2.4 utils/model_creation_utils.py:689 sampler_config = config, :770 its mesh)
+        yield from _axes_divide(c, "sampler", "ICI", "ici_tensor_parallelism", "ici_expert_parallelism", blame=1)
     yield from _axes_divide(
         c, "sampler", "rollout", "rollout_tensor_parallelism", "rollout_expert_parallelism", blame=0
     )
@@ -472,6 +477,107 @@ def _validate_slice(c: Any):
         yield Problem(
             "extra_train_args", f"sets '{key}', which has its own parameter", f"set '{key}' with its parameter"
         )
+
+
+#: What the package sets from ``cluster_nodepool_count`` and the device fractions (``tpu_rl.maxtext.train_rl``).
+_SLICE_KEYS = ("num_slices", "num_trainer_slices", "num_samplers_slices")
+_AXIS_KEY = re.compile(r"(ici|dcn)_(\w+)_parallelism")
+#: MaxText 0.2.4's multislice branch of ``setup_configs_and_devices`` (utils/model_creation_utils.py:691-745).
+_MULTISLICE = "MaxText 0.2.4's multislice branch (utils/model_creation_utils.py)"
+
+
+def _validate_multislice(c: Any):
+    """On several slices train_rl must take MaxText's multislice branch: its single-slice branch (both slice counts
+    -1, model_creation_utils.py:671-689) splits ``jax.devices()`` by fraction with no DCN axis. The multislice branch
+    gives each role whole slices (:698-707), lays a slice out as FSDP x tensor (:709-731, the sampler's tensor axis
+    derived, :733-741) and the DCN axis as data parallelism over the role's slices; nothing else runs there."""
+    for key in [k for k in _SLICE_KEYS if k in c.extra_train_args]:
+        yield Problem(
+            "extra_train_args",
+            f"sets '{key}', which the run sets from cluster_nodepool_count and the device fractions",
+            f"remove '{key}'; set cluster_nodepool_count, trainer_devices_fraction and sampler_devices_fraction",
+        )
+    if not c.multislice or not _slice_resolves(c):
+        return
+    yield from _whole_slices(c)
+    yield from _multislice_trainer_axes(c)
+    yield from _multislice_extra_axes(c)
+
+
+def _slice_resolves(c: Any) -> bool:
+    try:
+        _ = c.slice
+    except SliceError:
+        return False
+    return True
+
+
+def _whole_slices(c: Any):
+    """num_trainer_slices and num_samplers_slices are whole numbers of at least one (model_creation_utils.py:691,
+    :748)."""
+    count = c.cluster_nodepool_count
+    for side in ("trainer", "sampler"):
+        name, slices = f"{side}_devices_fraction", getattr(c, f"{side}_slices")
+        if 0 < getattr(c, name) <= 1 and not (slices.is_integer() and slices >= 1):
+            yield Problem(
+                name,
+                f"gives {slices:g} of the {count} slices; {_MULTISLICE} runs the trainer and the sampler each on "
+                "whole slices",
+                f"choose a multiple of 1/{count} ({1 / count:.6g}) that gives at least one slice",
+            )
+
+
+def _multislice_trainer_axes(c: Any):
+    """A trainer slice is FSDP x tensor (model_creation_utils.py:709-731): any expert axis makes the ICI axes
+    multiply past the slice's chips (utils/max_utils.py:479-482), and the sampler's derived tensor axis below one
+    (max_utils.py:469-474)."""
+    chips = c.slice.chips
+    if c.ici_expert_parallelism != 1:
+        yield Problem(
+            "ici_expert_parallelism",
+            f"is {c.ici_expert_parallelism} on {c.cluster_nodepool_count} slices; {_MULTISLICE} lays each slice out "
+            "as FSDP x tensor only, with no expert axis",
+            "set ici_expert_parallelism to 1 (FSDP then shards the experts), or train on one slice",
+        )
+    tensor = c.ici_tensor_parallelism
+    refused_already = tensor * c.ici_expert_parallelism < 1 or c.trainer_devices % (tensor * c.ici_expert_parallelism)
+    if not refused_already and chips % tensor:
+        yield Problem(
+            "ici_tensor_parallelism",
+            f"{tensor} does not divide the {chips} chips of a slice; {_MULTISLICE} needs the trainer's devices per "
+            "slice divisible by tensor parallelism",
+            f"choose a tensor parallelism that divides {chips}",
+        )
+
+
+def _multislice_extra_axes(c: Any):
+    """ICI and DCN axes given in extra_train_args that the multislice branch does not set (it sets ici_fsdp,
+    ici_tensor and dcn_data) must be 1, and ici_fsdp_parallelism what the branch computes
+    (model_creation_utils.py:717-721)."""
+    tensor, chips = c.ici_tensor_parallelism, c.slice.chips
+    fsdp = chips // tensor if tensor >= 1 and chips % tensor == 0 else 0  # 0: refused by the tensor rule
+    for key, value in c.extra_train_args.items():
+        axis = _AXIS_KEY.fullmatch(key)
+        number = _integer(value)
+        if not axis or number is None or key == "dcn_data_parallelism":
+            continue
+        if key == "ici_fsdp_parallelism" and tensor == 1:
+            continue  # the branch checks it only with a tensor axis, and replaces it (:717-731)
+        wanted = (-1, fsdp) if key == "ici_fsdp_parallelism" else (1,)
+        if number not in wanted:
+            yield Problem(
+                "extra_train_args",
+                f"sets {key}={value}; on {c.cluster_nodepool_count} slices {_MULTISLICE} shards each slice by FSDP x "
+                "tensor and the slices by data parallelism",
+                f"remove '{key}'" + (f" or set it to {fsdp}" if key == "ici_fsdp_parallelism" and fsdp else ""),
+            )
+
+
+def _integer(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
 
 
 def _axes_divide(c: Any, side: str, kind: str, *fields: str, blame: int):

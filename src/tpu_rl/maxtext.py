@@ -118,6 +118,7 @@ def train_rl(config: RunConfig, layout: GcsLayout) -> MaxTextCommand:
     ]
     if config.dataset_name:
         pairs.append(("dataset_name", config.dataset_name))
+    pairs += _slice_pairs(config)
     pairs += [(key, _value(value)) for key, value in config.extra_train_args.items()]
     return MaxTextCommand(
         TRAIN_RL,
@@ -125,6 +126,19 @@ def train_rl(config: RunConfig, layout: GcsLayout) -> MaxTextCommand:
         preamble="export VLLM_HOST_IP=$(hostname -I | awk '{print $1}'); ",
         env_prefix=(("JAX_PLATFORMS", "proxy,cpu"), ("ENABLE_PATHWAYS_PERSISTENCE", "1")),
     )
+
+
+def _slice_pairs(config: RunConfig) -> list[tuple[str, str]]:
+    """On several slices, the slices of each role, which send train_rl down MaxText 0.2.4's multislice branch
+    (utils/model_creation_utils.py:691-745: whole slices per role, ``num_slices`` and ``dcn_data_parallelism`` set
+    from them, a slice sharded FSDP x tensor). One slice keeps MaxText's default -1 and its single-slice branch
+    (:671-689), which splits the slice's chips by the device fractions."""
+    if not config.multislice:
+        return []
+    return [
+        ("num_trainer_slices", str(int(config.trainer_slices))),
+        ("num_samplers_slices", str(int(config.sampler_slices))),
+    ]
 
 
 def to_huggingface(config: RunConfig, layout: GcsLayout, step: int, attempt_prefix: str) -> MaxTextCommand:

@@ -42,6 +42,7 @@ def gke_scenarios(airflow_stack, session_gke):
             **SMALL_SLICE,
             "cluster_name": f"e2e-new-{suffix}",
             "cluster_nodepool_count": 2,
+            "ici_expert_parallelism": 1,  # MaxText's multislice branch has no expert axis
         },
         # No v6e capacity in the zone when the pool is created.
         "stockout": {**SIM_CREATE_CONF, **SMALL_SLICE, "cluster_name": f"e2e-stockout-{suffix}"},
@@ -165,6 +166,9 @@ def test_a_new_cluster_gets_jobset_and_trains_on_two_slices(airflow, gke, runs):
     assert "Applying the JobSet v0.10.1 release shipped with the package (18 objects)" in jobset_log
     assert "JobSet v0.10.1 is installed: its controller is Available and its webhooks default a JobSet" in jobset_log
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
+    # One slice trains, one samples: MaxText's multislice branch (the emulator splits the devices as it does).
+    train_log = airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
+    assert "Running with Multislice" in train_log, train_log[-3000:]
 
     ops = pool_operations(gke, run_id, 2)
     assert len(ops["CREATE_NODE_POOL"]) == 2 and len(ops["DELETE_NODE_POOL"]) == 2

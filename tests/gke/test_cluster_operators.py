@@ -678,7 +678,7 @@ def test_more_slices_than_gke_runs_operations_at_once_are_created_in_turns(gke, 
     """GKE runs at most 5 operations at once on a cluster and refuses more with 429 "Too many operations"
     (which says "quota" too): six slices are created five at a time, none refused, all RUNNING."""
     run, _ = created
-    other = Run(cluster_name=run.params["cluster_name"], cluster_nodepool_count=6)
+    other = Run(cluster_name=run.params["cluster_name"], cluster_nodepool_count=6, ici_expert_parallelism=1)
     create = cluster_ops.CreateTpuNodePoolsOperator(
         task_id="create_tpu_pools", poll_interval=POLL, refused_retry_interval=1
     )
@@ -730,7 +730,7 @@ def test_gke_upgrading_the_cluster_holds_the_pool_create_until_it_is_done(gke, c
 def test_the_slices_of_a_run_are_created_and_deleted_side_by_side(gke, created):
     """GKE runs operations on different node pools at once: N slices take about one create, not N."""
     run, _ = created
-    other = Run(cluster_name=run.params["cluster_name"], cluster_nodepool_count=2)
+    other = Run(cluster_name=run.params["cluster_name"], cluster_nodepool_count=2, ici_expert_parallelism=1)
     create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
     delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
     client = gke.get_cluster_manager_client()

@@ -83,6 +83,13 @@ def test_trainer_parallelism_must_divide_the_trainer_devices(tutorial_conf):
     assert "12 does not divide the 32 trainer devices" in problems["ici_expert_parallelism"]
 
 
+def test_on_one_slice_the_trainers_ici_axes_must_divide_the_sampler_devices_too(tutorial_conf):
+    """MaxText 0.2.4's single-slice branch gives the sampler the run's config, and lays the rollout mesh with its ICI
+    axes (utils/model_creation_utils.py:689, :770): 4 x 4 does not divide 24 sampler chips."""
+    problems = problems_for(tutorial_conf, sampler_devices_fraction=0.375)
+    assert "16 does not divide the 24 sampler devices" in problems["ici_expert_parallelism"]
+
+
 def test_rollout_parallelism_must_divide_the_sampler_devices(tutorial_conf):
     problems = problems_for(tutorial_conf, rollout_tensor_parallelism=64)
     assert "64 does not divide the 32 sampler devices" in problems["rollout_tensor_parallelism"]

@@ -433,7 +433,12 @@ def test_allocatable_follows_gke_reservations():
     [
         {},
         {"tpu_pool_mode": "cluster"},
-        {"cluster_nodepool_count": 2, "capacity_type": "reservation", "reservation": "my-v6e-reservation"},
+        {
+            "cluster_nodepool_count": 2,
+            "ici_expert_parallelism": 1,
+            "capacity_type": "reservation",
+            "reservation": "my-v6e-reservation",
+        },
         {
             "tpu_type": "v5p-256",
             "topology": "4x4x8",
@@ -442,7 +447,12 @@ def test_allocatable_follows_gke_reservations():
         },
         {"capacity_type": "spot"},
         {"capacity_type": "flex_start"},
-        {"capacity_type": "flex_start", "tpu_pool_mode": "cluster", "cluster_nodepool_count": 2},
+        {
+            "capacity_type": "flex_start",
+            "tpu_pool_mode": "cluster",
+            "cluster_nodepool_count": 2,
+            "ici_expert_parallelism": 1,
+        },
     ],
     ids=[
         "tutorial",

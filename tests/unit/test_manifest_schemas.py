@@ -31,7 +31,7 @@ VARIANTS = {
         "topology": "4x4",
         "cluster_nodepool_count": 2,
         "ici_tensor_parallelism": 2,
-        "ici_expert_parallelism": 2,
+        "ici_expert_parallelism": 1,
         "capacity_type": "reservation",
         "reservation": "my-reservation",
         "tpu_pool_mode": "cluster",

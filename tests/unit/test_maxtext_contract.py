@@ -131,6 +131,7 @@ def module_invocations(config: RunConfig, run) -> list[tuple[str, list[str]]]:
                 "eval_dataset_name": "nvidia/OpenMathInstruct-2",
             },
         },
+        {"cluster_nodepool_count": 2, "ici_expert_parallelism": 1},
     ]
 )
 def config(request, tutorial_conf) -> RunConfig:
@@ -148,6 +149,30 @@ def test_every_emitted_key_and_flag_is_known_to_maxtext(config, run):
                 assert name[2:] in known_flags(module), f"{module}: unknown flag {name}"
             else:
                 assert name in known_config_keys(module), f"{module}: unknown config key {name}"
+
+
+def test_the_multislice_branch_the_package_relies_on():
+    """Several slices: the package sets num_trainer_slices / num_samplers_slices (rl.yml's -1 is the single-slice
+    branch), and validation refuses what the multislice branch cannot lay out (tpu_rl.config_rules
+    _validate_multislice; the emulator: sim/maxtext_devices.py)."""
+    rl_yml = yaml.safe_load(read("configs/post_train/rl.yml"))
+    assert (rl_yml["num_trainer_slices"], rl_yml["num_samplers_slices"]) == (-1, -1)
+    source = read("utils/model_creation_utils.py")
+    for marker in (
+        "if config.num_trainer_slices == -1 and config.num_samplers_slices == -1:",
+        'max_logging.log("Running on a single slice")',
+        "num_trainer_devices = int(num_devices * config.trainer_devices_fraction)",
+        "elif config.num_trainer_slices > 0 and config.num_samplers_slices > 0:",
+        'raise ValueError("Not enough slices for trainer and samplers")',
+        "trainer_fsdp = trainer_devices_per_slice // tp",
+        '"ici_fsdp_parallelism": trainer_fsdp,',
+        '"dcn_data_parallelism": config.num_trainer_slices,',
+        '"ici_fsdp_parallelism": len(sampler_devices) // config.num_samplers_slices,',
+        '"ici_tensor_parallelism": -1,',
+    ):
+        assert marker in source, marker
+    assert "ici_expert_parallelism" not in source  # the branch leaves the expert axis as given: it must be 1
+    assert 'does not match"\n      f" the product of the {parallelism_type} parallelism' in read("utils/max_utils.py")
 
 
 def test_the_token_is_read_from_the_environment_by_this_release():
