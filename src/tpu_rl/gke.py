@@ -265,6 +265,12 @@ _NO_ACT_AS = re.compile(r'does not have access to service account "(?P<account>[
 PERMISSION_ROLES = {"container.": "roles/container.admin", "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser"}
 
 
+def iam_permission(message: str) -> str | None:
+    """The IAM permission a refusal names in Google's words (None: it names none, as Kubernetes RBAC's 403 does)."""
+    match = _PERMISSION_NAMED.search(message)
+    return (match["required"] or match["denied"]) if match else None
+
+
 def permission_fix(message: str, project: str) -> str:
     """What to grant when GKE refuses a call for IAM: the permission GKE named and the documented role that holds
     it, on the resource it is granted on (the node account for actAs, else the project)."""
@@ -275,10 +281,9 @@ def permission_fix(message: str, project: str) -> str:
             f"account {match['account']}: grant it roles/iam.serviceAccountUser on that account ({where}); "
             "waiting does not help"
         )
-    match = _PERMISSION_NAMED.search(message)
-    if match is None:
+    permission = iam_permission(message)
+    if permission is None:
         return f"fix: the identity of the Airflow connection may not make this call in project {project} ({where})"
-    permission = match["required"] or match["denied"]
     role = next((r for prefix, r in PERMISSION_ROLES.items() if permission.startswith(prefix)), "a role holding it")
     return (
         f"fix: the identity of the Airflow connection lacks permission {permission} in project {project}: grant it "

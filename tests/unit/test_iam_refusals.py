@@ -4,6 +4,7 @@ permission and the role to grant, never reading the 403 as quota. GKE's answers 
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -68,3 +69,35 @@ def test_the_reapers_listing_refused_for_iam_names_the_role_in_that_project(monk
         GkeApiHook("google_cloud_default", "watched", "-").list_clusters()
     assert "container.clusters.list" in refused.value.message
     assert "roles/container.admin" in refused.value.message and "project watched" in refused.value.message
+
+
+def test_the_dns_endpoints_refusal_names_the_role_and_rbacs_is_left_as_it_is(monkeypatch):
+    """The DNS-based endpoint answers 403 naming container.clusters.connect (sim/gke_dns.py); the Kubernetes hook's
+    error then says which role to grant. A 403 of Kubernetes RBAC names no IAM permission and is left alone."""
+    from kubernetes.client.exceptions import ApiException
+
+    from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
+
+    def answering(body: str):
+        answer = SimpleNamespace(status=403, reason="Forbidden", data=body, getheaders=dict)
+
+        def call_api(*args, **kwargs):
+            raise ApiException(http_resp=answer)
+
+        client = SimpleNamespace(
+            rest_client=SimpleNamespace(pool_manager=SimpleNamespace(connection_pool_kw={})), call_api=call_api
+        )
+        monkeypatch.setattr(
+            KubernetesApiHook, "kube_hook", property(lambda self: SimpleNamespace(get_conn=lambda: client))
+        )
+        target = ClusterTarget(project_id="my-project", location="us-east5", cluster_name="qwen-rl")
+        with pytest.raises(ApiException) as refused:
+            KubernetesApiHook(target).api_client().call_api("/apis/jobset.x-k8s.io/v1alpha2/jobsets", "GET")
+        return refused.value
+
+    connect = gke_iam.denied(gke_iam.CONNECT, CLUSTER).message
+    refused = answering(json.dumps({"kind": "Status", "code": 403, "message": connect}))
+    assert refused.status == 403 and "container.clusters.connect" in str(refused)
+    assert "grant it roles/container.admin there" in str(refused)
+    rbac = 'jobsets.jobset.x-k8s.io is forbidden: User "x" cannot list resource "jobsets"'
+    assert "roles/" not in str(answering(json.dumps({"kind": "Status", "code": 403, "message": rbac})))
