@@ -38,6 +38,17 @@ def test_every_method_is_refused_without_the_role_and_allowed_with_it(method):
     assert refused.message == f'Required "{permission}" permission(s) for "{CLUSTER}".'
 
 
+def test_every_method_the_emulator_serves_checks_a_permission():
+    from unittest import mock
+
+    from sim import gke_transport
+
+    handler = gke_transport.grpc_handler(mock.MagicMock())
+    assert set(handler._method_handlers) == {
+        f"/google.container.v1.ClusterManager/{m}" for m in gke_iam.METHOD_PERMISSIONS
+    }
+
+
 def test_roles_expand_to_the_permissions_their_reference_lists():
     assert gke_iam.role_grants("roles/container.admin", "container.clusters.connect")
     assert gke_iam.role_grants("roles/container.admin", "container.operations.list")
