@@ -17,8 +17,9 @@ Here:
 - the CONNECT proxy sends ``CONNECT <name>.gke.goog:443`` here (clients reach it through HTTPS_PROXY);
 - each connection's first request is checked: the name must be a cluster's, its DNS endpoint must allow
   external traffic (else 403), the bearer token must be a Google access token the emulator issued (else
-  401); then the connection is joined to the cluster's apiserver over TLS (verified with the cluster CA),
-  which authorizes the same token as on its IP endpoint.
+  401), its account must hold ``container.clusters.connect`` on the cluster (IAM, sim/gke_iam.py; else 403
+  naming the permission); then the connection is joined to the cluster's apiserver over TLS (verified with the
+  cluster CA), which authorizes the same token as on its IP endpoint.
 """
 
 from __future__ import annotations
@@ -143,10 +144,12 @@ def _region_certificate(pki: Path, location: str) -> tuple[Path, Path]:
 
 class Route:
     """Where a DNS name leads: the cluster's apiserver, a refusal (HTTP status, message), or with ``reset`` a
-    connection closed before any answer (a front end or a control-plane replica going away)."""
+    connection closed before any answer (a front end or a control-plane replica going away); ``project`` and
+    ``cluster_path``: the cluster whose IAM decides who may pass."""
 
     def __init__(self, apiserver: str | None = None, refusal: tuple[int, str] | None = None, reset: bool = False):
         self.apiserver, self.refusal, self.reset = apiserver, refusal, reset
+        self.project, self.cluster_path = "", ""
 
 
 #: The Status reason of each status the front end answers with (Kubernetes' metav1.StatusReason names).
@@ -170,15 +173,22 @@ def _response(status: int, reason: str, message: str) -> bytes:
     ).encode() + body
 
 
-def serve(port: int, pki: Path, route: Callable[[str], Route | None], caller: Callable[[str], str | None]) -> None:
+def serve(
+    port: int,
+    pki: Path,
+    route: Callable[[str], Route | None],
+    caller: Callable[[str], str | None],
+    refusal: Callable[[Route, str], str | None],
+) -> None:
     """Runs the front end on 127.0.0.1:port in a thread of its own.
 
     route(host): the cluster behind a DNS name (None: no such cluster); caller(token): the account of a
-    Google access token, or None."""
+    Google access token, or None; refusal(route, account): why IAM refuses that account the cluster (it lacks
+    container.clusters.connect), or None."""
     server_tls = _server_tls(pki)
     upstream_tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
     upstream_tls.check_hostname = False  # the apiserver's cert names 127.0.0.1, dialed as host:port
-    handle = functools.partial(_handle, route=route, caller=caller, upstream_tls=upstream_tls)
+    handle = functools.partial(_handle, route=route, caller=caller, refusal=refusal, upstream_tls=upstream_tls)
     ready = threading.Event()
 
     def run():
@@ -227,7 +237,7 @@ async def _pipe(reader, writer):
         writer.close()
 
 
-async def _handle(reader, writer, route, caller, upstream_tls):
+async def _handle(reader, writer, route, caller, refusal, upstream_tls):
     """One connection: its first request is checked (see the module's docstring), then refused or joined to the
     cluster's apiserver."""
     try:
@@ -240,6 +250,7 @@ async def _handle(reader, writer, route, caller, upstream_tls):
     host = headers.get("host", "").split(":")[0]
     target = route(host)
     auth = headers.get("authorization", "")
+    account = caller(auth[7:]) if auth.startswith("Bearer ") else None
     if target is None:
         writer.write(_response(404, "NotFound", f"No cluster has the DNS endpoint {host}."))
     elif target.reset:
@@ -247,8 +258,7 @@ async def _handle(reader, writer, route, caller, upstream_tls):
         return
     elif target.refusal:
         writer.write(_response(target.refusal[0], REASONS[target.refusal[0]], target.refusal[1]))
-    elif not (auth.startswith("Bearer ") and caller(auth[7:])):
-        # GKE checks IAM (container.clusters.connect) for the caller's Google credentials.
+    elif account is None:
         writer.write(
             _response(
                 401,
@@ -256,6 +266,8 @@ async def _handle(reader, writer, route, caller, upstream_tls):
                 "Request had invalid authentication credentials. Expected OAuth 2 access token.",
             )
         )
+    elif denied := refusal(target, account):  # IAM: container.clusters.connect on the cluster
+        writer.write(_response(403, "Forbidden", denied))
     else:
         host_part, port_part = target.apiserver.rsplit(":", 1)
         try:

@@ -21,6 +21,10 @@ One process, four listeners, all on 127.0.0.1:
 Authentication: every gRPC call needs `authorization: Bearer <token>` where the token is an access token
 this emulator issued, or a self-signed JWT of a known service account (google-auth sends one on gRPC:
 the generated clients set always_use_jwt_access, as Google's APIs accept). Else UNAUTHENTICATED.
+Authorization: IAM as GKE checks it (sim/gke_iam.py): each method's permission in the request's project (403
+PERMISSION_DENIED, GKE's words), actAs on the service account of nodes a create makes (GKE's 400), and
+container.clusters.connect at a cluster's DNS endpoint, against $SIM/gke/iam.json (read on each request; written by
+`init` with the roles docs/composer.md grants).
 Access tokens are deterministic per service account (HMAC of the account with a secret kept in
 $SIM/gke/token-secret): a refresh returns the same token, so a control plane started before a refresh
 keeps accepting it (the control planes get {token: client_email} at start).
@@ -36,19 +40,21 @@ capacity, time-scaled). See sim/README.md.
 Split by job: this file holds the ClusterManager methods (each request parsed, checked and turned into an
 operation) and the entry point; sim/gke_project.py the emulated project (its state, operations and their work);
 sim/gke_settings.py its files, ports and durations; sim/gke_auth.py the keys, tokens and token endpoint;
-sim/gke_transport.py the gRPC server and the CONNECT proxy; sim/gke_dns.py the DNS endpoints; sim/gke_nodes.py the
+sim/gke_transport.py the gRPC server and the CONNECT proxy; sim/gke_dns.py the DNS endpoints; sim/gke_iam.py who may
+do what; sim/gke_nodes.py the
 nodes a pool registers; sim/gke_rules.py and sim/gke_machines.py what GKE refuses (sim/gke_errors.py: how).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
 import time
 import uuid
 
-from . import gke_dns, gke_rules
+from . import gke_dns, gke_iam, gke_rules
 from .gke_auth import init_files, serve_tokens
 from .gke_errors import GkeError
 from .gke_project import Project, as_dict, held_seconds, now_iso, take_fault
@@ -59,6 +65,7 @@ from .gke_settings import (
     GRPC_PORT,
     HOST,
     PKI,
+    PROJECT,
     PROXY_PORT,
     TOKEN_PORT,
     read_json,
@@ -81,6 +88,32 @@ def reservations(project: str) -> dict[str, frozenset[str]]:
 class Emulator(Project):
     """The ClusterManager service over the emulated project: sim/gke_transport.py answers each RPC with the method
     of its name."""
+
+    # --- IAM --------------------------------------------------------------------------------------------
+    def authorize(self, method: str, req, caller: str) -> None:
+        """GKE's IAM check of a call by ``caller``, before anything else is done with it (sim/gke_iam.py): the
+        method's permission in the request's project, and for nodes it creates, actAs on their service account."""
+        policy = gke_iam.read_policy(GKE_DIR / "iam.json")
+        project, resource = iam_target(method, req)
+        gke_iam.check(policy, caller, gke_iam.METHOD_PERMISSIONS[method], project, resource)
+        if method == "CreateCluster":
+            cluster = self.c.Cluster(req.cluster)
+            pools = [as_dict(p) for p in cluster.node_pools] or [{"config": as_dict(cluster.node_config)}]
+        elif method == "CreateNodePool":
+            pools = [as_dict(self.c.NodePool(req.node_pool))]
+        else:
+            return
+        gke_iam.check_act_as(policy, caller, gke_iam.node_accounts(pools, gke_rules.project_number(project)))
+
+    def connect_refusal(self, route: gke_dns.Route, caller: str) -> str | None:
+        """Why the DNS endpoint refuses ``caller`` the cluster behind ``route`` (None: it may connect). The body of
+        the real endpoint's 403 is not published: the message is GKE API's for a missing permission."""
+        policy = gke_iam.read_policy(GKE_DIR / "iam.json")
+        try:
+            gke_iam.check(policy, caller, gke_iam.CONNECT, route.project, route.cluster_path)
+        except GkeError as refused:
+            return refused.message
+        return None
 
     # --- faults a request meets -------------------------------------------------------------------------
     def _refuse_for_faults(self, key, pool=""):
@@ -154,34 +187,41 @@ class Emulator(Project):
             return self.new_op(key, "CREATE_CLUSTER")
 
     def dns_route(self, host: str):
-        """Where the cluster's DNS endpoint leads (sim/gke_dns.py)."""
+        """Where the cluster's DNS endpoint leads (sim/gke_dns.py), and the cluster whose IAM says who may use it."""
         with self.lock:
-            for rec in self.clusters.values():
-                cluster = rec["cluster"]
-                dns = cluster.control_plane_endpoints_config.dns_endpoint_config
-                if dns.endpoint != host:
-                    continue
-                if not dns.allow_external_traffic:
-                    # Wording ours; the behaviour is the API reference's: allow_external_traffic "controls
-                    # whether user traffic is allowed over this endpoint".
-                    return gke_dns.Route(
-                        refusal=(
-                            403,
-                            (
-                                f"The DNS-based endpoint of cluster {cluster.name} does not allow user traffic "
-                                "(controlPlaneEndpointsConfig.dnsEndpointConfig.allowExternalTraffic is false): enable "
-                                f"it with `gcloud container clusters update {cluster.name} --enable-dns-access`."
-                            ),
-                        )
-                    )
-                if not cluster.endpoint:
-                    return gke_dns.Route(refusal=(503, f"The control plane of cluster {cluster.name} is not ready."))
-                if take_fault("kube-unavailable", "", "", cluster.name):
-                    return gke_dns.Route(refusal=(503, "The service is currently unavailable."))
-                if take_fault("kube-reset", "", "", cluster.name):
-                    return gke_dns.Route(reset=True)
-                return gke_dns.Route(apiserver=cluster.endpoint)
+            for key, rec in self.clusters.items():
+                if rec["cluster"].control_plane_endpoints_config.dns_endpoint_config.endpoint == host:
+                    route = self._route_of(rec["cluster"])
+                    project, location, name = key.split("/")
+                    route.project = project
+                    route.cluster_path = f"projects/{project}/locations/{location}/clusters/{name}"
+                    return route
         return None
+
+    @staticmethod
+    def _route_of(cluster) -> gke_dns.Route:
+        """Where a cluster's DNS endpoint leads now: its apiserver, a refusal, or a reset."""
+        dns = cluster.control_plane_endpoints_config.dns_endpoint_config
+        if not dns.allow_external_traffic:
+            # Wording ours; the behaviour is the API reference's: allow_external_traffic "controls
+            # whether user traffic is allowed over this endpoint".
+            return gke_dns.Route(
+                refusal=(
+                    403,
+                    (
+                        f"The DNS-based endpoint of cluster {cluster.name} does not allow user traffic "
+                        "(controlPlaneEndpointsConfig.dnsEndpointConfig.allowExternalTraffic is false): enable "
+                        f"it with `gcloud container clusters update {cluster.name} --enable-dns-access`."
+                    ),
+                )
+            )
+        if not cluster.endpoint:
+            return gke_dns.Route(refusal=(503, f"The control plane of cluster {cluster.name} is not ready."))
+        if take_fault("kube-unavailable", "", "", cluster.name):
+            return gke_dns.Route(refusal=(503, "The service is currently unavailable."))
+        if take_fault("kube-reset", "", "", cluster.name):
+            return gke_dns.Route(reset=True)
+        return gke_dns.Route(apiserver=cluster.endpoint)
 
     def get_cluster(self, req):
         project, location, name = parse_cluster(req.name, req.project_id, req.zone, req.cluster_id)
@@ -306,6 +346,27 @@ class Emulator(Project):
 # --- resource names --------------------------------------------------------------------------------------------
 
 
+def iam_target(method: str, req) -> tuple[str, str]:
+    """The project a call's permission is checked in, and the resource GKE's refusal names: the cluster (or pool's
+    cluster) it names, else its parent."""
+    if method in ("ListClusters", "ListOperations"):
+        project, location = parse_parent(req.parent, req.project_id, req.zone)
+        return project, f"projects/{project}/locations/{location}"
+    if method == "CreateCluster":
+        project, location = parse_parent(req.parent, req.project_id, req.zone)
+        return project, f"projects/{project}/locations/{location}/clusters/{req.cluster.name}"
+    if method == "GetOperation":
+        project, location, name = parse_operation(req.name, req.project_id, req.zone, req.operation_id)
+        return project, f"projects/{project}/locations/{location}/operations/{name}"
+    if method in ("CreateNodePool", "ListNodePools"):
+        project, location, name = parse_cluster(req.parent, req.project_id, req.zone, req.cluster_id)
+    elif method in ("GetNodePool", "DeleteNodePool"):
+        project, location, name, _ = parse_pool(req.name, req.project_id, req.zone, req.cluster_id, req.node_pool_id)
+    else:
+        project, location, name = parse_cluster(req.name, req.project_id, req.zone, req.cluster_id)
+    return project, f"projects/{project}/locations/{location}/clusters/{name}"
+
+
 def _split(name: str, shape: list[str]) -> list[str] | None:
     parts = name.split("/")
     if len(parts) != 2 * len(shape) or any(parts[2 * i] != s for i, s in enumerate(shape)):
@@ -347,17 +408,26 @@ def parse_operation(name, project_id="", zone="", operation_id=""):
     return tuple(got)
 
 
+def write_policy() -> None:
+    """The simulation's IAM policy: the roles the documents grant (sim/gke_iam.py ``sim_policy``); the reaper of the
+    simulation watches its one project (sim/cluster.py ``TPU_RL_REAPER_WATCH``)."""
+    (GKE_DIR / "iam.json").write_text(json.dumps(gke_iam.sim_policy(PROJECT, [PROJECT]), indent=1))
+
+
 def main():
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     if sys.argv[1:] == ["init"]:
         print(f"service account key: {init_files()}")
+        write_policy()
         return
     init_files()
+    if not (GKE_DIR / "iam.json").exists():
+        write_policy()
     emulator = Emulator()
     server = serve_grpc(emulator)
     serve_proxy()
     serve_tokens(emulator.accounts)
-    gke_dns.serve(DNS_PORT, PKI, emulator.dns_route, emulator.accounts.caller)
+    gke_dns.serve(DNS_PORT, PKI, emulator.dns_route, emulator.accounts.caller, emulator.connect_refusal)
     emulator.resume()
     log.info(
         "GKE emulator: proxy 127.0.0.1:%d, gRPC/TLS 127.0.0.1:%d, DNS endpoints 127.0.0.1:%d, "

@@ -27,7 +27,8 @@ UNAUTHENTICATED_TEXT = (
 
 def grpc_handler(emulator: Any):
     """The ClusterManager service's methods, each answered by the emulator's method of that name once the
-    caller's bearer token is one it knows (else UNAUTHENTICATED); a GkeError becomes its gRPC status."""
+    caller's bearer token is one it knows (else UNAUTHENTICATED) and IAM lets its account make the call
+    (``emulator.authorize``, sim/gke_iam.py); a GkeError becomes its gRPC status."""
     import grpc
     from google.cloud import container_v1 as c
 
@@ -53,6 +54,7 @@ def grpc_handler(emulator: Any):
                 log.info("%s: UNAUTHENTICATED", method)
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_TEXT)
             try:
+                emulator.authorize(method, request, caller)
                 answer = call(request)
                 log.info("%s by %s: OK", method, caller)
                 return answer

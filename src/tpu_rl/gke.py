@@ -228,6 +228,9 @@ class Refusal(StrEnum):
     #: Another operation runs on the cluster or the pool (one of the run's, or GKE's own: a control-plane upgrade,
     #: an auto-repair): it is waited for.
     BUSY = "busy"
+    #: The caller's identity lacks an IAM permission, or may not act as the nodes' service account: no wait grants
+    #: it; the run fails naming the permission and the role that holds it (:func:`permission_fix`).
+    PERMISSION = "permission"
 
 
 def refusal(status: str, message: str) -> Refusal | None:
@@ -235,15 +238,57 @@ def refusal(status: str, message: str) -> Refusal | None:
     where one status has several meanings: RESOURCE_EXHAUSTED (HTTP 429) is throttling unless it names Compute
     Engine quota; FAILED_PRECONDITION is another operation running (GKE "Troubleshoot concurrent operations":
     "Cluster is running incompatible operation", "Operation ... is currently upgrading cluster"); PERMISSION_DENIED
-    (403) with quota's words is quota ("Insufficient regional quota to satisfy request"). None: any other
-    refusal, which is the caller's to report."""
+    (403) with quota's words is quota ("Insufficient regional quota to satisfy request"), any other 403 is IAM, as is
+    the 400 GKE answers for nodes whose service account the caller may not act as. None: any other refusal, which is
+    the caller's to report."""
     if status == "RESOURCE_EXHAUSTED":
         return Refusal.QUOTA if is_quota_error(message) else Refusal.THROTTLED
     if status == "FAILED_PRECONDITION":
         return Refusal.BUSY
-    if status == "PERMISSION_DENIED" and is_quota_error(message):
-        return Refusal.QUOTA
+    if status == "PERMISSION_DENIED":
+        return Refusal.QUOTA if is_quota_error(message) else Refusal.PERMISSION
+    if status == "INVALID_ARGUMENT" and _NO_ACT_AS.search(message):
+        return Refusal.PERMISSION
     return None
+
+
+#: GKE's words for a missing permission: ``Required "container.clusters.create" permission(s) for "projects/P/..."``
+#: (403, ErrorInfo IAM_PERMISSION_DENIED; quoted in 2i2c-org/infrastructure issue 488, pulumi/examples issue 150), and
+#: the form other Google APIs use, ``Permission 'container.clusters.list' denied on resource '...'``.
+_PERMISSION_NAMED = re.compile(r"""Required "(?P<required>[\w.]+)" permission|Permission '(?P<denied>[\w.]+)' denied""")
+#: GKE's words when a create names nodes' service account the caller may not act as (HTTP 400: ``The user does not
+#: have access to service account "X". Ask a project owner to grant you the iam.serviceAccountUser role on the service
+#: account.``, as ``gcloud container node-pools create`` shows it).
+_NO_ACT_AS = re.compile(r'does not have access to service account "(?P<account>[^"]+)"')
+#: The role docs/composer.md grants for each permission GKE may refuse the pipeline or the reaper (IAM's role
+#: reference: roles/container.admin holds ``container.*``, roles/iam.serviceAccountUser iam.serviceAccounts.actAs).
+PERMISSION_ROLES = {"container.": "roles/container.admin", "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser"}
+
+
+def iam_permission(message: str) -> str | None:
+    """The IAM permission a refusal names in Google's words (None: it names none, as Kubernetes RBAC's 403 does)."""
+    match = _PERMISSION_NAMED.search(message)
+    return (match["required"] or match["denied"]) if match else None
+
+
+def permission_fix(message: str, project: str) -> str:
+    """What to grant when GKE refuses a call for IAM: the permission GKE named and the documented role that holds
+    it, on the resource it is granted on (the node account for actAs, else the project)."""
+    where = "docs/composer.md, '1. Identities and the roles each one uses'"
+    if match := _NO_ACT_AS.search(message):
+        return (
+            f"fix: the identity of the Airflow connection lacks iam.serviceAccounts.actAs on the nodes' service "
+            f"account {match['account']}: grant it roles/iam.serviceAccountUser on that account ({where}); "
+            "waiting does not help"
+        )
+    permission = iam_permission(message)
+    if permission is None:
+        return f"fix: the identity of the Airflow connection may not make this call in project {project} ({where})"
+    role = next((r for prefix, r in PERMISSION_ROLES.items() if permission.startswith(prefix)), "a role holding it")
+    return (
+        f"fix: the identity of the Airflow connection lacks permission {permission} in project {project}: grant it "
+        f"{role} there ({where}); waiting does not help"
+    )
 
 
 def is_quota_error(message: str) -> bool:

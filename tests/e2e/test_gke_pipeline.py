@@ -118,7 +118,11 @@ def _create_foreign_cluster(gke, name: str) -> str:
         "release_channel": {"channel": "REGULAR"},
         "workload_identity_config": {"workload_pool": f"{SIM_CREATE_CONF['project']}.svc.id.goog"},
         "node_pools": [
-            {"name": "default-pool", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}},
+            {
+                "name": "default-pool",
+                "initial_node_count": 1,
+                "config": {"machine_type": "n2-standard-8", "service_account": SIM_CREATE_CONF["node_service_account"]},
+            },
             {
                 "name": "cpu-np",
                 "initial_node_count": 1,

@@ -99,7 +99,15 @@ def test_the_reaper_removes_what_a_lost_run_left_and_nothing_else(airflow, gke, 
             "name": foreign_name,
             "release_channel": {"channel": "REGULAR"},
             "node_pools": [
-                {"name": "default-pool", "initial_node_count": 1, "config": {"machine_type": "n2-standard-8"}}
+                {
+                    "name": "default-pool",
+                    "initial_node_count": 1,
+                    # an account the simulation's identity may act as (sim/gke_iam.py)
+                    "config": {
+                        "machine_type": "n2-standard-8",
+                        "service_account": SIM_CREATE_CONF["node_service_account"],
+                    },
+                }
             ],
         },
     )

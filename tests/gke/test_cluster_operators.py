@@ -862,3 +862,22 @@ def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_del
     finally:
         if get_cluster(gke, name):
             gke.delete_cluster(name=name, project_id="tpu-rl-sim", wait_to_complete=False)
+
+
+def test_a_pool_whose_nodes_the_identity_may_not_act_as_is_refused_before_it_exists(gke, created):
+    """The emulator holds the IAM policy docs/composer.md grants (sim/gke_iam.py): the environment's account may act
+    as the nodes' account and no other. A run naming another node account is refused by GKE's 400 before any pool
+    exists, and fails at once, naming the permission and the role to grant (a retry would be refused again); the
+    documented account's pools are created by the other tests of this module."""
+    run, _ = created
+    stranger = "tpu-rl-other@tpu-rl-sim.iam.gserviceaccount.com"
+    other = Run(cluster_name=run.params["cluster_name"], node_service_account=stranger)
+    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    with pytest.raises(AirflowFailException) as failed:
+        run_operator(create, other.context())
+    message = str(failed.value)
+    assert f'The user does not have access to service account "{stranger}"' in message
+    assert "iam.serviceAccounts.actAs" in message and "roles/iam.serviceAccountUser" in message
+    pool_path = f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/"
+    with pytest.raises(NotFound):
+        gke.get_cluster_manager_client().get_node_pool(name=pool_path + other.identity.tpu_pool_name(0))

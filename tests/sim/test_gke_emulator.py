@@ -28,6 +28,7 @@ PROJECT, REGION, ZONE = "tpu-rl-sim", "us-east5", "us-east5-b"
 CLUSTER = f"gke-emu-{uuid.uuid4().hex[:6]}"
 PARENT = f"projects/{PROJECT}/locations/{REGION}"
 CLUSTER_PATH = f"{PARENT}/clusters/{CLUSTER}"
+NODE_SERVICE_ACCOUNT = "tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com"
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,8 @@ def pool_body(name, machine_type="n2-standard-8", **extra):
         "config": {
             "machine_type": machine_type,
             "workload_metadata_config": {"mode": "GKE_METADATA"},
+            # the account the simulation's identity may act as (sim/gke_iam.py); GKE's default would be refused
+            "service_account": NODE_SERVICE_ACCOUNT,
             **extra.pop("config", {}),
         },
         **extra,
@@ -159,7 +162,7 @@ def test_cluster_is_running_with_endpoint_and_nodes(hook, cluster):
 
 
 def test_refused_requests_raise_api_core_exceptions(hook, client, cluster):
-    from google.api_core.exceptions import AlreadyExists, InvalidArgument, NotFound, Unauthenticated
+    from google.api_core.exceptions import AlreadyExists, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
     from google.auth.credentials import AnonymousCredentials
     from google.cloud.container_v1 import ClusterManagerClient
 
@@ -180,6 +183,14 @@ def test_refused_requests_raise_api_core_exceptions(hook, client, cluster):
         client.get_node_pool(name=f"{CLUSTER_PATH}/nodePools/no-such-pool")
     with pytest.raises(Unauthenticated):
         ClusterManagerClient(credentials=AnonymousCredentials()).list_clusters(parent=PARENT)
+    # IAM (sim/gke_iam.py): nodes only as an account the caller may act as; nothing in a project without a role.
+    stranger = "tpu-rl-other@tpu-rl-sim.iam.gserviceaccount.com"
+    with pytest.raises(InvalidArgument, match=f'does not have access to service account "{stranger}"'):
+        client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("other", config={"service_account": stranger}))
+    with pytest.raises(InvalidArgument, match="-compute@developer.gserviceaccount.com"):  # GKE's default account
+        client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("default", config={"service_account": ""}))
+    with pytest.raises(PermissionDenied, match='Required "container.clusters.list" permission'):
+        client.list_clusters(parent="projects/another-project/locations/us-east5")
     # Every refused pool left nothing behind.
     assert [p.name for p in client.list_node_pools(parent=CLUSTER_PATH).node_pools] == ["system"]
 

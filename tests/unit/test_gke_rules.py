@@ -334,7 +334,7 @@ def test_gkes_own_upgrade_refuses_pool_operations_and_six_operations_at_once_are
 
 def test_the_package_reads_gkes_refusals_by_status_before_words():
     """What the emulator answers (and GKE, as its sources quote it) is read by the package's one classifier: a 429
-    that says "quota" is throttling, a 403 that says quota is quota, a busy cluster is busy."""
+    that says "quota" is throttling, a 403 that says quota is quota (any other 403 is IAM), a busy cluster is busy."""
     from tpu_rl.gke import Refusal, refusal
 
     def answer(rule, *args) -> tuple[str, str]:
@@ -355,7 +355,7 @@ def test_the_package_reads_gkes_refusals_by_status_before_words():
     assert refusal("RESOURCE_EXHAUSTED", "Quota 'TPUS_PER_TPU_FAMILY' exceeded.  Limit: 0.0 in region us-east5.") is (
         Refusal.QUOTA
     )
-    assert refusal("PERMISSION_DENIED", "Permission 'container.clusters.delete' denied") is None
+    assert refusal("PERMISSION_DENIED", "Permission 'container.clusters.delete' denied") is Refusal.PERMISSION
     assert refusal("INVALID_ARGUMENT", "quota") is None
 
 

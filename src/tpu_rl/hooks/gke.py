@@ -2,8 +2,9 @@
 
 Through the Google provider's hooks (their connection, credentials, client options and the cluster label
 ``GKEHook.create_cluster`` adds); each method is one call, with "already exists" and "not found" given back
-as None where the pipeline adopts or skips, and a refusal that quota, throttling or another operation explains
-raised as :class:`GkeRefusedError` (the package's words, ``tpu_rl.gke.Refusal``). Operators, sensors and
+as None where the pipeline adopts or skips, and a refusal that quota, throttling, another operation or IAM explains
+raised as :class:`GkeRefusedError` (the package's words, ``tpu_rl.gke.Refusal``; an IAM refusal names the permission
+and the role that holds it, on the listing and getting calls too). Operators, sensors and
 triggers decide what an answer means (``tpu_rl.gke`` holds the rules); they never build a client nor read the
 client library's exceptions.
 """
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from tpu_rl.gke import Refusal, operation_target, refusal
+from tpu_rl.gke import Refusal, operation_target, permission_fix, refusal
 from tpu_rl.hooks.google_credentials import warm_google_credentials
 
 if TYPE_CHECKING:
@@ -67,6 +68,12 @@ class GkeRefusedError(Exception):
         self.refusal, self.message, self.blocking = refusal, message, blocking
 
 
+def _refusal_of(error: Any) -> Refusal | None:
+    """How the package reads a client error of GKE (:func:`tpu_rl.gke.refusal`)."""
+    status = error.grpc_status_code.name if error.grpc_status_code is not None else ""
+    return refusal(status, str(error.message))
+
+
 class GkeApiHook:
     """GKE in ``project_id``/``location`` (``-``: every location, for listing), as ``gcp_conn_id`` reaches it."""
 
@@ -106,7 +113,8 @@ class GkeApiHook:
         from google.api_core.exceptions import NotFound
 
         try:
-            return self.provider_hook.get_cluster(name=cluster, project_id=self.project_id, **self._bounded)
+            with self._permission():
+                return self.provider_hook.get_cluster(name=cluster, project_id=self.project_id, **self._bounded)
         except NotFound:
             return None
 
@@ -131,7 +139,8 @@ class GkeApiHook:
         return operation.name if operation is not None else None
 
     def list_clusters(self) -> list[Cluster]:
-        return list(self.client.list_clusters(parent=self.parent, **self._bounded).clusters)
+        with self._permission():
+            return list(self.client.list_clusters(parent=self.parent, **self._bounded).clusters)
 
     # -- node pools -------------------------------------------------------------------------------------
 
@@ -170,12 +179,31 @@ class GkeApiHook:
         try:
             yield
         except GoogleAPICallError as refused:
-            status = refused.grpc_status_code.name if refused.grpc_status_code is not None else ""
-            kind = refusal(status, str(refused.message))
+            kind = _refusal_of(refused)
             if kind is None:
                 raise
+            if kind is Refusal.PERMISSION:
+                raise self._denied(refused) from refused
             blocking = self.running_operation(cluster, pool) if kind is Refusal.BUSY else None
             raise GkeRefusedError(kind, str(refused.message), blocking) from refused
+
+    @contextlib.contextmanager
+    def _permission(self) -> Iterator[None]:
+        """A read GKE refuses for IAM, raised as :class:`GkeRefusedError` naming the role to grant; any other error
+        as it is (a read's waits and retries read the client's exceptions)."""
+        from google.api_core.exceptions import GoogleAPICallError
+
+        try:
+            yield
+        except GoogleAPICallError as refused:
+            if _refusal_of(refused) is not Refusal.PERMISSION:
+                raise
+            raise self._denied(refused) from refused
+
+    def _denied(self, refused: Any) -> GkeRefusedError:
+        """GKE's IAM refusal with what to grant (:func:`tpu_rl.gke.permission_fix`)."""
+        message = str(refused.message)
+        return GkeRefusedError(Refusal.PERMISSION, f"{message} {permission_fix(message, self.project_id)}")
 
     # -- operations -------------------------------------------------------------------------------------
 
@@ -183,7 +211,8 @@ class GkeApiHook:
         return self.client.get_operation(name=f"{self.parent}/operations/{name}", **self._bounded)
 
     def list_operations(self) -> list[Operation]:
-        return list(self.client.list_operations(parent=self.parent, **self._bounded).operations)
+        with self._permission():
+            return list(self.client.list_operations(parent=self.parent, **self._bounded).operations)
 
     def running_operation(self, cluster: str, pool: str | None = None) -> Operation | None:
         """GKE's unfinished operation that makes it refuse another one on the node pool ``pool`` (one on that pool

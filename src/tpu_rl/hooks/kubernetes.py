@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.utils.log.logging_mixin import LoggingMixin
 
 from tpu_rl.compat import AirflowException, AirflowFailException
+from tpu_rl.gke import iam_permission, permission_fix
 from tpu_rl.hooks.backoff import REQUEST_ATTEMPTS, backoff_seconds
 from tpu_rl.hooks.google_credentials import warm_google_credentials
 from tpu_rl.vocabulary import (
@@ -187,6 +188,8 @@ class KubernetesApiHook(LoggingMixin):
         """A client of the provider's hook (a fresh one carries a refreshed GKE token) whose requests are
         retried (:func:`request_retry`) and bounded (:data:`REQUEST_TIMEOUT`): the client sets no timeout, and a
         request to a stalled API server would hang until the task's ``execution_timeout``."""
+        from kubernetes.client.exceptions import ApiException
+
         client = self.kube_hook.get_conn()
         client.rest_client.pool_manager.connection_pool_kw["retries"] = request_retry()
         call_api = client.call_api
@@ -194,10 +197,22 @@ class KubernetesApiHook(LoggingMixin):
         def bounded(*args: Any, **kwargs: Any) -> Any:
             if kwargs.get("_request_timeout") is None:
                 kwargs["_request_timeout"] = REQUEST_TIMEOUT
-            return call_api(*args, **kwargs)
+            try:
+                return call_api(*args, **kwargs)
+            except ApiException as refused:
+                raise self._with_permission_fix(refused) from None
 
         client.call_api = bounded
         return client
+
+    def _with_permission_fix(self, refused: Any) -> Any:
+        """A 403 of GKE's DNS-based endpoint, which names the IAM permission its caller lacks
+        (container.clusters.connect), with the role to grant; any other answer (Kubernetes RBAC's 403 included) as
+        it is."""
+        message = _status_message(refused.body)
+        if refused.status == 403 and self.target.is_gke and iam_permission(message):
+            refused.reason = f"{refused.reason}: {permission_fix(message, self.target.project_id or '')}"
+        return refused
 
     @cached_property
     def _custom(self):
@@ -431,6 +446,14 @@ class KubernetesApiHook(LoggingMixin):
                     f"finalizers: {jobset['metadata'].get('finalizers')}"
                 )
             time.sleep(interval)
+
+
+def _status_message(body: Any) -> str:
+    """The message of a Kubernetes Status answer (the body as it is when it is not one)."""
+    try:
+        return str(json.loads(body).get("message") or body)
+    except (TypeError, ValueError, AttributeError):
+        return str(body or "")
 
 
 async def _call_retried(api: Any, method: str, path: str, request: dict[str, Any]) -> Any:

@@ -90,11 +90,14 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
     def wait_out(self, refused: GkeRefusedError, what: str, refusals: int, **wait: Any) -> None:
         """Defers until GKE takes a refused request again, then submits again (:meth:`resubmit`): through the
         operation that blocks it (the run's own, or GKE's: a control-plane upgrade, an auto-repair), or
-        ``refused_retry_interval`` when GKE throttles. Fails after :data:`REFUSED_RETRIES` refusals in a row."""
+        ``refused_retry_interval`` when GKE throttles. Fails after :data:`REFUSED_RETRIES` refusals in a row, and at
+        once when IAM refuses (the message names the permission and the role to grant)."""
         from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
         from tpu_rl.triggers.gke import GkeOperationTrigger
 
+        if refused.refusal is gke.Refusal.PERMISSION:  # no wait grants a role
+            raise AirflowFailException(f"GKE refused to {what}: {refused.message}")
         if refusals >= REFUSED_RETRIES:
             raise AirflowException(
                 f"GKE refused to {what} {refusals} times in a row: {refused.message}; fix: see the message (GKE "
@@ -354,6 +357,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                         f"GKE refused TPU node pool {body['name']}: {error.message}; "
                         f"{gke.quota_hint(config, error.message)}"
                     ) from None
+                if error.refusal is gke.Refusal.PERMISSION:
+                    raise AirflowFailException(f"GKE refused TPU node pool {body['name']}: {error.message}") from None
                 refused = error
                 break  # GKE takes no more now: the next pass goes on
             if operation:
