@@ -62,7 +62,7 @@ from .maxtext_access import (
     will_fail,
 )
 from .maxtext_outputs import SIM, PodFailure, write_container_logs
-from .maxtext_stages import RUNNERS, parse_invocation, rollout_lines
+from .maxtext_stages import RUNNERS, copy_generation_config, generation_config_copy, parse_invocation, rollout_lines
 
 RUN_SECONDS = float(os.environ.get("TPU_RL_SIM_RUN_SECONDS", "3"))
 HEARTBEAT = SIM / "run" / "maxtext-emulator.heartbeat"
@@ -300,7 +300,17 @@ class Emulator:
             run_seconds = float(effective.get(PREFIX + "run-seconds", RUN_SECONDS))
             timing = {"duration": run_seconds, "slices": pathways_slices(pod)}
         lines, out = RUNNERS[stage](self.gcs, args, flags, stage_faults, **timing)
+        # The copy follows the conversion with `&&`: only a conversion that exits 0 runs it.
+        if stage == "to_huggingface" and not fails and (copy := self.generation_config_copy(pod)):
+            lines += copy_generation_config(self.gcs, *copy)
         return lines, f"{stage}: wrote {len(out.written)} objects under {out.url}"
+
+    @staticmethod
+    def generation_config_copy(pod):
+        """The export script's copy of generation_config.json (sim/maxtext_stages.py), or None."""
+        container = next(c for c in pod.spec.containers if c.name == "workload-container")
+        env = {e.name: e.value for e in container.env or [] if e.value}
+        return generation_config_copy((container.command or []) + (container.args or []), env)
 
     def release(self, pod, patch):
         """Records the pod as handled (so a restarted emulator never redoes its stage), then sets its annotations:

@@ -21,7 +21,11 @@ Stage contract (arguments read, `key=value` and `--flag=value`):
                       lines unless num_test_batches=0
   to_huggingface  base_output_directory (required), load_parameters_path (must exist when given),
                   weight_dtype (float32), --hf_model_path, model_name
-                  ->  tokenizer files, config.json, model-0000i-of-00004.safetensors, index last
+                  ->  tokenizer files, config.json, model-0000i-of-00004.safetensors, index last; no
+                      generation_config.json (MaxText 0.2.4 checkpoint_conversion/utils/utils.py save_model_files)
+                  then, when the script goes on with the package's copy (`&& python3 -c "$TPU_RL_COPY_GENERATION_CONFIG"
+                  <repo> <folder>`, the program in the container's environment), the repository's
+                  generation_config.json into the folder, when the repository has one
 A missing input (load_parameters_path with no objects) or a missing bucket fails the pod (exit code 1).
 
 Each stage is called as ``stage(client, args, flags, faults)`` (train_rl also with the pod's run seconds) and
@@ -59,6 +63,34 @@ STAGES = {
     "maxtext.checkpoint_conversion.to_huggingface": "to_huggingface",
 }
 HF_IDS = {"qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Thinking-2507"}  # MaxText's default tokenizer per model
+
+#: The generation_config.json of the Hugging Face repositories the simulation converts, lower-cased names
+#: (https://huggingface.co/<repo>/blob/main/generation_config.json; the sampling their model cards recommend). The Hub
+#: answers 404 for a repository not listed here: huggingface_hub's RemoteEntryNotFoundError, after which the
+#: package's copy writes nothing.
+HF_GENERATION_CONFIGS = {
+    "qwen/qwen3-30b-a3b-instruct-2507": {
+        "bos_token_id": 151643,
+        "do_sample": True,
+        "eos_token_id": [151645, 151643],
+        "pad_token_id": 151643,
+        "temperature": 0.7,
+        "top_k": 20,
+        "top_p": 0.8,
+    },
+    "qwen/qwen3-30b-a3b-thinking-2507": {
+        "bos_token_id": 151643,
+        "do_sample": True,
+        "eos_token_id": [151645, 151643],
+        "pad_token_id": 151643,
+        "temperature": 0.6,
+        "top_k": 20,
+        "top_p": 0.95,
+    },
+}
+#: The environment variable the package's export script runs its copy of generation_config.json from
+#: (src/tpu_rl/maxtext.py COPY_GENERATION_CONFIG_ENV).
+COPY_GENERATION_CONFIG_ENV = "TPU_RL_COPY_GENERATION_CONFIG"
 
 
 # ---------------------------------------------------------------- command parsing
@@ -359,6 +391,28 @@ def to_huggingface(client, args, flags, faults_):
     if "no-index" not in faults_:
         out.put("model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
     return [f"Saved Hugging Face model ({shards} shards, tokenizer {tokenizer}) to {out.url}"], out
+
+
+def generation_config_copy(command, env):
+    """(repo, folder) of the package's copy of generation_config.json in a container's script, or None. bash expands
+    the variable: without it in the container's environment (``env``: name -> value), `python3 -c ""` copies
+    nothing and succeeds."""
+    parts = list(command or [])
+    script = parts[2] if parts[:2] == ["/bin/bash", "-c"] and len(parts) > 2 else ""
+    tokens = shlex.split(script.replace(";", " ; "), posix=True)
+    for i in range(len(tokens) - 4):
+        if tokens[i : i + 3] == ["python3", "-c", f"${COPY_GENERATION_CONFIG_ENV}"]:
+            return (tokens[i + 3], tokens[i + 4]) if env.get(COPY_GENERATION_CONFIG_ENV) else None
+    return None
+
+
+def copy_generation_config(client, repo, folder):
+    """What the copy does after a successful to_huggingface: the repository's file into the folder, if it has one."""
+    found = HF_GENERATION_CONFIGS.get(repo.lower())
+    if found is None:
+        return [f"{repo} has no generation_config.json: the export has none"]
+    Bucket(client, folder).put("generation_config.json", found)
+    return [f"Copied generation_config.json of {repo} to {folder}"]
 
 
 #: Each stage's emulation, by the stage's name in :data:`STAGES`.

@@ -243,6 +243,7 @@ def check_hf_export(
     shards: Sequence[str],
     found_problems: Iterable[str],
     not_before: datetime | None,
+    also_required: Sequence[str] = (),
 ) -> Verdict:
     """Whether an export holds its config, tokenizer and shards, all written by this attempt.
 
@@ -250,14 +251,17 @@ def check_hf_export(
     :param shards: from :func:`expected_shards`.
     :param found_problems: the index's and the shards' problems (:func:`expected_shards`, :func:`check_shard`).
     :param not_before: when the export stage started; older objects are left from an earlier attempt.
+    :param also_required: files the export must hold besides :data:`HF_REQUIRED_FILES` (the model's
+        ``generation_config.json``, when its repository has one).
     """
-    problems = [f"no {name}" for name in HF_REQUIRED_FILES if name not in listing]
+    required = [*HF_REQUIRED_FILES, *also_required]
+    problems = [f"no {name}" for name in required if name not in listing]
     problems += found_problems
     if not_before is not None:
         problems += [
             f"{n} was written at {listing[n].updated.isoformat()}, before this export started at "
             f"{not_before.isoformat()} (stale from an earlier attempt)"
-            for n in dict.fromkeys([*HF_REQUIRED_FILES, HF_INDEX, *shards])
+            for n in dict.fromkeys([*required, HF_INDEX, *shards])
             if n in listing and listing[n].updated < not_before
         ]
     return Verdict(tuple(problems))

@@ -24,6 +24,7 @@ from tpu_rl.config_rules import (
     Problem,
 )
 from tpu_rl.machines import POD_SHARE_OF_BOOT_DISK
+from tpu_rl.retention import KEEP_ALL, KEEP_CHOICES
 from tpu_rl.run import DataInterval
 from tpu_rl.tpu import SliceShape, slice_shape
 
@@ -451,6 +452,18 @@ class RunConfig:
     )
     keep_cluster: bool = _param(
         False, "Advanced", "Keep the cluster", "Do not delete a cluster this run created (you pay for it)."
+    )
+    keep_checkpoints: str = _param(
+        KEEP_ALL,
+        "Advanced",
+        "Checkpoints kept",
+        "What of the run's training checkpoints stays once its export is published and verified (a saved step of "
+        "Qwen3-30B-A3B is about 183 GB; a daily program keeps about 5.5 TB more a month). all: every saved step, as "
+        "before 2.4.0. exported: the step exported (what a resume or a new export starts from); the earlier saves and "
+        "the steps set aside before a resume are removed. none: those and the step exported (the published model is "
+        "what stays; a cleared train_rl trains again from the base checkpoint). Only this run's steps, never a newer "
+        "step than the one exported, nothing when the export is not verified.",
+        enum=list(KEEP_CHOICES),
     )
 
     @classmethod

@@ -67,6 +67,14 @@ MODEL_OF_WEIGHTS = {
     },
 }
 
+
+def ships_generation_config(hf_model_path: str) -> bool:
+    """Whether the export of a model trained from these weights must hold their ``generation_config.json`` (the
+    sampling defaults): the repositories of :data:`MODEL_OF_WEIGHTS`, the Qwen3 and Llama 3.1 releases, each have
+    one; a repository not listed may have none, and its export is not held to it."""
+    return hf_model_path.lower() in MODEL_OF_WEIGHTS
+
+
 #: The dataset ``train_rl`` uses when ``dataset_name`` is not given (MaxText 0.2.4, configs/post_train/rl.yml).
 MAXTEXT_DEFAULT_DATASET = "openai/gsm8k"
 #: Test batches ``train_rl`` evaluates before and after training unless extra_train_args sets

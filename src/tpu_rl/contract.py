@@ -35,6 +35,7 @@ class Task:
     MAXTEXT_TO_HF = "maxtext_to_hf"
     VERIFY_EXPORT = "verify_export"
     PUBLISH_EXPORT = "publish_export"
+    PRUNE_CHECKPOINTS = "prune_checkpoints"
     DELETE_CLUSTER = "delete_cluster"
     PIPELINE_DONE = "pipeline_done"
 

@@ -118,13 +118,18 @@ class GcsLayout:
         return f"{self._model_prefix()}/trained/{self.run.slug}/"
 
     @property
+    def checkpoints_prefix(self) -> str:
+        """The run's checkpoint folders: ``actor/`` (Orbax's steps) and the steps set aside."""
+        return f"{self.training_prefix}{self.config.run_name}/checkpoints/"
+
+    @property
     def actor_checkpoints_prefix(self) -> str:
-        return f"{self.training_prefix}{self.config.run_name}/checkpoints/actor/"
+        return f"{self.checkpoints_prefix}actor/"
 
     @property
     def set_aside_prefix(self) -> str:
         """Where half-written or broken step folders go before a resume: beside ``actor/``, outside Orbax's view."""
-        return f"{self.training_prefix}{self.config.run_name}/checkpoints/{SET_ASIDE_FOLDER}/"
+        return f"{self.checkpoints_prefix}{SET_ASIDE_FOLDER}/"
 
     @property
     def tensorboard_prefix(self) -> str:

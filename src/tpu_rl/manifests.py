@@ -87,7 +87,8 @@ def hf_to_maxtext_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
 
 def maxtext_to_hf_jobset(config: RunConfig, run: RunIdentity, step: int, attempt_prefix: str) -> dict[str, Any]:
     command = maxtext.to_huggingface(config, GcsLayout(config, run), step, attempt_prefix)
-    return _conversion_jobset(config, run, "maxtext_to_hf", command)
+    program = _env(maxtext.COPY_GENERATION_CONFIG_ENV, maxtext.COPY_GENERATION_CONFIG_PROGRAM)
+    return _conversion_jobset(config, run, "maxtext_to_hf", command, env=[program])
 
 
 def training_jobset(config: RunConfig, run: RunIdentity) -> dict[str, Any]:
@@ -324,17 +325,21 @@ def workload_service_account(config: RunConfig) -> dict[str, Any]:
 
 
 def _conversion_jobset(
-    config: RunConfig, run: RunIdentity, stage: str, command: maxtext.MaxTextCommand
+    config: RunConfig,
+    run: RunIdentity,
+    stage: str,
+    command: maxtext.MaxTextCommand,
+    env: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A plain JobSet: by default one pod on the CPU pool; with ``conversion_on_tpu`` the tutorial's job
-    over the whole slice, where every host but index 0 exits at once."""
+    over the whole slice, where every host but index 0 exits at once. ``env``: more variables of its container."""
     name = run.jobset_name(config.workload_prefix, stage)
     container: dict[str, Any] = {
         "name": WORKLOAD_CONTAINER,
         "image": config.cloud_image_name,
         "imagePullPolicy": "Always",
         "command": ["/bin/bash", "-c", command.script(only_index_zero=config.conversion_on_tpu)],
-        "env": [*_tutorial_env(), _secret_env(run)],
+        "env": [*_tutorial_env(), _secret_env(run), *(env or [])],
     }
     metadata = _metadata(config, run, name)
     if config.conversion_on_tpu:

@@ -27,6 +27,8 @@ class MaxTextCommand:
     #: Shell words run before python (environment set-up).
     preamble: str = ""
     env_prefix: tuple[tuple[str, str], ...] = ()
+    #: A command run after the module succeeded (``&&``), e.g. :func:`copy_generation_config`'s.
+    then: str = ""
 
     def words(self) -> list[str]:
         env = [f"{k}={v}" for k, v in self.env_prefix]
@@ -36,8 +38,11 @@ class MaxTextCommand:
     def script(self, only_index_zero: bool = False) -> str:
         """The bash script of the container; ``only_index_zero`` lets the other hosts of a slice exit at once."""
         line = " ".join(_quote_word(word) for word in self.words())
+        if self.then:
+            line = f"{line} && {self.then}"
         if only_index_zero:
-            line = f'[ "$JOB_COMPLETION_INDEX" != "0" ] || {line}'
+            # Braced when a command follows, so that the other hosts skip both.
+            line = '[ "$JOB_COMPLETION_INDEX" != "0" ] || ' + (f"{{ {line}; }}" if self.then else line)
         return f"{self.preamble}{line}"
 
 
@@ -143,7 +148,8 @@ def _slice_pairs(config: RunConfig) -> list[tuple[str, str]]:
 
 def to_huggingface(config: RunConfig, layout: GcsLayout, step: int, attempt_prefix: str) -> MaxTextCommand:
     """``--hf_model_path`` ships the tokenizer of the model that was trained (the converter's default for
-    qwen3-30b-a3b is the Thinking variant), instead of the tutorial's ``--override_model_architecture``."""
+    qwen3-30b-a3b is the Thinking variant), instead of the tutorial's ``--override_model_architecture``. Then the
+    model's ``generation_config.json``, which the converter does not write, is copied beside it."""
     return MaxTextCommand(
         TO_HUGGINGFACE,
         config=(
@@ -157,7 +163,46 @@ def to_huggingface(config: RunConfig, layout: GcsLayout, step: int, attempt_pref
             ("weight_dtype", "bfloat16"),
         ),
         flags=(("hf_model_path", config.hf_model_path),),
+        then=copy_generation_config(config.hf_model_path, layout.uri(attempt_prefix)),
     )
+
+
+#: The Hugging Face file that carries a model's sampling defaults (an Instruct model's temperature, top_p, top_k),
+#: which MaxText 0.2.4's to_huggingface does not write: ``checkpoint_conversion/utils/utils.py``
+#: ``save_model_files`` (line 623) saves the tokenizer's files, ``config.json`` and the shards, nothing else.
+GENERATION_CONFIG = "generation_config.json"
+
+#: The container's environment variable that holds :data:`COPY_GENERATION_CONFIG_PROGRAM` (the script stays short).
+COPY_GENERATION_CONFIG_ENV = "TPU_RL_COPY_GENERATION_CONFIG"
+
+#: Run in the export's container after the conversion, with the repository and the export folder as arguments:
+#: copies the repository's generation_config.json (its main revision, as the conversions download it) into the
+#: folder, through the image's huggingface_hub (which reads HF_TOKEN from the environment) and google-cloud-storage
+#: (MaxText 0.2.4's dependencies: huggingface-hub>=1.27, whose RemoteEntryNotFoundError is the Hub's 404 for the file).
+#: A repository without one leaves the export without one, and says so; any other failure (the network, the token)
+#: fails the export's pod, and the export is tried again.
+COPY_GENERATION_CONFIG_PROGRAM = f"""\
+import sys
+from google.cloud import storage
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import RemoteEntryNotFoundError
+
+repo, folder = sys.argv[1], sys.argv[2]
+try:
+    path = hf_hub_download(repo, "{GENERATION_CONFIG}")
+except RemoteEntryNotFoundError:
+    print(f"{{repo}} has no {GENERATION_CONFIG}: the export has none")
+    sys.exit(0)
+bucket, _, prefix = folder.removeprefix("gs://").partition("/")
+blob = storage.Client().bucket(bucket).blob(prefix + "{GENERATION_CONFIG}")
+blob.upload_from_filename(path, content_type="application/json")
+print(f"Copied {GENERATION_CONFIG} of {{repo}} to {{folder}}")
+"""
+
+
+def copy_generation_config(repo: str, folder_uri: str) -> str:
+    """The shell command that runs :data:`COPY_GENERATION_CONFIG_PROGRAM` from its environment variable."""
+    return f'python3 -c "${COPY_GENERATION_CONFIG_ENV}" {_quote(repo)} {_quote(folder_uri)}'
 
 
 def _value(value: object) -> str:

@@ -88,13 +88,14 @@ class FinalTrainingStep(OutputCheck):
 
 @dataclass(kw_only=True)
 class HfExport(OutputCheck):
-    """A whole Hugging Face export written since ``not_before`` (ISO 8601; older objects are stale); the event
-    carries its number of ``shards``."""
+    """A whole Hugging Face export written since ``not_before`` (ISO 8601; older objects are stale), holding
+    ``also_required`` too; the event carries its number of ``shards``."""
 
     not_before: str | None = None
+    also_required: list[str] = field(default_factory=list)
 
     async def __call__(self, reader: GcsReader) -> tuple[Verdict, dict[str, Any]]:
-        return await gcs.hf_export(reader, self.prefix, not_before=self.not_before)
+        return await gcs.hf_export(reader, self.prefix, not_before=self.not_before, also_required=self.also_required)
 
 
 @dataclass(kw_only=True)

@@ -21,6 +21,7 @@ from tpu_rl.operators.cluster import (
 )
 from tpu_rl.operators.leases import WaitForTpuCapacitySensor
 from tpu_rl.operators.publish import RunPublishHfExportOperator
+from tpu_rl.operators.retention import PruneCheckpointsOperator
 from tpu_rl.operators.run_report import QualityGateOperator, RunSummaryOperator
 from tpu_rl.operators.setup import (
     CreateHfTokenSecretOperator,
@@ -101,10 +102,14 @@ def _wire_tasks(exported_model: Asset) -> None:
     train, verify_training, delete_tpu_pools = _training_tasks(after=verify_converted)
     publish_export = _export_tasks(exported_model, after=verify_training)
     delete_cluster = DeleteClusterOperator(task_id=Task.DELETE_CLUSTER, **CLEANUP_RETRIES)
+    # Only after the export is published (and checked again there): removes the checkpoints it superseded, as the
+    # run's keep_checkpoints says.
+    prune_checkpoints = PruneCheckpointsOperator(task_id=Task.PRUNE_CHECKPOINTS, **CLEANUP_RETRIES)
     # Runs when the work succeeded (its state is the work's outcome): logs the run's summary.
     done = RunSummaryOperator(task_id=Task.PIPELINE_DONE, execution_timeout=timedelta(minutes=10))
 
-    publish_export >> [delete_cluster, done]
+    publish_export >> delete_cluster
+    publish_export >> prune_checkpoints >> done
     # publish_export waits for the slices to be gone, so its Asset event carries their TPU time.
     train >> delete_tpu_pools >> [delete_cluster, publish_export]
     # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;

@@ -58,8 +58,11 @@ def safetensors(tensors: dict[str, int]) -> bytes:
     return struct.pack("<Q", len(encoded)) + encoded + bytes(offset)
 
 
-def write_hf_export(bucket, prefix: str, shards: int = 3, *, skip_shard=None, truncate_shard=None, index=True):
-    """to_huggingface's upload order: tokenizer, config, shards, and the index last."""
+def write_hf_export(
+    bucket, prefix: str, shards: int = 3, *, skip_shard=None, truncate_shard=None, index=True, generation_config=True
+):
+    """to_huggingface's upload order: tokenizer, config, shards, and the index last; then the package's copy of the
+    model's generation_config.json (unless ``generation_config`` is False)."""
     put(bucket, f"{prefix}tokenizer_config.json", {"tokenizer_class": "Qwen2Tokenizer"})
     put(bucket, f"{prefix}tokenizer.json", {"version": "1.0"})
     put(bucket, f"{prefix}config.json", {"architectures": ["Qwen3MoeForCausalLM"]})
@@ -74,3 +77,5 @@ def write_hf_export(bucket, prefix: str, shards: int = 3, *, skip_shard=None, tr
         put(bucket, prefix + name, data[:-10] if i == truncate_shard else data)
     if index:
         put(bucket, f"{prefix}model.safetensors.index.json", {"metadata": {"total_size": 1}, "weight_map": weight_map})
+    if generation_config:
+        put(bucket, f"{prefix}generation_config.json", {"temperature": 0.7, "top_p": 0.8, "top_k": 20})

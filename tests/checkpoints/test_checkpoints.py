@@ -205,6 +205,17 @@ async def test_stale_index_from_an_earlier_attempt(bucket):
     assert "config.json was written" not in message
 
 
+async def test_export_without_the_models_generation_config(bucket):
+    """MaxText 0.2.4's converter writes none; the export's copy adds it, and the check requires it when told."""
+    write_hf_export(bucket, STAGING, shards=2, generation_config=False)
+    assert await run_sensor(export_sensor(bucket)) == f"gs://{bucket.name}/{STAGING}"
+    with pytest.raises(AirflowSensorTimeout, match="no generation_config.json"):
+        await run_sensor(export_sensor(bucket, also_required=["generation_config.json"]))
+    write_hf_export(bucket, STAGING, shards=2)
+    required = export_sensor(bucket, also_required=["generation_config.json"])
+    assert await run_sensor(required) == f"gs://{bucket.name}/{STAGING}"
+
+
 def test_export_sensor_refuses_an_unrendered_attempt(bucket):
     """A missing XCom renders as "None": fail at once rather than wait 30 minutes on gs://<bucket>/None."""
     with pytest.raises(ValueError, match="prefix 'None' is not a folder"):

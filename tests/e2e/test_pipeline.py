@@ -38,7 +38,8 @@ def sim_faults():
         yield api
 
 
-CRASH_CONF = {**SIM_CONF, "checkpoint_period": 10}
+#: Saves every 10 steps; once its export is published, the run keeps only the step exported.
+CRASH_CONF = {**SIM_CONF, "checkpoint_period": 10, "keep_checkpoints": "exported"}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,11 @@ def test_happy_path(airflow, gcs, two_runs):
     assert published == f"gs://{SIM_CONF['gcs_bucket']}/qwen3-30b-a3b/hf-trained/{slug}/"
     exported = objects(gcs, SIM_CONF["gcs_bucket"], f"qwen3-30b-a3b/hf-trained/{slug}/")
     assert "model.safetensors.index.json" in exported and "config.json" in exported
+    assert "generation_config.json" in exported  # copied from the Instruct repository by the export's JobSet
+    # keep_checkpoints 'all' (the default): the run's step stays.
+    assert "50/commit_success.txt" in objects(
+        gcs, SIM_CONF["gcs_bucket"], f"qwen3-30b-a3b/trained/{slug}/rl/checkpoints/actor/"
+    )
     events = airflow.request("GET", "/api/v2/assets/events?limit=100&order_by=-timestamp")["asset_events"]
     assert any(e["source_run_id"] == run_id and e["extra"]["uri"] == published for e in events)
 
@@ -100,7 +106,8 @@ def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow,
     assert "workload-container exited 3" in log, log[-3000:]
     assert "resuming from step" not in log  # no preemption resume
 
-    # Periodic saves before the crash survive; the user fixes the cause and clears train_rl.
+    # Periodic saves before the crash survive (nothing was exported: prune_checkpoints never ran); the user fixes
+    # the cause and clears train_rl.
     slug = RunIdentity(DAG_ID, run_id).slug
     actor = f"qwen3-30b-a3b/trained/{slug}/rl/checkpoints/actor/"
     assert {"10/commit_success.txt", "20/commit_success.txt"} <= set(objects(gcs, conf["gcs_bucket"], actor))
@@ -115,6 +122,9 @@ def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow,
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 50
     resumed_log = airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
     assert "Adopting" not in resumed_log  # a new JobSet, resuming from the run's own checkpoints
+    # keep_checkpoints 'exported': once the export is published and checked again, only the step exported stays.
+    assert tasks["prune_checkpoints"]["state"] == "success"
+    assert {name.split("/")[0] for name in objects(gcs, conf["gcs_bucket"], actor)} == {"50"}
     assert "50/commit_success.txt" in objects(gcs, conf["gcs_bucket"], actor)
 
 

@@ -4,6 +4,7 @@ webhooks, kwok-simulated v6e hosts, the GCS emulator and the MaxText stage emula
 The workloads come from the package's manifest builder (tpu_rl.manifests), as the DAG submits them.
 """
 
+import dataclasses
 import json
 import struct
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sim.maxtext_stages import HF_GENERATION_CONFIGS
 from tpu_rl import manifests
 from tpu_rl.config import RunConfig
 from tpu_rl.layout import GcsLayout
@@ -236,7 +238,10 @@ def test_export_writes_safetensors_shards_and_the_index_last(sim, config, conver
     sim.create_jobset(train)
     assert completed(sim.wait_jobset(train["metadata"]["name"]))
     attempt = layout.export_attempt_prefix(1)
-    body = manifests.maxtext_to_hf_jobset(config, run, 6, attempt)
+    # Exported as a model of the Instruct weights (the sim's conversions use made-up names), whose repository has
+    # a generation_config.json.
+    exported = dataclasses.replace(config, hf_model_path="Qwen/Qwen3-30B-A3B-Instruct-2507")
+    body = manifests.maxtext_to_hf_jobset(exported, run, 6, attempt)
     sim.create_jobset(body)
     assert completed(sim.wait_jobset(body["metadata"]["name"]))
 
@@ -244,7 +249,10 @@ def test_export_writes_safetensors_shards_and_the_index_last(sim, config, conver
     index = json.loads(sim.read(out + "model.safetensors.index.json"))
     shards = set(index["weight_map"].values())
     assert {"tokenizer.json", "tokenizer_config.json", "config.json", *shards} <= sim.names(out)
-    assert json.loads(sim.read(out + "tokenizer_config.json"))["name_or_path"] == config.hf_model_path
+    assert json.loads(sim.read(out + "tokenizer_config.json"))["name_or_path"] == exported.hf_model_path
+    # Not the converter's (MaxText 0.2.4 writes none): the export script's copy from the repository.
+    generation_config = HF_GENERATION_CONFIGS[exported.hf_model_path.lower()]
+    assert json.loads(sim.read(out + "generation_config.json")) == generation_config
     total = 0
     for shard in shards:
         data = sim.read(out + shard)

@@ -31,7 +31,7 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     from airflow.utils.dag_cycle_tester import check_cycle
 
     check_cycle(dag)
-    assert len(dag.tasks) == 23
+    assert len(dag.tasks) == 24
 
 
 def test_the_training_tab_loads_from_the_installed_distribution_without_importing_the_package():
@@ -189,7 +189,9 @@ def run_with_failure(dag, failing: str | None):
             ["maxtext_to_hf", "publish_export", "pipeline_done"],
         ),
         ("delete_cluster", "failed", ["publish_export", "pipeline_done"], []),
-        (None, "success", ["delete_tpu_pools", "delete_cluster", "pipeline_done"], []),
+        # An export that is not verified is never published, and no checkpoint is removed.
+        ("verify_export", "failed", ["delete_tpu_pools", "delete_cluster"], ["publish_export", "prune_checkpoints"]),
+        (None, "success", ["delete_tpu_pools", "delete_cluster", "prune_checkpoints", "pipeline_done"], []),
     ],
     ids=[
         "triggerer check fails",
@@ -198,6 +200,7 @@ def run_with_failure(dag, failing: str | None):
         "training fails",
         "gate fails",
         "teardown fails",
+        "export not verified",
         "all succeed",
     ],
 )

@@ -115,7 +115,8 @@ def module_invocations(config: RunConfig, run) -> list[tuple[str, list[str]]]:
                 words = shlex.split(container["command"][2].split("||")[-1].split(";")[-1])
                 if "-m" in words:
                     at = words.index("-m")
-                    found.append((words[at + 1], words[at + 2 :]))
+                    args = words[at + 2 :]  # up to the command that follows (the export's copy)
+                    found.append((words[at + 1], args[: args.index("&&")] if "&&" in args else args))
     return found
 
 

@@ -289,8 +289,11 @@ async def _shard_problem(reader: GcsReader, prefix: str, shard: StoredObject) ->
     return rules.check_shard(shard.name, shard.size, length, header)
 
 
-async def hf_export(reader: GcsReader, prefix: str, *, not_before: str | None) -> tuple[Verdict, dict[str, Any]]:
-    """Whether a Hugging Face export under ``prefix`` is whole and written since ``not_before``."""
+async def hf_export(
+    reader: GcsReader, prefix: str, *, not_before: str | None, also_required: Sequence[str] = ()
+) -> tuple[Verdict, dict[str, Any]]:
+    """Whether a Hugging Face export under ``prefix`` is whole (with ``also_required``) and written since
+    ``not_before``."""
     listing, _ = await reader.list(prefix)
     index = await reader.read(prefix + rules.HF_INDEX) if rules.HF_INDEX in listing else None
     shards, index_verdict = rules.expected_shards(listing, index)
@@ -298,7 +301,7 @@ async def hf_export(reader: GcsReader, prefix: str, *, not_before: str | None) -
     for name in shards:
         if name in listing and (problem := await _shard_problem(reader, prefix, listing[name])):
             problems.append(problem)
-    verdict = rules.check_hf_export(listing, shards, problems, parse_optional_time(not_before))
+    verdict = rules.check_hf_export(listing, shards, problems, parse_optional_time(not_before), also_required)
     return verdict, {"shards": len(shards)}
 
 

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from tpu_rl.compat import AirflowSensorTimeout
+from tpu_rl.config_rules import ships_generation_config
 from tpu_rl.hooks.gcs import GcsReadHook
+from tpu_rl.maxtext import GENERATION_CONFIG
 from tpu_rl.output_checks import FinalTrainingStep, HfExport, OrbaxStep, OutputCheck
 from tpu_rl.run_scope import RunScope, RunScoped
 from tpu_rl.timestamps import parse_optional_time
@@ -185,22 +187,24 @@ class HfExportSensor(GcsOutputSensor):
     """Waits for a Hugging Face export under ``prefix`` (the export attempt's folder).
 
     :param not_before: ISO 8601 start of the export stage (templated); older objects are stale.
+    :param also_required: files the export must hold besides its config, tokenizer and shards.
 
     XCom return value: the export folder's ``gs://`` URI.
     """
 
     template_fields: Sequence[str] = (*GcsOutputSensor.template_fields, "not_before")
 
-    def __init__(self, *, not_before: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, not_before: str | None = None, also_required: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.not_before = not_before
+        self.also_required = list(also_required)
 
     def output_check(self) -> OutputCheck:
         try:
             parse_optional_time(self.not_before)
         except ValueError:
             raise ValueError(f"not_before {self.not_before!r} is not an ISO 8601 time") from None
-        return HfExport(prefix=self.prefix, not_before=self.not_before or None)
+        return HfExport(prefix=self.prefix, not_before=self.not_before or None, also_required=self.also_required)
 
 
 class _RunOutputSensor(RunScoped):
@@ -234,7 +238,13 @@ class RunFinalTrainingCheckpointSensor(_RunOutputSensor, FinalTrainingCheckpoint
 
 
 class RunHfExportSensor(_RunOutputSensor, HfExportSensor):
-    """The DAG's ``verify_export``: in the run's bucket (the attempt's prefix comes from the export's XCom)."""
+    """The DAG's ``verify_export``: in the run's bucket (the attempt's prefix comes from the export's XCom), with
+    the model's ``generation_config.json`` when its repository has one."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(bucket="", **kwargs)
+
+    def resolve_scope(self, scope: RunScope, context: Any) -> None:
+        super().resolve_scope(scope, context)
+        if ships_generation_config(scope.config.hf_model_path):
+            self.also_required = [GENERATION_CONFIG]
