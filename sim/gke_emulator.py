@@ -288,7 +288,9 @@ class Emulator(Project):
         project, location, op_name = parse_operation(req.name, req.project_id, req.zone, req.operation_id)
         with self.lock:
             rec = self.operations.get(op_name)
-            if rec is None or not rec["key"].startswith(f"{project}/"):
+            # GKE keeps an operation in the location of its cluster: asked for in another location (or project), it
+            # answers NOT_FOUND, in the words of its NOT_FOUND for a cluster (Project.cluster).
+            if rec is None or rec["key"].split("/")[:2] != [project, location]:
                 raise GkeError("NOT_FOUND", f"Not found: projects/{project}/locations/{location}/operations/{op_name}.")
         self._unavailable_for_faults(rec["key"].rsplit("/", 1)[-1], rec.get("pool") or "")
         return rec["op"]
