@@ -74,6 +74,33 @@ def creating_cluster(emulator) -> str:
     return name
 
 
+def test_a_pool_created_with_the_cluster_stocks_out_as_a_pool_created_alone(emulator):
+    """A "stockout" rule matching a pool of the cluster's own request fails the cluster's create, as GKE does: the
+    operation DONE with RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text, the cluster left in ERROR, the slice
+    pool without nodes; the other pools have theirs."""
+    gke_faults.set_fault("no-v6e", "stockout", machine_type="ct6e-standard-4t", times=1)
+    name = creating_cluster(emulator)
+    emulator._create_cluster(name, emulator.operations[name])
+
+    op, cluster = emulator.operations[name]["op"], emulator.clusters[KEY]["cluster"]
+    assert op.status.name == "DONE" and op.error.code == 8
+    assert "[GCE_STOCKOUT]" in op.error.message and "Expected 4, running 0" in op.error.message
+    assert cluster.status.name == "ERROR" and cluster.status_message == op.error.message
+    assert [cond.code.name for cond in cluster.conditions] == ["GCE_STOCKOUT"]
+    statuses = {p.name: p.status.name for p in cluster.node_pools}
+    assert statuses == {"system": "RUNNING", "tpu-slice-0": "ERROR"}
+    assert len(emulator.plane.nodes) == 1 and "-system-" in emulator.plane.nodes[0]
+    assert gke_faults.list_faults()["no-v6e"]["applied"] == 1
+
+
+def test_without_a_stockout_the_cluster_and_its_pools_are_created(emulator):
+    name = creating_cluster(emulator)
+    emulator._create_cluster(name, emulator.operations[name])
+    op, cluster = emulator.operations[name]["op"], emulator.clusters[KEY]["cluster"]
+    assert op.status.name == "DONE" and not op.error.code
+    assert cluster.status.name == "RUNNING" and len(emulator.plane.nodes) == 5
+
+
 def test_an_operation_is_found_only_in_its_own_location(emulator):
     """GKE keeps an operation in its cluster's location: the same name asked for in another location is NOT_FOUND."""
     name = creating_cluster(emulator)
