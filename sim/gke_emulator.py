@@ -177,11 +177,12 @@ class Emulator(Project):
                 cluster.id, location
             )
             cluster.create_time = now_iso()
-            cluster.current_master_version = cluster.current_node_version = "1.34.4-gke.sim"
-            cluster.initial_cluster_version = cluster.initial_cluster_version or "1.34.4-gke.sim"
+            version = gke_rules.cluster_version(body)  # a full version asked for, else the channel's default
+            cluster.current_master_version = cluster.current_node_version = version
+            cluster.initial_cluster_version = cluster.initial_cluster_version or version
             for p in cluster.node_pools:
                 p.status = c.NodePool.Status.PROVISIONING
-                p.version = "1.34.4-gke.sim"
+                p.version = version
                 p.self_link = f"{cluster.self_link}/nodePools/{p.name}"
             self.clusters[key] = {"cluster": cluster, "slot": slot}
             return self.new_op(key, "CREATE_CLUSTER")
@@ -280,7 +281,7 @@ class Emulator(Project):
             slow_create = take_fault("slow-create", pool.name, machine_type, name)
             slow = take_fault("slow-reply", pool.name, machine_type, name)
             pool.status = c.NodePool.Status.PROVISIONING
-            pool.version = "1.34.4-gke.sim"
+            pool.version = cluster.current_node_version
             pool.self_link = f"{cluster.self_link}/nodePools/{pool.name}"
             if not pool.locations:
                 pool.locations.extend(cluster.locations)
@@ -327,7 +328,9 @@ class Emulator(Project):
         project, location, op_name = parse_operation(req.name, req.project_id, req.zone, req.operation_id)
         with self.lock:
             rec = self.operations.get(op_name)
-            if rec is None or not rec["key"].startswith(f"{project}/"):
+            # GKE keeps an operation in the location of its cluster: asked for in another location (or project), it
+            # answers NOT_FOUND, in the words of its NOT_FOUND for a cluster (Project.cluster).
+            if rec is None or rec["key"].split("/")[:2] != [project, location]:
                 raise GkeError("NOT_FOUND", f"Not found: projects/{project}/locations/{location}/operations/{op_name}.")
         self._unavailable_for_faults(rec["key"].rsplit("/", 1)[-1], rec.get("pool") or "")
         return rec["op"]

@@ -5,7 +5,9 @@ A rule is a JSON object under its name:
                   (TPU_RL_SIM_GKE_STOCKOUT_SECONDS: GKE's ~35 minutes, time-scaled), nothing said in the pool
                   meanwhile; then its operation ends DONE with error RESOURCE_EXHAUSTED and GKE's [GCE_STOCKOUT] text,
                   the pool in ERROR with no nodes, or, with "nodes" N > 0, in RUNNING_WITH_ERROR with N of its nodes
-                  (a partial create);
+                  (a partial create); a pool of a cluster's own create request (CreateCluster's node_pools) is
+                  matched too, and fails the cluster's create: its operation ends the same way, the cluster in ERROR
+                  until it is deleted (sim/gke_project.py, Project._cluster_stockout);
                   "quota": a matching node pool create is refused at once with 403 PERMISSION_DENIED,
                   "Insufficient regional quota to satisfy request" for the TPU family's quota;
                   "reservation-missing": a matching node pool create is refused at once with NOT_FOUND

@@ -91,6 +91,35 @@ TPU_2D_TOPOLOGIES = {
     "v5e": {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"},
 }
 
+# The zones that offer each TPU generation. Source: Cloud TPU "TPU regions and zones"
+# https://cloud.google.com/tpu/docs/regions-zones (US: v6e us-central1-b, us-east1-d, us-east5-a, us-east5-b; v5p
+# us-central1-a, us-east5-a; v5e us-central1-a, us-south1-a, us-west1-c, us-west4-a; v4 us-central2-b. Europe: v6e
+# europe-west4-a; v5p and v5e europe-west4-b. Asia Pacific: v6e asia-northeast1-b), as listed in 2026-12; zones
+# the page names single-tenant only are left out. Compute Engine offers a TPU machine type only in these zones, and
+# GKE refuses a pool of one elsewhere (check_machine_zones in sim/gke_rules.py). The package keeps its own table
+# (tpu_rl.tpu.GENERATIONS); tests/unit/test_gke_rules.py checks that the two agree.
+TPU_ZONES = {
+    "v6e": frozenset(
+        {"us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a", "asia-northeast1-b"}
+    ),
+    "v5p": frozenset({"us-central1-a", "us-east5-a", "europe-west4-b"}),
+    "v5e": frozenset({"us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a", "europe-west4-b"}),
+    "v4": frozenset({"us-central2-b"}),
+}
+
+# Flex-start TPU node pools: the zones and the GKE version. Source: GKE "About flex-start"
+# https://cloud.google.com/kubernetes-engine/docs/concepts/dws ("To run TPUs, use GKE version 1.33.0-gke.1712000 or
+# later. Flex-start supports the following version and zones": TPU Trillium (v6e) asia-northeast1-b, us-east5-a and
+# us-east5-b; TPU v5e us-west4-a; TPU v5p us-east5-a; "TPU v3 and v4 are not supported"), and its run limit ("for
+# up to seven days"; maxRunDurationSeconds "If you don't specify a value ... the default is seven days").
+FLEX_START_TPU_ZONES = {
+    "v6e": frozenset({"asia-northeast1-b", "us-east5-a", "us-east5-b"}),
+    "v5e": frozenset({"us-west4-a"}),
+    "v5p": frozenset({"us-east5-a"}),
+}
+FLEX_START_TPU_MIN_VERSION = "1.33.0-gke.1712000"
+FLEX_START_MAX_RUN_SECONDS = 7 * 24 * 3600
+
 # The default boot disk GKE uses when node_config.disk_type is empty. Source: GKE docs "Configuring a custom
 # boot disk" https://cloud.google.com/kubernetes-engine/docs/how-to/custom-boot-disks: "By default, GKE uses
 # balanced Persistent Disks in version 1.24 or later" (pd-balanced). Overridable by the emulator

@@ -269,6 +269,10 @@ class Project:
         time.sleep(CLUSTER_CREATE_S)
         with self.lock:
             pools = [(p.name, as_dict(p)) for p in self.clusters[key]["cluster"].node_pools]
+        stocked_out = self._stocked_out_pool(key, pools)
+        if stocked_out:
+            self._cluster_stockout(op_name, key, pools, *stocked_out)
+            return
         for _, pool in pools:
             self._create_nodes(key, pool)
         with self.lock:
@@ -279,13 +283,53 @@ class Project:
             cluster.current_node_count = sum(self._nodes(key, p).count for _, p in pools)
         self._finish(op_name)
 
-    def _cluster_failed(self, op_name, key, message):
-        """The create ends DONE with INTERNAL and the cluster stays, in ERROR, until it is deleted."""
+    def _cluster_failed(self, op_name, key, message, code=13):
+        """The create ends DONE with ``code`` (INTERNAL unless said) and the cluster stays, in ERROR, until it is
+        deleted."""
         with self.lock:
             cluster = self.clusters[key]["cluster"]
             cluster.status = self.c.Cluster.Status.ERROR
             cluster.status_message = message
-        self._finish(op_name, (13, message))
+        self._finish(op_name, (code, message))
+
+    def _stocked_out_pool(self, key, pools):
+        """The first of a creating cluster's pools a "stockout" rule matches, as it would match the pool created on
+        its own, with the rule's name; None when no rule matches."""
+        cluster = key.rsplit("/", 1)[-1]
+        for name, body in pools:
+            fault = take_fault("stockout", name, (body.get("config") or {}).get("machine_type") or "", cluster)
+            if fault:
+                return body, fault
+        return None
+
+    def _cluster_stockout(self, op_name, key, pools, stocked: dict, fault: str):
+        """A pool of the cluster's own request finds no capacity: GKE retries its VMs within the cluster's create
+        (about 35 minutes, time-scaled), then ends the create DONE with the pool's stockout, in the IGM text of a pool
+        create (akka/akka-core issue 32992: "(gcloud.container.clusters.create) Operation [...] finished with error:
+        Google Compute Engine: Not all instances running in IGM after 35m4.03s. Expected 5, running 2, transitioning
+        3. Current errors: [GCE_STOCKOUT]: ..."; kubeflow/pipelines issue 673: the cluster condition GCE_STOCKOUT).
+        The cluster stays, in ERROR, until it is deleted (terraform-provider-google issue 2970: it still answers a
+        GET); the other pools keep their nodes, the stocked-out one has the nodes the rule's "nodes" says."""
+        c = self.c
+        made = int(read_json(GKE_DIR / "faults.json", {}).get(fault, {}).get("nodes") or 0)
+        time.sleep(STOCKOUT_S)
+        for _, body in pools:
+            if body is not stocked:
+                self._create_nodes(key, body)
+        if made:
+            self._create_nodes(key, stocked, limit=made)
+        message = self._stockout_message(key, stocked, running=made)
+        condition = c.StatusCondition(code=c.StatusCondition.Code.GCE_STOCKOUT, canonical_code=8, message=message)
+        with self.lock:
+            cluster = self.clusters[key]["cluster"]
+            for pool in cluster.node_pools:
+                failed = pool.name == stocked.get("name")
+                pool.status = c.NodePool.Status.RUNNING
+                if failed:
+                    pool.status = c.NodePool.Status.RUNNING_WITH_ERROR if made else c.NodePool.Status.ERROR
+                    pool.status_message, pool.conditions = message, [condition]
+            cluster.conditions = [condition]
+            self._cluster_failed(op_name, key, message, code=8)  # RESOURCE_EXHAUSTED, as a pool's stockout
 
     def _delete_cluster(self, op_name, rec):
         key = rec["key"]

@@ -22,7 +22,11 @@ import re
 from .gke_errors import GkeError, invalid_argument
 from .gke_machines import (
     DEFAULT_BOOT_DISK,
+    FLEX_START_MAX_RUN_SECONDS,
+    FLEX_START_TPU_MIN_VERSION,
+    FLEX_START_TPU_ZONES,
     MACHINE_TYPES,
+    TPU_ZONES,
     check_disk_type,
     check_gvnic,
     check_tpu_slice,
@@ -36,8 +40,11 @@ from .gke_machines import (
 # The zones of the regions the emulator serves: those with TPU zones in Cloud TPU's "TPU regions and zones"
 # (v6e: us-central1-b, us-east1-d, us-east5-a/-b, europe-west4-a, asia-northeast1-b; v5e: us-central1-a,
 # us-south1-a, us-west1-c, us-west4-a; v5p: us-east5-a), each with the zones Compute Engine's "Regions and
-# zones" lists for it. A region missing here is refused rather than given zones it may not have.
+# zones" lists for it. A region missing here is refused rather than given zones it may not have. us-central2, the
+# region of TPU v4, is given only the zone the TPU page names (us-central2-b; keras-team/kinetic issue 305 lists the
+# machine series it offers).
 REGION_ZONES = {
+    "us-central2": ("b",),
     "us-east5": ("a", "b", "c"),
     "us-central1": ("a", "b", "c", "f"),
     "us-east1": ("b", "c", "d"),
@@ -219,6 +226,25 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: dic
         )
 
 
+def pool_zones(cluster: dict, pool: dict, region: str) -> list[str]:
+    """The zones a pool's nodes go to: its own locations, else the cluster's, else (a cluster created without
+    locations) the first three of its region, as the emulator gives such a cluster."""
+    return list(pool.get("locations") or cluster.get("locations") or zones_of(region)[:3])
+
+
+def check_machine_zones(cluster: dict, pool: dict, region: str) -> None:
+    """A TPU machine type only in the zones that offer its generation (sim/gke_machines.TPU_ZONES, after Cloud TPU's
+    "TPU regions and zones"): a ct6e pool in us-east5-c is refused at once.
+    Source of the text: GKE's 400 for a machine type a zone lacks, quoted in keras-team/kinetic issue 305:
+    'googleapi: Error 400: Invalid machine type "e2-standard-4" in zone "us-central2-b": GCE_NOT_FOUND'."""
+    mt = MACHINE_TYPES.get((pool.get("config") or {}).get("machine_type") or "")
+    if mt is None or not mt.tpu_generation:
+        return
+    for zone in pool_zones(cluster, pool, region):
+        if zone not in TPU_ZONES[mt.tpu_generation]:
+            raise invalid_argument(f'Invalid machine type "{mt.name}" in zone "{zone}": GCE_NOT_FOUND')
+
+
 def check_capacity(pool: dict) -> None:
     """What GKE requires of a Spot or flex-start node pool:
     - spot and flex-start exclude each other;
@@ -270,6 +296,68 @@ def check_capacity(pool: dict) -> None:
         raise invalid_argument(f'Node pool "{name}": flex-start requires autoscaling enabled with min_node_count 0.')
     if (pool.get("management") or {"auto_repair": True}).get("auto_repair"):
         raise invalid_argument(f'Node pool "{name}": flex-start requires node auto-repair to be disabled.')
+
+
+#: The version the emulator gives a cluster created without a full one (GKE picks its channel's default).
+DEFAULT_CLUSTER_VERSION = "1.34.4-gke.sim"
+_FULL_VERSION = re.compile(r"\d+\.\d+\.\d+-gke\.\d+")
+
+
+def cluster_version(cluster: dict) -> str:
+    """The cluster's GKE version: what it runs, else the full version its create asks for, else the default (an
+    alias such as "latest" or "1.33" is taken as the default)."""
+    asked = cluster.get("initial_cluster_version") or ""
+    return (
+        cluster.get("current_master_version")
+        or (asked if _FULL_VERSION.fullmatch(asked) else "")
+        or DEFAULT_CLUSTER_VERSION
+    )
+
+
+def _version_key(version: str) -> tuple[int, int, int, int]:
+    """1.33.0-gke.1712000 as (1, 33, 0, 1712000); a build that is not a number (the emulator's "sim") as 0."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)(?:-gke\.(\d+))?", version)
+    if not match:
+        return (0, 0, 0, 0)
+    return tuple(int(part or 0) for part in match.groups())  # type: ignore[return-value]
+
+
+def _duration_seconds(duration: str | None) -> float:
+    """A protobuf Duration in its JSON form ("604800s", "1.5s"); 0 when unset."""
+    return float(duration.rstrip("s")) if duration else 0.0
+
+
+def check_flex_start_tpu(cluster: dict, pool: dict, region: str) -> None:
+    """What GKE requires of a flex-start pool beyond check_capacity: a max_run_duration of at most 7 days; for a TPU
+    machine type, a cluster at GKE 1.33.0-gke.1712000 or later and a zone where flex-start offers the generation.
+    Sources: GKE "About flex-start" (sim/gke_machines.py, FLEX_START_*). GKE's texts for these refusals are not quoted
+    in any source found: every message here is (wording ours)."""
+    config = pool.get("config") or {}
+    if not config.get("flex_start"):
+        return
+    name = pool.get("name")
+    run_seconds = _duration_seconds(config.get("max_run_duration"))
+    if run_seconds > FLEX_START_MAX_RUN_SECONDS:
+        raise invalid_argument(
+            f'Node pool "{name}": max_run_duration {run_seconds:g}s exceeds the flex-start limit of 7 days '
+            f"({FLEX_START_MAX_RUN_SECONDS}s)."
+        )
+    mt = MACHINE_TYPES.get(config.get("machine_type") or "")
+    if mt is None or not mt.tpu_generation:
+        return
+    version = cluster_version(cluster)
+    if _version_key(version) < _version_key(FLEX_START_TPU_MIN_VERSION):
+        raise invalid_argument(
+            f'Node pool "{name}": flex-start with TPUs requires GKE version {FLEX_START_TPU_MIN_VERSION} or later; '
+            f"the cluster runs {version}."
+        )
+    offered = FLEX_START_TPU_ZONES.get(mt.tpu_generation, frozenset())
+    for zone in pool_zones(cluster, pool, region):
+        if zone not in offered:
+            raise invalid_argument(
+                f'Node pool "{name}": flex-start does not offer machine type "{mt.name}" in zone "{zone}"; it is '
+                f"offered in {', '.join(sorted(offered)) or 'no zone'}."
+            )
 
 
 def check_workload_metadata(cluster: dict, pool: dict) -> None:
@@ -349,6 +437,7 @@ def check_node_pool(
     if machine_type:
         machine(machine_type)
     check_pool_locations(region, pool)
+    check_machine_zones(cluster, pool, region)
     check_management_with_release_channel(cluster, pool)
     check_workload_metadata(cluster, pool)
     check_node_metadata(pool)
@@ -356,6 +445,7 @@ def check_node_pool(
     check_gvnic(pool)
     check_tpu_slice(pool)
     check_capacity(pool)
+    check_flex_start_tpu(cluster, pool, region)
     check_reservation_affinity(pool, project, reservations)
 
 

@@ -31,6 +31,7 @@ class CapacityType:
         (nothing to wait for at create time: ``capacity_wait_minutes`` does not apply).
     :param preemptible: its VMs can be reclaimed at any time (they draw the preemptible TPU quota).
     :param unsupported_generations: TPU generations GKE does not offer with it.
+    :param zones: where GKE offers it, by TPU generation (None: in every zone that has the generation).
     """
 
     name: str
@@ -40,6 +41,7 @@ class CapacityType:
     starts_empty: bool = False
     preemptible: bool = False
     unsupported_generations: frozenset[str] = frozenset()
+    zones: dict[str, tuple[str, ...]] | None = None
 
 
 def _on_demand(config: RunConfig, pool: dict[str, Any]) -> None:
@@ -114,8 +116,15 @@ CAPACITY: dict[str, CapacityType] = {
                 f"autoscaling 0..{config.hosts_per_slice} (location policy ANY), management.auto_repair false"
             ),
             starts_empty=True,
-            # GKE docs "About flex-start" (kubernetes-engine/docs/concepts/dws): "TPU v3 and v4 are not supported".
+            # GKE docs "About flex-start" (kubernetes-engine/docs/concepts/dws): "TPU v3 and v4 are not supported";
+            # "Flex-start supports the following version and zones": TPU Trillium (v6e) asia-northeast1-b, us-east5-a
+            # and us-east5-b, TPU v5e us-west4-a, TPU v5p us-east5-a (the GKE emulator's FLEX_START_TPU_ZONES).
             unsupported_generations=frozenset({"v4"}),
+            zones={
+                "v6e": ("asia-northeast1-b", "us-east5-a", "us-east5-b"),
+                "v5litepod": ("us-west4-a",),
+                "v5p": ("us-east5-a",),
+            },
         ),
     )
 }

@@ -76,7 +76,11 @@ class RunConfig:
     # Cloud
     project: str = _required("Cloud", "Project", "Google Cloud project ID that is billed for the run.")
     region: str = _required("Cloud", "Region", "Region of the cluster and the bucket, e.g. us-east5.")
-    zone: str = _required("Cloud", "Zone", "Zone of the TPU node pool (inside the region), e.g. us-east5-b.")
+    zone: str = _required(
+        "Cloud",
+        "Zone",
+        "Zone of the TPU node pool (inside the region, one that offers the TPU generation), e.g. us-east5-b.",
+    )
     gcs_bucket: str = _required(
         "Cloud", "Cloud Storage bucket", "Bucket for checkpoints and exports; created in the region if absent."
     )

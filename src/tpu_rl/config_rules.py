@@ -458,6 +458,7 @@ def _validate_slice(c: Any):
             f"{kind.name} does not offer TPU {generation}",
             f"use {_either(others)}, or a {_either(offered)} slice",
         )
+    yield from _validate_tpu_zone(c, kind)
     for name in ("trainer_devices_fraction", "sampler_devices_fraction"):
         fraction = getattr(c, name)
         devices = c.chips * fraction
@@ -878,6 +879,32 @@ def _validate_evaluation(c: Any):
             "num_test_batches to 0 (no evaluation)",
             f"remove num_test_batches from extra_train_args (MaxText's default is "
             f"{MAXTEXT_DEFAULT_TEST_BATCHES}) or clear {' and '.join(gate)}",
+        )
+
+
+def _validate_tpu_zone(c: Any, kind: Any):
+    """The zone of the TPU pools the run creates must offer the slice's generation (tpu_rl.tpu: Cloud TPU "TPU
+    regions and zones"), and, for a capacity type GKE offers in fewer zones (flex-start), the type too: GKE refuses
+    the pool ('Invalid machine type "ct6e-standard-4t" in zone "us-east5-c": GCE_NOT_FOUND') after the cluster and
+    the bucket exist. An existing pool is where it is."""
+    if c.uses_existing_tpu_pools or not c.zone or not c.zone.startswith(f"{c.region}-"):
+        return  # a zone outside the region is refused on its own
+    generation = c.slice.generation
+    if c.zone not in generation.zones:
+        here = [g.name for g in GENERATIONS.values() if c.zone in g.zones]
+        yield Problem(
+            "zone",
+            f"TPU {generation.name} is not offered in {c.zone}",
+            f"use a zone that offers it ({_either(list(generation.zones))}) with its region"
+            + (f", or a {_either(here)} slice" if here else ""),
+        )
+        return
+    offered = (kind.zones or {}).get(generation.name) if kind else None
+    if offered is not None and c.zone not in offered:
+        yield Problem(
+            "zone",
+            f"{kind.name} does not offer TPU {generation.name} in {c.zone}",
+            f'use {_either(list(offered))} (GKE "About flex-start") with its region, or another capacity_type',
         )
 
 

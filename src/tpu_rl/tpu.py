@@ -20,6 +20,11 @@ class TpuGeneration:
     topologies: tuple[str, ...] | None
     #: The number in ``v4-128`` counts TensorCores, two per chip; ``v6e-64`` counts chips.
     cores_per_chip: int = 1
+    #: The zones that offer it: Cloud TPU "TPU regions and zones" (https://cloud.google.com/tpu/docs/regions-zones,
+    #: as listed in 2026-12, single-tenant zones left out). GKE refuses a pool of its machine type elsewhere
+    #: ("Invalid machine type ... in zone ...: GCE_NOT_FOUND"). The GKE emulator keeps its own table
+    #: (sim/gke_machines.py TPU_ZONES); tests/unit/test_gke_rules.py checks that the two agree.
+    zones: tuple[str, ...] = ()
 
 
 GENERATIONS = {
@@ -31,6 +36,7 @@ GENERATIONS = {
             "tpuv6e",
             {"ct6e-standard-4t": 4, "ct6e-standard-8t": 8, "ct6e-standard-1t": 1},
             ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+            zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a", "asia-northeast1-b"),
         ),
         TpuGeneration(
             "v5litepod",
@@ -38,9 +44,20 @@ GENERATIONS = {
             "tpuv5e",
             {"ct5lp-hightpu-4t": 4, "ct5lp-hightpu-8t": 8, "ct5lp-hightpu-1t": 1},
             ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+            zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a", "europe-west4-b"),
         ),
-        TpuGeneration("v5p", "tpu-v5p-slice", "tpuv5", {"ct5p-hightpu-4t": 4}, None, cores_per_chip=2),
-        TpuGeneration("v4", "tpu-v4-podslice", "tpuv4", {"ct4p-hightpu-4t": 4}, None, cores_per_chip=2),
+        TpuGeneration(
+            "v5p",
+            "tpu-v5p-slice",
+            "tpuv5",
+            {"ct5p-hightpu-4t": 4},
+            None,
+            cores_per_chip=2,
+            zones=("us-central1-a", "us-east5-a", "europe-west4-b"),
+        ),
+        TpuGeneration(
+            "v4", "tpu-v4-podslice", "tpuv4", {"ct4p-hightpu-4t": 4}, None, cores_per_chip=2, zones=("us-central2-b",)
+        ),
     )
 }
 

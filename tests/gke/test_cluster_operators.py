@@ -220,6 +220,30 @@ def test_a_retry_deletes_the_cluster_its_failed_create_left_in_error_and_creates
             gke.delete_cluster(name=name, project_id="tpu-rl-sim", wait_to_complete=False)
 
 
+def test_a_stockout_of_a_slice_created_with_the_cluster_costs_the_whole_cluster(gke, capsys):
+    """tpu_pool_mode=cluster: the slice's pool is in the cluster's create request, and a stockout of it fails the
+    cluster's create (the emulator as GKE: the create DONE with [GCE_STOCKOUT], the cluster left in ERROR). The task
+    fails with GKE's message; its retry deletes the cluster and creates all of it again (the README's account)."""
+    run = Run(tpu_pool_mode="cluster")
+    name = run.params["cluster_name"]
+    create = cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL)
+    gke_faults.set_fault("gke-test-cluster-stockout", "stockout", pool_prefix="tpu-slice-", cluster=name, times=1)
+    try:
+        with pytest.raises(AirflowException, match=r"\(CREATE_CLUSTER\) failed: .*\[GCE_STOCKOUT\]"):
+            run_operator(create, run.context())
+        failed = get_cluster(gke, name)
+        assert failed.status == Cluster.Status.ERROR and "does not have enough resources" in failed.status_message
+        assert len(run_operator(create, run.context())) == 2  # the retry: the delete, then the create
+        assert f"Cluster {name}, created by an earlier try of this run, is ERROR" in capsys.readouterr().out
+        cluster = get_cluster(gke, name)
+        assert cluster.status == Cluster.Status.RUNNING
+        assert {p.name: p.status.name for p in cluster.node_pools}["tpu-slice-0"] == "RUNNING"
+    finally:
+        gke_faults.clear_faults("gke-test-cluster-stockout")
+        if get_cluster(gke, name):
+            gke.delete_cluster(name=name, project_id="tpu-rl-sim", wait_to_complete=False)
+
+
 def test_create_mode_refuses_a_cluster_a_live_run_created_and_adopts_it_once_that_run_ended(created):
     """Another run with the same cluster_name in cluster_mode create would delete the cluster under its
     creator at its end: refused while the creator's run lives, pointing at the shared mode."""

@@ -37,7 +37,13 @@ def test_derived_values_of_the_tutorial_slice(tutorial_config):
 
 def test_other_generations_derive_their_own_shape(tutorial_conf):
     v5p = RunConfig.from_params(
-        {**tutorial_conf, "tpu_type": "v5p-128", "topology": "4x4x4", "compute_type": "ct5p-hightpu-4t"}
+        {
+            **tutorial_conf,
+            "tpu_type": "v5p-128",
+            "topology": "4x4x4",
+            "compute_type": "ct5p-hightpu-4t",
+            "zone": "us-east5-a",
+        }
     )
     assert (v5p.chips, v5p.hosts_per_slice, v5p.slice.pathways_instance_type) == (64, 16, "tpuv5:4x4x4")
     v6e_16 = RunConfig.from_params(
@@ -301,6 +307,7 @@ def test_v5p_topologies_gke_offers(tutorial_conf, topology):
             "tpu_type": f"v5p-{2 * chips}",
             "topology": topology,
             "compute_type": "ct5p-hightpu-4t",
+            "zone": "us-east5-a",
             "trainer_devices_fraction": 0.5,
             "sampler_devices_fraction": 0.5,
             "ici_tensor_parallelism": 1,
@@ -388,6 +395,7 @@ def test_capacity_wait_is_bounded_outside_the_form_too(tutorial_conf):
 
 def test_flex_start_is_refused_for_tpu_v4(tutorial_conf):
     v4 = {"tpu_type": "v4-128", "topology": "4x4x4", "compute_type": "ct4p-hightpu-4t"}
+    v4 |= {"region": "us-central2", "zone": "us-central2-b"}  # the zone of TPU v4 ("TPU regions and zones")
     problems = problems_for(tutorial_conf, capacity_type="flex_start", **v4)
     assert problems["capacity_type"] == (
         "capacity_type: flex_start does not offer TPU v4; fix: use on_demand, reservation or spot, or a "
@@ -554,3 +562,31 @@ def test_weights_of_the_models_own_family_or_of_ones_own_are_accepted(tutorial_c
         ("qwen3-30b-a3b", "my-team/qwen3-30b-a3b-sft"),  # a fine-tune: not in the table, not checked
     ):
         assert RunConfig.from_params({**tutorial_conf, "model_name": model_name, "hf_model_path": weights})
+
+
+def test_a_tpu_generation_is_refused_in_a_zone_that_does_not_offer_it(tutorial_conf):
+    """Cloud TPU "TPU regions and zones": GKE would refuse the pool ("Invalid machine type ... in zone ...") after the
+    cluster and the bucket exist; validation names the zones that have the generation."""
+    v5p = {"tpu_type": "v5p-128", "topology": "4x4x4", "compute_type": "ct5p-hightpu-4t"}
+    assert problems_for(tutorial_conf, **v5p)["zone"] == (
+        "zone: TPU v5p is not offered in us-east5-b; fix: use a zone that offers it (us-central1-a, us-east5-a or "
+        "europe-west4-b) with its region, or a v6e slice."
+    )
+    assert "not offered in us-east5-c" in problems_for(tutorial_conf, zone="us-east5-c")["zone"]
+    for mode in ("per_run", "cluster"):
+        assert "zone" in problems_for(tutorial_conf, zone="us-east5-c", tpu_pool_mode=mode)
+    existing = RunConfig.from_params(
+        {**tutorial_conf, "zone": "us-east5-c", "tpu_pool_mode": "existing", "cluster_mode": "existing"}
+    )
+    assert existing.zone == "us-east5-c"  # the run creates no pool there
+
+
+def test_flex_start_is_refused_where_gke_does_not_offer_it(tutorial_conf):
+    """GKE "About flex-start": v6e in asia-northeast1-b, us-east5-a and us-east5-b only."""
+    central = {"region": "us-central1", "zone": "us-central1-b", "capacity_type": "flex_start"}
+    assert problems_for(tutorial_conf, **central)["zone"] == (
+        "zone: flex_start does not offer TPU v6e in us-central1-b; fix: use asia-northeast1-b, us-east5-a or "
+        'us-east5-b (GKE "About flex-start") with its region, or another capacity_type.'
+    )
+    assert RunConfig.from_params({**tutorial_conf, **central, "capacity_type": "spot"}).zone == "us-central1-b"
+    assert RunConfig.from_params({**tutorial_conf, "capacity_type": "flex_start", "zone": "us-east5-a"}).zone

@@ -444,6 +444,7 @@ def test_allocatable_follows_gke_reservations():
             "topology": "4x4x8",
             "compute_type": "ct5p-hightpu-4t",
             "pw_cpu_machine_type": "n4-standard-64",
+            "zone": "us-east5-a",  # the zone of us-east5 that offers v5p
         },
         {"capacity_type": "spot"},
         {"capacity_type": "flex_start"},
@@ -547,3 +548,77 @@ def test_a_reservation_another_project_shares_is_consumed_by_its_path_and_refuse
         assert 'reservation "shared-v6e" not found for node pool' in message
     block = with_reservation({**pool["config"]["reservation_affinity"], "values": [f"{path}/reservationBlocks/b1"]})
     rules.check_reservation_affinity(block, PROJECT, shared)
+
+
+def test_a_tpu_machine_type_only_in_the_zones_that_offer_it():
+    """Cloud TPU "TPU regions and zones": us-east5 offers v6e in -a and -b, v5p in -a only; GKE refuses a pool of the
+    machine type elsewhere with its GCE_NOT_FOUND text, also a pool without locations on a cluster of every zone."""
+    rules.check_node_pool(cluster(), tpu_pool(locations=["us-east5-a"]), REGION, PROJECT, {})
+    assert refused(rules.check_node_pool, cluster(), tpu_pool(locations=["us-east5-c"]), REGION, PROJECT, {}) == (
+        'Invalid machine type "ct6e-standard-4t" in zone "us-east5-c": GCE_NOT_FOUND'
+    )
+    v5p = tpu_pool(
+        config={"machine_type": "ct5p-hightpu-4t"}, placement_policy={"type": "COMPACT", "tpu_topology": "4x4x4"}
+    )
+    rules.check_machine_zones(cluster(), {**v5p, "locations": ["us-east5-a"]}, REGION)
+    assert 'zone "us-east5-b"' in refused(rules.check_machine_zones, cluster(), v5p, REGION)
+    unplaced = {k: v for k, v in tpu_pool().items() if k != "locations"}
+    assert 'zone "us-east5-c"' in refused(rules.check_machine_zones, cluster(), unplaced, REGION)
+    rules.check_machine_zones(cluster(locations=["us-east5-b"]), unplaced, REGION)
+    assert 'zone "us-east5-c"' in refused(
+        rules.check_cluster, cluster(node_pools=[tpu_pool(locations=["us-east5-c"])]), REGION, PROJECT, {}
+    )
+    rules.check_machine_zones(
+        cluster(), {"name": "cpu", "locations": ["us-east5-c"], "config": {"machine_type": "n2-standard-8"}}, REGION
+    )
+
+
+def test_the_package_and_the_emulator_agree_on_where_each_tpu_generation_is():
+    """Two tables, one in the package (tpu_rl.tpu, tpu_rl.capacity) and one in the emulator, which stands in for GCP
+    and shares no code with it: the same zones for every generation, and for flex-start; every zone served."""
+    from tpu_rl.capacity import CAPACITY
+    from tpu_rl.tpu import GENERATIONS
+
+    emulator_name = {"v6e": "v6e", "v5litepod": "v5e", "v5p": "v5p", "v4": "v4"}
+    assert {emulator_name[g.name]: frozenset(g.zones) for g in GENERATIONS.values()} == machines.TPU_ZONES
+    flex = CAPACITY["flex_start"]
+    package_flex = {emulator_name[name]: frozenset(zones) for name, zones in flex.zones.items()}
+    assert package_flex == machines.FLEX_START_TPU_ZONES
+    assert {emulator_name[g] for g in flex.unsupported_generations}.isdisjoint(machines.FLEX_START_TPU_ZONES)
+    for zones in (*machines.TPU_ZONES.values(), *machines.FLEX_START_TPU_ZONES.values()):
+        for zone in zones:
+            assert zone in rules.zones_of(zone.rsplit("-", 1)[0])
+
+
+def test_flex_start_tpus_need_gke_1_33_and_a_zone_of_flex_start():
+    """GKE "About flex-start": TPUs from GKE 1.33.0-gke.1712000; v6e in asia-northeast1-b, us-east5-a, us-east5-b."""
+    rules.check_node_pool(cluster(current_master_version="1.33.0-gke.1712000"), flex_pool(), REGION, PROJECT, {})
+    rules.check_flex_start_tpu(cluster(initial_cluster_version="latest"), flex_pool(), REGION)
+    old = cluster(current_master_version="1.32.4-gke.1106000")
+    assert "requires GKE version 1.33.0-gke.1712000 or later; the cluster runs 1.32.4-gke.1106000" in refused(
+        rules.check_node_pool, old, flex_pool(), REGION, PROJECT, {}
+    )
+    assert "1.33.0-gke.1600000" in refused(
+        rules.check_cluster,
+        cluster(initial_cluster_version="1.33.0-gke.1600000", node_pools=[flex_pool()]),
+        REGION,
+        PROJECT,
+        {},
+    )
+    europe = flex_pool(locations=["europe-west4-a"])  # a v6e zone, not one of flex-start
+    assert 'flex-start does not offer machine type "ct6e-standard-4t" in zone "europe-west4-a"' in refused(
+        rules.check_flex_start_tpu, cluster(), europe, "europe-west4"
+    )
+    rules.check_node_pool(cluster(), tpu_pool(locations=["europe-west4-a"]), "europe-west4", PROJECT, {})
+
+
+def test_flex_start_runs_at_most_seven_days():
+    """GKE "About flex-start": up to seven days (the default when max_run_duration is unset)."""
+    week = flex_pool()
+    week["config"] = {**week["config"], "max_run_duration": "604800s"}
+    rules.check_node_pool(cluster(), week, REGION, PROJECT, {})
+    longer = copy.deepcopy(week)
+    longer["config"]["max_run_duration"] = "691200s"
+    assert "max_run_duration 691200s exceeds the flex-start limit of 7 days" in refused(
+        rules.check_node_pool, cluster(), longer, REGION, PROJECT, {}
+    )
