@@ -463,7 +463,7 @@ class RunConfig:
         "Checkpoints kept",
         "What of the run's training checkpoints stays once its export is published and verified (a saved step of "
         "Qwen3-30B-A3B is about 183 GB; a daily program keeps about 5.5 TB more a month). all: every saved step, as "
-        "before 2.4.0. exported: the step exported (what a resume or a new export starts from); the earlier saves and "
+        "before 2.5.0. exported: the step exported (what a resume or a new export starts from); the earlier saves and "
         "the steps set aside before a resume are removed. none: those and the step exported (the published model is "
         "what stays; a cleared train_rl trains again from the base checkpoint). Only this run's steps, never a newer "
         "step than the one exported, nothing when the export is not verified.",
