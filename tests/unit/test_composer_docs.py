@@ -1,0 +1,43 @@
+"""docs/composer.md's quickstart and what it must agree with: the example conf a user copies
+(include/examples/tutorial.json) names the accounts, bucket and place the commands create."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+from tpu_rl_testing import REPO
+
+pytestmark = pytest.mark.core
+
+DOC = (REPO / "docs" / "composer.md").read_text()
+TUTORIAL = json.loads((REPO / "include" / "examples" / "tutorial.json").read_text())
+
+
+def quickstart_variables() -> dict[str, str]:
+    """The shell variables the quickstart's first block sets (``PROJECT=... REGION=...`` on one line)."""
+    line = next(line for line in DOC.splitlines() if line.startswith("PROJECT="))
+    return dict(word.split("=", 1) for word in shlex.split(line))
+
+
+def created_service_accounts() -> list[str]:
+    return re.findall(r"^gcloud iam service-accounts create ([\w-]+) --project \$PROJECT$", DOC, re.M)
+
+
+def test_the_node_account_the_docs_create_is_the_one_the_example_names():
+    variables = quickstart_variables()
+    node_sa = re.search(r"^NODE_SA=([\w-]+)@\$PROJECT\.iam\.gserviceaccount\.com$", DOC, re.M).group(1)
+    assert node_sa in created_service_accounts()
+    assert TUTORIAL["node_service_account"] == f"{node_sa}@{variables['PROJECT']}.iam.gserviceaccount.com"
+    assert f"service account `{node_sa}`" in DOC  # the identities table names the same account
+
+
+def test_the_example_runs_where_the_quickstart_creates_things():
+    variables = quickstart_variables()
+    assert TUTORIAL["project"] == variables["PROJECT"]
+    assert TUTORIAL["region"] == variables["REGION"]
+    assert TUTORIAL["zone"] == variables["ZONE"]
+    assert TUTORIAL["gcs_bucket"] == variables["BUCKET"]
