@@ -1,6 +1,12 @@
 """The provider metadata Airflow reads through the entry point ``apache_airflow_provider``: the UI's Providers
-page lists the distribution with its version, and every component's providers manager registers its extra
-links (so a serialised DAG's links resolve on the scheduler and the API server as on the worker).
+page lists the distribution with its version, and ``airflow providers links`` lists the JobSet task's extra links.
+
+Airflow 3 needs no registration to show those links: the serialised DAG keeps each link's name and XCom key
+(``_serialize_operator_extra_links``), the worker calls ``get_link`` whenever a try of the task ends there (a
+deferral too) and pushes the URL to that key (``airflow/sdk/execution_time/task_runner.py``, ``finalize``), and
+the API server answers with an ``XComOperatorLink`` built from the name and key, which reads that XCom and never
+imports ``tpu_rl.links`` (``airflow/serialization/serialized_objects.py``, ``_deserialize_operator_extra_links``;
+Airflow 3.1.7 and 3.3.2). The providers manager's list of extra links feeds that CLI command only.
 
 The Training tab is registered through the entry point ``airflow.plugins`` only: the providers manager
 would load a plugin it declares a second time. No connection types: the hooks reach GKE and Cloud Storage through
