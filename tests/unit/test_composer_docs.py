@@ -41,3 +41,36 @@ def test_the_example_runs_where_the_quickstart_creates_things():
     assert TUTORIAL["region"] == variables["REGION"]
     assert TUTORIAL["zone"] == variables["ZONE"]
     assert TUTORIAL["gcs_bucket"] == variables["BUCKET"]
+
+
+# --- section 4: connections through Secret Manager --------------------------------------------------------------
+
+
+def backend_kwargs() -> dict:
+    return json.loads(re.search(r"secrets-backend_kwargs=(\{[^']*\})'", DOC).group(1))
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    """The Google provider's backend as the docs configure it, its Secret Manager calls recorded (no credentials)."""
+    from airflow.providers.google.cloud._internal_client.secret_manager_client import _SecretManagerClient
+    from airflow.providers.google.cloud.secrets import secret_manager
+
+    monkeypatch.setattr(secret_manager, "get_credentials_and_project_id", lambda **_: (None, "my-project"))
+    asked: list[str] = []
+    monkeypatch.setattr(_SecretManagerClient, "get_secret", lambda self, secret_id, project_id: asked.append(secret_id))
+    return secret_manager.CloudSecretManagerBackend(**backend_kwargs()), asked
+
+
+def test_the_backend_looks_up_connections_only_and_under_the_granted_prefix(backend):
+    from tpu_rl.config import RunConfig
+
+    store, asked = backend
+    assert store.get_variable("anything") is None and store.get_config("anything") is None
+    assert asked == []  # variables and configuration never reach Secret Manager
+    store.get_conn_value(RunConfig().hf_token_conn_id)
+    (created,) = re.findall(r"gcloud secrets create (airflow-connections-huggingface_default) ", DOC)
+    assert asked == [created]
+    granted = re.search(r"""resource\.name\.startsWith\("projects/'\$PROJECT_NUMBER'/secrets/([\w-]+)"\)""", DOC)
+    assert granted.group(1) == store.connections_prefix + store.sep
+    assert all(name.startswith(granted.group(1)) for name in re.findall(r"gcloud secrets create ([\w-]+) ", DOC))
