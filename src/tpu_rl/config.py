@@ -410,7 +410,8 @@ class RunConfig:
         "Evaluation and cost",
         "Notification connection",
         "An SMTP connection (its from_email extra is the sender) through which the run's summary is mailed to "
-        "notify_to when the run succeeds. Empty: no notification.",
+        "notify_to when the run succeeds; on Google Cloud its port must be 465 or 587 (port 25 is blocked). "
+        "Empty: no notification.",
     )
     notify_to: str = _param(
         "",

@@ -74,3 +74,17 @@ def test_the_backend_looks_up_connections_only_and_under_the_granted_prefix(back
     granted = re.search(r"""resource\.name\.startsWith\("projects/'\$PROJECT_NUMBER'/secrets/([\w-]+)"\)""", DOC)
     assert granted.group(1) == store.connections_prefix + store.sep
     assert all(name.startswith(granted.group(1)) for name in re.findall(r"gcloud secrets create ([\w-]+) ", DOC))
+
+
+def test_the_smtp_example_reaches_a_port_google_cloud_leaves_open():
+    from airflow.providers.smtp.hooks.smtp import SmtpHook
+    from airflow.sdk import Connection
+
+    template = re.search(r"""printf '(\{"conn_type": "smtp".*?)' "\$SMTP_PASSWORD\"""", DOC).group(1)
+    connection = Connection.from_json(template.replace("%s", "secret"), conn_id="smtp_team")
+    hook = SmtpHook(smtp_conn_id="smtp_team")
+    hook.conn = connection
+    assert connection.port in (465, 587)  # port 25 of an outside address is blocked
+    assert hook.use_ssl == (connection.port == 465)  # 587 speaks STARTTLS, not implicit TLS
+    assert hook.smtp_starttls
+    assert connection.extra_dejson["from_email"]
