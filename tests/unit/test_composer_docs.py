@@ -88,3 +88,35 @@ def test_the_smtp_example_reaches_a_port_google_cloud_leaves_open():
     assert hook.use_ssl == (connection.port == 465)  # 587 speaks STARTTLS, not implicit TLS
     assert hook.smtp_starttls
     assert connection.extra_dejson["from_email"]
+
+
+# --- section 1: the deployer's roles ----------------------------------------------------------------------------
+
+#: The permission each gcloud command of scripts/deploy_composer.py needs (Composer's "Access control with IAM",
+#: permissions per API method; IAM's "Artifact Registry roles and permissions").
+DEPLOY_COMMAND_PERMISSIONS = {
+    ("composer", "environments", "describe"): ("composer.environments.get",),
+    ("composer", "environments", "update"): ("composer.environments.update",),
+    ("artifacts", "repositories", "describe"): ("artifactregistry.repositories.get",),
+    ("artifacts", "repositories", "create"): (".create",),
+    ("artifacts", "repositories", "add-iam-policy-binding"): (".getIamPolicy", ".setIamPolicy"),
+}
+
+
+def deploy_gcloud_commands() -> list[tuple[str, ...]]:
+    from scripts.deploy_composer import Environment, repository_commands
+
+    env = Environment("rl-env", "us-east5", "my-project")
+    repository = repository_commands("my-project", "us-east5", "airflow-packages", "sa@p.iam.gserviceaccount.com")
+    commands = [env.describe_command(), env.update_command("tpu-rl==1"), *repository.values()]
+    return [tuple(command[1:4]) for command in commands]
+
+
+def test_every_gcloud_command_of_the_deploy_has_its_permission_in_the_deployers_roles():
+    deployer = DOC[DOC.index("**The deployer's roles.**") : DOC.index("**The reaper's roles.**")]
+    for command in deploy_gcloud_commands():
+        assert command in DEPLOY_COMMAND_PERMISSIONS, f"gcloud {' '.join(command)}: which permission, which role?"
+        for permission in DEPLOY_COMMAND_PERMISSIONS[command]:
+            assert f"`{permission}`" in deployer, permission
+    for role in ("roles/composer.admin", "roles/artifactregistry.admin", "roles/storage.objectAdmin"):
+        assert f"--role {role}" in deployer
