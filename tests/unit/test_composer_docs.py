@@ -58,7 +58,7 @@ def backend(monkeypatch):
 
     monkeypatch.setattr(secret_manager, "get_credentials_and_project_id", lambda **_: (None, "my-project"))
     asked: list[str] = []
-    monkeypatch.setattr(_SecretManagerClient, "get_secret", lambda self, secret_id, project_id: asked.append(secret_id))
+    monkeypatch.setattr(_SecretManagerClient, "get_secret", lambda self, secret_id, **_: asked.append(secret_id))
     return secret_manager.CloudSecretManagerBackend(**backend_kwargs()), asked
 
 
