@@ -3,7 +3,8 @@ for the Artifact Registry Python repository. The wheel reaches the repository an
 configuration, the DAG files and programs reach dags/ (what Composer gives its DAG processor), nothing of other
 teams is touched, a programs file edited in the bucket is never lost, and a deploy killed half-way leaves
 nothing a later deploy does not own. The uploaded wheel installs, through that pip configuration, into a
-virtualenv that holds the Composer image's packages, adding tpu-rl alone, which then imports every trigger."""
+virtualenv that holds the Composer image's packages, adding tpu-rl alone, which then imports every trigger. A
+rollback from another checkout finds its wheel in the repository and points the environment at it."""
 
 from __future__ import annotations
 
