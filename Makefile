@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 # the source tree), so every Airflow component and every test imports what a deployment imports.
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' src/tpu_rl/__init__.py)
 WHEEL := dist/tpu_rl-$(VERSION)-py3-none-any.whl
-SOURCES := pyproject.toml $(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*')
+SOURCES := pyproject.toml README.md scripts/build_wheel.py \
+  $(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*')
 INSTALLED := $(VENV)/.installed-wheel
 
 venv: $(STAMP) $(INSTALLED)
@@ -22,14 +23,13 @@ $(STAMP): requirements-dev.txt constraints.txt
 	scripts/uv.sh pip install -q --compile-bytecode --python $(VENV)/bin/python -c constraints.txt -r requirements-dev.txt
 	touch $@
 
-# setuptools keeps build/lib between builds (a deleted module would ship): every wheel starts clean. The
-# fixed timestamp makes the wheel a function of the sources: a rebuild has the same SHA-256, which the deploy
-# compares with the repository's.
+# The wheel is a function of the sources (scripts/build_wheel.py: a fresh copy with fixed modes, under umask 022,
+# fixed time stamps, the exactly pinned backend): any checkout of a commit builds the same SHA-256, which the
+# deploy compares with the repository's, so a redeploy or a rollback finds its wheel there.
 wheel: $(WHEEL)
 $(WHEEL): $(SOURCES)
-	rm -rf build src/tpu_rl.egg-info dist/tpu_rl-*.whl
-	SOURCE_DATE_EPOCH=315532800 $(PYTHON) -m pip wheel -q --no-deps --wheel-dir dist .
-	rm -rf build src/tpu_rl.egg-info
+	rm -f dist/tpu_rl-*.whl
+	$(PYTHON) scripts/build_wheel.py dist
 
 $(INSTALLED): $(WHEEL) $(STAMP)
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall $(WHEEL)

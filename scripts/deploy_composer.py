@@ -18,6 +18,11 @@ what this deploy may create, so a deploy killed half-way leaves nothing that a l
 programs file edited in the bucket since the last deploy is kept and reported, never overwritten or deleted
 without ``--replace-programs``. What earlier deploys put in plugins/ (the package as a plugin) is deleted.
 
+A deploy names its environment (``--env``): without the environment's custom package the DAG files could not
+import ``tpu_rl``. A version the repository already has, built from the same sources (the same SHA-256: the build
+is reproducible), is not uploaded again, and the environment is pointed at it: a redeploy, or a rollback
+(``git checkout vX && make deploy-composer ENV=...``).
+
 ``--dry-run`` prints every step and changes nothing. Needs google-cloud-storage and twine (``make
 deploy-composer`` installs them alone), and gcloud for the steps on the environment and the repository.
 """
@@ -314,27 +319,25 @@ def main(argv: list[str] | None = None) -> int:
     from google.cloud import storage
 
     client = storage.Client(project=args.project)
-    env = Environment(args.env, args.location, args.project) if args.env else None
+    env = Environment(args.env, args.location, args.project)
     bucket, service_account, pypi = args.bucket, args.service_account, {}
-    if env and not bucket:
+    if not bucket:
         bucket, service_account, pypi = describe_environment(env, run)
 
     # 1-2. The wheel in the repository, which the environment may read.
     repository = prepare_repository(args, service_account, run) if args.repository else None
     index_url = args.repository_url.rstrip("/") + "/" if args.repository_url else repository
-    if index_url:
-        publish_wheel(wheel, index_url, client, bucket, run)
+    publish_wheel(wheel, index_url, client, bucket, run)
 
     # 3. The environment's custom package, then 4. the DAG files and programs that use it.
-    if env:
-        install_package(env, pypi, requirement, run)
+    install_package(env, pypi, requirement, run)
     deploy_dags(client, bucket, args)
     return 0
 
 
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", help="Composer environment name")
+    parser.add_argument("--env", help="Composer environment name (required: it installs the package the DAGs import)")
     parser.add_argument("--location", help="the environment's region")
     parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
     parser.add_argument("--repository", help="Artifact Registry Python repository for the wheel (created if missing)")
@@ -349,16 +352,23 @@ def argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Without the environment, nothing installs the package that the DAG files import.
+NO_ENVIRONMENT = (
+    "--env (make deploy-composer ENV=<environment>) is missing: the DAG files import tpu_rl, which only the "
+    "environment's custom PyPI package installs, so a deploy without it would upload DAG files that cannot import "
+    "(and delete the plugins/tpu_rl/ copy that older DAG files import). Give ENV=<environment> LOCATION=<region> "
+    "REPOSITORY=<repository>; BUCKET= (with SERVICE_ACCOUNT=) only skips the environment's describe"
+)
+
+
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuses (``parser.error``) the combinations a deploy cannot complete, before any call."""
-    if not (args.env and args.location) and not args.bucket:
-        parser.error("give --env and --location (and --repository), or --bucket")
-    if args.env and not args.location:
-        parser.error("--env needs --location")
-    if args.env and not (args.repository or args.repository_url):
+    if not args.env:
+        parser.error(NO_ENVIRONMENT)
+    if not args.location:
+        parser.error("--env needs --location (LOCATION=): the environment's region")
+    if not (args.repository or args.repository_url):
         parser.error("--env needs --repository: the Artifact Registry Python repository the environment installs from")
-    if args.repository and not (args.repository_location or args.location):
-        parser.error("--repository needs --repository-location (or --location): the repository's region")
     if args.repository and args.bucket and not args.service_account and not args.dry_run:
         parser.error(
             "--repository with --bucket needs --service-account: the environment's service account, which is "
@@ -436,8 +446,9 @@ def deploy_dags(client, bucket: str, args: argparse.Namespace) -> None:
 
 
 def upload(wheel: Path, index_url: str, token: str | None, run: Runner) -> None:
-    """twine upload, unless the repository has this very wheel. The same version with other contents is
-    refused: the environment's image would not change (bump the version)."""
+    """twine upload, unless the repository has this very wheel (a redeploy, or a rollback to a version deployed
+    before: the environment is then pointed at it). The same version with other contents is refused: the
+    environment's image would not change (bump the version)."""
     local = hashlib.sha256(wheel.read_bytes()).hexdigest()
     # A dry run has no access token for Artifact Registry: it cannot look, and says what it would do.
     unreadable = run.dry_run and token is None and ".pkg.dev/" in index_url
@@ -447,8 +458,10 @@ def upload(wheel: Path, index_url: str, token: str | None, run: Runner) -> None:
         return
     if published:
         raise SystemExit(
-            f"{index_url} has another {wheel.name} (sha256 {published[:12]}..., "
-            f"this one {local[:12]}...): bump __version__ in src/tpu_rl/__init__.py, then deploy again"
+            f"{index_url} has another {wheel.name} (sha256 {published[:12]}..., this one {local[:12]}...): "
+            "these sources are not the ones that version was built from. Bump __version__ in "
+            "src/tpu_rl/__init__.py, then deploy again (to roll back to that version, deploy the commit it was "
+            "built from: make wheel builds the same bytes in any checkout)"
         )
     # The token reaches twine through its environment, never its command line.
     env = {

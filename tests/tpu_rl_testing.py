@@ -3,7 +3,11 @@
 import contextlib
 import json
 import os
+import re
 import shlex
+import shutil
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -209,3 +213,38 @@ for classpath, kwargs in triggers:
     files.append(sys.modules[type(trigger).__module__].__file__)
 print(json.dumps({"files": files, "path": sys.path}))
 """
+
+
+def checkout_copy(target: Path, names: tuple[str, ...], umask: int, version: str | None = None) -> Path:
+    """A copy of ``names`` (files and folders of this repository) with the modes a checkout made under ``umask``
+    has, and ``version`` as the package's ``__version__`` when given: another checkout of a commit."""
+    target.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+    for name in names:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, target / name, ignore=ignore, copy_function=shutil.copyfile)
+        else:
+            shutil.copyfile(REPO / name, target / name)
+    if version:
+        init = target / "src/tpu_rl/__init__.py"
+        init.write_text(re.sub(r'(?m)^__version__ = ".*"$', f'__version__ = "{version}"', init.read_text()))
+    for path in target.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+    return target
+
+
+#: What ``make wheel`` reads.
+WHEEL_BUILD_INPUTS = ("Makefile", "pyproject.toml", "README.md", "src", "scripts")
+
+
+def make_wheel(checkout: Path, umask: int) -> Path:
+    """``make wheel`` in ``checkout`` under ``umask``, with this interpreter; the wheel it built."""
+    built = subprocess.run(
+        ["make", "-s", "-C", str(checkout), "wheel", f"PYTHON={sys.executable}"],
+        capture_output=True,
+        text=True,
+        umask=umask,
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
+    (wheel,) = (checkout / "dist").glob("tpu_rl-*.whl")
+    return wheel

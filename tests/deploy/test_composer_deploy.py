@@ -3,7 +3,8 @@ for the Artifact Registry Python repository. The wheel reaches the repository an
 configuration, the DAG files and programs reach dags/ (what Composer gives its DAG processor), nothing of other
 teams is touched, a programs file edited in the bucket is never lost, and a deploy killed half-way leaves
 nothing a later deploy does not own. The uploaded wheel installs, through that pip configuration, into a
-virtualenv that holds the Composer image's packages, adding tpu-rl alone, which then imports every trigger."""
+virtualenv that holds the Composer image's packages, adding tpu-rl alone, which then imports every trigger. A
+rollback from another checkout finds its wheel in the repository and points the environment at it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tpu_rl_testing import WHEEL_BUILD_INPUTS, checkout_copy, make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("deploy_composer", REPO / "scripts/deploy_composer.py")
@@ -43,6 +46,8 @@ FOREIGN = [
     "data/include/other_team.json",
 ]
 OTHER_PIP_CONF = "[global]\nextra-index-url = https://europe-python.pkg.dev/other/team/simple/\ntimeout = 60\n"
+#: A deploy always names its environment, which installs the package the DAG files import.
+ENVIRONMENT = ("--env", "rl-env", "--location", "us-east5", "--project", "p1")
 
 
 def test_a_project_of_the_same_name_on_pypi_stops_the_deploy_before_it_uploads(
@@ -53,7 +58,7 @@ def test_a_project_of_the_same_name_on_pypi_stops_the_deploy_before_it_uploads(
     shutil.copy(deploy.wheel_path(), public_index[1])
 
     with pytest.raises(SystemExit, match="has a project named tpu-rl"):
-        _main_with_path(monkeypatch, tmp_path, "--bucket", composer_bucket.name, "--repository-url", url)
+        _main_with_path(monkeypatch, tmp_path, *ENVIRONMENT, "--bucket", composer_bucket.name, "--repository-url", url)
     assert not list(packages.iterdir())
 
 
@@ -279,6 +284,71 @@ def test_deploy_uploads_the_wheel_configures_pip_then_updates_the_package_then_t
         deploy.main(args)
 
 
+#: What a deploy reads in a checkout: the wheel's build inputs, the deploy script, the DAG files and programs.
+CHECKOUT = (*WHEEL_BUILD_INPUTS, "dags", "include")
+
+
+def _deploy_checkout(checkout: Path, umask: int, args: list[str], public_index: str, monkeypatch, tmp_path) -> None:
+    """``make deploy-composer`` in ``checkout``: its wheel (``make wheel`` under ``umask``), then its
+    scripts/deploy_composer.py, which reads that checkout (PyPI is the local stand-in)."""
+    make_wheel(checkout, umask)
+    name = f"deploy_composer_{checkout.name.replace('.', '_').replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(name, checkout / "scripts/deploy_composer.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    module.PUBLIC_INDEX = public_index
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert module.main(args) == 0
+
+
+def test_a_rollback_from_another_checkout_points_the_environment_at_the_wheel_already_published(
+    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path
+):
+    """9.0.0 then 9.1.0 are deployed; ``git checkout v9.0.0 && make deploy-composer ENV=...`` in another checkout,
+    made and built under another umask, builds 9.0.0's very wheel: nothing is uploaded, the environment is pointed
+    at 9.0.0 again and dags/ holds 9.0.0's DAG files. 9.0.0 built from other sources is still refused."""
+    url, packages = python_repository
+    log = _fake_gcloud(tmp_path, composer_bucket.name, {"other-teams-package": "==1.2"})
+    args = [*ENVIRONMENT, "--repository-url", url]
+
+    def deploy_from(checkout: Path, umask: int) -> None:
+        _deploy_checkout(checkout, umask, args, public_index[0], monkeypatch, tmp_path)
+
+    deploy_from(checkout_copy(tmp_path / "v9.0.0", CHECKOUT, 0o022, "9.0.0"), 0o022)
+    newer = checkout_copy(tmp_path / "v9.1.0", CHECKOUT, 0o022, "9.1.0")
+    with (newer / "dags/maxtext_rl_tpu.py").open("a") as dag:
+        dag.write("# changed in 9.1.0\n")
+    deploy_from(newer, 0o022)
+    published = {path.name: path.stat().st_mtime_ns for path in packages.iterdir()}
+    assert set(published) == {"tpu_rl-9.0.0-py3-none-any.whl", "tpu_rl-9.1.0-py3-none-any.whl"}
+    calls = len(log.read_text().splitlines())
+    capsys.readouterr()
+
+    rollback = checkout_copy(tmp_path / "rollback", CHECKOUT, 0o077, "9.0.0")
+    deploy_from(rollback, 0o077)
+
+    assert "already has tpu_rl-9.0.0-py3-none-any.whl" in capsys.readouterr().out
+    assert {path.name: path.stat().st_mtime_ns for path in packages.iterdir()} == published
+    assert log.read_text().splitlines()[calls:] == [
+        "composer environments describe rl-env --location us-east5 --project p1 "
+        "--format=json(config.dagGcsPrefix,config.nodeConfig.serviceAccount,config.softwareConfig.pypiPackages)",
+        "composer environments update rl-env --location us-east5 --project p1 --update-pypi-package=tpu-rl==9.0.0",
+    ]
+    dag = composer_bucket.blob("dags/maxtext_rl_tpu.py").download_as_bytes()
+    assert dag == (rollback / "dags/maxtext_rl_tpu.py").read_bytes()
+    assert json.loads(composer_bucket.blob(deploy.MANIFEST).download_as_bytes())["version"] == "9.0.0"
+
+    # The same version from other sources: refused before the environment changes.
+    calls = len(log.read_text().splitlines())
+    with (rollback / "src/tpu_rl/__init__.py").open("a") as init:
+        init.write("# not what 9.0.0 was built from\n")
+    with pytest.raises(SystemExit, match="bump __version__"):
+        deploy_from(rollback, 0o077)
+    assert len(log.read_text().splitlines()) == calls + 1  # the describe alone
+    assert {path.name: path.stat().st_mtime_ns for path in packages.iterdir()} == published
+
+
 def test_dry_run_prints_every_step_and_changes_nothing(
     gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path
 ):
@@ -330,7 +400,8 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
     composer-3-airflow-3.1.7's packages (constraints-af31.txt); it adds tpu-rl and changes nothing else, and the
     result imports every trigger of the package from its serialised classpath."""
     url, _ = python_repository
-    _main_with_path(monkeypatch, tmp_path, "--bucket", composer_bucket.name, "--repository-url", url)
+    _fake_gcloud(tmp_path, composer_bucket.name, {})
+    _main_with_path(monkeypatch, tmp_path, *ENVIRONMENT, "--bucket", composer_bucket.name, "--repository-url", url)
     pip_conf = tmp_path / "pip.conf"
     composer_bucket.blob(deploy.PIP_CONF).download_to_filename(str(pip_conf))
 
@@ -391,17 +462,3 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
         check=True,
     ).stdout.split()
     assert versions == ["3.1.7", deploy.version()]
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--bucket", "b", "--repository", "r", "--location", "us-east5"], "needs --service-account"),
-        (["--bucket", "b", "--repository", "r", "--service-account", "sa@p.iam.gserviceaccount.com"], "region"),
-    ],
-)
-def test_a_repository_grant_without_its_account_or_region_is_refused_before_any_call(args, message, capsys):
-    """Given the bucket, nothing describes the environment: the reader role would go to no account."""
-    with pytest.raises(SystemExit):
-        deploy.main(args)
-    assert message in capsys.readouterr().err
