@@ -78,8 +78,8 @@ class TriggererCheckOperator(BaseOperator):
     DEPENDENCY_FIX = (
         "install tpu-rl with its dependencies (pyproject.toml: the Google and Kubernetes providers, "
         "kubernetes_asyncio, aiohttp, ...) in the triggerer as in the workers: pip installs them with the "
-        "distribution; on Cloud Composer 3 they are preinstalled, and a package the environment pins or removes "
-        "shows in the environment's PyPI packages"
+        "distribution; on Cloud Composer 3 they come with the image: look in the environment's PyPI packages for "
+        "one that pins another version of them"
     )
 
     def __init__(self, *, timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> None:
@@ -108,7 +108,11 @@ class TriggererCheckOperator(BaseOperator):
                 f"triggers import: {causes}: {self.DEPENDENCY_FIX}. Nothing was created."
             )
         if deferred_by != __version__:
-            self.log.warning("this worker runs tpu-rl %s, the one that deferred %s", __version__, deferred_by)
+            self.log.warning(
+                "this worker runs tpu-rl %s, the one that deferred %s: the environment was updated meanwhile",
+                __version__,
+                deferred_by,
+            )
         self.log.info(
             "the triggerer (%s) runs tpu-rl %s, as the worker that deferred, and imported the %d modules of its "
             "triggers",
