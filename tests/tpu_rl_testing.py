@@ -196,8 +196,9 @@ def trigger_samples() -> list:
     ]
 
 
-#: Run by a fresh interpreter: imports each (classpath, kwargs) read from stdin as the triggerer does, and
-#: prints the module files and sys.path.
+#: Run by a fresh interpreter: imports each (classpath, kwargs) read from stdin as the triggerer does, then what
+#: check_triggerer imports there (every module the triggers import when they run), and prints the module files
+#: and sys.path.
 TRIGGER_IMPORT_PROBE = """
 import json, sys
 try:
@@ -211,6 +212,9 @@ for classpath, kwargs in triggers:
     again = trigger.serialize()
     assert json.loads(json.dumps(list(again))) == [classpath, kwargs], (classpath, again)
     files.append(sys.modules[type(trigger).__module__].__file__)
+from tpu_rl.triggers.triggerer import import_all, trigger_modules
+_, failed = import_all(trigger_modules())
+assert failed == [], failed
 print(json.dumps({"files": files, "path": sys.path}))
 """
 

@@ -58,7 +58,33 @@ def test_no_triggerer_at_all_fails_it_at_the_timeout_naming_the_triggerer():
         _operator().resume_execution("__fail__", {"error": "Trigger timeout"}, {})
 
 
-def test_a_triggerer_of_another_version_fails_it():
-    with pytest.raises(AirflowFailException, match=f"runs tpu-rl 0.0.1, this worker {tpu_rl.__version__}"):
-        _operator().execute_complete({}, {"version": "0.0.1", "host": "triggerer-1"})
+def _event(**changes) -> dict:
+    v = tpu_rl.__version__
+    return {"version": v, "deferred_by": v, "host": "triggerer-1", "imported": ["aiohttp"], "failed": [], **changes}
+
+
+def test_a_triggerer_of_another_version_than_the_deferring_worker_fails_it():
+    """The comparison is with the version that deferred (the event names it), not with the worker that resumes."""
+    with pytest.raises(AirflowFailException, match="runs tpu-rl 9.9.9, the worker that deferred this task 0.0.1"):
+        _operator().execute_complete({}, _event(version="9.9.9", deferred_by="0.0.1"))
+    with pytest.raises(AirflowFailException, match=f"runs tpu-rl {tpu_rl.__version__}, the worker that deferred"):
+        _operator().execute_complete({}, _event(deferred_by="0.0.1"))  # triggerer and resuming worker agree
+    _operator().execute_complete({}, _event())
+
+
+def test_an_event_of_the_2_4_0_trigger_is_compared_with_this_worker():
+    """A triggerer still on 2.4.0 sends neither the deferring version nor its imports."""
+    with pytest.raises(
+        AirflowFailException, match=f"runs tpu-rl 2.4.0, the worker that deferred this task {tpu_rl.__version__}"
+    ):
+        _operator().execute_complete({}, {"version": "2.4.0", "host": "triggerer-1"})
     _operator().execute_complete({}, {"version": tpu_rl.__version__, "host": "triggerer-1"})
+
+
+def test_a_module_the_triggers_need_that_the_triggerer_cannot_import_fails_the_run_naming_it():
+    error = "ModuleNotFoundError: No module named 'kubernetes_asyncio'"
+    with pytest.raises(AirflowFailException) as failed:
+        _operator().execute_complete({}, _event(failed=[{"module": "kubernetes_asyncio.client", "error": error}]))
+    message = str(failed.value)
+    assert f"kubernetes_asyncio.client ({error})" in message
+    assert "install tpu-rl with its dependencies" in message and "Nothing was created" in message

@@ -59,11 +59,13 @@ class TriggererCheckOperator(BaseOperator):
     """Defers once on the package's own trigger, before anything billable exists.
 
     Every later wait (GKE operations, the training, the checkpoints) runs in the triggerer, which must import
-    this package. Where it cannot (Cloud Composer 3 with the package in plugins/, which the triggerer never
-    gets), the first such wait would fail after a cluster or a TPU slice was already asked for; here the run
-    fails first, naming the fix. A triggerer that never picks the trigger up (none runs) fails it at
-    ``timeout``. A triggerer that runs another version than the worker fails it too: a trigger serialised by
-    one version and run by another may not mean the same thing.
+    this package and what its triggers import when they run (the Google and Kubernetes providers' hooks, their
+    clients, aiohttp). Where it cannot (Cloud Composer 3 with the package in plugins/, which the triggerer never
+    gets; a dependency missing there), the first such wait would fail after a cluster or a TPU slice was already
+    asked for; here the run fails first, naming the module and the fix. A triggerer that never picks the trigger
+    up (none runs) fails it at ``timeout``. A triggerer that runs another version than the worker that deferred
+    fails it too: a trigger serialised by one version and run by another may not mean the same thing. What it
+    proves is about the one triggerer that ran the trigger, at that moment: not the others, nor a later upgrade.
     """
 
     ui_color = "#e8f4fd"
@@ -72,6 +74,12 @@ class TriggererCheckOperator(BaseOperator):
         "triggerer, API server): on Cloud Composer 3 as a custom PyPI package (make deploy-composer "
         "builds the wheel, uploads it and installs it; docs/composer.md), not in plugins/, which Composer 3 "
         "gives to neither the scheduler nor the triggerer"
+    )
+    DEPENDENCY_FIX = (
+        "install tpu-rl with its dependencies (pyproject.toml: the Google and Kubernetes providers, "
+        "kubernetes_asyncio, aiohttp, ...) in the triggerer as in the workers: pip installs them with the "
+        "distribution; on Cloud Composer 3 they come with the image: look in the environment's PyPI packages for "
+        "one that pins another version of them"
     )
 
     def __init__(self, *, timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> None:
@@ -85,13 +93,33 @@ class TriggererCheckOperator(BaseOperator):
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
-        if event["version"] != __version__:
+        # An event of 2.4.0's trigger (a triggerer not yet upgraded) names neither the deferring version nor imports.
+        deferred_by = event.get("deferred_by", __version__)
+        if event["version"] != deferred_by:
             raise AirflowFailException(
-                f"the triggerer ({event['host']}) runs tpu-rl {event['version']}, this worker {__version__}: "
-                "install the same version everywhere (on Cloud Composer, one --update-pypi-package updates "
-                "every component together), then clear this task"
+                f"the triggerer ({event['host']}) runs tpu-rl {event['version']}, the worker that deferred this "
+                f"task {deferred_by}: install the same version everywhere (on Cloud Composer, one "
+                "--update-pypi-package updates every component together), then clear this task"
             )
-        self.log.info("the triggerer (%s) imports tpu-rl %s", event["host"], event["version"])
+        if failed := event.get("failed"):
+            causes = "; ".join(f"{failure['module']} ({failure['error']})" for failure in failed)
+            raise AirflowFailException(
+                f"the triggerer ({event['host']}) runs tpu-rl {event['version']} but cannot import what its "
+                f"triggers import: {causes}: {self.DEPENDENCY_FIX}. Nothing was created."
+            )
+        if deferred_by != __version__:
+            self.log.warning(
+                "this worker runs tpu-rl %s, the one that deferred %s: the environment was updated meanwhile",
+                __version__,
+                deferred_by,
+            )
+        self.log.info(
+            "the triggerer (%s) runs tpu-rl %s, as the worker that deferred, and imported the %d modules of its "
+            "triggers",
+            event["host"],
+            event["version"],
+            len(event.get("imported", [])),
+        )
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
         """Airflow resumes the task with ``__fail__`` when the triggerer failed the trigger or it timed out."""
