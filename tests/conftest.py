@@ -30,3 +30,20 @@ def metadata_db():
     from airflow.dag_processing.bundles.manager import DagBundlesManager
 
     DagBundlesManager().sync_bundles_to_db()
+    _store_the_checkouts_dags(DagBundlesManager())
+
+
+def _store_the_checkouts_dags(manager) -> None:
+    """Stores this checkout's DAGs in the metadata database. Airflow 3.1.7's dag.test() stores a DAG only when the
+    database has no version of it (airflow/sdk/definitions/dag.py, test(): ``if not version``), and then runs the
+    version stored: a database kept from an earlier commit of the checkout would run an older DAG (one task short,
+    say). Airflow 3.3 stores the DAG again on each dag.test()."""
+    try:
+        from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    except ImportError:  # Airflow 3.1
+        from airflow.models.dagbag import BundleDagBag, sync_bag_to_db
+
+    for bundle in manager.get_all_dag_bundles():
+        if not bundle.is_initialized:
+            bundle.initialize()
+        sync_bag_to_db(BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path), bundle.name, bundle.version)
