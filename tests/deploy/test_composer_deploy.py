@@ -280,7 +280,7 @@ def test_deploy_uploads_the_wheel_configures_pip_then_updates_the_package_then_t
     other.parent.mkdir()
     other.write_bytes(wheel.read_bytes() + b"\0")
     monkeypatch.setattr(deploy, "wheel_path", lambda repo=REPO: other)
-    with pytest.raises(SystemExit, match="bump __version__"):
+    with pytest.raises(SystemExit, match="Bump __version__"):
         deploy.main(args)
 
 
@@ -343,7 +343,7 @@ def test_a_rollback_from_another_checkout_points_the_environment_at_the_wheel_al
     calls = len(log.read_text().splitlines())
     with (rollback / "src/tpu_rl/__init__.py").open("a") as init:
         init.write("# not what 9.0.0 was built from\n")
-    with pytest.raises(SystemExit, match="bump __version__"):
+    with pytest.raises(SystemExit, match="Bump __version__"):
         deploy_from(rollback, 0o077)
     assert len(log.read_text().splitlines()) == calls + 1  # the describe alone
     assert {path.name: path.stat().st_mtime_ns for path in packages.iterdir()} == published

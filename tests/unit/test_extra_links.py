@@ -16,7 +16,11 @@ MANIFEST = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadat
 
 def test_a_serialised_dag_keeps_each_links_name_and_xcom_key_and_reads_the_link_from_xcom():
     from airflow.sdk import DAG
-    from airflow.serialization.serialized_objects import DagSerialization
+
+    try:
+        from airflow.serialization.serialized_objects import DagSerialization
+    except ImportError:  # Airflow 3.1
+        from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
 
     with DAG("links_dag", schedule=None) as dag:
         JobSetOperator(task_id="train", manifest=MANIFEST, project_id="p", location="us-east5", cluster_name="c")

@@ -29,7 +29,7 @@ def _source(module: str) -> Path | None:
 
 def _imports(tree: ast.AST, in_function: bool = False) -> list[tuple[str, bool]]:
     """(module, inside a function) of each absolute import, ``if TYPE_CHECKING:`` blocks aside; a name imported
-    ``from`` a package that is a module of the package counts as that module; ``importlib.import_module("x")``
+    ``from`` a package of tpu_rl that is one of its modules counts as that module; ``importlib.import_module("x")``
     counts as an import of x."""
     found = []
     for node in ast.iter_child_nodes(tree):
@@ -39,8 +39,11 @@ def _imports(tree: ast.AST, in_function: bool = False) -> list[tuple[str, bool]]
             found += [(alias.name, in_function) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.module, in_function))
+            own = node.module.split(".")[0] == "tpu_rl"  # another package's modules are not in SOURCES when it is src/
             found += [
-                (f"{node.module}.{a.name}", in_function) for a in node.names if _source(f"{node.module}.{a.name}")
+                (f"{node.module}.{a.name}", in_function)
+                for a in node.names
+                if own and _source(f"{node.module}.{a.name}")
             ]
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module" and node.args:
             if isinstance(node.args[0], ast.Constant):
