@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass
 
 from tpu_rl.config import RunConfig
+from tpu_rl.config_rules import ships_generation_config
 from tpu_rl.layout import GcsLayout
 
 TO_MAXTEXT = "maxtext.checkpoint_conversion.to_maxtext"
@@ -171,6 +172,13 @@ def to_huggingface(config: RunConfig, layout: GcsLayout, step: int, attempt_pref
 #: which MaxText 0.2.4's to_huggingface does not write: ``checkpoint_conversion/utils/utils.py``
 #: ``save_model_files`` (line 623) saves the tokenizer's files, ``config.json`` and the shards, nothing else.
 GENERATION_CONFIG = "generation_config.json"
+
+
+def export_files_beyond_the_converters(config: RunConfig) -> list[str]:
+    """The files the run's export must hold besides what MaxText's converter writes: the model's
+    :data:`GENERATION_CONFIG` when its repository has one (``verify_export`` and ``prune_checkpoints`` both ask)."""
+    return [GENERATION_CONFIG] if ships_generation_config(config.hf_model_path) else []
+
 
 #: The container's environment variable that holds :data:`COPY_GENERATION_CONFIG_PROGRAM` (the script stays short).
 COPY_GENERATION_CONFIG_ENV = "TPU_RL_COPY_GENERATION_CONFIG"

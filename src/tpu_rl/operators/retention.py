@@ -11,9 +11,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from tpu_rl.config_rules import ships_generation_config
 from tpu_rl.contract import FINAL_STEP, PUBLISHED_MODEL
-from tpu_rl.maxtext import GENERATION_CONFIG
+from tpu_rl.maxtext import export_files_beyond_the_converters
 from tpu_rl.output_checks import HfExport
 from tpu_rl.retention import KEEP_ALL, RetentionPlan, checkpoint_folders, plan_retention, removal_order
 from tpu_rl.run_scope import RunScope, RunScoped
@@ -63,8 +62,7 @@ class PruneCheckpointsOperator(RunScoped, BaseOperator):
                 "publish_export of this run reports %r, not %s", published, layout.uri(layout.export_prefix)
             )
             return False
-        required = [GENERATION_CONFIG] if ships_generation_config(scope.config.hf_model_path) else []
-        check = HfExport(prefix=layout.export_prefix, also_required=required)
+        check = HfExport(prefix=layout.export_prefix, also_required=export_files_beyond_the_converters(scope.config))
         verdict, _ = scope.storage_reads.run_now(scope.config.gcs_bucket, check)
         if not verdict.complete:
             self.log.warning("The published export %s is not whole: %s", published, verdict.describe())

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from tpu_rl.compat import AirflowSensorTimeout
-from tpu_rl.config_rules import ships_generation_config
 from tpu_rl.hooks.gcs import GcsReadHook
-from tpu_rl.maxtext import GENERATION_CONFIG
+from tpu_rl.maxtext import export_files_beyond_the_converters
 from tpu_rl.output_checks import FinalTrainingStep, HfExport, OrbaxStep, OutputCheck
 from tpu_rl.run_scope import RunScope, RunScoped
 from tpu_rl.timestamps import parse_optional_time
@@ -246,5 +245,5 @@ class RunHfExportSensor(_RunOutputSensor, HfExportSensor):
 
     def resolve_scope(self, scope: RunScope, context: Any) -> None:
         super().resolve_scope(scope, context)
-        if ships_generation_config(scope.config.hf_model_path):
-            self.also_required = [GENERATION_CONFIG]
+        if files := export_files_beyond_the_converters(scope.config):
+            self.also_required = files
