@@ -622,6 +622,11 @@ class RunConfig:
         return self.dataset_name or MAXTEXT_DEFAULT_DATASET
 
     @property
+    def evaluation_dataset(self) -> str:
+        """train_rl's ``eval_dataset_name``: rl.yml's GSM8K unless extra_train_args sets it."""
+        return self.extra_train_args.get("eval_dataset_name", MAXTEXT_DEFAULT_DATASET)
+
+    @property
     def creates_cluster(self) -> bool:
         """The run creates the cluster, or (shared) may be the one that creates it."""
         return self.cluster_mode in ("create", "shared")

@@ -741,13 +741,12 @@ def validate_training_rows(c: Any):
             field, f"train_split '{instruction}' of {split}: {str(error).rstrip('.')}", "use one of its splits"
         )
         return
-    eval_dataset = c.extra_train_args.get("eval_dataset_name", MAXTEXT_DEFAULT_DATASET)
-    trained, needed = hub_datasets.trained_rows(selected, c.effective_dataset, eval_dataset), prompts_needed(c)
+    trained, needed = hub_datasets.trained_rows(c, selected), prompts_needed(c)
     fix = (
         "this interval is past the end of the data: end the program before it (its end_date), or give it more "
         "data (another split or dataset)"
         if c.interval_data
-        else f"select at least {hub_datasets.rows_for(needed, c.effective_dataset, eval_dataset)} rows"
+        else f"select at least {hub_datasets.rows_for(c, needed)} rows"
     )
     if selected == 0:
         yield Problem(
@@ -803,16 +802,14 @@ def _validate_interval_data(c: Any):
                 f"set it to the prompts each interval trains on (at least {c.num_batches * c.batch_size})",
             )
     needed = prompts_needed(c)
-    eval_dataset = c.extra_train_args.get("eval_dataset_name", MAXTEXT_DEFAULT_DATASET)
-    trained = hub_datasets.trained_rows(c.examples_per_interval, c.effective_dataset, eval_dataset)
+    trained = hub_datasets.trained_rows(c, c.examples_per_interval)
     if 0 < c.examples_per_interval and trained < needed:
         left = f" ({trained} once train_rl holds 5% out to evaluate on)" if trained < c.examples_per_interval else ""
         yield Problem(
             "examples_per_interval",
             f"{c.examples_per_interval} prompts{left} are fewer than num_batches x batch_size = "
             f"{needed} (MaxText would train fewer steps than planned, and end before the planned final step)",
-            f"set it to at least {hub_datasets.rows_for(needed, c.effective_dataset, eval_dataset)}, or lower "
-            "num_batches",
+            f"set it to at least {hub_datasets.rows_for(c, needed)}, or lower num_batches",
         )
 
 

@@ -77,17 +77,18 @@ def _bound(text: str | None, size: int, percent: bool, rounding: str | None, *, 
     return min(value, size)
 
 
-def trained_rows(selected: int, dataset: str, eval_dataset: str) -> int:
-    """The selected rows left to train on: all of them, or 95% when train_rl holds part out to evaluate."""
-    if dataset in HELD_OUT_DATASETS and eval_dataset == dataset:
+def trained_rows(c: Any, selected: int) -> int:
+    """The selected rows left to train on: all of them, or 95% when train_rl holds part out to evaluate (the
+    run's dataset is its own evaluation set)."""
+    if c.effective_dataset in HELD_OUT_DATASETS and c.evaluation_dataset == c.effective_dataset:
         return selected - math.ceil(selected * HELD_OUT_SHARE)
     return selected
 
 
-def rows_for(prompts: int, dataset: str, eval_dataset: str) -> int:
+def rows_for(c: Any, prompts: int) -> int:
     """The fewest selected rows that leave ``prompts`` to train on."""
     rows = prompts
-    while trained_rows(rows, dataset, eval_dataset) < prompts:
+    while trained_rows(c, rows) < prompts:
         rows += 1
     return rows
 
