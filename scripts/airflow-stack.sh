@@ -51,6 +51,15 @@ export AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL=60
 # The logs folder is shared by every component, as docker-compose.yaml mounts ./logs into each container
 # (on Composer: the environment's bucket). One log server answers for the host: worker-a's and triggerer's.
 export AIRFLOW__LOGGING__BASE_LOG_FOLDER=$AIRFLOW_HOME/logs
+# Remote logging as Composer sets it (its environment's bucket, under logs/), when the stack is aimed at the
+# simulation's Cloud Storage: a worker uploads a task's log when its part of the task ends, a triggerer a trigger's
+# log when the trigger ends (one that dies uploads nothing), and the UI reads a finished task's log from there only.
+LOG_BUCKET=${TPU_RL_STACK_LOG_BUCKET:-tpu-rl-composer-env}
+if [ -n "${STORAGE_EMULATOR_HOST:-}" ]; then
+  export AIRFLOW__LOGGING__REMOTE_LOGGING=True
+  export AIRFLOW__LOGGING__REMOTE_BASE_LOG_FOLDER=gs://$LOG_BUCKET/logs
+  export AIRFLOW__LOGGING__REMOTE_LOG_CONN_ID=google_cloud_default
+fi
 
 running() { [ -f "$STATE/$1.pid" ] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 
@@ -111,6 +120,10 @@ case "${1:-}" in
     shift
     scripts/postgres.sh ensure-db $DB
     airflow db migrate >/dev/null
+    if [ -n "${STORAGE_EMULATOR_HOST:-}" ]; then
+      python -c "from sim.clients import gcs_client; import sys; c = gcs_client(sys.argv[1]); c.lookup_bucket(sys.argv[2]) or c.create_bucket(sys.argv[2])" \
+        "$STORAGE_EMULATOR_HOST" "$LOG_BUCKET"
+    fi
     for c in "${@:-${COMPONENTS[@]}}"; do
       if running "$c"; then echo "$c already running (pid $(cat "$STATE/$c.pid"))"; continue; fi
       start_component "$c"

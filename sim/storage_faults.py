@@ -10,6 +10,11 @@ and error codes" for the error bodies):
   "contains"  a text the request's path and query hold, URL-decoded (an object name or a prefix; absent: any)
   "times"     how many matching requests it answers (absent: no limit); "applied" counts them
 
+The front also answers a missing object as Cloud Storage does, where fake-gcs-server says only "Not Found": "No
+such object: BUCKET/OBJECT", as text for a media download and in the JSON error (reason "notFound") otherwise
+(firebase/firebase-tools PR 3647 shows both answers of storage.googleapis.com). Clients read that text: the google
+provider's remote task logs take a 404 without it for a failed read, and refuse to write the log.
+
 The front listens on the port every client knows (TPU_RL_SIM_GCS_PORT) and passes requests to fake-gcs-server on
 TPU_RL_SIM_GCS_SERVER_PORT, bodies streamed both ways and not decompressed.
 
@@ -23,6 +28,7 @@ CLI:
 import argparse
 import json
 import os
+import re
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -77,6 +83,27 @@ def error_body(kind: str) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
+#: An object's path in the JSON API: /storage/v1/b/BUCKET/o/OBJECT or /download/storage/v1/b/BUCKET/o/OBJECT.
+OBJECT_PATH = re.compile(r"^(?:/download)?/storage/v1/b/([^/]+)/o/(.+)$")
+
+
+def missing_object(request_path: str, media: bool) -> tuple[str, bytes] | None:
+    """Cloud Storage's answer to a request for an object that does not exist: (content type, body); None for a path
+    that names no object."""
+    match = OBJECT_PATH.match(request_path)
+    if not match:
+        return None
+    message = f"No such object: {match.group(1)}/{unquote(match.group(2))}"
+    if media:
+        return "text/html", message.encode()
+    error = {
+        "code": 404,
+        "message": message,
+        "errors": [{"message": message, "domain": "global", "reason": "notFound"}],
+    }
+    return "application/json", json.dumps({"error": error}).encode()
+
+
 def serve(port: int, upstream_port: int) -> None:
     import aiohttp
     from aiohttp import web
@@ -99,6 +126,11 @@ def serve(port: int, upstream_port: int) -> None:
             allow_redirects=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
         ) as answer:
+            missing = answer.status == 404 and missing_object(
+                request.raw_path.split("?")[0], "alt=media" in request.query_string
+            )
+            if missing:
+                return web.Response(status=404, body=missing[1], headers={"Content-Type": missing[0]})
             response = web.StreamResponse(
                 status=answer.status,
                 headers={k: v for k, v in answer.headers.items() if k.lower() not in HOP_HEADERS},

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from tpu_rl.vocabulary import (
     ANNOTATION_LOG_CURSOR,
+    ANNOTATION_LOG_UPLOADED_PREFIX,
     COMPLETION_INDEX_LABEL,
     JOB_INDEX_LABEL,
     PATHWAYS_HEAD,
@@ -62,6 +63,13 @@ def log_record_text(jobset: Mapping, uid: str) -> str | None:
     it before it writes); None: none, or a record of another incarnation than ``uid``."""
     meta = jobset.get("metadata") or {}
     return (meta.get("annotations") or {}).get(ANNOTATION_LOG_CURSOR) if meta.get("uid") == uid else None
+
+
+def log_uploaded(jobset: Mapping, uid: str, owner: str) -> bool:
+    """Whether the trigger ``owner`` of a wait on ``jobset`` (incarnation ``uid``) said it ended in a live
+    triggerer, whose Airflow then uploaded its log."""
+    meta = jobset.get("metadata") or {}
+    return meta.get("uid") == uid and ANNOTATION_LOG_UPLOADED_PREFIX + owner in (meta.get("annotations") or {})
 
 
 def log_record(jobset: Mapping, uid: str) -> dict:

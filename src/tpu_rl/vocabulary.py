@@ -79,6 +79,9 @@ ANNOTATION_SUBMITTED_TRY = "tpu-rl.dev/submitted-try"
 #: On a JobSet: how far its trigger logged the workload's log (``triggers/workload_log.LogPrinter``), written by
 #: compare and swap.
 ANNOTATION_LOG_CURSOR = "tpu-rl.dev/log-cursor"
+#: On a JobSet, followed by a trigger's owner token of that record: the trigger ended in a live triggerer, so
+#: Airflow uploaded its log to remote logging (a triggerer that dies uploads nothing).
+ANNOTATION_LOG_UPLOADED_PREFIX = "tpu-rl.dev/log-uploaded-"
 
 # -- Workload pods -----------------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ One run (its own cluster and TPU pool, created by the run) meets every loss in t
    ``cancel_consumer``), so its resumption runs on the other worker, which has none of the first one's HOME,
    temporary or working directory.
 3. While the trainer runs, the triggerer that holds ``train_rl``'s trigger is SIGKILLed: the other triggerer
-   takes the trigger over.
+   takes the trigger over. The stack has remote logging on (to the simulation's Cloud Storage, as Composer's
+   bucket), and Airflow uploads a trigger's log only when the trigger ends: what the killed triggerer logged is
+   never uploaded, so the trigger that took over logs those lines again.
 4. Then the triggerer that holds it now stalls (SIGSTOP, as a long pause, CPU throttling or a network cut leave a
    process alive and silent) until the first one, started again, has taken its triggers over, and comes back
    (SIGCONT) and cancels the triggers it lost. Airflow 3.3 calls their ``on_kill`` as for a user's kill: the
@@ -258,6 +260,9 @@ def test_a_run_survives_losing_a_worker_a_triggerer_and_a_scheduler(component_lo
     texts = [text for _, text in trainer_lines]
     assert texts and len(texts) == len(set(texts)), "a trainer line was logged twice"
     assert "RL Training Completed Successfully!" in texts
+    # The first lines were logged by the killed triggerer, whose log was never uploaded: logged again by its taker.
+    assert any("[simulated] python3 -m maxtext" in text for text in texts), texts[:5]
+    assert any(text.startswith("train_steps=") for text in texts), texts[:5]
     assert "after the last line an earlier trigger of this wait logged" in log
     assert "was cancelled while its task is deferred: another triggerer goes on with it" in log
     evaluation = airflow.xcom(DAG_ID, RUN_ID, "train_rl", "evaluation")

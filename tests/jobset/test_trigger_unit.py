@@ -3,7 +3,7 @@
 from tpu_rl import jobset_status as st
 from tpu_rl.hooks.kubernetes import ClusterTarget
 from tpu_rl.triggers.jobset import JobSetTrigger
-from tpu_rl.triggers.workload_log import JobSetLogRecord, LogCursor, LogPrinter, WorkloadLogFollower
+from tpu_rl.triggers.workload_log import JobSetLogRecord, LogCursor, LogPrinter, WorkloadLogFollower, carried_through
 from tpu_rl_testing import jobset_trigger
 
 
@@ -162,6 +162,69 @@ def test_a_trigger_that_stalled_while_another_took_its_wait_over_logs_no_more():
     logged = [line.partition("] ")[2] for line in stalled_log.lines + taker_log.lines if line.startswith("[head-0]")]
     assert logged == [f"line {i}" for i in range(30)]
     assert any("Another trigger of this wait logs the workload's log now" in line for line in stalled_log.lines)
+
+
+def _remote_logging_takeover(first_confirms: bool, second_stalls: bool = False) -> tuple[list[str], list[str]]:
+    """With remote logging, a trigger logs lines 0-69 of a pod's log in batches; then its triggerer dies (or, with
+    ``first_confirms``, it was only paused and confirms its upload as it wakes up). Another trigger takes the wait
+    over and reads the whole log (lines 0-119); with ``second_stalls`` it stalls before it settled the first one's
+    lines and a third takes over. Returns what the task log shows (the logs Airflow uploaded) and every line."""
+    import asyncio
+    from types import SimpleNamespace
+
+    pod = SimpleNamespace(uid="pod-uid", name="head-0")
+    stamped = [f"2026-12-02T10:{i // 60:02d}:{i % 60:02d}.5Z line {i}" for i in range(120)]
+    api = _JobSetApi()
+
+    async def taker(log: _Log) -> LogPrinter:
+        printer = await LogPrinter.resumed(log, JobSetLogRecord(api, "n", "ns", "u"), recover=True)
+        for raw in stamped:
+            if not printer.logged_before(pod, raw):
+                printer.add(pod, raw, raw.partition(" ")[2])
+        return printer
+
+    async def scenario() -> list[_Log]:
+        first_log, second_log, third_log = _Log(), _Log(), _Log()
+        first = await LogPrinter.resumed(first_log, JobSetLogRecord(api, "n", "ns", "u"), recover=True)
+        for i, raw in enumerate(stamped[:70]):
+            first.add(pod, raw, raw.partition(" ")[2])
+            if i % 10 == 9:
+                await first.flush()
+        second = await taker(second_log)
+        await second.flush()
+        assert not [line for line in second_log.lines if line.startswith("[head-0]")]  # held, not yet settled
+        if second_stalls:
+            third = await taker(third_log)
+            await second.confirm_upload()  # it wakes up, finds the wait gone, ends: its (empty) log is uploaded
+            second, second_log = third, third_log
+        if first_confirms:
+            await first.confirm_upload()
+        second.recover_by = 0  # the wait for the first one's confirmation ran out
+        await second.flush(final=True)
+        uploaded = [first_log] if first_confirms else []
+        return [*uploaded, second_log]
+
+    logs = asyncio.run(scenario())
+    shown = [line.partition("] ")[2] for log in logs for line in log.lines if line.startswith("[head-0]")]
+    return shown, [raw.partition(" ")[2] for raw in stamped]
+
+
+def test_with_remote_logging_the_lines_of_a_triggerer_that_died_are_logged_again():
+    """Airflow uploads a trigger's log only when the trigger ends in a live triggerer: a triggerer that dies takes
+    what it logged with it. The trigger that takes the wait over logs those lines again (those the kubelet still
+    has), once the dead one's confirmation did not come, before the lines after them: the task log is complete."""
+    shown, every_line = _remote_logging_takeover(first_confirms=False)
+    assert shown == every_line
+
+
+def test_with_remote_logging_a_paused_triggerer_that_confirms_its_upload_has_its_lines_logged_once():
+    shown, every_line = _remote_logging_takeover(first_confirms=True)
+    assert shown == every_line
+
+
+def test_with_remote_logging_a_taker_that_stalls_before_it_settled_leaves_the_lines_to_the_next():
+    shown, every_line = _remote_logging_takeover(first_confirms=False, second_stalls=True)
+    assert shown == every_line
 
 
 def test_the_evaluation_before_training_outlives_a_rotated_log_and_a_triggerer_restart():
@@ -379,3 +442,40 @@ def test_a_trigger_cancelled_again_while_it_decides_still_decides():
     assert deleted == []
     assert decide("failed") is True
     assert deleted == [jobset_trigger().uid]
+
+
+def test_a_trigger_cancelled_again_as_it_ends_still_confirms_its_upload():
+    """A paused triggerer that wakes up has the wait it lost cancelled on each pass of its loop until the trigger is
+    done. Its confirmation that its log goes to remote storage is carried to its end: without it, the trigger that
+    took the wait over would log this one's lines a second time."""
+    import asyncio
+
+    class SlowApi(_JobSetApi):
+        async def annotate_jobset(self, *args, **kwargs):
+            await asyncio.sleep(0.3)
+            return await super().annotate_jobset(*args, **kwargs)
+
+    api = SlowApi()
+
+    async def scenario() -> str:
+        record = JobSetLogRecord(api, "n", "ns", "u")
+        printer = LogPrinter(_Log(), record, await record.claim(recover=True))
+        trigger = jobset_trigger()
+        trigger._log = _Log()
+
+        async def wait_that_is_cancelled():
+            try:
+                await asyncio.sleep(60)
+            finally:
+                helpers = [asyncio.create_task(asyncio.sleep(60))]  # the pod watch, the log's follower, ...
+                await carried_through(trigger._stop(helpers, None, printer))
+
+        waiting = asyncio.create_task(wait_that_is_cancelled())
+        for _ in range(4):
+            await asyncio.sleep(0.1)
+            waiting.cancel("user action")
+        await asyncio.gather(waiting, return_exceptions=True)
+        return record.owner
+
+    owner = asyncio.run(scenario())
+    assert st.log_uploaded(api.jobset, "u", owner)

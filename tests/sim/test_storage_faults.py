@@ -55,3 +55,15 @@ def test_the_operators_bucket_hook_gets_past_503s_and_a_delete_that_already_happ
     hook.move_folder("run/", "kept/")
     hook.delete_objects(["kept/record.json", "kept/record.json"])  # the second finds it gone: not an error
     assert hook.object_sizes("") == {}
+
+
+def test_a_missing_object_is_answered_as_cloud_storage_answers_it(bucket, sim):
+    """fake-gcs-server says "Not Found"; Cloud Storage says "No such object: BUCKET/OBJECT", which clients read:
+    the google provider's remote task logs take a first upload's failed read for a missing log only with it, and
+    refused to write any task log to the emulator before the front said it."""
+    from google.api_core.exceptions import NotFound
+
+    blob = sim.gcs.bucket(bucket).blob("logs/dag_id=d/attempt=1.log")
+    for read in (blob.download_as_bytes, blob.reload):
+        with pytest.raises(NotFound, match=f"No such object: {bucket}/logs/dag_id=d/attempt=1.log"):
+            read()

@@ -24,7 +24,14 @@ from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget
 from tpu_rl.timestamps import posix_time
 from tpu_rl.triggers.training_progress import TrainingProgress
 from tpu_rl.triggers.wait_progress import Progress
-from tpu_rl.triggers.workload_log import JobSetLogRecord, LogPrinter, WorkloadLogFollower, wait_event
+from tpu_rl.triggers.workload_log import (
+    JobSetLogRecord,
+    LogPrinter,
+    WorkloadLogFollower,
+    carried_through,
+    remote_logging,
+    wait_event,
+)
 
 #: After the JobSet finished, how long the training's last progress read may take.
 TRAINING_LAST_READ_SECONDS = 30
@@ -144,20 +151,14 @@ class JobSetTrigger(BaseTrigger):
                     printer = None  # the wait goes on elsewhere: its successor logs what this one has not
                 raise
             finally:
-                await self._stop(helpers, printer)
+                await carried_through(self._stop(helpers, printer, follower.printer))
         yield TriggerEvent(event)
 
     async def _cancelled_with_the_task(self, hook: AsyncKubernetesApiHook) -> bool:
         """:meth:`_decide_on_cancel`, carried to its end when Airflow cancels the trigger again meanwhile (its loop
         cancels a trigger it no longer holds on each pass until the trigger is done): cut short, the decision would
         neither say where the wait went nor delete a JobSet whose task left it. Bounded by its own timeout."""
-        decision = asyncio.ensure_future(self._decide_on_cancel(hook))
-        while True:
-            try:
-                return await asyncio.shield(decision)
-            except asyncio.CancelledError:
-                if decision.done():
-                    return decision.result()
+        return await carried_through(self._decide_on_cancel(hook))
 
     async def _decide_on_cancel(self, hook: AsyncKubernetesApiHook) -> bool:
         """Whether the task left this wait (and the JobSet, with ``delete_on_kill``, was deleted).
@@ -209,9 +210,10 @@ class JobSetTrigger(BaseTrigger):
         )
         return states.get(ti.run_id, {}).get(ti.task_id)
 
-    async def _stop(self, helpers: list[asyncio.Task], printer: LogPrinter | None) -> None:
-        """Cancels the wait's helpers and logs what the printer holds. Bounded: the event must fire even if a
-        helper failed to stop (it would hold the slice)."""
+    async def _stop(self, helpers: list[asyncio.Task], printer: LogPrinter | None, own: LogPrinter) -> None:
+        """Cancels the wait's helpers, logs what ``printer`` holds (None: the wait goes on elsewhere, which logs
+        it) and confirms the upload of this trigger's log (``own`` printer's record). Bounded: the event must fire
+        even if a helper failed to stop (it would hold the slice)."""
         for task in helpers:
             task.cancel()
         _, running = await asyncio.wait(helpers, timeout=HELPERS_STOP_SECONDS)
@@ -221,6 +223,7 @@ class JobSetTrigger(BaseTrigger):
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(10):
                     await printer.flush(final=True)
+        await own.confirm_upload()
 
     def log_follower(self, printer: LogPrinter | None = None) -> WorkloadLogFollower:
         """The follower of the workload's log, logging into the task log through ``printer`` (as lines come)."""
@@ -232,7 +235,8 @@ class JobSetTrigger(BaseTrigger):
         """The printer of the workload's log, with what an earlier trigger of this wait logged of it."""
         if not self.log_cursor:
             return LogPrinter(self.log)
-        return await LogPrinter.resumed(self.log, JobSetLogRecord(hook, self.name, self.namespace, self.uid))
+        record = JobSetLogRecord(hook, self.name, self.namespace, self.uid)
+        return await LogPrinter.resumed(self.log, record, recover=remote_logging())
 
     async def _keep_running(self, fn, hook: AsyncKubernetesApiHook, progress: Progress) -> None:
         """Pods, log and progress only inform: an API error there is logged and retried, never fatal."""

@@ -25,6 +25,7 @@ HOLD_SECONDS = 10.0
 #: (tests/unit/test_triggerer_imports.py reads them from the sources and keeps this list equal).
 RUN_TIME_IMPORTS = (
     "aiohttp",
+    "airflow.configuration",
     "airflow.providers.cncf.kubernetes.hooks.kubernetes",
     "airflow.providers.google.cloud.hooks.gcs",
     "airflow.providers.google.cloud.hooks.kubernetes_engine",

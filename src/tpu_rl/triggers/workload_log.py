@@ -15,17 +15,19 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tpu_rl import jobset_status as st
 from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook
 from tpu_rl.timestamps import parse_time
 from tpu_rl.training_metrics import kept_line_kind
-from tpu_rl.vocabulary import ANNOTATION_LOG_CURSOR
+from tpu_rl.vocabulary import ANNOTATION_LOG_CURSOR, ANNOTATION_LOG_UPLOADED_PREFIX
 
 if TYPE_CHECKING:
     from tpu_rl.triggers.wait_progress import Progress
+
+T = TypeVar("T")
 
 #: After the JobSet finished, how long the log stream may take to deliver the last lines.
 LOG_DRAIN_SECONDS = 10
@@ -34,6 +36,10 @@ POD_END_GRACE_SECONDS = 3
 #: With a log cursor, how often the lines read are logged: each batch is recorded on the JobSet first (one
 #: small patch a batch), so the task log lags the workload by at most this long.
 LOG_BATCH_SECONDS = 60
+#: With remote logging, how long a trigger that took a wait over waits for the one before it to confirm that its
+#: log was uploaded, before it logs that one's lines again: longer than a triggerer's heartbeat timeout (30 s) and
+#: a takeover, so a paused triggerer woken by the takeover confirms in time.
+UPLOAD_CONFIRM_SECONDS = 120
 #: How much of the workload's log a minute goes into the task log besides the lines that always do: a trainer that
 #: logs every rollout (Tunix, "Rollout string metric": megabytes a step at the upstream recipe's batch) would make
 #: a task log no one reads, and the UI could not load. The rest is counted, and said in one line a minute.
@@ -85,7 +91,13 @@ class JobSetLogRecord:
 
     A trigger writes the record only where it still reads what this trigger last read or wrote (compare and swap),
     and makes it its own when it starts (:meth:`claim`): a trigger whose wait went to another triggerer while it was
-    paused finds the record changed when it wakes up, and logs no more (the other one logs those lines)."""
+    paused finds the record changed when it wakes up, and logs no more (the other one logs those lines).
+
+    With remote logging (Composer's), Airflow uploads a trigger's log only when the trigger ends in a live
+    triggerer; one that dies uploads nothing, and the lines it logged are lost from the task log. So the record
+    also says where its owner began (``since``): lines after that point are in the owner's log only. An owner that
+    ends says so (:meth:`mark_uploaded`); a trigger taking the wait over from one that did not logs its lines again
+    (:class:`LogPrinter`)."""
 
     #: How often :meth:`claim` reads the record again when another trigger changed it in between.
     CLAIM_ATTEMPTS = 3
@@ -95,13 +107,25 @@ class JobSetLogRecord:
         self.owner = secrets.token_hex(6)
         #: The record as this trigger last read or wrote it (None: there was none).
         self.held: str | None = None
+        #: Remote logging is on: uploads are confirmed and checked (see :meth:`claim`).
+        self.recover = False
+        #: The trigger before this one logged lines whose upload it never confirmed.
+        self.unconfirmed = False
 
-    async def claim(self) -> dict[str, Any]:
-        """Reads what an earlier trigger of this wait recorded and marks the record this trigger's."""
+    async def claim(self, recover: bool = False) -> dict[str, Any]:
+        """Reads what an earlier trigger of this wait recorded and marks the record this trigger's. With
+        ``recover`` (remote logging), when that trigger did not confirm its log's upload, the record says this one
+        logged nothing past that trigger's start yet: it is to log that trigger's lines again."""
+        self.recover = recover
         for _ in range(self.CLAIM_ATTEMPTS):
             jobset = await self.hook.get_jobset(self.name, self.namespace) or {}
             self.held, saved = st.log_record_text(jobset, self.uid), st.log_record(jobset, self.uid)
-            if await self.save(saved):
+            previous = str(saved.get("owner") or "")
+            # A record without ``since`` is of a version that never confirmed uploads: taken as uploaded.
+            self.unconfirmed = bool(
+                recover and previous and "since" in saved and not st.log_uploaded(jobset, self.uid, previous)
+            )
+            if await self.save(_start_record(saved, self.unconfirmed)):
                 return saved
         raise RuntimeError(f"the record changed {self.CLAIM_ATTEMPTS} times while this trigger claimed it")
 
@@ -115,6 +139,33 @@ class JobSetLogRecord:
             return False
         self.held = text
         return True
+
+    async def uploaded(self, owner: str) -> bool:
+        """Whether the trigger ``owner`` said it ended in a live triggerer (so its log was uploaded)."""
+        return st.log_uploaded(await self.hook.get_jobset(self.name, self.namespace) or {}, self.uid, owner)
+
+    async def mark_uploaded(self) -> None:
+        """Says that this trigger ends in a live triggerer, which uploads its log (an annotation of its own: no
+        compare and swap, a successor may own the record by now)."""
+        key = ANNOTATION_LOG_UPLOADED_PREFIX + self.owner
+        await self.hook.annotate_jobset(self.name, self.namespace, self.uid, key, "true")
+
+
+#: A record's position: the pod (uid) and the cursor in its log.
+_POSITION_KEYS = ("pod", "last_ts", "at_last_ts")
+
+
+def _position(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: record[key] for key in _POSITION_KEYS if key in record}
+
+
+def _start_record(saved: Mapping[str, Any], unconfirmed: bool) -> dict[str, Any]:
+    """The record a trigger writes as it takes a wait over: where it begins (``since``) and how far it logged. After
+    a trigger that confirmed its upload (or without remote logging), both are where that one stopped; after one
+    that did not, both are where that one began, whose lines this trigger is to log again."""
+    since = dict(saved.get("since") or {}) if unconfirmed else _position(saved)
+    rest = {key: value for key, value in saved.items() if key not in _POSITION_KEYS}
+    return {**rest, **since, "since": since}
 
 
 class LogBudget:
@@ -172,15 +223,29 @@ class LogPrinter:
     them in batches, each recorded (pod, last line) before it is logged: a trigger that takes the wait over from a
     triggerer that died or stalled (Airflow reassigns its triggers) reads the log again from its start, for the
     tail and the evaluation lines, and logs only what comes after the last line logged: no line twice, none
-    skipped. Once another trigger recorded, this one logs nothing more."""
+    skipped. Once another trigger recorded, this one logs nothing more.
 
-    def __init__(self, log: Any, store: JobSetLogRecord | None = None, saved: Any = None) -> None:
+    With remote logging, the trigger before this one may have died with its lines never uploaded (``unconfirmed``):
+    the lines it logged are held (and the others after them) until it confirms its upload, or for
+    :data:`UPLOAD_CONFIRM_SECONDS`, then logged again here: a paused triggerer that wakes up confirms when it
+    cancels the wait it lost, a dead one never does."""
+
+    def __init__(self, log: Any, store: JobSetLogRecord | None = None, saved: Any = None, unconfirmed: bool = False):
         self.log, self.store = log, store
         saved = saved if isinstance(saved, Mapping) else {}
         #: What an earlier trigger of this wait logged (of the pod ``resumed_pod``).
         self.resumed_pod = str(saved.get("pod", ""))
         self.resumed = LogCursor.from_dict(saved)
-        self.logged_pod, self.logged = self.resumed_pod, LogCursor.from_dict(saved)
+        self.previous_owner = str(saved.get("owner", ""))
+        #: That trigger's lines are held until it confirms its upload, or until this deadline.
+        self.recovering = unconfirmed and store is not None
+        self.recover_by = time.monotonic() + UPLOAD_CONFIRM_SECONDS
+        self.recovered: list[tuple[str, str]] = []
+        #: Where this trigger begins logging: where that trigger stopped, or where it began when its lines are to
+        #: be logged again (what was logged before this point is in an uploaded log).
+        since = saved.get("since") if self.recovering and isinstance(saved.get("since"), Mapping) else saved
+        self.since_pod, self.since = str(since.get("pod", "")), LogCursor.from_dict(since)
+        self.logged_pod, self.logged = self.since_pod, LogCursor.from_dict(since)
         #: The lines the run reads after the training (by kind) among those logged, recorded with each batch: a
         #: trigger that takes the wait over after the kubelet rotated the log (a trainer that logs every rollout
         #: fills its 10 MiB fast) still has them.
@@ -198,11 +263,12 @@ class LogPrinter:
         self.superseded = False
 
     @classmethod
-    async def resumed(cls, log: Any, record: JobSetLogRecord) -> LogPrinter:
+    async def resumed(cls, log: Any, record: JobSetLogRecord, recover: bool = False) -> LogPrinter:
         """The printer of a wait whose record is on the JobSet, with what an earlier trigger of this wait logged;
-        without a record if it cannot be read (lines are then logged as they come)."""
+        without a record if it cannot be read (lines are then logged as they come). ``recover``: remote logging
+        is on (see :meth:`JobSetLogRecord.claim`)."""
         try:
-            saved = await record.claim()
+            saved = await record.claim(recover)
         except Exception as e:
             log.warning(
                 "Cannot read the log cursor of JobSet %s/%s (%s: %s): lines are logged as they come",
@@ -212,10 +278,22 @@ class LogPrinter:
                 str(e)[:300],
             )
             return cls(log)
-        return cls(log, record, saved)
+        printer = cls(log, record, saved, record.unconfirmed)
+        if printer.recovering:
+            log.info(
+                "The trigger of this wait before this one has not confirmed that its log was uploaded (its triggerer "
+                "may have died: remote logging keeps a trigger's log only when the trigger ends): the lines it "
+                "logged after %s are logged again here unless it confirms within %d s",
+                f"{printer.since.last_ts}Z" if printer.since.last_ts else "the log's start",
+                UPLOAD_CONFIRM_SECONDS,
+            )
+        return printer
 
     def logged_before(self, pod: st.PodRecord, raw: str) -> bool:
-        """Whether an earlier trigger of this wait logged this line already."""
+        """Whether an earlier trigger of this wait logged this line already (into a log that was uploaded, when
+        this one recovers the lines of one that did not confirm it)."""
+        if self.recovering:
+            return pod.uid == self.since_pod and not self.since.is_new(raw)
         return pod.uid == self.resumed_pod and not self.resumed.is_new(raw)
 
     def add(self, pod: st.PodRecord, raw: str, text: str) -> None:
@@ -237,7 +315,8 @@ class LogPrinter:
             self.kept[kind] = text
             self.kept_read.set()
         if copied:
-            self.pending.append((pod.name, clipped(text)))
+            previous = self.recovering and pod.uid == self.resumed_pod and not self.resumed.is_new(raw)
+            (self.recovered if previous else self.pending).append((pod.name, clipped(text)))
 
     def _say_skipped(self) -> None:
         if summary := self.budget.close(self.pod_name):
@@ -245,14 +324,19 @@ class LogPrinter:
 
     async def flush(self, final: bool = False) -> None:
         """Records how far the log was read (and the kept lines), then logs the pending lines; each minute (and at
-        the end) one line says what was not copied."""
+        the end) one line says what was not copied. While the previous trigger's lines are held, nothing (but at
+        the end)."""
+        if self.recovering and not await self._recovery_decided(final):
+            return
         if self.store is None or not self.dirty:
             if final:
                 self._say_skipped()
             return
         batch, self.pending, self.dirty = self.pending, [], False
+        since = {"pod": self.since_pod, **self.since.to_dict()}
         try:
-            if not await self.store.save({"pod": self.logged_pod, **self.logged.to_dict(), "kept": self.kept}):
+            record = {"pod": self.logged_pod, **self.logged.to_dict(), "kept": self.kept, "since": since}
+            if not await self.store.save(record):
                 self.superseded = True
                 self.log.warning(
                     "Another trigger of this wait logs the workload's log now (this triggerer lost the wait while "
@@ -268,6 +352,43 @@ class LogPrinter:
             self.log.info("[%s] %s", pod_name, text)
         if final or self.budget.due:
             self._say_skipped()
+
+    async def _recovery_decided(self, final: bool) -> bool:
+        """Whether the previous trigger's held lines are settled: dropped once it confirmed its upload (they are in
+        its log), logged before the others once the wait for it ran out (or this trigger ends)."""
+        assert self.store is not None
+        try:
+            uploaded = await self.store.uploaded(self.previous_owner)
+        except Exception:  # Asked again at the next batch; at the end, logged (a repeat is better than a loss).
+            uploaded = False
+        if uploaded:
+            self.recovered = []
+            self.since_pod, self.since = self.resumed_pod, LogCursor.from_dict(self.resumed.to_dict())
+            if self.logged_pod == self.resumed_pod and self.resumed.last_ts > self.logged.last_ts:
+                self.logged = LogCursor.from_dict(self.resumed.to_dict())
+        elif final or time.monotonic() >= self.recover_by:
+            self.log.info(
+                "The trigger of this wait before this one never confirmed its log's upload: %d line(s) it logged "
+                "are logged again here (those the kubelet still had)",
+                len(self.recovered),
+            )
+            self.pending, self.recovered = self.recovered + self.pending, []
+            self.dirty = True
+        else:
+            return False
+        self.recovering = False
+        return True
+
+    async def confirm_upload(self) -> None:
+        """Says that this trigger ends in a live triggerer (its log is then uploaded), for a trigger that takes
+        the wait over later. Bounded; a failure only makes that one log these lines again."""
+        if self.store is None or not self.store.recover:
+            return
+        try:
+            async with asyncio.timeout(10):
+                await self.store.mark_uploaded()
+        except Exception as e:
+            self.log.warning("Could not say that this trigger's log is uploaded (%s: %s)", type(e).__name__, str(e))
 
 
 class WorkloadLogFollower:
@@ -412,6 +533,27 @@ class WorkloadLogFollower:
         deadline = time.monotonic() + LOG_DRAIN_SECONDS
         while not progress.log_idle and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
+
+
+def remote_logging() -> bool:
+    """Whether this triggerer uploads its triggers' logs to remote storage (Composer's: the environment's bucket)."""
+    from airflow.configuration import conf
+
+    return conf.getboolean("logging", "remote_logging", fallback=False)
+
+
+async def carried_through(awaitable: Awaitable[T]) -> T:
+    """``awaitable`` awaited to its end even when the caller is cancelled meanwhile, as Airflow cancels a trigger it
+    no longer holds again on each pass of its loop until the trigger is done: cut short, what a trigger does as it
+    ends (its decision on the JobSet, its last lines, its upload confirmation) would be lost. The caller's own
+    cancellation goes on once it returns."""
+    task = asyncio.ensure_future(awaitable)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                return task.result()
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> None:
