@@ -26,6 +26,11 @@ def _known_versions(build: dict) -> dict[str, str]:
     return known
 
 
+def _pins(path: Path) -> dict[str, str]:
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return {canonicalize_name(name): version for name, version in (line.split("==") for line in lines if line)}
+
+
 def test_every_dependency_accepts_what_each_supported_build_ships():
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     refused = []
@@ -38,3 +43,14 @@ def test_every_dependency_accepts_what_each_supported_build_ships():
                     f"{build_name}: {requirement.name} {version} (read, or the least it can be); asked: {requirement}"
                 )
     assert not refused, "\n".join(refused)
+
+
+def test_the_compatibility_install_pins_the_build_as_read():
+    pins = _pins(REPO / "constraints-af31.txt")
+    build = BUILDS["builds"][BUILDS["compatibility_build"]]
+    differ = {
+        name: (version, pins[canonicalize_name(name)])
+        for name, version in build["packages"].items()
+        if canonicalize_name(name) in pins and pins[canonicalize_name(name)] != version
+    }
+    assert not differ, f"constraints-af31.txt differs from {BUILDS['compatibility_build']} (listed, pinned): {differ}"
