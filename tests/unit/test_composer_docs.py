@@ -122,7 +122,15 @@ def test_every_gcloud_command_of_the_deploy_has_its_permission_in_the_deployers_
         assert f"--role {role}" in deployer
 
 
-# --- section 5: the deploy ------------------------------------------------------------------------------------------
+# --- section 2: the environment's image; section 5: the deploy ----------------------------------------------------
+
+
+def test_the_environment_is_created_with_an_airflow_version_not_a_build_composer_retires():
+    (create,) = re.findall(r"^gcloud composer environments create .*?(?<!\\)$", DOC, re.M | re.S)
+    image = re.search(r"--image-version (\S+)", create).group(1)
+    assert re.fullmatch(r"composer-3-airflow-\d+\.\d+\.\d+", image), image
+    assert "gcloud composer environments list-upgrades rl-env" in DOC
+    assert "--format='value(config.softwareConfig.imageVersion)'" in DOC
 
 
 def _make_variables_to_flags() -> dict[str, str]:
