@@ -91,9 +91,11 @@ bench-triggerer: venv
 	nice -n 5 $(VENV)/bin/python -m benchmarks.triggerer_load $(ARGS)
 
 # make deploy-composer ENV=<name> LOCATION=<region> REPOSITORY=<Artifact Registry Python repository>
-#   [PROJECT=...] [REPOSITORY_LOCATION=...] [REPOSITORY_URL=...] [BUCKET=... SERVICE_ACCOUNT=...] [DRY_RUN=1]
-#   [REPLACE_PROGRAMS=1]: the wheel into the repository, the
-# environment's custom package to this version, then the DAG files and programs (docs/composer.md).
+#   VIRTUAL_REPOSITORY=<Artifact Registry virtual repository: REPOSITORY first, then PyPI> [PYPI_REMOTE=...]
+#   [PROJECT=...] [REPOSITORY_LOCATION=...] [REPOSITORY_URL=... VIRTUAL_REPOSITORY_URL=...]
+#   [BUCKET=... SERVICE_ACCOUNT=...] [DRY_RUN=1] [REPLACE_PROGRAMS=1]: the wheel into the repository, the
+# environment's pip.conf to the virtual repository alone, its custom package to this version, then the DAG files
+# and programs (docs/composer.md).
 DEPLOY_VENV := .venv-deploy
 .PHONY: deploy-composer
 deploy-composer: wheel
@@ -102,8 +104,12 @@ deploy-composer: wheel
 	$(DEPLOY_VENV)/bin/python scripts/deploy_composer.py $(if $(ENV),--env "$(ENV)") \
 	  $(if $(LOCATION),--location "$(LOCATION)") $(if $(PROJECT),--project "$(PROJECT)") \
 	  $(if $(REPOSITORY),--repository "$(REPOSITORY)") \
+	  $(if $(VIRTUAL_REPOSITORY),--virtual-repository "$(VIRTUAL_REPOSITORY)") \
+	  $(if $(PYPI_REMOTE),--pypi-remote "$(PYPI_REMOTE)") \
 	  $(if $(REPOSITORY_LOCATION),--repository-location "$(REPOSITORY_LOCATION)") \
-	  $(if $(REPOSITORY_URL),--repository-url "$(REPOSITORY_URL)") $(if $(BUCKET),--bucket "$(BUCKET)") \
+	  $(if $(REPOSITORY_URL),--repository-url "$(REPOSITORY_URL)") \
+	  $(if $(VIRTUAL_REPOSITORY_URL),--virtual-repository-url "$(VIRTUAL_REPOSITORY_URL)") \
+	  $(if $(BUCKET),--bucket "$(BUCKET)") \
 	  $(if $(SERVICE_ACCOUNT),--service-account "$(SERVICE_ACCOUNT)") $(if $(DRY_RUN),--dry-run) \
 	  $(if $(REPLACE_PROGRAMS),--replace-programs)
 

@@ -1,11 +1,13 @@
-"""Deploy this package to a Cloud Composer 3 environment: ``make deploy-composer ENV=... LOCATION=... REPOSITORY=...``.
+"""Deploy this package to a Cloud Composer 3 environment: ``make deploy-composer ENV=... REPOSITORY=...``.
 
 Cloud Composer 3 gives plugins/ to neither its scheduler nor its triggerer, so the package ships the way
 Airflow code ships, as a distribution (Composer's "Install Python dependencies" page):
 
-1. the wheel (``make wheel``, dist/) is uploaded to an Artifact Registry Python repository, created if missing;
-2. the environment's service account may read it (``roles/artifactregistry.reader`` on the repository) and the
-   environment's pip configuration (``gs://BUCKET/config/pip/pip.conf``) names it as an extra index;
+1. the wheel (``make wheel``, dist/) is uploaded to the team's Artifact Registry Python repository, created if
+   missing, behind a virtual repository (created if missing) that serves packages from it before PyPI's;
+2. the environment's service account may read both (``roles/artifactregistry.reader``) and the environment's pip
+   configuration (``gs://BUCKET/config/pip/pip.conf``) names the virtual repository as its only index, so no
+   ``tpu-rl`` published elsewhere can take this one's place (pip orders no indexes);
 3. the environment's custom PyPI package ``tpu-rl`` is set to this version: one ``--update-pypi-package``,
    which keeps every other package of the environment (Composer rebuilds its image and restarts Airflow);
 4. then the DAG files and the programs go to ``dags/`` (the DAG processor parses the new files against the new
@@ -40,6 +42,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -177,23 +180,68 @@ def sync(
 
 # --- the environment's pip configuration --------------------------------------------------------------------
 
+#: PyPI's simple index, which pip reads when pip.conf names no index: the virtual repository's PyPI remote serves
+#: the same packages, so pip.conf may drop it.
+PUBLIC_INDEXES = ("https://pypi.org/simple", "https://pypi.python.org/simple")
 
-def merged_pip_conf(current: str, index: str) -> str:
-    """The environment's pip.conf with ``index`` among ``[global] extra-index-url``; nothing of others removed."""
+
+def _same_index(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def environment_pip_conf(current: str, index: str, ours: tuple[str, ...] = ()) -> str:
+    """The environment's pip.conf with ``index`` (the virtual repository's simple index) as its only index.
+
+    pip orders no indexes ("pip does not search package indexes in any particular order": Artifact Registry's page
+    on authentication for Python repositories, which recommends a virtual repository): beside another index, a
+    ``tpu-rl`` of the same version with a more specific wheel tag wins wherever it comes from. The virtual
+    repository serves a version that several upstreams have from the one of the highest priority ("If you request
+    a version that is available in more than one upstream repository, Artifact Registry chooses an upstream
+    repository to use based on the priority settings": Artifact Registry, "Manage Python packages"), and the
+    environment installs ``tpu-rl==<version>``, which the team's repository has before the environment asks for it.
+    ``ours`` (the repository earlier deploys named as an extra index) and PyPI (the virtual repository's remote
+    serves it) are dropped; any other index is refused, naming the fix; every other setting stays."""
     config = configparser.ConfigParser(interpolation=None)
     config.read_string(current)
     if not config.has_section("global"):
         config.add_section("global")
-    indexes = config.get("global", "extra-index-url", fallback="").split()
-    if index in indexes:
+    present = config.get("global", "index-url", fallback="").strip()
+    if present and not any(_same_index(present, known) for known in (index, *PUBLIC_INDEXES)):
+        raise SystemExit(_other_index(present, index))
+    extra = config.get("global", "extra-index-url", fallback="").split()
+    others = [url for url in extra if not any(_same_index(url, known) for known in (index, *ours, *PUBLIC_INDEXES))]
+    if others:
+        raise SystemExit(_other_extra_indexes(others, index))
+    if present == index and not extra:
         return current
-    config.set("global", "extra-index-url", "\n".join([*indexes, index]) if indexes else index)
+    config.set("global", "index-url", index)
+    config.remove_option("global", "extra-index-url")
     out = io.StringIO()
     config.write(out)
     return out.getvalue()
 
 
-# --- the repository -----------------------------------------------------------------------------------------
+def _other_index(present: str, index: str) -> str:
+    return (
+        f"{PIP_CONF} sets index-url = {present}, the index the environment installs every custom package from: "
+        f"the deploy will not replace it (packages of other teams may come from there) nor put {index} beside it "
+        "(pip would then take tpu-rl from either). Make that index an upstream of the virtual repository, at a "
+        "priority below the repository tpu-rl is uploaded to, and remove index-url from the pip.conf; or, if it is "
+        "already such a virtual repository, deploy with VIRTUAL_REPOSITORY= naming it"
+    )
+
+
+def _other_extra_indexes(others: list[str], index: str) -> str:
+    return (
+        f"{PIP_CONF} sets extra-index-url = {' '.join(others)}: pip reads every extra index beside {index} and "
+        "orders none, so a tpu-rl published there (the same version with a more specific wheel tag) would be "
+        "installed instead of this one. Make each an upstream of the virtual repository, at a priority below the "
+        "repository tpu-rl is uploaded to (gcloud artifacts repositories update VIRTUAL --upstream-policy-file=...), "
+        "remove it from extra-index-url in the pip.conf, then deploy again"
+    )
+
+
+# --- the repositories ---------------------------------------------------------------------------------------
 
 
 def repository_url(project: str, location: str, repository: str) -> str:
@@ -201,19 +249,38 @@ def repository_url(project: str, location: str, repository: str) -> str:
     return f"https://{location}-python.pkg.dev/{project}/{repository}/"
 
 
-#: The index pip uses besides the extra ones of pip.conf.
-PUBLIC_INDEX = "https://pypi.org/simple/"
+def repository_name(project: str, location: str, repository: str) -> str:
+    return f"projects/{project}/locations/{location}/repositories/{repository}"
 
 
-def project_on_index(index: str, project: str) -> bool:
-    """Whether a PEP 503 index has a project of that name (pip does not prefer one index over another)."""
-    try:
-        with urllib.request.urlopen(f"{index.rstrip('/')}/{project}/", timeout=30):
-            return True
-    except urllib.error.HTTPError as error:
-        if error.code == 404:
-            return False
-        raise
+#: The virtual repository's upstreams: "Entries with a greater priority value take precedence in the pull order"
+#: (Artifact Registry API, UpstreamPolicy.priority). The team's repository comes first, PyPI's remote after it.
+TEAM_PRIORITY, PYPI_PRIORITY = 100, 1
+
+
+def upstream_policies(project: str, location: str, repository: str, pypi_remote: str) -> list[dict]:
+    """The file ``--upstream-policy-file`` reads: a JSON list of {id, repository, priority} (gcloud's
+    ``command_lib/artifacts/util.py``, AppendUpstreamPoliciesToRequest)."""
+    return [
+        {"id": repository, "repository": repository_name(project, location, repository), "priority": TEAM_PRIORITY},
+        {"id": pypi_remote, "repository": repository_name(project, location, pypi_remote), "priority": PYPI_PRIORITY},
+    ]
+
+
+def virtual_repository_refusal(described: dict, location: str, repository: str) -> str | None:
+    """Why an existing repository cannot be the environment's index: it must be a virtual repository whose
+    upstream of the highest priority, alone, is ``repository``; None when it is."""
+    if described.get("mode") != "VIRTUAL_REPOSITORY":
+        return f"is a {described.get('mode', 'STANDARD_REPOSITORY')}, not a virtual repository"
+    policies = described.get("virtualRepositoryConfig", {}).get("upstreamPolicies", [])
+    # The name's project may be the number rather than the id (unverified): the location and the name decide.
+    ours = [p for p in policies if p.get("repository", "").endswith(f"/locations/{location}/repositories/{repository}")]
+    if not ours:
+        return f"has no upstream {repository}"
+    above = [p["repository"] for p in policies if p not in ours and p.get("priority", 0) >= ours[0].get("priority", 0)]
+    if above:
+        return f"serves {', '.join(above)} at a priority as high as {repository}'s or higher"
+    return None
 
 
 def published_sha256(index_url: str, wheel_name: str, token: str | None) -> str | None:
@@ -261,17 +328,30 @@ class Environment:
         return ["gcloud", "composer", "environments", "update", *self.args(), f"--update-pypi-package={requirement}"]
 
 
-def repository_commands(project: str, location: str, repository: str, service_account: str) -> dict[str, list[str]]:
+#: How each repository is created (``gcloud artifacts repositories create``; Artifact Registry's "Create remote
+#: repositories": ``--mode=remote-repository --remote-python-repo=PYPI``; "Create virtual repositories":
+#: ``--mode=virtual-repository --upstream-policy-file=FILE``).
+STANDARD = ("--repository-format=python",)
+PYPI_REMOTE = ("--repository-format=python", "--mode=remote-repository", "--remote-python-repo=PYPI")
+
+
+def virtual_mode(policy_file: Path) -> tuple[str, ...]:
+    return ("--repository-format=python", "--mode=virtual-repository", f"--upstream-policy-file={policy_file}")
+
+
+def repository_commands(
+    project: str, location: str, repository: str, service_account: str, mode: tuple[str, ...] = STANDARD
+) -> dict[str, list[str]]:
     where = ["--location", location, "--project", project]
     return {
-        "describe": ["gcloud", "artifacts", "repositories", "describe", repository, *where],
+        "describe": ["gcloud", "artifacts", "repositories", "describe", repository, *where, "--format=json"],
         "create": [
             "gcloud",
             "artifacts",
             "repositories",
             "create",
             repository,
-            "--repository-format=python",
+            *mode,
             *where,
             f"--description=Python packages of Airflow environments ({DISTRIBUTION})",
         ],
@@ -305,6 +385,107 @@ class Runner:
         return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
 
+@dataclass
+class Repositories:
+    """Where twine uploads the wheel (the team's standard repository) and the simple index the environment installs
+    from (the virtual repository, which serves tpu-rl from the team's repository before PyPI)."""
+
+    project: str
+    location: str
+    upload_url: str
+    index: str
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, run: Runner) -> Repositories:
+        project = args.project or ""
+        if not project and not (args.repository_url and args.virtual_repository_url):
+            project = run.read(["gcloud", "config", "get-value", "project"]).strip()
+        location = args.repository_location or args.location
+        upload = args.repository_url or repository_url(project, location, args.repository)
+        virtual = args.virtual_repository_url or repository_url(project, location, args.virtual_repository)
+        return cls(project, location, upload.rstrip("/") + "/", f"{virtual.rstrip('/')}/simple/")
+
+
+def planned_pip_conf(client, bucket_name: str, where: Repositories) -> tuple[str, str]:
+    """(the environment's pip.conf now, the one this deploy writes): refused before any change when other indexes
+    there would let pip take tpu-rl from elsewhere."""
+    blob = client.bucket(bucket_name).blob(PIP_CONF)
+    current = blob.download_as_text() if blob.exists() else ""
+    return current, environment_pip_conf(current, where.index, ours=(f"{where.upload_url}simple/",))
+
+
+def existing_virtual_repository(args: argparse.Namespace, where: Repositories, run: Runner) -> bool:
+    """Whether the virtual repository exists; refused when it does but would not serve tpu-rl from the team's
+    repository first. A dry run does not look (it creates nothing either)."""
+    if not args.virtual_repository or run.dry_run:
+        return False
+    describe = repository_commands(where.project, where.location, args.virtual_repository, "")["describe"]
+    found = subprocess.run(describe, capture_output=True, text=True)
+    if found.returncode != 0:
+        return False
+    refusal = virtual_repository_refusal(json.loads(found.stdout), where.location, args.repository)
+    if refusal:
+        policies = upstream_policies(where.project, where.location, args.repository, args.pypi_remote)
+        raise SystemExit(
+            f"the virtual repository {args.virtual_repository} {refusal}: it would serve a tpu-rl of this version "
+            f"from another upstream before {args.repository}'s. Give {args.repository} the highest priority, alone "
+            "(gcloud artifacts repositories "
+            f"update {args.virtual_repository} --location {where.location} --upstream-policy-file=FILE, FILE as "
+            f"below, with the other upstreams you need at priorities under {TEAM_PRIORITY}), or name another "
+            f"VIRTUAL_REPOSITORY=:\n{json.dumps(policies, indent=1)}"
+        )
+    return True
+
+
+def prepare_repositories(
+    args: argparse.Namespace, where: Repositories, service_account: str | None, virtual_exists: bool, run: Runner
+) -> None:
+    """Creates the team's repository unless it exists and, unless the virtual repository exists, PyPI's remote
+    repository and the virtual one (the team's first); the environment's service account reads both the team's
+    repository and the virtual one, through which it installs."""
+    account = service_account or "SERVICE_ACCOUNT"
+    team = repository_commands(where.project, where.location, args.repository, account)
+    if run.dry_run or subprocess.run(team["describe"], capture_output=True).returncode != 0:
+        print(f"repository {args.repository} in {where.location}: created unless it exists")
+        run.change(team["create"])
+    run.change(team["reader"], capture_output=True)
+    if not args.virtual_repository:
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        policy_file = Path(folder) / "upstream-policies.json"
+        virtual = repository_commands(
+            where.project, where.location, args.virtual_repository, account, virtual_mode(policy_file)
+        )
+        if not virtual_exists:
+            create_virtual_repository(args, where, virtual["create"], policy_file, run)
+        run.change(virtual["reader"], capture_output=True)
+
+
+def create_virtual_repository(
+    args: argparse.Namespace, where: Repositories, create: list[str], policy_file: Path, run: Runner
+) -> None:
+    """PyPI's remote repository unless it exists, then the virtual repository over it and the team's."""
+    remote = repository_commands(where.project, where.location, args.pypi_remote, "", PYPI_REMOTE)
+    if run.dry_run or subprocess.run(remote["describe"], capture_output=True).returncode != 0:
+        print(f"remote repository {args.pypi_remote} (PyPI) in {where.location}: created unless it exists")
+        run.change(remote["create"])
+    policies = upstream_policies(where.project, where.location, args.repository, args.pypi_remote)
+    policy_file.write_text(json.dumps(policies, indent=1))
+    print(
+        f"virtual repository {args.virtual_repository}: {args.repository} (priority {TEAM_PRIORITY}) before "
+        f"{args.pypi_remote} (priority {PYPI_PRIORITY}); upstream policies:\n{policy_file.read_text()}"
+    )
+    run.change(create)
+
+
+def publish_wheel(wheel: Path, upload_url: str, run: Runner) -> None:
+    """The wheel in the team's repository (twine, with gcloud's access token for Artifact Registry)."""
+    token = None
+    if ".pkg.dev/" in upload_url and not run.dry_run:
+        token = run.read(["gcloud", "auth", "print-access-token"]).strip()
+    upload(wheel, upload_url, token, run)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser()
     args = parser.parse_args(argv)
@@ -324,10 +505,17 @@ def main(argv: list[str] | None = None) -> int:
     if not bucket:
         bucket, service_account, pypi = describe_environment(env, run)
 
-    # 1-2. The wheel in the repository, which the environment may read.
-    repository = prepare_repository(args, service_account, run) if args.repository else None
-    index_url = args.repository_url.rstrip("/") + "/" if args.repository_url else repository
-    publish_wheel(wheel, index_url, client, bucket, run)
+    # Before anything changes: where the wheel goes and the index the environment installs from, the pip.conf that
+    # names that index alone, and the virtual repository's upstreams; each refused here, naming the fix.
+    where = Repositories.of(args, run)
+    conf = planned_pip_conf(client, bucket, where)
+    virtual = existing_virtual_repository(args, where, run)
+
+    # 1-2. The repositories, which the environment may read; the wheel in the team's one; pip.conf names the virtual.
+    if args.repository:
+        prepare_repositories(args, where, service_account, virtual, run)
+    publish_wheel(wheel, where.upload_url, run)
+    write_pip_conf(client, bucket, conf, where.index, run)
 
     # 3. The environment's custom package, then 4. the DAG files and programs that use it.
     install_package(env, pypi, requirement, run)
@@ -340,10 +528,20 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env", help="Composer environment name (required: it installs the package the DAGs import)")
     parser.add_argument("--location", help="the environment's region")
     parser.add_argument("--project", help="Google Cloud project (default: gcloud's)")
-    parser.add_argument("--repository", help="Artifact Registry Python repository for the wheel (created if missing)")
-    parser.add_argument("--repository-location", help="the repository's region (default: the environment's)")
+    parser.add_argument("--repository", help="Artifact Registry Python repository the wheel is uploaded to")
+    parser.add_argument(
+        "--virtual-repository",
+        help="Artifact Registry virtual repository the environment installs from: --repository first, then PyPI "
+        "(created with --pypi-remote if missing)",
+    )
+    parser.add_argument("--pypi-remote", default="pypi", help="the remote repository of PyPI behind the virtual one")
+    parser.add_argument("--repository-location", help="the repositories' region (default: the environment's)")
     parser.add_argument(
         "--repository-url", help="the repository's URL, when it is not Artifact Registry's for --repository"
+    )
+    parser.add_argument(
+        "--virtual-repository-url",
+        help="the virtual repository's URL, when it is not Artifact Registry's for --virtual-repository",
     )
     parser.add_argument("--bucket", help="the environment's bucket; skips gcloud's describe")
     parser.add_argument("--service-account", help="the environment's service account; with --bucket")
@@ -357,7 +555,14 @@ NO_ENVIRONMENT = (
     "--env (make deploy-composer ENV=<environment>) is missing: the DAG files import tpu_rl, which only the "
     "environment's custom PyPI package installs, so a deploy without it would upload DAG files that cannot import "
     "(and delete the plugins/tpu_rl/ copy that older DAG files import). Give ENV=<environment> LOCATION=<region> "
-    "REPOSITORY=<repository>; BUCKET= (with SERVICE_ACCOUNT=) only skips the environment's describe"
+    "REPOSITORY=<repository> VIRTUAL_REPOSITORY=<virtual repository>; BUCKET= (with SERVICE_ACCOUNT=) only skips "
+    "the environment's describe"
+)
+#: With the repository as an index beside PyPI, pip could install a tpu-rl that someone publishes there.
+NO_VIRTUAL_REPOSITORY = (
+    "--env needs --virtual-repository (VIRTUAL_REPOSITORY=): the Artifact Registry virtual repository the "
+    "environment installs from, which serves tpu-rl from --repository before PyPI (created if missing). pip orders "
+    "no indexes: beside PyPI, a tpu-rl published there could be installed instead of this one"
 )
 
 
@@ -368,11 +573,15 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if not args.location:
         parser.error("--env needs --location (LOCATION=): the environment's region")
     if not (args.repository or args.repository_url):
-        parser.error("--env needs --repository: the Artifact Registry Python repository the environment installs from")
+        parser.error("--env needs --repository: the Artifact Registry Python repository the wheel is uploaded to")
+    if not (args.virtual_repository or args.virtual_repository_url):
+        parser.error(NO_VIRTUAL_REPOSITORY)
+    if args.virtual_repository and not args.repository:
+        parser.error("--virtual-repository needs --repository: the upstream it serves tpu-rl from, before PyPI")
     if args.repository and args.bucket and not args.service_account and not args.dry_run:
         parser.error(
             "--repository with --bucket needs --service-account: the environment's service account, which is "
-            "granted roles/artifactregistry.reader on the repository (without --bucket, gcloud's describe gives it)"
+            "granted roles/artifactregistry.reader on the repositories (without --bucket, gcloud's describe gives it)"
         )
 
 
@@ -384,35 +593,6 @@ def describe_environment(env: Environment, run: Runner) -> tuple[str, str | None
     pypi = described.get("softwareConfig", {}).get("pypiPackages", {})
     print(f"environment {env.name}: bucket gs://{bucket}, service account {service_account}")
     return bucket, service_account, pypi
-
-
-def prepare_repository(args: argparse.Namespace, service_account: str | None, run: Runner) -> str:
-    """Creates the Artifact Registry repository unless it exists and lets the environment's service account read
-    it; returns the repository's URL."""
-    project = args.project or run.read(["gcloud", "config", "get-value", "project"]).strip()
-    location = args.repository_location or args.location
-    commands = repository_commands(project, location, args.repository, service_account or "SERVICE_ACCOUNT")
-    if args.dry_run or subprocess.run(commands["describe"], capture_output=True).returncode != 0:
-        print(f"repository {args.repository} in {location}: created unless it exists")
-        run.change(commands["create"])
-    run.change(commands["reader"], capture_output=True)
-    return repository_url(project, location, args.repository)
-
-
-def publish_wheel(wheel: Path, index_url: str, client, bucket: str, run: Runner) -> None:
-    """The wheel in the repository and the repository in the environment's pip configuration; refused while
-    PyPI has a project of the same name."""
-    token = None
-    if ".pkg.dev/" in index_url and not run.dry_run:
-        token = run.read(["gcloud", "auth", "print-access-token"]).strip()
-    if project_on_index(PUBLIC_INDEX, DISTRIBUTION):
-        raise SystemExit(
-            f"{PUBLIC_INDEX} has a project named {DISTRIBUTION}: with the repository as pip's extra "
-            "index, the environment could install that one. Use an Artifact Registry virtual "
-            "repository (this repository before PyPI) as the environment's index-url instead"
-        )
-    upload(wheel, index_url, token, run)
-    pip_conf(client, bucket, index_url, run)
 
 
 def install_package(env: Environment, pypi: dict[str, str], requirement: str, run: Runner) -> None:
@@ -475,18 +655,16 @@ def upload(wheel: Path, index_url: str, token: str | None, run: Runner) -> None:
     )
 
 
-def pip_conf(client, bucket_name: str, index_url: str, run: Runner) -> None:
-    """The environment's pip configuration names the repository's simple index (merged into what is there)."""
-    blob = client.bucket(bucket_name).blob(PIP_CONF)
-    current = blob.download_as_text() if blob.exists() else ""
-    merged = merged_pip_conf(current, f"{index_url}simple/")
-    if merged == current:
-        print(f"gs://{bucket_name}/{PIP_CONF} already names {index_url}simple/")
+def write_pip_conf(client, bucket_name: str, conf: tuple[str, str], index: str, run: Runner) -> None:
+    """Writes the planned pip.conf (the virtual repository's index alone), unless the bucket has it already."""
+    current, planned = conf
+    if planned == current:
+        print(f"gs://{bucket_name}/{PIP_CONF} already names {index} alone")
     elif run.dry_run:
-        print(f"would write gs://{bucket_name}/{PIP_CONF}:\n{merged}")
+        print(f"would write gs://{bucket_name}/{PIP_CONF}:\n{planned}")
     else:
-        print(f"+ write gs://{bucket_name}/{PIP_CONF} (extra-index-url {index_url}simple/)")
-        blob.upload_from_string(merged)
+        print(f"+ write gs://{bucket_name}/{PIP_CONF} (index-url {index}, no other index)")
+        client.bucket(bucket_name).blob(PIP_CONF).upload_from_string(planned)
 
 
 if __name__ == "__main__":

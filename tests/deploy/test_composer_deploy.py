@@ -1,17 +1,21 @@
-"""scripts/deploy_composer.py against real servers: a GCS emulator for the environment's bucket and pypiserver
-for the Artifact Registry Python repository. The wheel reaches the repository and the environment's pip
-configuration, the DAG files and programs reach dags/ (what Composer gives its DAG processor), nothing of other
-teams is touched, a programs file edited in the bucket is never lost, and a deploy killed half-way leaves
-nothing a later deploy does not own. The uploaded wheel installs, through that pip configuration, into a
-virtualenv that holds the Composer image's packages, adding tpu-rl alone, which then imports every trigger. A
-rollback from another checkout finds its wheel in the repository and points the environment at it."""
+"""scripts/deploy_composer.py against real servers: a GCS emulator for the environment's bucket, pypiserver for the
+team's Artifact Registry Python repository and for PyPI, and a virtual repository over both that serves a version
+from the team's repository first, as Artifact Registry's does. The wheel reaches the repository and the
+environment's pip configuration names the virtual repository alone; the DAG files and programs reach dags/ (what
+Composer gives its DAG processor), nothing of other teams is touched, a programs file edited in the bucket is never
+lost, and a deploy killed half-way leaves nothing a later deploy does not own. The uploaded wheel installs, through
+that pip configuration, into a virtualenv that holds the Composer image's packages, adding tpu-rl alone (the team's,
+though PyPI has a tpu-rl of the same version that pip would prefer), which then imports every trigger. A rollback
+from another checkout finds its wheel in the repository and points the environment at it."""
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,21 +49,52 @@ FOREIGN = [
     "data/run-output/metrics.json",
     "data/include/other_team.json",
 ]
-OTHER_PIP_CONF = "[global]\nextra-index-url = https://europe-python.pkg.dev/other/team/simple/\ntimeout = 60\n"
+#: Another team's setting in the environment's pip configuration, beside the extra index earlier deploys wrote.
+OTHER_PIP_CONF = "[global]\ntimeout = 60\n"
+OTHER_TEAMS_INDEX = "https://europe-python.pkg.dev/other/team/simple/"
 #: A deploy always names its environment, which installs the package the DAG files import.
 ENVIRONMENT = ("--env", "rl-env", "--location", "us-east5", "--project", "p1")
 
 
-def test_a_project_of_the_same_name_on_pypi_stops_the_deploy_before_it_uploads(
-    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path
+def test_another_index_in_the_environments_pip_conf_stops_the_deploy_before_any_change(
+    gcs_client, composer_bucket, python_repository, virtual_repository, monkeypatch, tmp_path
 ):
-    """pip prefers no index over another: with the repository as an extra index, PyPI's tpu-rl could be installed."""
+    """pip orders no indexes: beside the virtual repository, another team's index could serve a tpu-rl of its own."""
     url, packages = python_repository
-    shutil.copy(deploy.wheel_path(), public_index[1])
+    conf = f"[global]\nextra-index-url = {OTHER_TEAMS_INDEX}\n"
+    composer_bucket.blob(deploy.PIP_CONF).upload_from_string(conf)
+    log = _fake_gcloud(tmp_path, composer_bucket.name, {})
+    args = [*ENVIRONMENT, "--repository", "rl-packages", "--repository-url", url]
 
-    with pytest.raises(SystemExit, match="has a project named tpu-rl"):
-        _main_with_path(monkeypatch, tmp_path, *ENVIRONMENT, "--bucket", composer_bucket.name, "--repository-url", url)
-    assert not list(packages.iterdir())
+    with pytest.raises(SystemExit, match=f"extra-index-url = {OTHER_TEAMS_INDEX}: .* upstream of the virtual"):
+        _main_with_path(monkeypatch, tmp_path, *args, "--virtual-repository", "rl-index")
+    assert log.read_text().splitlines() == [DESCRIBE_ENVIRONMENT]
+    assert not list(packages.iterdir()) and composer_bucket.blob(deploy.PIP_CONF).download_as_text() == conf
+
+
+def test_a_virtual_repository_that_serves_pypi_first_stops_the_deploy_before_any_change(
+    gcs_client, composer_bucket, python_repository, monkeypatch, tmp_path
+):
+    url, packages = python_repository
+    pypi_first = {
+        "mode": "VIRTUAL_REPOSITORY",
+        "virtualRepositoryConfig": {
+            "upstreamPolicies": [
+                {"id": "a", "repository": "projects/p1/locations/us-east5/repositories/rl-packages", "priority": 1},
+                {"id": "b", "repository": "projects/p1/locations/us-east5/repositories/pypi", "priority": 5},
+            ]
+        },
+    }
+    log = _fake_gcloud(tmp_path, composer_bucket.name, {}, described={"rl-index": pypi_first})
+    args = [*ENVIRONMENT, "--repository", "rl-packages", "--repository-url", url, "--virtual-repository", "rl-index"]
+
+    with pytest.raises(SystemExit, match="rl-index serves projects/p1/locations/us-east5/repositories/pypi at a"):
+        _main_with_path(monkeypatch, tmp_path, *args)
+    assert [call.split()[:3] for call in log.read_text().splitlines()] == [
+        ["composer", "environments", "describe"],
+        ["artifacts", "repositories", "describe"],
+    ]
+    assert not list(packages.iterdir()) and not composer_bucket.blob(deploy.PIP_CONF).exists()
 
 
 @pytest.fixture
@@ -189,29 +224,26 @@ def test_a_deploy_killed_half_way_leaves_nothing_a_later_deploy_does_not_own(
     assert "dags/new_dag.py" in result.deleted and "dags/new_dag.py" not in _names(gcs_client, composer_bucket)
 
 
-def test_the_pip_configuration_keeps_what_other_teams_configured():
-    import configparser
-
-    merged = deploy.merged_pip_conf(OTHER_PIP_CONF, "https://us-east5-python.pkg.dev/p/rl/simple/")
-    config = configparser.ConfigParser()
-    config.read_string(merged)
-    assert config.get("global", "extra-index-url").split() == [
-        "https://europe-python.pkg.dev/other/team/simple/",
-        "https://us-east5-python.pkg.dev/p/rl/simple/",
-    ]
-    assert config.get("global", "timeout") == "60"
-    assert deploy.merged_pip_conf(merged, "https://us-east5-python.pkg.dev/p/rl/simple/") == merged
-
-
 def _main_with_path(monkeypatch, tmp_path, *args: str) -> None:
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert deploy.main(list(args)) == 0
 
 
-def _fake_gcloud(directory: Path, bucket: str, pypi: dict[str, str]) -> Path:
-    """A stand-in for the gcloud CLI only (the bucket is the GCS emulator, the repository pypiserver): it
-    answers the describes (the repository does not exist yet) and logs every call."""
+DESCRIBE_ENVIRONMENT = (
+    "composer environments describe rl-env --location us-east5 --project p1 "
+    "--format=json(config.dagGcsPrefix,config.nodeConfig.serviceAccount,config.softwareConfig.pypiPackages)"
+)
+
+
+def _fake_gcloud(directory: Path, bucket: str, pypi: dict[str, str], described: dict[str, dict] | None = None) -> Path:
+    """A stand-in for the gcloud CLI only (the bucket is the GCS emulator, the repositories pypiserver and the
+    virtual index): it answers the describes (a repository exists only when ``described`` gives it), keeps the
+    upstream policy file a create reads (``policy.json``) and logs every call."""
     log = directory / "gcloud.log"
+    repositories = "".join(
+        f"  'artifacts repositories describe {name}') echo '{json.dumps(body)}';;\n"
+        for name, body in (described or {}).items()
+    )
     describe = json.dumps(
         {
             "config": {
@@ -223,53 +255,60 @@ def _fake_gcloud(directory: Path, bucket: str, pypi: dict[str, str]) -> Path:
     )
     script = directory / "gcloud"
     script.write_text(
-        f'#!/bin/sh\necho "$*" >> {log}\ncase "$1 $2 $3" in\n'
-        f"  'composer environments describe') echo '{describe}';;\n"
-        "  'artifacts repositories describe') exit 1;;\nesac\n"
+        f'#!/bin/sh\necho "$*" >> {log}\nfor arg; do case "$arg" in --upstream-policy-file=*) '
+        f'cp "${{arg#*=}}" {directory}/policy.json;; esac; done\ncase "$1 $2 $3 $4" in\n'
+        f"  'composer environments describe rl-env') echo '{describe}';;\n{repositories}"
+        "  'artifacts repositories describe '*) exit 1;;\nesac\n"
     )
     script.chmod(0o755)
     return log
 
 
 def test_deploy_uploads_the_wheel_configures_pip_then_updates_the_package_then_the_dags(
-    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path
+    gcs_client, composer_bucket, python_repository, virtual_repository, monkeypatch, capsys, tmp_path
 ):
     url, packages = python_repository
-    composer_bucket.blob(deploy.PIP_CONF).upload_from_string(OTHER_PIP_CONF)
+    # What earlier deploys left: the team's repository as an extra index beside PyPI, and another team's setting.
+    composer_bucket.blob(deploy.PIP_CONF).upload_from_string(f"{OTHER_PIP_CONF}extra-index-url = {url}simple/\n")
     log = _fake_gcloud(tmp_path, composer_bucket.name, {"other-teams-package": "==1.2"})
-    args = [
-        "--env",
-        "rl-env",
-        "--location",
-        "us-east5",
-        "--project",
-        "p1",
-        "--repository",
-        "rl-packages",
-        "--repository-url",
-        url,
-    ]
+    args = [*ENVIRONMENT, "--repository", "rl-packages", "--repository-url", url]
+    args += ["--virtual-repository", "rl-index", "--virtual-repository-url", virtual_repository]
 
     _main_with_path(monkeypatch, tmp_path, *args)
 
     out = capsys.readouterr().out
     calls = log.read_text().splitlines()
     version = deploy.version()
+    where = "--location us-east5 --project p1"
+    reader = "--member=serviceAccount:composer-rl@p1.iam.gserviceaccount.com --role=roles/artifactregistry.reader"
+    description = "--description=Python packages of Airflow environments (tpu-rl)"
+    policy_file = re.search(r"--upstream-policy-file=(\S+)", "\n".join(calls)).group(1)
     assert calls == [
-        "composer environments describe rl-env --location us-east5 --project p1 "
-        "--format=json(config.dagGcsPrefix,config.nodeConfig.serviceAccount,config.softwareConfig.pypiPackages)",
-        "artifacts repositories describe rl-packages --location us-east5 --project p1",
-        "artifacts repositories create rl-packages --repository-format=python --location us-east5 --project p1 "
-        "--description=Python packages of Airflow environments (tpu-rl)",
-        "artifacts repositories add-iam-policy-binding rl-packages --location us-east5 --project p1 "
-        "--member=serviceAccount:composer-rl@p1.iam.gserviceaccount.com --role=roles/artifactregistry.reader",
-        f"composer environments update rl-env --location us-east5 --project p1 --update-pypi-package=tpu-rl=={version}",
+        DESCRIBE_ENVIRONMENT,
+        f"artifacts repositories describe rl-index {where} --format=json",
+        f"artifacts repositories describe rl-packages {where} --format=json",
+        f"artifacts repositories create rl-packages --repository-format=python {where} {description}",
+        f"artifacts repositories add-iam-policy-binding rl-packages {where} {reader}",
+        f"artifacts repositories describe pypi {where} --format=json",
+        "artifacts repositories create pypi --repository-format=python --mode=remote-repository "
+        f"--remote-python-repo=PYPI {where} {description}",
+        "artifacts repositories create rl-index --repository-format=python --mode=virtual-repository "
+        f"--upstream-policy-file={policy_file} {where} {description}",
+        f"artifacts repositories add-iam-policy-binding rl-index {where} {reader}",
+        f"composer environments update rl-env {where} --update-pypi-package=tpu-rl=={version}",
     ]
+    # The virtual repository serves a version from the team's repository before PyPI's remote.
+    policies = json.loads((tmp_path / "policy.json").read_text())
+    priority = {policy["repository"].rsplit("/", 1)[1]: policy["priority"] for policy in policies}
+    assert priority["rl-packages"] > priority["pypi"] and set(priority) == {"rl-packages", "pypi"}
+    assert all(policy["repository"].startswith("projects/p1/locations/us-east5/repositories/") for policy in policies)
     wheel = deploy.wheel_path()
     assert (packages / wheel.name).read_bytes() == wheel.read_bytes()
     assert deploy.published_sha256(url, wheel.name, None) == hashlib.sha256(wheel.read_bytes()).hexdigest()
-    conf = composer_bucket.blob(deploy.PIP_CONF).download_as_text()
-    assert "https://europe-python.pkg.dev/other/team/simple/" in conf and f"{url}simple/" in conf
+    # pip.conf names the virtual repository alone; the extra index is gone, the other team's setting stays.
+    conf = configparser.ConfigParser()
+    conf.read_string(composer_bucket.blob(deploy.PIP_CONF).download_as_text())
+    assert dict(conf["global"]) == {"index-url": f"{virtual_repository}simple/", "timeout": "60"}
     # The DAG files go after the environment installs the package they import.
     assert out.index("--update-pypi-package") < out.index(f"upload gs://{composer_bucket.name}/dags/maxtext_rl_tpu.py")
 
@@ -288,32 +327,31 @@ def test_deploy_uploads_the_wheel_configures_pip_then_updates_the_package_then_t
 CHECKOUT = (*WHEEL_BUILD_INPUTS, "dags", "include")
 
 
-def _deploy_checkout(checkout: Path, umask: int, args: list[str], public_index: str, monkeypatch, tmp_path) -> None:
+def _deploy_checkout(checkout: Path, umask: int, args: list[str], monkeypatch, tmp_path) -> None:
     """``make deploy-composer`` in ``checkout``: its wheel (``make wheel`` under ``umask``), then its
-    scripts/deploy_composer.py, which reads that checkout (PyPI is the local stand-in)."""
+    scripts/deploy_composer.py, which reads that checkout."""
     make_wheel(checkout, umask)
     name = f"deploy_composer_{checkout.name.replace('.', '_').replace('-', '_')}"
     spec = importlib.util.spec_from_file_location(name, checkout / "scripts/deploy_composer.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
-    module.PUBLIC_INDEX = public_index
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert module.main(args) == 0
 
 
 def test_a_rollback_from_another_checkout_points_the_environment_at_the_wheel_already_published(
-    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path
+    gcs_client, composer_bucket, python_repository, virtual_repository, monkeypatch, capsys, tmp_path
 ):
     """9.0.0 then 9.1.0 are deployed; ``git checkout v9.0.0 && make deploy-composer ENV=...`` in another checkout,
     made and built under another umask, builds 9.0.0's very wheel: nothing is uploaded, the environment is pointed
     at 9.0.0 again and dags/ holds 9.0.0's DAG files. 9.0.0 built from other sources is still refused."""
     url, packages = python_repository
     log = _fake_gcloud(tmp_path, composer_bucket.name, {"other-teams-package": "==1.2"})
-    args = [*ENVIRONMENT, "--repository-url", url]
+    args = [*ENVIRONMENT, "--repository-url", url, "--virtual-repository-url", virtual_repository]
 
     def deploy_from(checkout: Path, umask: int) -> None:
-        _deploy_checkout(checkout, umask, args, public_index[0], monkeypatch, tmp_path)
+        _deploy_checkout(checkout, umask, args, monkeypatch, tmp_path)
 
     deploy_from(checkout_copy(tmp_path / "v9.0.0", CHECKOUT, 0o022, "9.0.0"), 0o022)
     newer = checkout_copy(tmp_path / "v9.1.0", CHECKOUT, 0o022, "9.1.0")
@@ -350,7 +388,7 @@ def test_a_rollback_from_another_checkout_points_the_environment_at_the_wheel_al
 
 
 def test_dry_run_prints_every_step_and_changes_nothing(
-    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, capsys, tmp_path
+    gcs_client, composer_bucket, python_repository, monkeypatch, capsys, tmp_path
 ):
     url, packages = python_repository
     _prefill(composer_bucket)
@@ -367,6 +405,8 @@ def test_dry_run_prints_every_step_and_changes_nothing(
             "p1",
             "--repository",
             "rl-packages",
+            "--virtual-repository",
+            "rl-index",
             "--bucket",
             composer_bucket.name,
             "--service-account",
@@ -380,9 +420,16 @@ def test_dry_run_prints_every_step_and_changes_nothing(
         "would run: gcloud artifacts repositories create rl-packages --repository-format=python",
         "would run: gcloud artifacts repositories add-iam-policy-binding rl-packages",
         "--role=roles/artifactregistry.reader",
+        "would run: gcloud artifacts repositories create pypi --repository-format=python --mode=remote-repository "
+        "--remote-python-repo=PYPI",
+        "virtual repository rl-index: rl-packages (priority 100) before pypi (priority 1)",
+        '"repository": "projects/p1/locations/us-east5/repositories/rl-packages",\n  "priority": 100',
+        "would run: gcloud artifacts repositories create rl-index --repository-format=python "
+        "--mode=virtual-repository --upstream-policy-file=",
+        "would run: gcloud artifacts repositories add-iam-policy-binding rl-index",
         "twine upload --non-interactive --repository-url https://us-east5-python.pkg.dev/p1/rl-packages/",
         f"would write gs://{composer_bucket.name}/config/pip/pip.conf",
-        "extra-index-url = https://us-east5-python.pkg.dev/p1/rl-packages/simple/",
+        "index-url = https://us-east5-python.pkg.dev/p1/rl-index/simple/",
         f"--update-pypi-package=tpu-rl=={deploy.version()}",
         f"would upload gs://{composer_bucket.name}/dags/maxtext_rl_tpu.py",
         f"would delete gs://{composer_bucket.name}/plugins/tpu_rl/removed.py",
@@ -393,15 +440,17 @@ def test_dry_run_prints_every_step_and_changes_nothing(
 
 
 def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_trigger(
-    gcs_client, composer_bucket, python_repository, public_index, monkeypatch, tmp_path
+    gcs_client, composer_bucket, python_repository, hostile_on_pypi, virtual_repository, monkeypatch, tmp_path
 ):
-    """As Composer installs a PyPI package into its image: pip with the environment's pip.conf (PyPI, plus the
-    repository as an extra index) installs tpu-rl==VERSION, with the image's pins, into an environment that has
+    """As Composer installs a PyPI package into its image: pip with the environment's pip.conf (the virtual
+    repository alone) installs tpu-rl==VERSION, with the image's pins, into an environment that has
     composer-3-airflow-3.1.7's packages (constraints-af31.txt); it adds tpu-rl and changes nothing else, and the
-    result imports every trigger of the package from its serialised classpath."""
+    result imports every trigger of the package from its serialised classpath. PyPI has a tpu-rl of the same
+    version with a wheel tag pip prefers: the team's is installed."""
     url, _ = python_repository
     _fake_gcloud(tmp_path, composer_bucket.name, {})
-    _main_with_path(monkeypatch, tmp_path, *ENVIRONMENT, "--bucket", composer_bucket.name, "--repository-url", url)
+    args = [*ENVIRONMENT, "--bucket", composer_bucket.name, "--repository-url", url]
+    _main_with_path(monkeypatch, tmp_path, *args, "--virtual-repository-url", virtual_repository)
     pip_conf = tmp_path / "pip.conf"
     composer_bucket.blob(deploy.PIP_CONF).download_to_filename(str(pip_conf))
 
@@ -423,8 +472,10 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
         cwd=tmp_path,
     )
     assert install.returncode == 0, install.stderr[-3000:]
-    installed = {i["metadata"]["name"]: i["download_info"]["url"] for i in json.loads(report.read_text())["install"]}
-    assert list(installed) == ["tpu-rl"] and installed["tpu-rl"].startswith(url), installed
+    installed = {i["metadata"]["name"]: i["download_info"] for i in json.loads(report.read_text())["install"]}
+    assert list(installed) == ["tpu-rl"] and installed["tpu-rl"]["url"].startswith(url), installed
+    team = hashlib.sha256(deploy.wheel_path().read_bytes()).hexdigest()
+    assert installed["tpu-rl"]["archive_info"]["hashes"]["sha256"] == team
 
     from tpu_rl_testing import TRIGGER_IMPORT_PROBE
 
@@ -453,12 +504,43 @@ def test_the_uploaded_wheel_installs_with_the_composer_pins_and_imports_every_tr
     assert probe.returncode == 0, probe.stderr[-3000:]
     files = json.loads(probe.stdout.strip().splitlines()[-1])["files"]
     assert files and all(f.startswith(f"{venv}/lib/") for f in files)
+    imported = "import airflow, tpu_rl; print(airflow.__version__, tpu_rl.__version__, hasattr(tpu_rl, 'HOSTILE'))"
     versions = subprocess.run(
-        [f"{venv}/bin/python", "-c", "import airflow, tpu_rl; print(airflow.__version__, tpu_rl.__version__)"],
+        [f"{venv}/bin/python", "-c", imported], capture_output=True, text=True, env=env, cwd=tmp_path, check=True
+    ).stdout.split()
+    assert versions == ["3.1.7", deploy.version(), "False"]
+
+
+def _chosen_wheel(pip_conf: str, tmp_path: Path) -> str:
+    """The file of tpu-rl==VERSION that pip takes with ``pip_conf`` as its configuration (its resolution, with
+    nothing installed)."""
+    conf = tmp_path / f"pip-{len(list(tmp_path.glob('pip-*.conf')))}.conf"
+    conf.write_text(pip_conf)
+    report = conf.with_suffix(".json")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_CONFIG_FILE": str(conf)}
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--no-deps"]
+    chosen = subprocess.run(
+        [*pip, "--no-cache-dir", "--report", str(report), f"tpu-rl=={deploy.version()}"],
         capture_output=True,
         text=True,
         env=env,
-        cwd=tmp_path,
-        check=True,
-    ).stdout.split()
-    assert versions == ["3.1.7", deploy.version()]
+    )
+    assert chosen.returncode == 0, chosen.stderr[-3000:]
+    (install,) = json.loads(report.read_text())["install"]
+    return install["download_info"]["url"]
+
+
+def test_beside_pypi_pip_takes_someone_elses_tpu_rl_and_through_the_virtual_repository_never(
+    python_repository, pypi, hostile_on_pypi, virtual_repository, tmp_path
+):
+    """What earlier deploys wrote (the team's repository as an extra index beside PyPI) installs a tpu-rl of the same
+    version that someone publishes on PyPI with a more specific wheel tag; the pip.conf the deploy now writes (the
+    virtual repository alone) installs the team's."""
+    url, packages = python_repository
+    team = shutil.copy(deploy.wheel_path(), packages)
+
+    beside_pypi = f"[global]\nindex-url = {pypi[0]}simple/\nextra-index-url = {url}simple/\n"
+    assert _chosen_wheel(beside_pypi, tmp_path).endswith(f"/{hostile_on_pypi.name}")
+    virtual_alone = deploy.environment_pip_conf("", f"{virtual_repository}simple/")
+    chosen = _chosen_wheel(virtual_alone, tmp_path)
+    assert chosen.startswith(url) and chosen.endswith(f"/{Path(team).name}"), chosen

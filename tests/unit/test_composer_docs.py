@@ -120,3 +120,38 @@ def test_every_gcloud_command_of_the_deploy_has_its_permission_in_the_deployers_
             assert f"`{permission}`" in deployer, permission
     for role in ("roles/composer.admin", "roles/artifactregistry.admin", "roles/storage.objectAdmin"):
         assert f"--role {role}" in deployer
+
+
+# --- section 2: the environment's image; section 5: the deploy ----------------------------------------------------
+
+
+def test_the_environment_is_created_with_an_airflow_version_not_a_build_composer_retires():
+    (create,) = re.findall(r"^gcloud composer environments create .*?(?<!\\)$", DOC, re.M | re.S)
+    image = re.search(r"--image-version (\S+)", create).group(1)
+    assert re.fullmatch(r"composer-3-airflow-\d+\.\d+\.\d+", image), image
+    assert "gcloud composer environments list-upgrades rl-env" in DOC
+    assert "--format='value(config.softwareConfig.imageVersion)'" in DOC
+
+
+def _make_variables_to_flags() -> dict[str, str]:
+    """The deploy-composer target's ``$(if $(VAR),--flag ...)``: each make variable and the flag it passes."""
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile[makefile.index("deploy-composer: wheel") :].split("\n\n", 1)[0]
+    return dict(re.findall(r"\$\(if \$\((\w+)\),(--[\w-]+)", recipe))
+
+
+def test_every_documented_deploy_command_passes_the_deploys_checks():
+    """Through the Makefile to scripts/deploy_composer.py: each `make deploy-composer` of the docs names the
+    environment, the repository and the virtual repository the environment installs from."""
+    from scripts.deploy_composer import argument_parser, check_arguments
+
+    flags = _make_variables_to_flags()
+    commands = re.findall(r"^make deploy-composer ((?:.*\\\n)*.*)$", DOC, re.M)
+    assert len(commands) >= 3
+    for command in commands:
+        words = shlex.split(command.replace("\\\n", " "), comments=True)
+        args = []
+        for name, value in (word.split("=", 1) for word in words):
+            args += [flags[name]] if name in ("DRY_RUN", "REPLACE_PROGRAMS") else [flags[name], value]
+        parser = argument_parser()
+        check_arguments(parser, parser.parse_args(args))

@@ -1,5 +1,6 @@
 """What ``make deploy-composer`` refuses before any call: above all a deploy without its environment, which would
-upload DAG files that import tpu_rl while nothing installs it (and delete the plugins/ copy older ones import)."""
+upload DAG files that import tpu_rl while nothing installs it (and delete the plugins/ copy older ones import), and one
+without the virtual repository the environment installs from, which would leave the repository beside PyPI."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import pytest
 from scripts import deploy_composer as deploy
 
 pytestmark = pytest.mark.core
+
+#: The index the environment installs from: without it, the repository would sit beside PyPI.
+VIRTUAL = ["--virtual-repository", "rl-index"]
 
 
 @pytest.fixture
@@ -42,9 +46,11 @@ def test_a_deploy_without_its_environment_is_refused_naming_env(args, no_calls, 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--env", "e", "--bucket", "b", "--repository", "r", "--location", "us-east5"], "needs --service-account"),
+        (["--env", "e", "--bucket", "b", "--repository", "r", "--location", "us-east5", *VIRTUAL], "--service-account"),
         (["--env", "e", "--bucket", "b", "--repository-url", "http://127.0.0.1:8080/"], "region"),
         (["--env", "e", "--location", "us-east5", "--bucket", "b"], "needs --repository"),
+        (["--env", "e", "--location", "us-east5", "--repository", "r"], "VIRTUAL_REPOSITORY="),
+        (["--env", "e", "--location", "us-east5", "--repository-url", "http://127.0.0.1:8080/", *VIRTUAL], "upstream"),
     ],
 )
 def test_an_environment_without_its_region_repository_or_account_is_refused_before_any_call(
@@ -59,9 +65,11 @@ def test_an_environment_without_its_region_repository_or_account_is_refused_befo
 @pytest.mark.parametrize(
     "args",
     [
-        ["--env", "e", "--location", "us-east5", "--repository", "r"],
-        ["--env", "e", "--location", "us-east5", "--bucket", "b", "--repository-url", "http://127.0.0.1:8080/"],
-        ["--env", "e", "--location", "us-east5", "--bucket", "b", "--repository", "r", "--service-account", "sa@p"],
+        ["--env", "e", "--location", "us-east5", "--repository", "r", *VIRTUAL],
+        ["--env", "e", "--location", "us-east5", "--bucket", "b", "--repository-url", "http://127.0.0.1:8080/"]
+        + ["--virtual-repository-url", "http://127.0.0.1:8081/"],
+        ["--env", "e", "--location", "us-east5", "--bucket", "b", "--repository", "r", "--service-account", "sa@p"]
+        + VIRTUAL,
     ],
 )
 def test_a_deploy_that_names_its_environment_passes(args):
