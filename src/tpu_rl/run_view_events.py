@@ -28,9 +28,9 @@ from tpu_rl.hooks.gcs import EventFileFolder
 
 #: Runs whose event files are kept: the runs a team looks at in a day.
 MAX_FOLDERS = 32
-#: (step, value) points kept of all runs: a 72-hour run (a step every 45 s, 19 curves and the step times) keeps
-#: 115,000, about 10 MB in this process (``make bench-run-view``).
-MAX_POINTS = 2_000_000
+#: (step, value) points kept of all runs, about 110 MiB: a 72-hour run (a step every 45 s, MaxText's 19 curves and
+#: the step times) keeps 115,000 points, 13 MiB in the api-server (``make bench-run-view``); eight such runs fit.
+MAX_POINTS = 1_000_000
 
 
 @dataclass

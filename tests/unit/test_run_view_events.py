@@ -59,6 +59,18 @@ def test_a_file_read_in_pieces_cut_anywhere_gives_the_curves_of_a_whole_reading(
         assert read_in_pieces(data[:cut], [cut // 3]).scalars() == tm.read_scalars([data[:cut]])
 
 
+def test_steps_logged_again_later_in_the_file_take_the_later_values_read_in_pieces_or_whole():
+    """Records of steps 20 to 30 again after step 30 (two writers' records one after the other): the later win."""
+    first, again = event_file(range(1, 31)), event_file(range(20, 41), seed="again")
+    data = first + again
+    whole = tm.read_scalars([data])
+
+    growing = read_in_pieces(data, [len(first) - 50, len(first) + 999, len(first) + len(again) // 2])
+
+    assert growing.scalars() == whole
+    assert dict(whole[tm.LOSS_TAG])[25] == dict(tm.read_scalars([again])[tm.LOSS_TAG])[25]
+
+
 def test_only_a_record_cut_short_is_kept_between_pieces_not_the_bytes_read():
     data = event_file(range(1, 61))
     ends = record_ends(data)
@@ -206,3 +218,17 @@ def test_the_folders_kept_are_the_most_recently_viewed_within_the_bounds(bucket)
     view(bucket, runs[0])
     view(bucket, runs[1])
     assert len(small) == 1  # over the points alone, the run just viewed stays
+
+
+def test_a_listing_gives_each_objects_generation():
+    """What tells a file written again from one read before: Cloud Storage's listing item has ``generation``."""
+    from tpu_rl.hooks.gcs import GcsReader
+
+    class Storage:
+        async def list_objects(self, bucket: str, params: dict) -> dict:
+            item = {"name": PREFIX + NAME, "size": "120", "updated": "2026-12-01T10:00:00.000Z"}
+            return {"items": [{**item, "generation": "1764583200123456"}]}
+
+    listing, _ = asyncio.run(GcsReader(Storage(), "b").list(PREFIX))
+
+    assert listing[NAME].generation == 1764583200123456 and listing[NAME].size == 120
