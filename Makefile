@@ -121,4 +121,4 @@ bench-trigger-start: venv
 # api-server's kept folders and with a fresh read per view (benchmarks/run_view_page.py; no simulation; about 4
 # minutes). make bench-run-view ARGS="--hours 24"
 bench-run-view: venv
-	$(VENV)/bin/python benchmarks/run_view_page.py $(ARGS)
+	$(VENV)/bin/python -m benchmarks.run_view_page $(ARGS)

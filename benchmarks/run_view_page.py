@@ -16,7 +16,7 @@ view's time, the later views' median and longest, the bytes read per view, the p
 its growth over the process before its first view (the bucket's bytes are in it from the start), tracemalloc's
 peak of the views and what stays allocated after them. It asserts nothing.
 
-    python benchmarks/run_view_page.py [--hours 72] [--step-seconds 45] [--views 30] [--steps-between 2]
+    python -m benchmarks.run_view_page [--hours 72] [--step-seconds 45] [--views 30] [--steps-between 2]
 """
 
 from __future__ import annotations
@@ -153,7 +153,17 @@ def _rss_kib() -> int:
 
 
 def in_fresh_interpreter(mode: str, source: Path, args: argparse.Namespace, traced: bool) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--measure", mode, "--source", str(source), "--views", str(args.views)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.run_view_page",
+        "--measure",
+        mode,
+        "--source",
+        str(source),
+        "--views",
+        str(args.views),
+    ]
     command += ["--steps-between", str(args.steps_between)] + (["--traced"] if traced else [])
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, cwd=REPO)
     return json.loads(done.stdout.splitlines()[-1])
@@ -201,5 +211,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path[:0] = [str(REPO / "src"), str(REPO)]
     main()
