@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test lint format core unit demo chaos plan sim-up sim-down sim-status bench bench-triggerer bench-trigger-start
+.PHONY: venv wheel test lint format core unit demo chaos plan sim-up sim-down sim-status bench bench-triggerer bench-trigger-start bench-run-view
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
@@ -122,3 +122,9 @@ test-compat: wheel
 # trigger (benchmarks/trigger_start_stall.py; sim-up first; about a minute).
 bench-trigger-start: venv
 	$(VENV)/bin/python benchmarks/trigger_start_stall.py $(ARGS)
+
+# The Training tab on a 72-hour run's event file: the page's time, the bytes read and the memory, with the
+# api-server's kept folders and with a fresh read per view (benchmarks/run_view_page.py; no simulation; about 4
+# minutes). make bench-run-view ARGS="--hours 24"
+bench-run-view: venv
+	$(VENV)/bin/python -m benchmarks.run_view_page $(ARGS)

@@ -36,11 +36,14 @@ _NOT_JSON = object()
 
 @dataclass(frozen=True)
 class StoredObject:
-    """One listed object, its name relative to the prefix being checked."""
+    """One listed object, its name relative to the prefix being checked, and its generation (0: not listed)."""
 
     name: str
     size: int
     updated: datetime
+    #: Cloud Storage's number for this version of the object's bytes: each write, an append by rewriting the whole
+    #: object included, makes a new one (https://cloud.google.com/storage/docs/metadata#generation-number).
+    generation: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,10 @@ Why not TensorBoard's reader: its current release needs protobuf >= 6.31.1 and g
 Composer's images do not all have, and the package must install there without moving a preinstalled
 package. This reader needs only ``google-crc32c`` (a dependency of google-cloud-storage). Pure: bytes in,
 values out. ``tests/unit/test_event_files.py`` reads the same files with TensorBoard's loader and compares.
+
+A file that grows (a trainer's, flushed again and again) is read piece by piece with :class:`EventStream`: each
+piece's whole records are parsed once, and only the bytes of a record cut short are kept for the next piece.
+:func:`scalars` is one stream fed the whole file, so reading a file in pieces gives what reading it whole gives.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ class Scalar:
     wall_time: float
 
 
-def records(data: bytes) -> Iterator[bytes]:
-    """The records of an event file, up to the first one cut short or damaged (a file read while its writer
-    flushes ends in a partial record; the records before it are whole)."""
+def _framed(data: bytes) -> Iterator[tuple[bytes, int]]:
+    """Each whole record's data and the offset where the record ends, up to the first one cut short or damaged (a
+    file read while its writer flushes ends in a partial record; the records before it are whole)."""
     offset = 0
     while offset + _HEADER.size <= len(data):
         length, length_crc = _HEADER.unpack_from(data, offset)
@@ -50,28 +54,75 @@ def records(data: bytes) -> Iterator[bytes]:
         payload = data[start:end]
         if _masked_crc(payload) != _FOOTER.unpack_from(data, end)[0]:
             return
-        yield payload
         offset = end + _FOOTER.size
+        yield payload, offset
+
+
+def _is_damaged(rest: bytes) -> bool:
+    """Whether the bytes after the last whole record begin with a damaged record rather than one cut short: its
+    header is whole and its length's CRC fails, or the whole record is there (so its data's CRC failed). No later
+    bytes make a damaged record whole."""
+    if len(rest) < _HEADER.size:
+        return False
+    length, length_crc = _HEADER.unpack_from(rest)
+    return _masked_crc(rest[:8]) != length_crc or _HEADER.size + length + _FOOTER.size <= len(rest)
+
+
+class EventStream:
+    """An event file read in pieces, each the bytes that follow the pieces before: the scalars of each piece's
+    whole records. Keeps only the bytes of a record cut short (at most one record's), and after a damaged record
+    reads nothing more, as a whole file's reading ends there."""
+
+    def __init__(self) -> None:
+        #: How many of the file's bytes were fed.
+        self.size = 0
+        self.damaged = False
+        self._rest = b""
+
+    @property
+    def kept(self) -> int:
+        """The bytes kept of a record cut short."""
+        return len(self._rest)
+
+    def feed(self, piece: bytes) -> list[Scalar]:
+        """The scalars of the records ``piece`` completes, in the order written."""
+        self.size += len(piece)
+        if self.damaged:
+            return []
+        data = self._rest + piece if self._rest else piece
+        found: list[Scalar] = []
+        end = 0
+        for record, record_end in _framed(data):
+            found.extend(_record_scalars(record))
+            end = record_end
+        self._rest = data[end:]
+        if _is_damaged(self._rest):
+            self.damaged, self._rest = True, b""
+        return found
 
 
 def scalars(data: bytes) -> Iterator[Scalar]:
     """Every scalar of an event file, in the order written."""
-    for record in records(data):
-        step, summary, wall_time = 0, None, 0.0
-        for number, value in _fields(record):
-            if number == 1:
-                wall_time = struct.unpack("<d", value)[0]
-            elif number == 2:
-                step = _signed(value)
-            elif number == 5:
-                summary = value
-        if summary is None:
-            continue
-        for number, value in _fields(summary):
-            if number == 1:
-                scalar = _scalar_value(value)
-                if scalar is not None:
-                    yield Scalar(step, *scalar, wall_time)
+    yield from EventStream().feed(data)
+
+
+def _record_scalars(record: bytes) -> Iterator[Scalar]:
+    """The scalars of one record (one ``Event``): none when it holds no summary."""
+    step, summary, wall_time = 0, None, 0.0
+    for number, value in _fields(record):
+        if number == 1:
+            wall_time = struct.unpack("<d", value)[0]
+        elif number == 2:
+            step = _signed(value)
+        elif number == 5:
+            summary = value
+    if summary is None:
+        return
+    for number, value in _fields(summary):
+        if number == 1:
+            scalar = _scalar_value(value)
+            if scalar is not None:
+                yield Scalar(step, *scalar, wall_time)
 
 
 def _scalar_value(value: bytes) -> tuple[str, float] | None:

@@ -10,7 +10,7 @@ The run's params, state and XComs come from the metadata database through the ap
 (the DAG's serialized params merged with the run's conf, as a task sees them), not through the REST API:
 no HTTP round trip to itself, no token to forward, and the same rows the REST API would read once the
 same authorisation passed. The event files come from the bucket, read with the run's Google Cloud
-connection as ``train_rl``'s progress reads them.
+connection as ``train_rl``'s progress reads them, and kept between views (``tpu_rl.run_view_events``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tpu_rl import run_view
 from tpu_rl.config import ConfigError
 from tpu_rl.contract import Pull
 from tpu_rl.run_scope import RunScope
+from tpu_rl.run_view_events import EventFileCache
 from tpu_rl.training_metrics import Scalars
 
 
@@ -84,13 +85,18 @@ def read_run(dag_id: str, run_id: str, session: SessionDep) -> RunRecord:
 EventReader = Callable[[str, str, str], Awaitable[dict[str, Scalars]]]
 
 
-async def read_event_files(bucket: str, prefix: str, gcp_conn_id: str) -> dict[str, Scalars]:
-    """Every event file under the prefix, read once, as the training's progress reads them."""
-    from tpu_rl.hooks.gcs import EventFileFolder, GcsReadHook
+#: The runs' event files as the last view read them (``tpu_rl.run_view_events``: why a kept folder is right).
+EVENT_FILES = EventFileCache()
 
-    folder = EventFileFolder(prefix)
-    await GcsReadHook(gcp_conn_id).run(bucket, folder.refresh)
-    return folder.scalars()
+
+async def read_event_files(bucket: str, prefix: str, gcp_conn_id: str) -> dict[str, Scalars]:
+    """Every event file under the prefix, as the training's progress reads them: of a run viewed before, only the
+    listing and the bytes added since."""
+    from tpu_rl.hooks.gcs import GcsReadHook
+
+    async with EVENT_FILES.folder(gcp_conn_id, bucket, prefix) as folder:
+        await GcsReadHook(gcp_conn_id).run(bucket, folder.refresh)
+        return folder.scalars()
 
 
 def event_reader() -> EventReader:

@@ -57,11 +57,58 @@ def read_scalars(files: Iterable[str | Path | bytes]) -> Scalars:
     curves: dict[str, dict[int, float]] = {}
     for source in files:
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
-        for scalar in event_files.scalars(data):
-            curves.setdefault(scalar.tag, {})[scalar.step] = scalar.value
-            if scalar.tag == LOSS_TAG:
-                curves.setdefault(STEP_TIMES, {})[scalar.step] = scalar.wall_time
+        _add_scalars(curves, event_files.scalars(data))
+    return _sorted_curves(curves)
+
+
+def _add_scalars(curves: dict[str, dict[int, float]], scalars: Iterable[event_files.Scalar]) -> None:
+    """Adds scalars in the order written: a step logged again takes the later value."""
+    for scalar in scalars:
+        curves.setdefault(scalar.tag, {})[scalar.step] = scalar.value
+        if scalar.tag == LOSS_TAG:
+            curves.setdefault(STEP_TIMES, {})[scalar.step] = scalar.wall_time
+
+
+def _sorted_curves(curves: Mapping[str, Mapping[int, float]]) -> Scalars:
     return {tag: sorted(points.items()) for tag, points in sorted(curves.items())}
+
+
+class GrowingEventFile:
+    """One event file's curves, read as its writer appends to it: fed the bytes added since the last piece, it
+    parses only those (:class:`tpu_rl.event_files.EventStream`) and adds their scalars to the curves kept, so a
+    long run's file costs per read only what was added. :meth:`scalars` are :func:`read_scalars` of the bytes fed
+    so far, whatever pieces they came in.
+
+    Only the sorted curves are kept (no file bytes, no second copy by step). A curve is replaced, never changed in
+    place: curves handed out stay as they were while a later piece is fed."""
+
+    def __init__(self) -> None:
+        self.stream = event_files.EventStream()
+        self._curves: Scalars = {}
+
+    @property
+    def size(self) -> int:
+        """How many of the file's bytes were read."""
+        return self.stream.size
+
+    def feed(self, piece: bytes) -> None:
+        """The bytes that follow those fed before."""
+        added: dict[str, dict[int, float]] = {}
+        _add_scalars(added, self.stream.feed(piece))
+        for tag, points in added.items():
+            kept, new = self._curves.get(tag, []), sorted(points.items())
+            if kept and new[0][0] <= kept[-1][0]:  # a step logged again, or before the last: the later value wins
+                self._curves[tag] = sorted({**dict(kept), **points}.items())
+            else:
+                self._curves[tag] = kept + new
+
+    def points(self) -> int:
+        """How many (step, value) points are kept: what the file costs in memory."""
+        return sum(len(points) for points in self._curves.values())
+
+    def scalars(self) -> Scalars:
+        """The curves so far, per tag, sorted by step."""
+        return {tag: self._curves[tag] for tag in sorted(self._curves)}
 
 
 def event_file_started(name: str) -> float | None:

@@ -38,7 +38,7 @@ from tpu_rl.hooks.google_credentials import warm_google_credentials
 from tpu_rl.timestamps import parse_optional_time, parse_time
 
 if TYPE_CHECKING:
-    from tpu_rl.training_metrics import Scalars
+    from tpu_rl.training_metrics import GrowingEventFile, Scalars
 
 T = TypeVar("T")
 
@@ -84,7 +84,8 @@ class GcsReader:
             page = await self._retried(lambda: self.storage.list_objects(self.bucket, params=dict(params)))
             for item in page.get("items", []):
                 name = item["name"][len(prefix) :]
-                objects[name] = StoredObject(name, int(item["size"]), parse_time(item["updated"]))
+                generation = int(item.get("generation") or 0)
+                objects[name] = StoredObject(name, int(item["size"]), parse_time(item["updated"]), generation)
             folders += [p[len(prefix) :] for p in page.get("prefixes", [])]
             if not page.get("nextPageToken"):
                 return objects, folders
@@ -150,20 +151,28 @@ class GcsReadHook:
 # -- event files ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class EventFile:
-    """One TensorBoard event file as last read: its stored size and time, its bytes and their scalars."""
+    """One TensorBoard event file as last listed, and its curves read so far."""
 
-    size: int
-    updated: datetime
-    data: bytes
-    scalars: Scalars
+    listed: StoredObject
+    curves: GrowingEventFile
+
+    def unchanged(self, listed: StoredObject) -> bool:
+        """Whether the listing shows the version already read (the same generation, size and time)."""
+        known = self.listed
+        return (self.curves.size, known.generation, known.updated) == (listed.size, listed.generation, listed.updated)
 
 
 class EventFileFolder:
     """The TensorBoard event files under ``prefix``, read incrementally: one listing a read, and of each event file
-    only the bytes its writer added since the last read (GCS replaces the object at each flush, the earlier bytes
-    unchanged). The training's progress (the JobSet trigger) and the Training tab read the trainer's through it."""
+    only the bytes its writer added since the last read, parsed alone (the kept curves take their scalars; no file's
+    bytes are kept). The training's progress (the JobSet trigger) and the Training tab read the trainer's through it.
+
+    Why reading only the new bytes is right: an event file's writer only appends records, and tensorboardX's GCS
+    writer uploads the whole, longer file at each flush: a new generation whose first bytes are the ones read. A
+    new generation that is not longer than what was read (the object was replaced, or written again) is read
+    again from its first byte; an object no longer listed is dropped."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -172,31 +181,50 @@ class EventFileFolder:
 
     async def refresh(self, reader: GcsReader) -> None:
         """List the folder once; read only the event files that changed, only their new bytes when they grew."""
-        from tpu_rl.training_metrics import is_event_file, read_scalars
+        from tpu_rl.training_metrics import GrowingEventFile, is_event_file
 
         listing, _ = await reader.list(self.prefix)
-        for name, stored in sorted(listing.items()):
-            known = self.files.get(name)
-            if (
-                not is_event_file(name)
-                or not stored.size
-                or (known and (known.size, known.updated) == (stored.size, stored.updated))
-            ):
+        listed = {name: stored for name, stored in sorted(listing.items()) if is_event_file(name) and stored.size}
+        self.files = {name: file for name, file in self.files.items() if name in listed}
+        for name, stored in listed.items():
+            # Out of the folder while it is read: a read that fails or is cancelled (its parse may go on in its
+            # thread) leaves no half-fed file behind; the next refresh reads that file from its first byte.
+            known = self.files.pop(name, None)
+            if known and known.unchanged(stored):
+                self.files[name] = known
                 continue
-            if known and stored.size > known.size:
-                data = known.data + await reader.read(self.prefix + name, known.size, stored.size - 1)
+            if known and stored.size > known.curves.size:
+                curves, first = known.curves, known.curves.size
             else:
-                data = await reader.read(self.prefix + name)
-            # Parsing is CPU work: off a triggerer's event loop.
-            scalars = await asyncio.to_thread(read_scalars, [data])
-            self.files[name] = EventFile(stored.size, stored.updated, data, scalars)
+                curves, first = GrowingEventFile(), 0
+            piece = await self._read(reader, name, first, stored.size - 1)
+            if piece is None:  # replaced or deleted since the listing: the next read starts over
+                continue
+            # Parsing is CPU work: off a triggerer's (or the api-server's) event loop.
+            await asyncio.to_thread(curves.feed, piece)
+            self.files[name] = EventFile(stored, curves)
+
+    async def _read(self, reader: GcsReader, name: str, first: int, last: int) -> bytes | None:
+        """Bytes ``first..last`` of an event file; None when the object shrank or went since it was listed."""
+        from aiohttp import ClientResponseError
+
+        try:
+            return await reader.read(self.prefix + name, first, last)
+        except ClientResponseError as error:
+            if error.status in (404, 416):  # 416: the range starts past a shorter object's end
+                return None
+            raise
 
     def scalars(self) -> dict[str, Scalars]:
         """Each event file's scalars, by file name."""
-        return {name: file.scalars for name, file in self.files.items()}
+        return {name: file.curves.scalars() for name, file in self.files.items()}
 
     def sizes(self) -> dict[str, int]:
-        return {name: file.size for name, file in self.files.items()}
+        return {name: file.curves.size for name, file in self.files.items()}
+
+    def points(self) -> int:
+        """The (step, value) points kept of all the files: what the folder costs in memory."""
+        return sum(file.curves.points() for file in self.files.values())
 
 
 # -- the checks of a stage's output --------------------------------------------------------------------
