@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from tpu_rl.candidates import Candidate
 from tpu_rl.capacity import CAPACITY
 from tpu_rl.config import RunConfig
 from tpu_rl.leases import cluster_lease_object
@@ -171,11 +172,19 @@ def cpu_pool(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict[str, Any]:
+def tpu_node_pool(
+    config: RunConfig, run: RunIdentity, slice_index: int, candidate: Candidate | None = None
+) -> dict[str, Any]:
+    """A slice's pool on ``candidate`` (default: the run's first): in its zone, with its capacity type's fields. The
+    cluster is regional and created without ``locations``, so a pool may name any zone of the region (API reference
+    ``NodePool.locations``: "If this value is unspecified during node pool creation, the Cluster.Locations value
+    will be used"; Terraform's ``google_container_node_pool.node_locations``: "Nodes must be in the region of their
+    regional cluster")."""
+    on = config.on_candidate(candidate or config.candidates[0])
     pool: dict[str, Any] = {
         "name": run.tpu_pool_name(slice_index) if config.tpu_pools_per_run else f"tpu-slice-{slice_index}",
         "initial_node_count": config.hosts_per_slice,
-        "locations": [config.zone],
+        "locations": [on.zone],
         "config": _node_config(
             config,
             config.compute_type,
@@ -188,13 +197,15 @@ def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict
         # exclusion (UPGRADE_EXCLUSION) keeps upgrades from recreating the slice.
         "management": {"auto_repair": True, "auto_upgrade": True},
     }
-    CAPACITY[config.capacity_type].apply(config, pool)
+    CAPACITY[on.capacity_type].apply(on, pool)
     return pool
 
 
-def capacity_fields(config: RunConfig) -> str:
-    """What capacity_type sets in each TPU pool request, for the plan's reader."""
-    return CAPACITY[config.capacity_type].fields(config)
+def capacity_fields(config: RunConfig, candidate: Candidate | None = None) -> str:
+    """What a candidate's capacity type (default: the run's first) sets in each TPU pool request, for the plan's
+    reader."""
+    on = config.on_candidate(candidate or config.candidates[0])
+    return CAPACITY[on.capacity_type].fields(on)
 
 
 #: Words of a GKE message (an operation's error, a node pool's condition) that say the zone has no

@@ -1,0 +1,186 @@
+"""Failing over between capacity candidates (``tpu_rl.candidates``): which candidate the run's slices come from
+next, and what the TPU time on each cost.
+
+``create_tpu_pools`` and ``train_rl`` record why the run left a candidate (an :class:`Attempt`: a stockout with no
+wait left, missing quota, its wait run out, a preemption) and ask :func:`next_candidate` where to go: the same
+candidate again (a preemption within ``max_preemptions_per_candidate``), the next one (the run's pools deleted
+first), or nowhere (every candidate tried: give up, saying why each was left). Candidates are tried once each, in
+order: one left for a stockout is not tried again in the same run (a new run starts from the first). All the
+run's slices move together: they stay in one zone, since the DCN between a run's slices does not cross zones.
+Pure, as ``tpu_rl.leases`` and ``tpu_rl.preemption``: the operators read GKE and the record, and apply the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+from tpu_rl.candidates import Candidate
+from tpu_rl.timestamps import parse_time
+from tpu_rl.training_metrics import chip_hours, cost_line
+
+
+class Outcome(StrEnum):
+    """Why the run left (or, for a preemption, may leave) a candidate."""
+
+    #: GKE had no capacity for a pool, and the candidate has no wait (``wait_minutes`` 0).
+    STOCKOUT = "stockout"
+    #: The project lacks the Compute Engine quota for the pools in the region: no wait brings it.
+    QUOTA = "quota"
+    #: GKE had no capacity for the candidate's ``wait_minutes``.
+    WAIT_EXPIRED = "wait-expired"
+    #: The slice's VMs were reclaimed (Spot, host maintenance) while the training ran.
+    PREEMPTED = "preempted"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One end of the run's time on a candidate (``candidate``: its index), with GKE's or the pod's words."""
+
+    candidate: int
+    outcome: Outcome
+    detail: str = ""
+    at: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "outcome": str(self.outcome)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
+        return cls(int(data["candidate"]), Outcome(data["outcome"]), data.get("detail", ""), data.get("at", ""))
+
+
+@dataclass(frozen=True)
+class TryCandidate:
+    """Create the run's pools on candidate ``index`` (``why``: for the log). ``leaving``: the candidate whose pools
+    must be deleted first (None: the first candidate, or the same one again after a preemption)."""
+
+    index: int
+    candidate: Candidate
+    why: str
+    leaving: int | None = None
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Every candidate was tried: ``tried`` says why each was left, in order."""
+
+    tried: tuple[str, ...]
+
+    def message(self) -> str:
+        return (
+            "no capacity candidate gave the run its slices: "
+            + "; ".join(self.tried)
+            + "; fix: trigger the run again later, give a candidate a longer wait_minutes, or add candidates "
+            "(another zone of the region, another capacity type)"
+        )
+
+
+def next_candidate(
+    candidates: Sequence[Candidate], attempts: Sequence[Attempt], max_preemptions_per_candidate: int
+) -> TryCandidate | GiveUp:
+    """Where the run's slices come from next, after ``attempts`` (oldest first).
+
+    A preempted run stays on its candidate until it was preempted ``max_preemptions_per_candidate`` times there
+    (0: it always stays); any other outcome leaves the candidate at once."""
+    if not attempts:
+        return TryCandidate(0, candidates[0], f"candidate 0 ({candidates[0].describe()}) first")
+    last = attempts[-1]
+    here = candidates[last.candidate]
+    if last.outcome is Outcome.PREEMPTED:
+        preempted = sum(1 for a in attempts if a.candidate == last.candidate and a.outcome is Outcome.PREEMPTED)
+        if not max_preemptions_per_candidate or preempted < max_preemptions_per_candidate:
+            budget = f" of {max_preemptions_per_candidate}" if max_preemptions_per_candidate else ""
+            return TryCandidate(
+                last.candidate, here, f"preemption {preempted}{budget} on candidate {last.candidate}: resuming there"
+            )
+    following = last.candidate + 1
+    if following >= len(candidates):
+        return GiveUp(tuple(describe_attempts(candidates, attempts)))
+    return TryCandidate(
+        following,
+        candidates[following],
+        f"candidate {last.candidate} ({here.describe()}) left: {_reason(last)}; trying candidate {following} "
+        f"({candidates[following].describe()})",
+        leaving=last.candidate,
+    )
+
+
+def _reason(attempt: Attempt) -> str:
+    detail = f" ({attempt.detail})" if attempt.detail else ""
+    return f"{attempt.outcome}{detail}"
+
+
+def describe_attempts(
+    candidates: Sequence[Candidate], attempts: Sequence[Attempt], serving: int | None = None
+) -> list[str]:
+    """One line per candidate the run reached: why it was left (its last attempt), or that the slices came from
+    it (``serving``): what the task log and the Training tab show."""
+    lines = []
+    for index, candidate in enumerate(candidates):
+        own = [a for a in attempts if a.candidate == index]
+        if index == serving:
+            preempted = sum(1 for a in own if a.outcome is Outcome.PREEMPTED)
+            after = f" after {preempted} preemption(s)" if preempted else ""
+            lines.append(f"candidate {index} ({candidate.describe()}): the slices came from it{after}")
+        elif own:
+            lines.append(f"candidate {index} ({candidate.describe()}): left, {_reason(own[-1])}")
+    return lines
+
+
+@dataclass(frozen=True)
+class SliceSpan:
+    """When one of the run's pools had its slice (ISO 8601 times), on candidate ``candidate``."""
+
+    candidate: int
+    pool: str
+    nodes_from: str
+    nodes_gone: str
+
+
+def cost_by_candidate(
+    spans: Sequence[SliceSpan], candidates: Sequence[Candidate], chips_per_slice: int, default_price: float
+) -> list[dict[str, Any]]:
+    """The TPU time and cost on each candidate the run's slices came from, in the candidates' order, as plain
+    values for XCom, the summary and the Asset event: a candidate's own price, else ``default_price`` (the run's
+    ``tpu_price_per_chip_hour``). A candidate without a slice (left before its pools had nodes) costs nothing
+    and is not listed: GKE bills a slice from the moment its nodes exist."""
+    costs = []
+    for index, candidate in enumerate(candidates):
+        own = [s for s in spans if s.candidate == index]
+        if not own:
+            continue
+        hours = chip_hours(
+            [(parse_time(s.nodes_from), parse_time(s.nodes_gone)) for s in own],
+            chips_per_slice,
+        )
+        price = candidate.price(default_price)
+        costs.append(
+            {
+                "candidate": index,
+                "zone": candidate.zone,
+                "capacity_type": candidate.capacity_type,
+                "reservation": candidate.reservation,
+                "chip_hours": round(hours, 3),
+                "price_per_chip_hour": price,
+                "cost_usd": round(hours * price, 2),
+                "slices": [asdict(s) for s in own],
+            }
+        )
+    return costs
+
+
+def describe_costs(costs: Sequence[Mapping[str, Any]]) -> str:
+    """The summary's line: each candidate's chip-hours and cost at its price, and the total when there are several,
+    e.g. ``candidate 0 (spot in us-east5-b): 12.0 chip-hours, about $12.00 at $1.00 per chip-hour``."""
+    lines = [
+        f"candidate {c['candidate']} ({Candidate(c['zone'], c['capacity_type'], c['reservation']).describe()}): "
+        f"{cost_line(c['chip_hours'], c['price_per_chip_hour'])}"
+        for c in costs
+    ]
+    if len(costs) > 1:
+        hours, usd = sum(c["chip_hours"] for c in costs), sum(c["cost_usd"] for c in costs)
+        lines.append(f"in all {hours:.1f} chip-hours, about ${usd:,.2f}")
+    return "; ".join(lines)
