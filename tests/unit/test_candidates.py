@@ -2,6 +2,7 @@
 before anything is created with the single choice's rules, its problems naming ``capacity_candidates[i].key``."""
 
 import json
+from datetime import date
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -173,3 +174,14 @@ def test_the_plan_lists_the_candidates_with_their_prices(tutorial_conf, tmp_path
     assert "#   2: reservation 'my-v6e' in us-east5-a, $2.70 per chip-hour, wait 0 min" in out
     assert "after 1 preemption(s) on a candidate, the resume moves to the next" in out
     assert "# GKE: create TPU node pool 0 before training (deleted right after it); candidate 0" in out
+
+
+def test_a_programs_candidates_are_checked_when_its_file_is_parsed(tutorial_conf):
+    from tpu_rl.programs import ProgramError, parse_program
+
+    body = {"schedule": "@daily", "start_date": date(2026, 11, 1), "params": {**tutorial_conf}}
+    body["params"]["capacity_candidates"] = [THREE[1], {"zone": "us-east5-c", "capacity_type": "spot"}]
+    with pytest.raises(ProgramError, match=r"params\.capacity_candidates\[1\]\.zone: TPU v6e is not offered"):
+        parse_program("programs.yaml", "p", body)
+    body["params"]["capacity_candidates"] = THREE
+    assert parse_program("programs.yaml", "p", body).params["capacity_candidates"] == THREE
