@@ -49,6 +49,8 @@ XCOM_TPU_SLICES = "tpu_slices"
 XCOM_ATTEMPT_PREFIX = "attempt_prefix"
 XCOM_SUBMITTED_AT = "submitted_at"
 XCOM_JOBSET = "jobset"
+#: ``create_tpu_pools``, with several capacity candidates: the one the slices came from and why the others were left.
+XCOM_CAPACITY = "capacity"
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,19 @@ def capacity_fields(config: RunConfig, candidate: Candidate | None = None) -> st
     return CAPACITY[on.capacity_type].fields(on)
 
 
+def candidate_fields(pool: dict[str, Any]) -> tuple[tuple[str, ...], bool, bool, tuple[str, ...]]:
+    """What tells the pools of two capacity candidates apart, in a pool request or in GKE's pool read back as
+    one: its zones, Spot, flex-start and the reservation it consumes."""
+    config = pool.get("config") or {}
+    affinity = config.get("reservation_affinity") or {}
+    return (
+        tuple(pool.get("locations") or ()),
+        bool(config.get("spot")),
+        bool(config.get("flex_start")),
+        tuple(affinity.get("values") or ()),
+    )
+
+
 #: Words of a GKE message (an operation's error, a node pool's condition) that say the zone has no
 #: capacity now, as opposed to a request that is wrong.
 _NO_CAPACITY = (

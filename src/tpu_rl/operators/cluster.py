@@ -13,10 +13,12 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
 
-from tpu_rl import gke
+from tpu_rl import candidates, gke
+from tpu_rl.candidates import Candidate
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
-from tpu_rl.contract import XCOM_TPU_SLICES
+from tpu_rl.contract import XCOM_CAPACITY, XCOM_TPU_SLICES
+from tpu_rl.failover import Attempt, GiveUp, Outcome, describe_attempts, next_candidate
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.leases import holder_has_ended
 from tpu_rl.operators.leases import (
@@ -37,6 +39,22 @@ CAPACITY_RETRY_SECONDS = 120
 #: before asking again; and after how many refusals in a row (about 20 minutes) the task fails.
 REFUSED_RETRY_SECONDS = 30
 REFUSED_RETRIES = 40
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _which(candidate: int, attempts: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What a deferral carries of the capacity candidates: nothing on the first with no attempt (the deferrals of
+    a one-candidate run are those of earlier versions)."""
+    return {"candidate": candidate, "attempts": list(attempts)} if candidate or attempts else {}
+
+
+def _arrival(config: RunConfig, candidate: int, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The keywords of the first pass on ``candidate``: its wait runs from now."""
+    wait = config.candidates[candidate].wait_minutes
+    return {"capacity_deadline": time.time() + 60 * wait, **_which(candidate, attempts)}
 
 
 class _AwaitsGkeOperations(RunScoped, BaseOperator):
@@ -319,6 +337,12 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     35 minutes), and after a stockout, replacing the failed pool every ``capacity_retry_interval`` seconds
     until ``capacity_wait_minutes`` from the task's start have passed. A new try starts a new wait.
 
+    With several ``capacity_candidates``, what would fail the task on one candidate (a stockout past its wait,
+    missing quota) moves the run to the next (``tpu_rl.failover.next_candidate``): every pool not on the new
+    candidate is deleted (a create GKE still runs on it is waited for first) and created there, with the new
+    candidate's wait from then. The deferrals carry the candidate and the attempts (left out with one candidate,
+    so its deferrals are those of earlier versions); a new try starts again from the first candidate.
+
     :param capacity_retry_interval: seconds between a stockout and the next create of the pool.
     """
 
@@ -331,32 +355,44 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if not config.tpu_pools_per_run:
             self._check_slice_nodes(config)
             return
-        self.submit(context, 0, capacity_deadline=time.time() + 60 * config.capacity_wait_minutes)
+        self.submit(context, 0, **_arrival(config, 0, []))
 
-    def submit(self, context: Any, step: int = 0, *, capacity_deadline: float = 0.0, refusals: int = 0) -> None:
+    def submit(
+        self,
+        context: Any,
+        step: int = 0,
+        *,
+        capacity_deadline: float = 0.0,
+        refusals: int = 0,
+        candidate: int = 0,
+        attempts: list[dict[str, Any]] | None = None,
+    ) -> None:
         """One pass over the run's pools (``step`` is read by nothing: every pass looks at all of them), with at
         most :data:`~tpu_rl.gke.CLUSTER_OPERATIONS_LIMIT` operations in flight (GKE refuses more on a cluster).
         ``capacity_deadline``: POSIX time until which a pool without capacity is waited for (0, as for a
         deferral made before capacity waits existed: not at all). A pool GKE refuses for now (throttling,
-        another operation) waits for the next pass."""
+        another operation) waits for the next pass. ``candidate``: the index of the capacity candidate the pools
+        are created on; ``attempts``: why the run left the earlier ones (``failover.Attempt.to_json``)."""
         from tpu_rl.triggers.gke import TpuPoolCreateTrigger
 
         scope = self.bind_scope(context)
-        config, run = scope.config, scope.run
+        config, run, attempts = scope.config, scope.run, list(attempts or [])
+        which = _which(candidate, attempts)
         in_flight: list[tuple[str, str]] = []
         refused: GkeRefusedError | None = None
         for index in range(config.cluster_nodepool_count):
             if len(in_flight) >= gke.CLUSTER_OPERATIONS_LIMIT:
                 break  # GKE runs no more at once: the next pass goes on
-            body = gke.tpu_node_pool(config, run, index)
+            on = config.candidates[candidate]
+            body = gke.tpu_node_pool(config, run, index, on)
             try:
-                operation, pool = self._advance_pool(scope.gke, config, body)
+                operation, pool = self._advance_pool(scope.gke, config, body, on)
             except GkeRefusedError as error:
                 if error.refusal is gke.Refusal.QUOTA:
-                    raise AirflowFailException(
-                        f"GKE refused TPU node pool {body['name']}: {error.message}; "
-                        f"{gke.quota_hint(config, error.message)}"
-                    ) from None
+                    failure = f"GKE refused TPU node pool {body['name']}: {error.message}; "
+                    hint = gke.quota_hint(config.on_candidate(on), error.message)
+                    self._leave(context, Outcome.QUOTA, failure + hint, **which)
+                    return
                 if error.refusal is gke.Refusal.PERMISSION:
                     raise AirflowFailException(f"GKE refused TPU node pool {body['name']}: {error.message}") from None
                 refused = error
@@ -365,8 +401,11 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 in_flight.append((operation, pool))
         if not in_flight:
             if refused is not None:
-                self.wait_out(refused, "create the TPU node pools", refusals, capacity_deadline=capacity_deadline)
+                self.wait_out(
+                    refused, "create the TPU node pools", refusals, capacity_deadline=capacity_deadline, **which
+                )
             self.log.info("The run's %d TPU node pool(s) are RUNNING", config.cluster_nodepool_count)
+            self._report_candidates(context, candidate, attempts)
             return
         operation, pool = in_flight[0]
         self.defer(
@@ -376,12 +415,14 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 capacity_deadline=capacity_deadline,
             ),
             method_name="operation_done",
-            kwargs={"next_step": 0, "capacity_deadline": capacity_deadline},
+            kwargs={"next_step": 0, "capacity_deadline": capacity_deadline, **which},
         )
 
-    def _advance_pool(self, hook: GkeApiHook, config: RunConfig, body: dict[str, Any]) -> tuple[str | None, str]:
-        """Moves one pool towards RUNNING: (the operation to wait for, or None when it is RUNNING; its name).
-        Raises GKE's refusal (:class:`GkeRefusedError`)."""
+    def _advance_pool(
+        self, hook: GkeApiHook, config: RunConfig, body: dict[str, Any], candidate: Candidate
+    ) -> tuple[str | None, str]:
+        """Moves one pool towards RUNNING on ``candidate`` (``body``: its request there): (the operation to wait
+        for, or None when it is RUNNING there; its name). Raises GKE's refusal (:class:`GkeRefusedError`)."""
         name, cluster = body["name"], config.cluster_name
         operation = hook.create_node_pool(cluster, body)
         if operation is not None:
@@ -389,13 +430,13 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 "Creating node pool %s (%s, %s: %s)",
                 name,
                 config.compute_type,
-                config.capacity_type,
-                gke.capacity_fields(config),
+                candidate.describe(),
+                gke.capacity_fields(config, candidate),
             )
             return operation, name
         pool = hook.get_node_pool(cluster, name)
-        status = pool.status.name
-        if status == "RUNNING":
+        status, here = pool.status.name, self._on_candidate(config, pool, body)
+        if status == "RUNNING" and here:
             self.log.info("Node pool %s already exists and is RUNNING: adopting it", name)
             return None, name
         # GKE may still be creating a pool it shows in ERROR (a slow create does, before RUNNING: NVIDIA/aicr 2065):
@@ -410,39 +451,75 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 operation.operation_type.name,
             )
             return operation.name, name
-        if status in ("PROVISIONING", "RECONCILING", "STOPPING"):
+        if here and status in ("PROVISIONING", "RECONCILING", "STOPPING"):
             raise AirflowException(f"Node pool {name} is {status} and GKE lists no operation on it; try again")
-        # RUNNING_WITH_ERROR (partly created, as after a stockout) or ERROR: it would never have all its hosts.
+        # RUNNING_WITH_ERROR (partly created, as after a stockout) or ERROR: it would never have all its hosts; or
+        # a pool of a capacity candidate the run has left.
         self.log.warning(
-            "Node pool %s is %s (%s): deleting it to create it again",
+            "Node pool %s is %s (%s): deleting it to create it again%s",
             name,
             status,
             "; ".join(c.message for c in pool.conditions) or pool.status_message,
+            "" if here else f" on {candidate.describe()}",
         )
         deleting = hook.delete_node_pool(cluster, name)
-        return (deleting, name) if deleting else self._advance_pool(hook, config, body)  # gone meanwhile: create
+        return (deleting, name) if deleting else self._advance_pool(hook, config, body, candidate)  # gone: create
+
+    @staticmethod
+    def _on_candidate(config: RunConfig, pool: Any, body: dict[str, Any]) -> bool:
+        """Whether an existing pool is the one ``body`` asks for: always with one candidate (as before candidates
+        existed); with several, when its zones and capacity fields are the candidate's."""
+        if len(config.candidates) == 1:
+            return True
+        affinity = pool.config.reservation_affinity
+        found = {
+            "locations": list(pool.locations),
+            "config": {
+                "spot": pool.config.spot,
+                "flex_start": pool.config.flex_start,
+                "reservation_affinity": {"values": list(affinity.values) if affinity else []},
+            },
+        }
+        return gke.candidate_fields(found) == gke.candidate_fields(body)
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
+        which = _which(wait.get("candidate", 0), wait.get("attempts"))
         if event["status"] == "quota":
             config = self.bind_scope(context).config
-            raise AirflowFailException(
+            on = config.on_candidate(config.candidates[wait.get("candidate", 0)])
+            failure = (
                 f"GKE cannot create TPU node pool {event['node_pool']}: {event['message']}; "
-                f"{gke.quota_hint(config, event['message'])}"
+                f"{gke.quota_hint(on, event['message'])}"
             )
+            self._leave(context, Outcome.QUOTA, failure, **which)
+            return
         if event["status"] == "capacity_timeout":
             config = self.bind_scope(context).config
-            raise AirflowFailException(
-                f"GKE had no capacity for TPU node pool {event['node_pool']} within capacity_wait_minutes "
-                f"({config.capacity_wait_minutes}): {event['message']}; {self._capacity_hint(config)}."
+            index = wait.get("candidate", 0)
+            on = config.on_candidate(config.candidates[index])
+            wait_field = (
+                candidates.field_name(index, "wait_minutes") if config.capacity_candidates else "capacity_wait_minutes"
             )
+            failure = (
+                f"GKE had no capacity for TPU node pool {event['node_pool']} within {wait_field} "
+                f"({on.capacity_wait_minutes}): {event['message']}; {self._capacity_hint(on)}."
+            )
+            self._leave(context, Outcome.WAIT_EXPIRED, failure, **which)
+            return
         super().operation_done(context, event, next_step, **wait)
 
     def operation_failed(
-        self, context: Any, operation: Any, message: str, next_step: int | None, *, capacity_deadline: float = 0.0
+        self,
+        context: Any,
+        operation: Any,
+        message: str,
+        next_step: int | None,
+        *,
+        capacity_deadline: float = 0.0,
+        candidate: int = 0,
+        attempts: list[dict[str, Any]] | None = None,
     ) -> None:
-        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
-
-        config = self.bind_scope(context).config
+        config, which = self.bind_scope(context).config, _which(candidate, attempts)
         pool = (gke.operation_target(operation.target_link) or ("", "?"))[1]
         if operation.operation_type.name not in ("CREATE_NODE_POOL", "DELETE_NODE_POOL"):
             self.log.info(
@@ -451,17 +528,50 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 operation.operation_type.name,
                 message,
             )
-            self.submit(context, 0, capacity_deadline=capacity_deadline)
+            self.submit(context, 0, capacity_deadline=capacity_deadline, **which)
             return
         if operation.operation_type.name != "CREATE_NODE_POOL":
             raise AirflowException(
                 f"GKE operation {operation.name} ({operation.operation_type.name}) on node pool "
                 f"{pool} failed: {message}"
             )
+        if not self._failed_here(config, pool, candidate):
+            self.log.info("The create of node pool %s on a candidate the run has left ended (%s)", pool, message)
+            self.submit(context, 0, capacity_deadline=capacity_deadline, **which)
+            return
+        self._create_failed(context, pool, message, capacity_deadline, candidate, attempts)
+
+    def _failed_here(self, config: RunConfig, pool: str, candidate: int) -> bool:
+        """Whether the pool whose create failed is on the current candidate (with one candidate: always)."""
+        if len(config.candidates) == 1:
+            return True
+        from google.api_core.exceptions import NotFound
+
+        body = gke.tpu_node_pool(config, self.scope.run, 0, config.candidates[candidate])
+        try:
+            return self._on_candidate(config, self.scope.gke.get_node_pool(config.cluster_name, pool), body)
+        except NotFound:
+            return False
+
+    def _create_failed(
+        self,
+        context: Any,
+        pool: str,
+        message: str,
+        capacity_deadline: float,
+        candidate: int,
+        attempts: list[dict[str, Any]] | None,
+    ) -> None:
+        """A create on the current candidate ended with GKE's ``message``: quota leaves the candidate, a stockout
+        creates the pool again later within the wait and leaves the candidate past it; anything else fails."""
+        from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+        config, which = self.scope.config, _which(candidate, attempts)
+        on = config.on_candidate(config.candidates[candidate])
         if gke.is_quota_error(message):
-            raise AirflowFailException(
-                f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(config, message)}"
-            )
+            failure = f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(on, message)}"
+            self._leave(context, Outcome.QUOTA, failure, **which)
+            return
         if not gke.is_capacity_error(message):
             raise AirflowFailException(
                 f"GKE could not create TPU node pool {pool}: {message}; fix: see the message; delete_tpu_pools "
@@ -469,9 +579,10 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             )
         retry_at = time.time() + self.capacity_retry_interval
         if retry_at > capacity_deadline:
-            raise AirflowFailException(
-                f"GKE could not create TPU node pool {pool}: {message}; {self._capacity_hint(config)}."
-            )
+            outcome = Outcome.WAIT_EXPIRED if on.capacity_wait_minutes else Outcome.STOCKOUT
+            failure = f"GKE could not create TPU node pool {pool}: {message}; {self._capacity_hint(on)}."
+            self._leave(context, outcome, failure, **which)
+            return
         self.log.warning(
             "No capacity for node pool %s (GKE: %s); creating it again in %.0f s (waiting until %s)",
             pool,
@@ -482,11 +593,42 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         self.defer(
             trigger=DateTimeTrigger(moment=datetime.fromtimestamp(retry_at, UTC)),
             method_name="retry_after_stockout",
-            kwargs={"step": 0, "capacity_deadline": capacity_deadline},
+            kwargs={"step": 0, "capacity_deadline": capacity_deadline, **which},
         )
 
-    def retry_after_stockout(self, context: Any, event: Any, *, step: int, capacity_deadline: float) -> None:
-        self.submit(context, step, capacity_deadline=capacity_deadline)
+    def retry_after_stockout(
+        self, context: Any, event: Any, *, step: int, capacity_deadline: float, **which: Any
+    ) -> None:
+        self.submit(context, step, capacity_deadline=capacity_deadline, **which)
+
+    def _leave(
+        self, context: Any, outcome: Outcome, failure: str, candidate: int = 0, attempts: list | None = None
+    ) -> None:
+        """The run cannot have its slices on ``candidate`` (``failure`` says why, as the task's error): with one
+        candidate, or past the last, the task fails; else the pools go to the next candidate (a pass there, which
+        defers, or finds them all RUNNING: the caller then has nothing left to do)."""
+        config = self.scope.config
+        if len(config.candidates) == 1:
+            raise AirflowFailException(failure) from None
+        attempts = [*(attempts or []), Attempt(candidate, outcome, failure, _now()).to_json()]
+        decision = next_candidate(
+            config.candidates, [Attempt.from_json(a) for a in attempts], config.max_preemptions_per_candidate
+        )
+        if isinstance(decision, GiveUp):
+            raise AirflowFailException(decision.message()) from None
+        self.log.warning("%s", decision.why)
+        self.submit(context, 0, **_arrival(config, decision.index, attempts))
+
+    def _report_candidates(self, context: Any, candidate: int, attempts: list[dict[str, Any]]) -> None:
+        """With several candidates: which were tried, why each was left and which one the slices came from, in
+        the log and as XCom ``capacity`` (for the summary and the Training tab)."""
+        config = self.scope.config
+        if len(config.candidates) == 1:
+            return
+        lines = describe_attempts(config.candidates, [Attempt.from_json(a) for a in attempts], serving=candidate)
+        for line in lines:
+            self.log.info("Capacity %s", line)
+        context["ti"].xcom_push(key=XCOM_CAPACITY, value={"serving": candidate, "attempts": attempts, "lines": lines})
 
     @staticmethod
     def _capacity_hint(config: RunConfig) -> str:

@@ -1,0 +1,182 @@
+"""create_tpu_pools with several capacity candidates: a stockout past a candidate's wait or missing quota moves the
+run's pools to the next candidate, past the last the task fails saying why each was left. GKE is replaced by a
+scripted stand-in that keeps the run's pools (real ``NodePool`` objects, as the client returns them) and answers each
+create by the candidate's zone and capacity type; the GKE emulator's faults exercise the real clients
+(tests/sim)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from google.api_core.exceptions import NotFound
+from google.cloud.container_v1 import NodePool, Operation
+
+from tpu_rl import gke
+from tpu_rl.compat import AirflowFailException
+from tpu_rl.contract import XCOM_CAPACITY
+from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
+from tpu_rl.operators import cluster as cluster_ops
+
+try:  # Airflow >= 3.1 task SDK
+    from airflow.sdk.exceptions import TaskDeferred
+except ImportError:  # pragma: no cover
+    from airflow.exceptions import TaskDeferred
+
+from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
+
+CLUSTER = "projects/my-project/locations/us-east5/clusters/qwen-rl"
+STOCKOUT = (
+    "Google Compute Engine: Not all instances running in IGM. Current errors: [GCE_STOCKOUT]: Instance 'gke-x' "
+    "creation failed: The zone 'projects/my-project/zones/us-east5-b' does not have enough resources available."
+)
+QUOTA = (
+    'Insufficient regional quota to satisfy request: resource "PREEMPTIBLE_TPUS_PER_TPU_FAMILY": request requires '
+    "'64.0' and is short '64.0'. project has a quota of '0.0' with '0.0' available in region us-east5."
+)
+ON_DEMAND = {"zone": "us-east5-b", "capacity_type": "on_demand"}
+SPOT = {"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.1}
+RESERVED = {"zone": "us-east5-a", "capacity_type": "reservation", "reservation": "my-v6e"}
+
+
+class ScriptedGke:
+    """The run's pools and operations in GKE. ``answers``: (zone, capacity type) -> "stockout" (the create runs,
+    then ends with GKE's stockout, the pool in ERROR), "quota" (refused at once) or "ok" (the pool RUNNING)."""
+
+    def __init__(self, answers: dict[tuple[str, str], str]):
+        self.answers, self.pools, self.operations, self.creates = answers, {}, {}, []
+
+    def create(self, cluster: str, body: dict) -> str | None:
+        if body["name"] in self.pools:
+            return None
+        config = body["config"]
+        kind = (
+            "spot"
+            if config.get("spot")
+            else "reservation"
+            if config.get("reservation_affinity", {}).get("values")
+            else "on_demand"
+        )
+        answer = self.answers[body["locations"][0], kind]
+        self.creates.append((body["name"], body["locations"][0], kind))
+        if answer == "quota":
+            raise GkeRefusedError(gke.Refusal.QUOTA, QUOTA)
+        pool = NodePool.from_json(json.dumps(body))
+        pool.status = NodePool.Status.RUNNING if answer == "ok" else NodePool.Status.ERROR
+        self.pools[body["name"]] = pool
+        return self._operation("CREATE_NODE_POOL", body["name"], STOCKOUT if answer == "stockout" else "")
+
+    def delete(self, cluster: str, name: str) -> str | None:
+        if self.pools.pop(name, None) is None:
+            return None
+        return self._operation("DELETE_NODE_POOL", name, "")
+
+    def get(self, cluster: str, name: str) -> NodePool:
+        if name not in self.pools:
+            raise NotFound(name)
+        return self.pools[name]
+
+    def _operation(self, kind: str, pool: str, error: str) -> str:
+        name = f"operation-{len(self.operations)}"
+        self.operations[name] = SimpleNamespace(
+            name=name,
+            error=SimpleNamespace(code=8 if error else 0, message=error),
+            status_message=error,
+            operation_type=getattr(Operation.Type, kind),
+            target_link=f"https://container.googleapis.com/v1/{CLUSTER}/nodePools/{pool}",
+        )
+        return name
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    def install(answers):
+        fake = ScriptedGke(answers)
+        monkeypatch.setattr(GkeApiHook, "create_node_pool", lambda self, cluster, body: fake.create(cluster, body))
+        monkeypatch.setattr(GkeApiHook, "delete_node_pool", lambda self, cluster, name: fake.delete(cluster, name))
+        monkeypatch.setattr(GkeApiHook, "get_node_pool", lambda self, cluster, name: fake.get(cluster, name))
+        monkeypatch.setattr(GkeApiHook, "running_operation", lambda self, cluster, pool=None: None)
+        monkeypatch.setattr(GkeApiHook, "get_operation", lambda self, name: fake.operations[name])
+        return fake
+
+    return install
+
+
+def run_to_the_end(params: dict) -> tuple[TaskInstanceStandIn, list[str]]:
+    """Runs create_tpu_pools as Airflow would, each deferral resumed at once with its operation DONE (GKE's
+    answer is read from the operation, as the trigger reports every DONE one as a success); returns the task
+    instance and the deferrals' method names."""
+    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "create_tpu_pools")
+    context = task_context(ti, {**TUTORIAL_CONF, **params})
+    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=0)
+    step, resumed = (lambda: operator.execute(context)), []
+    for _ in range(30):
+        try:
+            step()
+            return ti, resumed
+        except TaskDeferred as deferred:
+            resumed.append(deferred.method_name)
+            kwargs = dict(deferred.kwargs or {})
+            method = getattr(operator, deferred.method_name)
+            event = {"status": "success", "operation_name": getattr(deferred.trigger, "operation_name", "")}
+            step = lambda method=method, event=event, kwargs=kwargs: method(context, event, **kwargs)  # noqa: E731
+    raise AssertionError(f"create_tpu_pools never ended: {resumed}")
+
+
+def test_a_stockout_then_missing_quota_move_the_pool_to_the_third_candidate(scripted):
+    fake = scripted(
+        {("us-east5-b", "on_demand"): "stockout", ("us-east5-b", "spot"): "quota", ("us-east5-a", "reservation"): "ok"}
+    )
+    ti, _ = run_to_the_end({"capacity_candidates": [ON_DEMAND, SPOT, RESERVED]})
+    pool = next(iter(fake.pools.values()))
+    assert list(pool.locations) == ["us-east5-a"] and pool.status == NodePool.Status.RUNNING
+    assert [(zone, kind) for _, zone, kind in fake.creates] == [
+        ("us-east5-b", "on_demand"),
+        ("us-east5-b", "spot"),
+        ("us-east5-a", "reservation"),
+    ]
+    report = ti.pushed(XCOM_CAPACITY)
+    assert report["serving"] == 2
+    assert [a["outcome"] for a in report["attempts"]] == ["stockout", "quota"]
+    assert report["lines"][0].startswith("candidate 0 (on_demand in us-east5-b): left, stockout (GKE could not")
+    assert "PREEMPTIBLE_TPUS_PER_TPU_FAMILY" in report["lines"][1]
+    assert report["lines"][2] == "candidate 2 (reservation 'my-v6e' in us-east5-a): the slices came from it"
+
+
+def test_every_slice_moves_with_the_candidate(scripted):
+    """Two slices: the first created on candidate 0, the second stocked out there; both end on candidate 1, one zone."""
+    fake = scripted({("us-east5-b", "on_demand"): "ok", ("us-east5-a", "reservation"): "ok"})
+    original = fake.create
+
+    def second_stocks_out(cluster, body):
+        if body["name"].endswith("-1") and body["locations"] == ["us-east5-b"]:
+            fake.answers["us-east5-b", "on_demand"] = "stockout"
+        operation = original(cluster, body)
+        fake.answers["us-east5-b", "on_demand"] = "ok"
+        return operation
+
+    fake.create = second_stocks_out
+    two = {"cluster_nodepool_count": 2, "ici_expert_parallelism": 1, "capacity_candidates": [ON_DEMAND, RESERVED]}
+    run_to_the_end(two)
+    assert sorted((name[-1], list(p.locations)[0]) for name, p in fake.pools.items()) == [
+        ("0", "us-east5-a"),
+        ("1", "us-east5-a"),
+    ]
+
+
+def test_past_the_last_candidate_the_task_fails_saying_why_each_was_left(scripted):
+    scripted({("us-east5-b", "on_demand"): "stockout", ("us-east5-b", "spot"): "quota"})
+    with pytest.raises(AirflowFailException) as failed:
+        run_to_the_end({"capacity_candidates": [ON_DEMAND, SPOT]})
+    message = str(failed.value)
+    assert message.startswith("no capacity candidate gave the run its slices: candidate 0 (on_demand in us-east5-b)")
+    assert "candidate 1 (spot in us-east5-b): left, quota" in message
+
+
+def test_one_candidate_fails_as_before_and_carries_nothing_new(scripted):
+    scripted({("us-east5-b", "spot"): "quota"})
+    with pytest.raises(AirflowFailException) as failed:
+        run_to_the_end({"capacity_type": "spot"})
+    assert str(failed.value).startswith("GKE refused TPU node pool tpu-")
+    assert "PREEMPTIBLE" in str(failed.value)
