@@ -180,3 +180,23 @@ def test_one_candidate_fails_as_before_and_carries_nothing_new(scripted):
         run_to_the_end({"capacity_type": "spot"})
     assert str(failed.value).startswith("GKE refused TPU node pool tpu-")
     assert "PREEMPTIBLE" in str(failed.value)
+
+
+def test_a_pool_left_behind_on_a_held_create_is_waited_for_not_blamed_on_the_new_candidate(scripted):
+    """The trigger gives up on a held create at the deadline it was given: after a move, that is the new candidate's
+    deadline, but the pool is the old candidate's. Its create is waited for until GKE ends it (then deleted)."""
+    from tpu_rl.triggers.gke import GkeOperationTrigger
+
+    fake = scripted({("us-east5-b", "on_demand"): "stockout", ("us-east5-a", "reservation"): "ok"})
+    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "create_tpu_pools")
+    context = task_context(ti, {**TUTORIAL_CONF, "capacity_candidates": [ON_DEMAND, RESERVED]})
+    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
+    with pytest.raises(TaskDeferred):
+        operator.execute(context)  # the create on candidate 0, which GKE holds
+    name, operation = next(iter(fake.pools)), next(iter(fake.operations))
+    attempts = [{"candidate": 0, "outcome": "stockout", "detail": "", "at": ""}]
+    event = {"status": "capacity_timeout", "operation_name": operation, "node_pool": name, "message": "no capacity"}
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.operation_done(context, event, next_step=0, capacity_deadline=0.0, candidate=1, attempts=attempts)
+    assert type(deferred.value.trigger) is GkeOperationTrigger
+    assert deferred.value.kwargs == {"next_step": 0, "capacity_deadline": 0.0, "candidate": 1, "attempts": attempts}

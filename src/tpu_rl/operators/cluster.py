@@ -484,6 +484,11 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
 
     def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
         which = _which(wait.get("candidate", 0), wait.get("attempts"))
+        if event["status"] in ("quota", "capacity_timeout") and not self._failed_here(
+            self.bind_scope(context).config, event["node_pool"], wait.get("candidate", 0)
+        ):
+            self._await_left_behind(event, wait)
+            return
         if event["status"] == "quota":
             config = self.bind_scope(context).config
             on = config.on_candidate(config.candidates[wait.get("candidate", 0)])
@@ -507,6 +512,20 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             self._leave(context, Outcome.WAIT_EXPIRED, failure, **which)
             return
         super().operation_done(context, event, next_step, **wait)
+
+    def _await_left_behind(self, event: dict[str, Any], wait: dict[str, Any]) -> None:
+        """The trigger gave up on a pool of a candidate the run has left (its create held for capacity): that is
+        not the current candidate's doing. Its create is waited for until GKE ends it, then the pool is deleted."""
+        from tpu_rl.triggers.gke import GkeOperationTrigger
+
+        self.log.info(
+            "Node pool %s, on a candidate the run has left: waiting for GKE to end its create", event["node_pool"]
+        )
+        self.defer(
+            trigger=GkeOperationTrigger(**self._wait_for(self.scope.config, event["operation_name"])),
+            method_name="operation_done",
+            kwargs={"next_step": 0, **wait},
+        )
 
     def operation_failed(
         self,
