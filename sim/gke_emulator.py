@@ -265,7 +265,11 @@ class Emulator(Project):
             gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool", pool=pool.name)
             gke_rules.check_concurrent_operations(name, self.running_ops(key))
             machine_type = body.get("config", {}).get("machine_type", "")
-            if take_fault("reservation-missing", pool.name, machine_type, name):
+            where = {
+                "zone": gke_rules.pool_zones(cluster_body, body, location)[0],
+                "capacity_type": gke_rules.capacity_type_of(body),
+            }
+            if take_fault("reservation-missing", pool.name, machine_type, name, **where):
                 affinity = body.get("config", {}).get("reservation_affinity") or {}
                 res = (affinity.get("values") or ["(any)"])[0].rsplit("/", 1)[-1]
                 zone = (body.get("locations") or list(cluster.locations) or ["?"])[0]
@@ -274,12 +278,12 @@ class Emulator(Project):
                     f'Google Compute Engine: reservation "{res}" not found for node pool '
                     f'"{pool.name}" at zone "{zone}".',
                 )
-            if take_fault("quota", pool.name, machine_type, name):
+            if take_fault("quota", pool.name, machine_type, name, **where):
                 raise GkeError("PERMISSION_DENIED", gke_rules.quota_message(body, location))
-            fault = take_fault("stockout", pool.name, machine_type, name)
-            held = take_fault("capacity-held", pool.name, machine_type, name)
-            slow_create = take_fault("slow-create", pool.name, machine_type, name)
-            slow = take_fault("slow-reply", pool.name, machine_type, name)
+            fault = take_fault("stockout", pool.name, machine_type, name, **where)
+            held = take_fault("capacity-held", pool.name, machine_type, name, **where)
+            slow_create = take_fault("slow-create", pool.name, machine_type, name, **where)
+            slow = take_fault("slow-reply", pool.name, machine_type, name, **where)
             pool.status = c.NodePool.Status.PROVISIONING
             pool.version = cluster.current_node_version
             pool.self_link = f"{cluster.self_link}/nodePools/{pool.name}"

@@ -245,6 +245,20 @@ def check_machine_zones(cluster: dict, pool: dict, region: str) -> None:
             raise invalid_argument(f'Invalid machine type "{mt.name}" in zone "{zone}": GCE_NOT_FOUND')
 
 
+def capacity_type_of(pool: dict) -> str:
+    """The capacity type of a node pool request, as the fault rules name it (sim/gke_faults.py): Spot
+    (``config.spot``), flex-start (``config.flex_start``), a reservation (``reservation_affinity``
+    SPECIFIC_RESERVATION), else on demand. GKE's fields: API reference ``NodeConfig.spot``, ``NodeConfig.flex_start``,
+    ``ReservationAffinity.consume_reservation_type``."""
+    config = pool.get("config") or {}
+    affinity = (config.get("reservation_affinity") or {}).get("consume_reservation_type")
+    if config.get("spot"):
+        return "spot"
+    if config.get("flex_start"):
+        return "flex_start"
+    return "reservation" if affinity == "SPECIFIC_RESERVATION" else "on_demand"
+
+
 def check_capacity(pool: dict) -> None:
     """What GKE requires of a Spot or flex-start node pool:
     - spot and flex-start exclude each other;

@@ -905,3 +905,36 @@ def test_a_pool_whose_nodes_the_identity_may_not_act_as_is_refused_before_it_exi
     pool_path = f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/"
     with pytest.raises(NotFound):
         gke.get_cluster_manager_client().get_node_pool(name=pool_path + other.identity.tpu_pool_name(0))
+
+
+def test_capacity_candidates_fail_over_by_zone_and_capacity_type(gke, created):
+    """The issue's scenario at pool creation: on demand stocked out in us-east5-b, Spot without quota there, on demand
+    in us-east5-a has capacity: the pool ends in us-east5-a and the task says why it left the first two."""
+    run, _ = created
+    candidates = [
+        {"zone": "us-east5-b", "capacity_type": "on_demand"},
+        {"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.1},
+        {"zone": "us-east5-a", "capacity_type": "on_demand"},
+    ]
+    other = Run(cluster_name=run.params["cluster_name"], capacity_candidates=candidates)
+    pool_name = other.identity.tpu_pool_name(0)
+    stockout = {"pool_prefix": pool_name, "zone": "us-east5-b", "capacity_type": "on_demand"}
+    gke_faults.set_fault("gke-test-zone-stockout", "stockout", **stockout)
+    gke_faults.set_fault("gke-test-spot-quota", "quota", pool_prefix=pool_name, capacity_type="spot")
+    try:
+        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        run_operator(create, other.context())
+        pool = gke.get_cluster_manager_client().get_node_pool(
+            name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/{pool_name}"
+        )
+        assert list(pool.locations) == ["us-east5-a"] and not pool.config.spot
+        report = other.ti.pushed("capacity")
+        assert report["serving"] == 2 and [a["outcome"] for a in report["attempts"]] == ["stockout", "quota"]
+        nodes = _hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")
+        assert len(nodes) == 4 and {n.metadata.labels["topology.kubernetes.io/zone"] for n in nodes} == {"us-east5-a"}
+    finally:
+        gke_faults.clear_faults("gke-test-zone-stockout")
+        gke_faults.clear_faults("gke-test-spot-quota")
+        run_operator(
+            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )

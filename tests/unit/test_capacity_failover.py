@@ -32,7 +32,7 @@ STOCKOUT = (
     "creation failed: The zone 'projects/my-project/zones/us-east5-b' does not have enough resources available."
 )
 QUOTA = (
-    'Insufficient regional quota to satisfy request: resource "PREEMPTIBLE_TPUS_PER_TPU_FAMILY": request requires '
+    'Insufficient regional quota to satisfy request: resource "TPUS_PER_TPU_FAMILY": request requires '
     "'64.0' and is short '64.0'. project has a quota of '0.0' with '0.0' available in region us-east5."
 )
 ON_DEMAND = {"zone": "us-east5-b", "capacity_type": "on_demand"}
@@ -140,7 +140,7 @@ def test_a_stockout_then_missing_quota_move_the_pool_to_the_third_candidate(scri
     assert report["serving"] == 2
     assert [a["outcome"] for a in report["attempts"]] == ["stockout", "quota"]
     assert report["lines"][0].startswith("candidate 0 (on_demand in us-east5-b): left, stockout (GKE could not")
-    assert "PREEMPTIBLE_TPUS_PER_TPU_FAMILY" in report["lines"][1]
+    assert "left, quota" in report["lines"][1] and "the preemptible TPU v6e quota" in report["lines"][1]
     assert report["lines"][2] == "candidate 2 (reservation 'my-v6e' in us-east5-a): the slices came from it"
 
 
@@ -179,7 +179,7 @@ def test_one_candidate_fails_as_before_and_carries_nothing_new(scripted):
     with pytest.raises(AirflowFailException) as failed:
         run_to_the_end({"capacity_type": "spot"})
     assert str(failed.value).startswith("GKE refused TPU node pool tpu-")
-    assert "PREEMPTIBLE" in str(failed.value)
+    assert "the preemptible TPU v6e quota" in str(failed.value)
 
 
 def test_a_pool_left_behind_on_a_held_create_is_waited_for_not_blamed_on_the_new_candidate(scripted):

@@ -35,7 +35,7 @@ def test_a_stockout_then_missing_quota_move_on_to_the_third_candidate_and_then_g
     second = next_candidate(CANDIDATES, attempts, 0)
     assert (second.index, second.leaving) == (1, 0)
     assert "candidate 0 (on_demand in us-east5-b) left: stockout (GCE_STOCKOUT)" in second.why
-    attempts.append(Attempt(1, Outcome.QUOTA, "PREEMPTIBLE_TPUS_PER_TPU_FAMILY"))
+    attempts.append(Attempt(1, Outcome.QUOTA, "TPUS_PER_TPU_FAMILY"))
     third = next_candidate(CANDIDATES, attempts, 0)
     assert (third.index, third.leaving, third.candidate) == (2, 1, CANDIDATES[2])
     attempts.append(Attempt(2, Outcome.WAIT_EXPIRED, "30 min"))
@@ -43,7 +43,7 @@ def test_a_stockout_then_missing_quota_move_on_to_the_third_candidate_and_then_g
     assert isinstance(gave_up, GiveUp)
     assert gave_up.tried == (
         "candidate 0 (on_demand in us-east5-b): left, stockout (GCE_STOCKOUT)",
-        "candidate 1 (spot in us-east5-b): left, quota (PREEMPTIBLE_TPUS_PER_TPU_FAMILY)",
+        "candidate 1 (spot in us-east5-b): left, quota (TPUS_PER_TPU_FAMILY)",
         "candidate 2 (reservation 'my-v6e' in us-east5-a): left, wait-expired (30 min)",
     )
     assert gave_up.message().startswith("no capacity candidate gave the run its slices: candidate 0")

@@ -622,3 +622,27 @@ def test_flex_start_runs_at_most_seven_days():
     assert "max_run_duration 691200s exceeds the flex-start limit of 7 days" in refused(
         rules.check_node_pool, cluster(), longer, REGION, PROJECT, {}
     )
+
+
+def test_a_pool_requests_capacity_type_is_read_from_its_fields():
+    assert rules.capacity_type_of({"config": {"spot": True}}) == "spot"
+    assert rules.capacity_type_of({"config": {"flex_start": True}}) == "flex_start"
+    reserved = {"config": {"reservation_affinity": {"consume_reservation_type": "SPECIFIC_RESERVATION"}}}
+    assert rules.capacity_type_of(reserved) == "reservation"
+    no_reservation = {"config": {"reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}}}
+    assert rules.capacity_type_of(no_reservation) == "on_demand"
+    assert rules.capacity_type_of({"config": {}}) == "on_demand"
+
+
+def test_a_capacity_fault_can_hold_one_zone_and_capacity_type_only(monkeypatch, tmp_path):
+    """A zone stocked out on demand while its Spot capacity is there; quota missing for Spot only."""
+    from sim import gke_faults
+
+    monkeypatch.setattr(gke_faults, "SIM", tmp_path)
+    gke_faults.set_fault("zone-b", "stockout", zone="us-east5-b", capacity_type="on_demand")
+    gke_faults.set_fault("spot-quota", "quota", capacity_type="spot")
+    assert gke_faults.take("stockout", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-b", "spot") is None
+    assert gke_faults.take("stockout", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-a", "on_demand") is None
+    assert gke_faults.take("stockout", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-b", "on_demand") == "zone-b"
+    assert gke_faults.take("quota", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-a", "spot") == "spot-quota"
+    assert gke_faults.take("quota", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-a", "on_demand") is None
