@@ -77,6 +77,9 @@ TRAINING_JOBSET = Pull(Task.TRAIN_RL, XCOM_JOBSET)
 TRAINING_PREEMPTIONS = Pull(Task.TRAIN_RL, XCOM_PREEMPTIONS)
 #: ``delete_tpu_pools``: when each slice the run created had its nodes (``gke.slice_times``).
 SLICE_TIMES = Pull(Task.DELETE_TPU_POOLS, XCOM_TPU_SLICES)
+#: ``create_tpu_pools``, with several capacity candidates: ``serving`` (the candidate the slices came from),
+#: ``attempts`` (``failover.Attempt.to_json``) and ``lines`` (why each candidate was left).
+CAPACITY_CANDIDATES = Pull(Task.CREATE_TPU_POOLS, XCOM_CAPACITY)
 #: ``verify_training``: the run's final step (int).
 FINAL_STEP = Pull(Task.VERIFY_TRAINING)
 #: ``maxtext_to_hf``: the export attempt's folder, and when its JobSet was created.
@@ -92,6 +95,7 @@ PULLED = (
     TRAINING_JOBSET,
     TRAINING_PREEMPTIONS,
     SLICE_TIMES,
+    CAPACITY_CANDIDATES,
     FINAL_STEP,
     EXPORT_ATTEMPT_PREFIX,
     EXPORT_SUBMITTED_AT,

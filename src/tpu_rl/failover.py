@@ -1,5 +1,5 @@
 """Failing over between capacity candidates (``tpu_rl.candidates``): which candidate the run's slices come from
-next, and what the TPU time on each cost.
+next (what the TPU time on each cost: ``training_metrics.cost_by_candidate``).
 
 ``create_tpu_pools`` and ``train_rl`` record why the run left a candidate (an :class:`Attempt`: a stockout with no
 wait left, missing quota, its wait run out, a preemption) and ask :func:`next_candidate` where to go: the same
@@ -18,8 +18,6 @@ from enum import StrEnum
 from typing import Any
 
 from tpu_rl.candidates import Candidate
-from tpu_rl.timestamps import parse_time
-from tpu_rl.training_metrics import chip_hours, cost_line
 
 
 class Outcome(StrEnum):
@@ -128,59 +126,3 @@ def describe_attempts(
         elif own:
             lines.append(f"candidate {index} ({candidate.describe()}): left, {_reason(own[-1])}")
     return lines
-
-
-@dataclass(frozen=True)
-class SliceSpan:
-    """When one of the run's pools had its slice (ISO 8601 times), on candidate ``candidate``."""
-
-    candidate: int
-    pool: str
-    nodes_from: str
-    nodes_gone: str
-
-
-def cost_by_candidate(
-    spans: Sequence[SliceSpan], candidates: Sequence[Candidate], chips_per_slice: int, default_price: float
-) -> list[dict[str, Any]]:
-    """The TPU time and cost on each candidate the run's slices came from, in the candidates' order, as plain
-    values for XCom, the summary and the Asset event: a candidate's own price, else ``default_price`` (the run's
-    ``tpu_price_per_chip_hour``). A candidate without a slice (left before its pools had nodes) costs nothing
-    and is not listed: GKE bills a slice from the moment its nodes exist."""
-    costs = []
-    for index, candidate in enumerate(candidates):
-        own = [s for s in spans if s.candidate == index]
-        if not own:
-            continue
-        hours = chip_hours(
-            [(parse_time(s.nodes_from), parse_time(s.nodes_gone)) for s in own],
-            chips_per_slice,
-        )
-        price = candidate.price(default_price)
-        costs.append(
-            {
-                "candidate": index,
-                "zone": candidate.zone,
-                "capacity_type": candidate.capacity_type,
-                "reservation": candidate.reservation,
-                "chip_hours": round(hours, 3),
-                "price_per_chip_hour": price,
-                "cost_usd": round(hours * price, 2),
-                "slices": [asdict(s) for s in own],
-            }
-        )
-    return costs
-
-
-def describe_costs(costs: Sequence[Mapping[str, Any]]) -> str:
-    """The summary's line: each candidate's chip-hours and cost at its price, and the total when there are several,
-    e.g. ``candidate 0 (spot in us-east5-b): 12.0 chip-hours, about $12.00 at $1.00 per chip-hour``."""
-    lines = [
-        f"candidate {c['candidate']} ({Candidate(c['zone'], c['capacity_type'], c['reservation']).describe()}): "
-        f"{cost_line(c['chip_hours'], c['price_per_chip_hour'])}"
-        for c in costs
-    ]
-    if len(costs) > 1:
-        hours, usd = sum(c["chip_hours"] for c in costs), sum(c["cost_usd"] for c in costs)
-        lines.append(f"in all {hours:.1f} chip-hours, about ${usd:,.2f}")
-    return "; ".join(lines)

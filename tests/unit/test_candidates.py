@@ -185,3 +185,45 @@ def test_a_programs_candidates_are_checked_when_its_file_is_parsed(tutorial_conf
         parse_program("programs.yaml", "p", body)
     body["params"]["capacity_candidates"] = THREE
     assert parse_program("programs.yaml", "p", body).params["capacity_candidates"] == THREE
+
+
+def test_the_training_tab_shows_the_candidates_tried_and_the_cost_on_each(tutorial_conf, run):
+    from tpu_rl import run_view
+    from tpu_rl.layout import GcsLayout
+
+    candidates = [THREE[0], THREE[1]]
+    config = RunConfig.from_params({**tutorial_conf, "capacity_candidates": candidates})
+    capacity = {
+        "serving": 1,
+        "attempts": [{"candidate": 0, "outcome": "stockout", "detail": "", "at": ""}],
+        "lines": [
+            "candidate 0 (on_demand in us-east5-b): left, stockout",
+            "candidate 1 (spot in us-east5-b): the slices",
+        ],
+    }
+    slices = [{"pool": "p", "nodes_from": "2026-12-01T10:00:00+00:00", "nodes_gone": "2026-12-01T11:30:00+00:00"}]
+    page = run_view.run_page(
+        dag_id=run.dag_id,
+        run_id=run.run_id,
+        state="success",
+        config=config,
+        layout=GcsLayout(config, run),
+        files={},
+        xcoms=run_view.RunXComs(slices=[{**slices[0], "candidate": 1}], capacity=capacity),
+        now=0.0,
+    )
+    html = run_view.render(page)
+    assert '<ul id="capacity"><li>candidate 0 (on_demand in us-east5-b): left, stockout</li>' in html
+    assert '<table id="cost-by-candidate">' in html
+    assert "<th>candidate 1 (spot in us-east5-b)</th><td" in html and ">105.60<" in html
+    single = run_view.run_page(
+        dag_id=run.dag_id,
+        run_id=run.run_id,
+        state="success",
+        config=RunConfig.from_params(tutorial_conf),
+        layout=GcsLayout(RunConfig.from_params(tutorial_conf), run),
+        files={},
+        xcoms=run_view.RunXComs(slices=slices),
+        now=0.0,
+    )
+    assert 'id="capacity"' not in run_view.render(single) and "cost-by-candidate" not in run_view.render(single)

@@ -18,6 +18,7 @@ from tpu_rl.compat import AirflowFailException
 from tpu_rl.contract import XCOM_CAPACITY
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.operators import cluster as cluster_ops
+from tpu_rl.run import RunIdentity
 
 try:  # Airflow >= 3.1 task SDK
     from airflow.sdk.exceptions import TaskDeferred
@@ -200,3 +201,35 @@ def test_a_pool_left_behind_on_a_held_create_is_waited_for_not_blamed_on_the_new
         operator.operation_done(context, event, next_step=0, capacity_deadline=0.0, candidate=1, attempts=attempts)
     assert type(deferred.value.trigger) is GkeOperationTrigger
     assert deferred.value.kwargs == {"next_step": 0, "capacity_deadline": 0.0, "candidate": 1, "attempts": attempts}
+
+
+def test_the_slices_times_name_the_candidate_they_came_from(monkeypatch):
+    """delete_tpu_pools records each slice's time with the candidate create_tpu_pools created it on, for its cost at
+    that candidate's price; a one-candidate run's records are as before."""
+
+    def operation(kind, end):
+        return SimpleNamespace(
+            operation_type=getattr(Operation.Type, kind),
+            target_link=f"https://container.googleapis.com/v1/{CLUSTER}/nodePools/{pool}",
+            end_time=end,
+            error=SimpleNamespace(code=0),
+            status_message="",
+        )
+
+    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "delete_tpu_pools")
+    pool = RunIdentity(ti.dag_id, ti.run_id).tpu_pool_name(0)
+    listed = [
+        operation("CREATE_NODE_POOL", "2026-12-05T10:00:00Z"),
+        operation("DELETE_NODE_POOL", "2026-12-05T11:00:00Z"),
+    ]
+    monkeypatch.setattr(GkeApiHook, "list_operations", lambda self: listed)
+    operator = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
+    single = task_context(ti, TUTORIAL_CONF)
+    operator.bind_scope(single)
+    operator._record_slice_times(single)
+    assert "candidate" not in ti.pushed("tpu_slices")[0]
+    ti.xcoms["create_tpu_pools", XCOM_CAPACITY] = {"serving": 2, "attempts": [], "lines": []}
+    several = task_context(ti, {**TUTORIAL_CONF, "capacity_candidates": [ON_DEMAND, SPOT, RESERVED]})
+    operator.bind_scope(several)
+    operator._record_slice_times(several)
+    assert ti.pushed("tpu_slices")[0]["candidate"] == 2

@@ -1,19 +1,10 @@
-"""Failing over between capacity candidates: where the slices come from next, and the cost on each."""
+"""Failing over between capacity candidates: where the slices come from next, and the TPU cost on each."""
 
 import pytest
 
 from tpu_rl.candidates import Candidate
-from tpu_rl.failover import (
-    Attempt,
-    GiveUp,
-    Outcome,
-    SliceSpan,
-    TryCandidate,
-    cost_by_candidate,
-    describe_attempts,
-    describe_costs,
-    next_candidate,
-)
+from tpu_rl.failover import Attempt, GiveUp, Outcome, TryCandidate, describe_attempts, next_candidate
+from tpu_rl.training_metrics import cost_by_candidate, describe_costs
 
 #: The pure core's tests: make core runs them without PostgreSQL or a cluster.
 pytestmark = pytest.mark.core
@@ -87,8 +78,18 @@ def test_the_log_says_why_each_candidate_was_left_and_which_one_served():
 
 def test_the_cost_is_split_by_candidate_at_each_ones_price():
     spans = [
-        SliceSpan(1, "tpu-k-0", "2026-12-05T10:00:00+00:00", "2026-12-05T12:00:00+00:00"),
-        SliceSpan(2, "tpu-k-0", "2026-12-05T12:30:00Z", "2026-12-05T13:30:00Z"),
+        {
+            "candidate": 1,
+            "pool": "tpu-k-0",
+            "nodes_from": "2026-12-05T10:00:00+00:00",
+            "nodes_gone": "2026-12-05T12:00:00+00:00",
+        },
+        {
+            "candidate": 2,
+            "pool": "tpu-k-0",
+            "nodes_from": "2026-12-05T12:30:00+00:00",
+            "nodes_gone": "2026-12-05T13:30:00+00:00",
+        },
     ]
     costs = cost_by_candidate(spans, CANDIDATES, chips_per_slice=64, default_price=2.7)
     assert [(c["candidate"], c["chip_hours"], c["price_per_chip_hour"], c["cost_usd"]) for c in costs] == [

@@ -17,7 +17,7 @@ from tpu_rl import candidates, gke
 from tpu_rl.candidates import Candidate
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
-from tpu_rl.contract import XCOM_CAPACITY, XCOM_TPU_SLICES
+from tpu_rl.contract import CAPACITY_CANDIDATES, XCOM_CAPACITY, XCOM_TPU_SLICES
 from tpu_rl.failover import Attempt, GiveUp, Outcome, describe_attempts, next_candidate
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.leases import holder_has_ended
@@ -759,6 +759,11 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
             if (target := gke.operation_target(op.target_link)) and target[0] == config.cluster_name and target[1]
         ]
         times = gke.slice_times(operations, pools)
+        if (
+            capacity := context["ti"].xcom_pull(task_ids=CAPACITY_CANDIDATES.task, key=CAPACITY_CANDIDATES.key)
+        ) is not None:
+            for slice_ in times:  # the slices' candidate, for their cost at its price
+                slice_["candidate"] = capacity["serving"]
         for slice_ in times:
             self.log.info(
                 "TPU slice %s: nodes from %s to %s", slice_["pool"], slice_["nodes_from"], slice_["nodes_gone"]
