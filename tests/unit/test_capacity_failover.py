@@ -140,8 +140,8 @@ def test_a_stockout_then_missing_quota_move_the_pool_to_the_third_candidate(scri
     report = ti.pushed(XCOM_CAPACITY)
     assert report["serving"] == 2
     assert [a["outcome"] for a in report["attempts"]] == ["stockout", "quota"]
-    assert report["lines"][0].startswith("candidate 0 (on_demand in us-east5-b): left, stockout (GKE could not")
-    assert "left, quota" in report["lines"][1] and "the preemptible TPU v6e quota" in report["lines"][1]
+    assert report["lines"][0].startswith("candidate 0 (on_demand in us-east5-b): left, stockout (Google Compute Engine")
+    assert report["lines"][1].startswith("candidate 1 (spot in us-east5-b): left, quota (Insufficient regional quota")
     assert report["lines"][2] == "candidate 2 (reservation 'my-v6e' in us-east5-a): the slices came from it"
 
 
@@ -173,6 +173,9 @@ def test_past_the_last_candidate_the_task_fails_saying_why_each_was_left(scripte
     message = str(failed.value)
     assert message.startswith("no capacity candidate gave the run its slices: candidate 0 (on_demand in us-east5-b)")
     assert "candidate 1 (spot in us-east5-b): left, quota" in message
+    # The last failure's own fix: the Spot candidate's quota, though the run's capacity_type is on_demand.
+    assert "The last candidate's failure: GKE refused TPU node pool" in message
+    assert "the preemptible TPU v6e quota" in message
 
 
 def test_one_candidate_fails_as_before_and_carries_nothing_new(scripted):

@@ -391,7 +391,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 if error.refusal is gke.Refusal.QUOTA:
                     failure = f"GKE refused TPU node pool {body['name']}: {error.message}; "
                     hint = gke.quota_hint(config.on_candidate(on), error.message)
-                    self._leave(context, Outcome.QUOTA, failure + hint, **which)
+                    self._leave(context, Outcome.QUOTA, failure + hint, error.message, **which)
                     return
                 if error.refusal is gke.Refusal.PERMISSION:
                     raise AirflowFailException(f"GKE refused TPU node pool {body['name']}: {error.message}") from None
@@ -471,13 +471,12 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         existed); with several, when its zones and capacity fields are the candidate's."""
         if len(config.candidates) == 1:
             return True
-        affinity = pool.config.reservation_affinity
         found = {
             "locations": list(pool.locations),
             "config": {
                 "spot": pool.config.spot,
                 "flex_start": pool.config.flex_start,
-                "reservation_affinity": {"values": list(affinity.values) if affinity else []},
+                "reservation_affinity": {"values": list(pool.config.reservation_affinity.values)},
             },
         }
         return gke.candidate_fields(found) == gke.candidate_fields(body)
@@ -496,7 +495,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 f"GKE cannot create TPU node pool {event['node_pool']}: {event['message']}; "
                 f"{gke.quota_hint(on, event['message'])}"
             )
-            self._leave(context, Outcome.QUOTA, failure, **which)
+            self._leave(context, Outcome.QUOTA, failure, event["message"], **which)
             return
         if event["status"] == "capacity_timeout":
             config = self.bind_scope(context).config
@@ -509,7 +508,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 f"GKE had no capacity for TPU node pool {event['node_pool']} within {wait_field} "
                 f"({on.capacity_wait_minutes}): {event['message']}; {self._capacity_hint(on)}."
             )
-            self._leave(context, Outcome.WAIT_EXPIRED, failure, **which)
+            self._leave(context, Outcome.WAIT_EXPIRED, failure, event["message"], **which)
             return
         super().operation_done(context, event, next_step, **wait)
 
@@ -589,7 +588,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         on = config.on_candidate(config.candidates[candidate])
         if gke.is_quota_error(message):
             failure = f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(on, message)}"
-            self._leave(context, Outcome.QUOTA, failure, **which)
+            self._leave(context, Outcome.QUOTA, failure, message, **which)
             return
         if not gke.is_capacity_error(message):
             raise AirflowFailException(
@@ -600,7 +599,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if retry_at > capacity_deadline:
             outcome = Outcome.WAIT_EXPIRED if on.capacity_wait_minutes else Outcome.STOCKOUT
             failure = f"GKE could not create TPU node pool {pool}: {message}; {self._capacity_hint(on)}."
-            self._leave(context, outcome, failure, **which)
+            self._leave(context, outcome, failure, message, **which)
             return
         self.log.warning(
             "No capacity for node pool %s (GKE: %s); creating it again in %.0f s (waiting until %s)",
@@ -621,20 +620,27 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         self.submit(context, step, capacity_deadline=capacity_deadline, **which)
 
     def _leave(
-        self, context: Any, outcome: Outcome, failure: str, candidate: int = 0, attempts: list | None = None
+        self,
+        context: Any,
+        outcome: Outcome,
+        failure: str,
+        detail: str,
+        candidate: int = 0,
+        attempts: list | None = None,
     ) -> None:
-        """The run cannot have its slices on ``candidate`` (``failure`` says why, as the task's error): with one
-        candidate, or past the last, the task fails; else the pools go to the next candidate (a pass there, which
-        defers, or finds them all RUNNING: the caller then has nothing left to do)."""
+        """The run cannot have its slices on ``candidate`` (``failure``: the task's error with one candidate;
+        ``detail``: GKE's words, kept with the attempt): with one candidate, or past the last, the task fails;
+        else the pools go to the next candidate (a pass there, which defers, or finds them all RUNNING: the caller
+        then has nothing left to do)."""
         config = self.scope.config
         if len(config.candidates) == 1:
             raise AirflowFailException(failure) from None
-        attempts = [*(attempts or []), Attempt(candidate, outcome, failure, _now()).to_json()]
+        attempts = [*(attempts or []), Attempt(candidate, outcome, detail, _now()).to_json()]
         decision = next_candidate(
             config.candidates, [Attempt.from_json(a) for a in attempts], config.max_preemptions_per_candidate
         )
         if isinstance(decision, GiveUp):
-            raise AirflowFailException(decision.message()) from None
+            raise AirflowFailException(f"{decision.message()}\nThe last candidate's failure: {failure}") from None
         self.log.warning("%s", decision.why)
         self.submit(context, 0, **_arrival(config, decision.index, attempts))
 
