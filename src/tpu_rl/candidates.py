@@ -20,6 +20,12 @@ from tpu_rl.capacity import CAPACITY
 #: The longest capacity wait a run may ask for, all its candidates' together; create_tpu_pools's execution_timeout
 #: leaves room above it.
 CAPACITY_WAIT_MAX_MINUTES = 24 * 60
+#: create_tpu_pools's execution_timeout: the longest wait, and two hours for the creates and a create GKE holds.
+CREATE_TPU_POOLS_TIMEOUT_MINUTES = CAPACITY_WAIT_MAX_MINUTES + 120
+#: How long GKE holds a pool create it has no capacity for before it ends it with a stockout: about 35 minutes
+#: (observed: "Not all instances running in IGM after 35m ... [GCE_STOCKOUT]", Cluster Toolkit PR 6278; GKE documents
+#: no figure). Each candidate left may cost that much after its wait.
+GKE_HELD_CREATE_MINUTES = 35
 #: The param's name, and what each candidate may hold: key -> (the Python type, what the form shows for it).
 PARAM = "capacity_candidates"
 KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {

@@ -441,12 +441,14 @@ def _candidate_list(c: Any):
             )
         seen.setdefault(key, index)
     waits = sum(candidate.wait_minutes for candidate in c.candidates)
-    if waits > candidates.CAPACITY_WAIT_MAX_MINUTES:
+    worst = waits + candidates.GKE_HELD_CREATE_MINUTES * len(c.candidates)
+    if worst > candidates.CREATE_TPU_POOLS_TIMEOUT_MINUTES:
         yield Problem(
             candidates.PARAM,
-            f"the candidates wait {waits} minutes in all, beyond create_tpu_pools's "
-            f"{candidates.CAPACITY_WAIT_MAX_MINUTES}",
-            "shorten their wait_minutes",
+            f"the candidates wait {waits} minutes in all, and GKE may hold each one's last create about "
+            f"{candidates.GKE_HELD_CREATE_MINUTES} minutes more: {worst} minutes, beyond create_tpu_pools's "
+            f"timeout of {candidates.CREATE_TPU_POOLS_TIMEOUT_MINUTES}",
+            "shorten their wait_minutes, or list fewer candidates",
         )
 
 
