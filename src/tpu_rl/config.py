@@ -470,10 +470,9 @@ class RunConfig:
         0,
         "Advanced",
         "Preemptions per candidate",
-        "With several capacity_candidates: after this many preemptions on one candidate, train_rl's resume moves "
-        "the slices to the next candidate (the pools deleted and created there) instead of waiting for the same "
-        "capacity again; the training resumes from its newest complete checkpoint, within max_preemptions. "
-        "0: never move (a preempted run resumes where it was).",
+        "Not applied yet: only 0 is accepted (a preempted run resumes where it was). To come: with several "
+        "capacity_candidates, after this many preemptions on one candidate, train_rl's resume moves the slices to "
+        "the next candidate instead of waiting for the same capacity again.",
         minimum=0,
         maximum=100,
     )

@@ -414,6 +414,13 @@ def _candidate_list(c: Any):
             "moves a preempted run to the next capacity candidate, but the run has one",
             "list more capacity_candidates, or set it to 0",
         )
+    elif c.max_preemptions_per_candidate:  # refused rather than silently ignored until train_rl applies it
+        yield Problem(
+            "max_preemptions_per_candidate",
+            "is not applied yet: train_rl resumes a preempted training on the same candidate's pools (only "
+            "create_tpu_pools moves to the next candidate, on a stockout or missing quota)",
+            "set it to 0",
+        )
     if not listed:
         return
     beside = [f for f, default in _SINGLE_CHOICE.items() if getattr(c, f) != default]
