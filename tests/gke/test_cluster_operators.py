@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import time
 import uuid
@@ -28,7 +29,9 @@ from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.operators import cluster as cluster_ops
 from tpu_rl.operators.leases import cluster_lease
 from tpu_rl.operators.setup import EnsureJobSetOperator
+from tpu_rl.operators.training_record import check_training_record
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
+from tpu_rl.run_scope import RunScope
 from tpu_rl.triggers.gke import GkeOperationTrigger
 from tpu_rl_testing import TaskInstanceStandIn, task_context
 
@@ -922,6 +925,8 @@ def test_capacity_candidates_fail_over_by_zone_and_capacity_type(gke, created):
     gke_faults.set_fault("gke-test-zone-stockout", "stockout", **stockout)
     gke_faults.set_fault("gke-test-spot-quota", "quota", pool_prefix=pool_name, capacity_type="spot")
     try:
+        scope = RunScope.of(other.context())  # the DAG's check_training_record, where the attempts are kept
+        check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
         create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
         run_operator(create, other.context())
         pool = gke.get_cluster_manager_client().get_node_pool(
@@ -932,6 +937,10 @@ def test_capacity_candidates_fail_over_by_zone_and_capacity_type(gke, created):
         assert report["serving"] == 2 and [a["outcome"] for a in report["attempts"]] == ["stockout", "quota"]
         nodes = _hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")
         assert len(nodes) == 4 and {n.metadata.labels["topology.kubernetes.io/zone"] for n in nodes} == {"us-east5-a"}
+        # A new try goes on from candidate 2: it adopts the pool, with nothing created or deleted.
+        retry = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        assert run_operator(retry, other.context()) == []
+        assert other.ti.pushed("capacity")["serving"] == 2
     finally:
         gke_faults.clear_faults("gke-test-zone-stockout")
         gke_faults.clear_faults("gke-test-spot-quota")

@@ -1,12 +1,13 @@
 """create_tpu_pools with several capacity candidates: a stockout past a candidate's wait or missing quota moves the
 run's pools to the next candidate, past the last the task fails saying why each was left. GKE is replaced by a
 scripted stand-in that keeps the run's pools (real ``NodePool`` objects, as the client returns them) and answers each
-create by the candidate's zone and capacity type; the GKE emulator's faults exercise the real clients
-(tests/sim)."""
+create by the candidate's zone and capacity type, and the run's training record by a JSON document in memory; the
+GKE emulator's faults exercise the real clients (tests/sim)."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,9 @@ from google.cloud.container_v1 import NodePool, Operation
 
 from tpu_rl import gke
 from tpu_rl.compat import AirflowFailException
+from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_CAPACITY
+from tpu_rl.hooks.gcs import GcsBucketHook, StoredJson
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.operators import cluster as cluster_ops
 from tpu_rl.run import RunIdentity
@@ -38,6 +41,7 @@ QUOTA = (
 )
 ON_DEMAND = {"zone": "us-east5-b", "capacity_type": "on_demand"}
 SPOT = {"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.1}
+RUN = ("maxtext_rl_tpu", "manual__failover")
 RESERVED = {"zone": "us-east5-a", "capacity_type": "reservation", "reservation": "my-v6e"}
 
 
@@ -90,14 +94,31 @@ class ScriptedGke:
         return name
 
 
+class RecordInMemory:
+    """The run's training record (``GcsJsonObject``'s read and update), as check_training_record left it."""
+
+    def __init__(self):
+        self.document = {"parameters": {}}
+
+    def read(self):
+        return StoredJson(json.dumps(self.document).encode(), 1, datetime.now(UTC))
+
+    def update(self, change):
+        self.document = change(json.loads(json.dumps(self.document)))
+        return self.document
+
+
 @pytest.fixture
 def scripted(monkeypatch):
     def install(answers):
         fake = ScriptedGke(answers)
+        fake.record = RecordInMemory()
+        monkeypatch.setattr(GcsBucketHook, "json_object", lambda self, name: fake.record)
         monkeypatch.setattr(GkeApiHook, "create_node_pool", lambda self, cluster, body: fake.create(cluster, body))
         monkeypatch.setattr(GkeApiHook, "delete_node_pool", lambda self, cluster, name: fake.delete(cluster, name))
         monkeypatch.setattr(GkeApiHook, "get_node_pool", lambda self, cluster, name: fake.get(cluster, name))
-        monkeypatch.setattr(GkeApiHook, "running_operation", lambda self, cluster, pool=None: None)
+        fake.running = None
+        monkeypatch.setattr(GkeApiHook, "running_operation", lambda self, cluster, pool=None: fake.running)
         monkeypatch.setattr(GkeApiHook, "get_operation", lambda self, name: fake.operations[name])
         return fake
 
@@ -105,10 +126,10 @@ def scripted(monkeypatch):
 
 
 def run_to_the_end(params: dict) -> tuple[TaskInstanceStandIn, list[str]]:
-    """Runs create_tpu_pools as Airflow would, each deferral resumed at once with its operation DONE (GKE's
+    """Runs a try of create_tpu_pools as Airflow would, each deferral resumed at once with its operation DONE (GKE's
     answer is read from the operation, as the trigger reports every DONE one as a success); returns the task
     instance and the deferrals' method names."""
-    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "create_tpu_pools")
+    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "create_tpu_pools")  # a new try: no XCom
     context = task_context(ti, {**TUTORIAL_CONF, **params})
     operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=0)
     step, resumed = (lambda: operator.execute(context)), []
@@ -143,6 +164,65 @@ def test_a_stockout_then_missing_quota_move_the_pool_to_the_third_candidate(scri
     assert report["lines"][0].startswith("candidate 0 (on_demand in us-east5-b): left, stockout (Google Compute Engine")
     assert report["lines"][1].startswith("candidate 1 (spot in us-east5-b): left, quota (Insufficient regional quota")
     assert report["lines"][2] == "candidate 2 (reservation 'my-v6e' in us-east5-a): the slices came from it"
+
+
+def test_a_new_try_adopts_the_pools_running_on_the_candidate_the_run_reached(scripted):
+    """A retried or cleared create_tpu_pools neither goes back to the candidates left nor moves the pools."""
+    three = {"capacity_candidates": [ON_DEMAND, SPOT, RESERVED]}
+    fake = scripted(
+        {("us-east5-b", "on_demand"): "stockout", ("us-east5-b", "spot"): "quota", ("us-east5-a", "reservation"): "ok"}
+    )
+    run_to_the_end(three)
+    creates, operations = len(fake.creates), len(fake.operations)
+    ti, deferrals = run_to_the_end(three)
+    assert (len(fake.creates), len(fake.operations), deferrals) == (creates, operations, [])
+    assert list(next(iter(fake.pools.values())).locations) == ["us-east5-a"]
+    report = ti.pushed(XCOM_CAPACITY)
+    assert report["serving"] == 2
+    assert [a["outcome"] for a in report["attempts"]] == ["stockout", "quota"]
+
+
+def test_a_new_try_waits_for_the_create_on_the_candidate_the_run_reached(scripted):
+    """The try ended while candidate 1's create ran (its pool PROVISIONING): the new try waits for that create,
+    it does not delete the pool to create it on candidate 0 again."""
+    fake = scripted({("us-east5-b", "on_demand"): "stockout", ("us-east5-a", "reservation"): "ok"})
+    two = {"capacity_candidates": [ON_DEMAND, RESERVED]}
+    run_to_the_end(two)
+    pool = next(iter(fake.pools.values()))
+    pool.status = NodePool.Status.PROVISIONING
+    creating = SimpleNamespace(name="operation-creating", operation_type=Operation.Type.CREATE_NODE_POOL)
+    fake.running = creating
+    creates = len(fake.creates)
+    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "create_tpu_pools")
+    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(task_context(ti, {**TUTORIAL_CONF, **two}))
+    assert deferred.value.trigger.operation_name == "operation-creating"
+    assert deferred.value.kwargs["candidate"] == 1
+    assert len(fake.creates) == creates and list(pool.locations) == ["us-east5-a"]
+
+
+def test_a_new_try_with_pools_on_a_later_candidate_and_no_attempts_recorded_adopts_them(scripted):
+    """A record without attempts (written before candidates existed, say): the pools are the memory."""
+    fake = scripted({("us-east5-a", "reservation"): "ok"})
+    three = {"capacity_candidates": [ON_DEMAND, SPOT, RESERVED]}
+    config = RunConfig.from_params({**TUTORIAL_CONF, **three})
+    fake.create(CLUSTER, gke.tpu_node_pool(config, RunIdentity(*RUN), 0, config.candidates[2]))
+    fake.creates.clear()
+    ti, _ = run_to_the_end(three)
+    assert fake.creates == [] and ti.pushed(XCOM_CAPACITY)["serving"] == 2
+
+
+def test_after_every_candidate_was_left_a_new_try_starts_a_new_round(scripted):
+    """The task failed past the last candidate; clearing it tries the candidates again from the first."""
+    fake = scripted({("us-east5-b", "on_demand"): "stockout", ("us-east5-b", "spot"): "quota"})
+    two = {"capacity_candidates": [ON_DEMAND, SPOT]}
+    with pytest.raises(AirflowFailException):
+        run_to_the_end(two)
+    fake.answers["us-east5-b", "on_demand"] = "ok"
+    ti, _ = run_to_the_end(two)
+    assert fake.creates[-1][1:] == ("us-east5-b", "on_demand")
+    assert ti.pushed(XCOM_CAPACITY)["serving"] == 0
 
 
 def test_every_slice_moves_with_the_candidate(scripted):

@@ -28,6 +28,7 @@ from tpu_rl.operators.leases import (
     leave_cluster_lease,
     release_capacity,
 )
+from tpu_rl.operators.training_record import record_capacity_attempts, recorded_capacity_attempts
 from tpu_rl.run import RunIdentity
 from tpu_rl.run_scope import RunScoped
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
@@ -341,7 +342,9 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
     missing quota) moves the run to the next (``tpu_rl.failover.next_candidate``): every pool not on the new
     candidate is deleted (a create GKE still runs on it is waited for first) and created there, with the new
     candidate's wait from then. The deferrals carry the candidate and the attempts (left out with one candidate,
-    so its deferrals are those of earlier versions); a new try starts again from the first candidate.
+    so its deferrals are those of earlier versions), and the run's training record keeps the attempts: a new try
+    (or a cleared task) goes on from the candidate they lead to, or a later one the run's pools are on, adopting
+    its RUNNING pools and waiting for those being created; a candidate left is not tried again in the run.
 
     :param capacity_retry_interval: seconds between a stockout and the next create of the pool.
     """
@@ -355,7 +358,50 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if not config.tpu_pools_per_run:
             self._check_slice_nodes(config)
             return
-        self.submit(context, 0, **_arrival(config, 0, []))
+        candidate, attempts = self._resume_point() if len(config.candidates) > 1 else (0, [])
+        self.submit(context, 0, **_arrival(config, candidate, attempts))
+
+    def _resume_point(self) -> tuple[int, list[dict[str, Any]]]:
+        """Where this try goes on from (a retry, a cleared task): the candidate the run's recorded attempts lead
+        to, or a later one its pools are already on (a record without attempts: the pools are the only memory).
+        There the pass adopts the RUNNING pools and waits for those being created; a candidate the record says
+        was left is not tried again. When every candidate was left, a new round starts from the first."""
+        config, scope = self.scope.config, self.scope
+        attempts = recorded_capacity_attempts(scope.bucket, scope.layout.training_record_object)
+        decision = next_candidate(config.candidates, attempts, config.max_preemptions_per_candidate)
+        if isinstance(decision, GiveUp):
+            self.log.warning(
+                "Every capacity candidate was left by an earlier try (%s): trying them all again",
+                "; ".join(decision.tried),
+            )
+            record_capacity_attempts(scope.bucket, scope.layout.training_record_object, [])
+            return 0, []
+        found = self._pools_candidates()
+        start = max([decision.index, *found])
+        for line in describe_attempts(config.candidates, attempts):
+            self.log.info("Capacity %s (an earlier try)", line)
+        if start:
+            on = "the run's pools are on it" if start in found else decision.why
+            self.log.info("Going on from candidate %d (%s): %s", start, config.candidates[start].describe(), on)
+        return start, [attempt.to_json() for attempt in attempts]
+
+    def _pools_candidates(self) -> set[int]:
+        """The candidates the run's existing pools are on, told by their zones, Spot, flex-start and reservation."""
+        from google.api_core.exceptions import NotFound
+
+        config, run, hook = self.scope.config, self.scope.run, self.scope.gke
+        found = set()
+        for index in range(config.cluster_nodepool_count):
+            try:
+                pool = hook.get_node_pool(config.cluster_name, run.tpu_pool_name(index))
+            except NotFound:
+                continue
+            found |= {
+                number
+                for number, candidate in enumerate(config.candidates)
+                if self._on_candidate(config, pool, gke.tpu_node_pool(config, run, index, candidate))
+            }
+        return found
 
     def submit(
         self,
@@ -636,9 +682,10 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if len(config.candidates) == 1:
             raise AirflowFailException(failure) from None
         attempts = [*(attempts or []), Attempt(candidate, outcome, detail, _now()).to_json()]
-        decision = next_candidate(
-            config.candidates, [Attempt.from_json(a) for a in attempts], config.max_preemptions_per_candidate
-        )
+        made = [Attempt.from_json(a) for a in attempts]
+        # Recorded before the pools move: a new try goes on from here, never back to a candidate left.
+        record_capacity_attempts(self.scope.bucket, self.scope.layout.training_record_object, made)
+        decision = next_candidate(config.candidates, made, config.max_preemptions_per_candidate)
         if isinstance(decision, GiveUp):
             raise AirflowFailException(f"{decision.message()}\nThe last candidate's failure: {failure}") from None
         self.log.warning("%s", decision.why)
