@@ -14,7 +14,7 @@ import pytest
 from google.api_core.exceptions import NotFound
 from google.cloud.container_v1 import NodePool, Operation
 
-from tpu_rl import gke
+from tpu_rl import gke, preemption
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_CAPACITY
@@ -223,6 +223,42 @@ def test_after_every_candidate_was_left_a_new_try_starts_a_new_round(scripted):
     ti, _ = run_to_the_end(two)
     assert fake.creates[-1][1:] == ("us-east5-b", "on_demand")
     assert ti.pushed(XCOM_CAPACITY)["serving"] == 0
+
+
+def test_a_preemption_on_the_candidate_is_counted_in_the_record_a_new_try_reads(scripted):
+    """train_rl keeps each preemption with the candidate the slices came from, among the run's capacity attempts:
+    a later create_tpu_pools try stays on that candidate and reports it."""
+    from tpu_rl.operators.workloads import TrainRlOperator
+
+    fake = scripted({("us-east5-b", "on_demand"): "stockout", ("us-east5-a", "reservation"): "ok"})
+    two = {"capacity_candidates": [ON_DEMAND, RESERVED]}
+    ti, _ = run_to_the_end(two)
+    train = TrainRlOperator(task_id="train_rl")
+    context = task_context(ti, {**TUTORIAL_CONF, **two})
+    train.bind_scope(context)
+    decision = preemption.decide(
+        steps=[],
+        committed_at=None,
+        last_step=12,
+        attempt_started=None,
+        trainer_completed=False,
+        recorded=0,
+        cause={"reason": "DisruptionTarget TerminationByKubelet", "pod": "head-0"},
+        now=datetime(2026, 12, 5, 10, 0, tzinfo=UTC),
+        train_steps=50,
+        checkpoint_period=10,
+        max_preemptions=3,
+        set_aside_root="gs://b/",
+        candidate=train._serving_candidate(context),
+    )
+    train._count_on_candidate(decision.record)
+    assert decision.record.candidate == 1
+    assert [a["outcome"] for a in fake.record.document["capacity_attempts"]] == ["stockout", "preempted"]
+    creates = len(fake.creates)
+    again, _ = run_to_the_end(two)
+    assert len(fake.creates) == creates
+    lines = again.pushed(XCOM_CAPACITY)["lines"]
+    assert lines[1] == "candidate 1 (reservation 'my-v6e' in us-east5-a): the slices came from it after 1 preemption(s)"
 
 
 def test_every_slice_moves_with_the_candidate(scripted):

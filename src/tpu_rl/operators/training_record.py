@@ -95,6 +95,18 @@ def record_capacity_attempts(bucket: gcs.GcsBucketHook, record_object: str, atte
     bucket.json_object(record_object).update(replace)
 
 
+def add_capacity_attempt(bucket: gcs.GcsBucketHook, record_object: str, attempt: Attempt) -> list[Attempt]:
+    """Adds ``attempt`` (a preemption on the candidate the slices came from) to the run's capacity attempts;
+    returns them all, for ``failover.next_candidate``."""
+
+    def add(document: dict) -> dict:
+        document.setdefault(CAPACITY_ATTEMPTS_KEY, []).append(attempt.to_json())
+        return document
+
+    document = bucket.json_object(record_object).update(add)
+    return [Attempt.from_json(entry) for entry in document[CAPACITY_ATTEMPTS_KEY]]
+
+
 def record_baseline(bucket: gcs.GcsBucketHook, record_object: str, before: Mapping[str, Any] | None) -> dict | None:
     """The run's evaluation before training: the one recorded, else ``before`` (an attempt's ``Pre`` figures),
     which is then recorded. None while no attempt has logged one."""

@@ -15,12 +15,14 @@ from tpu_rl import checkpoints, manifests, preemption
 from tpu_rl import jobset_status as st
 from tpu_rl.compat import AirflowException, AirflowFailException, AirflowSkipException
 from tpu_rl.contract import (
+    CAPACITY_CANDIDATES,
     XCOM_ATTEMPT_PREFIX,
     XCOM_EVALUATION,
     XCOM_PREEMPTIONS,
     XCOM_SUBMITTED_AT,
     XCOM_TRAINER_COMPLETED,
 )
+from tpu_rl.failover import Attempt, Outcome
 from tpu_rl.hooks.gcs import (
     GcsLock,
     TrainingState,
@@ -28,6 +30,7 @@ from tpu_rl.hooks.gcs import (
 )
 from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
 from tpu_rl.operators.training_record import (
+    add_capacity_attempt,
     check_training_record,
     record_baseline,
     record_preemption,
@@ -349,6 +352,7 @@ class TrainRlOperator(RunJobSetOperator):
             checkpoint_period=config.checkpoint_period,
             max_preemptions=config.max_preemptions,
             set_aside_root=scope.layout.uri(scope.layout.set_aside_prefix),
+            candidate=self._serving_candidate(context),
         )
         if isinstance(decision, preemption.TrainingComplete):
             self.log.warning(
@@ -360,6 +364,7 @@ class TrainRlOperator(RunJobSetOperator):
             return self.succeed(context, {**event, "message": f"training complete at step {decision.step}"})
         self._apply_moves(decision.moves, decision.doubted)
         records = record_preemption(scope.bucket, scope.layout.training_record_object, decision.record)
+        self._count_on_candidate(decision.record)
         if isinstance(decision, preemption.BudgetSpent):
             message = preemption.budget_spent_message(decision.record, config.max_preemptions, decision.newest_complete)
             raise AirflowFailException(f"{message}\n{event['message']}")
@@ -370,6 +375,22 @@ class TrainRlOperator(RunJobSetOperator):
         self.hook.delete_jobset(name, namespace, uid=uid)
         self.hook.wait_until_gone(name, namespace, uid, self.deletion_timeout)
         return self.run_jobset(context)  # Submits the resumed training and defers.
+
+    def _serving_candidate(self, context: Any) -> int | None:
+        """The capacity candidate the run's slices came from (create_tpu_pools's XCom); None with one candidate."""
+        if len(self.scope.config.candidates) == 1:
+            return None
+        pulled = context["ti"].xcom_pull(task_ids=CAPACITY_CANDIDATES.task, key=CAPACITY_CANDIDATES.key) or {}
+        return pulled.get("serving", 0)
+
+    def _count_on_candidate(self, record: PreemptionRecord) -> None:
+        """With several candidates, the preemption is also one of the run's capacity attempts: the candidate's
+        preemptions are counted against ``max_preemptions_per_candidate`` (``failover.next_candidate``), by this
+        try and by a later create_tpu_pools, from the record."""
+        if record.candidate is None:
+            return
+        attempt = Attempt(record.candidate, Outcome.PREEMPTED, record.reason, record.preempted_at)
+        add_capacity_attempt(self.scope.bucket, self.scope.layout.training_record_object, attempt)
 
     def _training_state(self) -> TrainingState:
         """What the preempted training left in the bucket."""
