@@ -79,7 +79,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         self.poll_interval = poll_interval
         self.refused_retry_interval = refused_retry_interval
 
-    def submit(self, context: Any, step: int, **wait: Any) -> None:
+    def submit(self, context: Any, step: int, **wait: Any) -> Any:
         """Submits operation ``step`` onwards (skipping what exists); defers on the first one submitted.
         ``wait``: what an operator carries from one deferral to the next (the capacity deadline)."""
         raise NotImplementedError
@@ -144,12 +144,12 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
             trigger = DateTimeTrigger(moment=datetime.now(UTC) + timedelta(seconds=self.refused_retry_interval))
         self.defer(trigger=trigger, method_name="resubmit", kwargs=kwargs)
 
-    def resubmit(self, context: Any, event: Any = None, **wait: Any) -> None:
+    def resubmit(self, context: Any, event: Any = None, **wait: Any) -> Any:
         """After the wait for a refused request: submits again. The blocking operation's outcome is not the run's
         to judge (GKE's upgrade, another pool's create)."""
-        self.submit(context, 0, **wait)
+        return self.submit(context, 0, **wait)
 
-    def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
+    def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> Any:
         if event["status"] in ("failed", "error"):
             raise AirflowException(f"GKE operation {event.get('operation_name')} failed: {event['message']}")
         # The trigger reports every DONE operation as a success; GKE marks a failed one (a stockout,
@@ -157,8 +157,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
         operation = self.bind_scope(context).gke.get_operation(event["operation_name"])
         if operation.error.code or operation.status_message:
             message = operation.error.message or operation.status_message
-            self.operation_failed(context, operation, message, next_step=next_step, **wait)
-            return
+            return self.operation_failed(context, operation, message, next_step=next_step, **wait)
         self.log.info(
             "GKE operation %s (%s %s) is done",
             operation.name,
@@ -166,7 +165,7 @@ class _AwaitsGkeOperations(RunScoped, BaseOperator):
             operation.target_link.rsplit("/projects/", 1)[-1],
         )
         if next_step is not None:
-            self.submit(context, next_step, **wait)
+            return self.submit(context, next_step, **wait)
 
     def operation_failed(self, context: Any, operation: Any, message: str, next_step: int | None, **wait: Any) -> None:
         """A DONE operation with an error: fails the task, or (a subclass) tries again."""
@@ -322,9 +321,10 @@ class ClusterReadySensor(RunScoped, BaseSensorOperator):
         return status == "RUNNING"
 
 
-class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
-    """Creates the run's TPU node pools just before training (tpu_pool_mode=per_run); otherwise checks
-    that the cluster has the slice's nodes, so a missing slice fails here and not as a pending JobSet.
+class TpuPoolPass(_AwaitsGkeOperations):
+    """Brings the run's TPU node pools (tpu_pool_mode=per_run) to RUNNING on a capacity candidate, deferred:
+    ``create_tpu_pools`` runs it before training, ``train_rl`` again to move the pools after too many preemptions
+    on one candidate. Once every pool is RUNNING there, :meth:`pools_ready` says what comes next.
 
     All pools at once: GKE runs operations on different node pools side by side ("Add and manage node
     pools"; xpk creates up to 100 at once), so N slices take about one create. Each pass brings every pool a
@@ -353,19 +353,23 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         super().__init__(**kwargs)
         self.capacity_retry_interval = capacity_retry_interval
 
-    def execute(self, context: Any) -> None:
-        config = self.bind_scope(context).config
-        if not config.tpu_pools_per_run:
-            self._check_slice_nodes(config)
-            return
+    def pools_ready(self, context: Any, candidate: int, attempts: list[dict[str, Any]]) -> Any:
+        """Every pool of the run is RUNNING on ``candidate``: says so (the log, XCom ``capacity``)."""
+        self._report_candidates(context, candidate, attempts)
+
+    def pass_from_resume_point(self, context: Any) -> Any:
+        """A pass on the candidate the run is on (:meth:`_resume_point`); with one candidate, on it."""
+        config = self.scope.config
         candidate, attempts = self._resume_point() if len(config.candidates) > 1 else (0, [])
-        self.submit(context, 0, **_arrival(config, candidate, attempts))
+        return self.submit(context, 0, **_arrival(config, candidate, attempts))
 
     def _resume_point(self) -> tuple[int, list[dict[str, Any]]]:
         """Where this try goes on from (a retry, a cleared task): the candidate the run's recorded attempts lead
         to, or a later one its pools are already on (a record without attempts: the pools are the only memory).
         There the pass adopts the RUNNING pools and waits for those being created; a candidate the record says
-        was left is not tried again. When every candidate was left, a new round starts from the first."""
+        was left is not tried again. When every candidate was left, a new round starts: on the candidate the
+        pools are RUNNING on (a training preempted too often on the last one: its slices are not moved back), else
+        from the first."""
         config, scope = self.scope.config, self.scope
         attempts = recorded_capacity_attempts(scope.bucket, scope.layout.training_record_object)
         decision = next_candidate(config.candidates, attempts, config.max_preemptions_per_candidate)
@@ -375,7 +379,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 "; ".join(decision.tried),
             )
             record_capacity_attempts(scope.bucket, scope.layout.training_record_object, [])
-            return 0, []
+            return max(self._pools_candidates(running_only=True), default=0), []
         found = self._pools_candidates()
         start = max([decision.index, *found])
         for line in describe_attempts(config.candidates, attempts):
@@ -385,8 +389,9 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             self.log.info("Going on from candidate %d (%s): %s", start, config.candidates[start].describe(), on)
         return start, [attempt.to_json() for attempt in attempts]
 
-    def _pools_candidates(self) -> set[int]:
-        """The candidates the run's existing pools are on, told by their zones, Spot, flex-start and reservation."""
+    def _pools_candidates(self, running_only: bool = False) -> set[int]:
+        """The candidates the run's existing pools (``running_only``: its RUNNING ones) are on, told by their zones,
+        Spot, flex-start and reservation."""
         from google.api_core.exceptions import NotFound
 
         config, run, hook = self.scope.config, self.scope.run, self.scope.gke
@@ -395,6 +400,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             try:
                 pool = hook.get_node_pool(config.cluster_name, run.tpu_pool_name(index))
             except NotFound:
+                continue
+            if running_only and pool.status.name != "RUNNING":
                 continue
             found |= {
                 number
@@ -412,7 +419,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         refusals: int = 0,
         candidate: int = 0,
         attempts: list[dict[str, Any]] | None = None,
-    ) -> None:
+    ) -> Any:
         """One pass over the run's pools (``step`` is read by nothing: every pass looks at all of them), with at
         most :data:`~tpu_rl.gke.CLUSTER_OPERATIONS_LIMIT` operations in flight (GKE refuses more on a cluster).
         ``capacity_deadline``: POSIX time until which a pool without capacity is waited for (0, as for a
@@ -437,8 +444,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 if error.refusal is gke.Refusal.QUOTA:
                     failure = f"GKE refused TPU node pool {body['name']}: {error.message}; "
                     hint = gke.quota_hint(config.on_candidate(on), error.message)
-                    self._leave(context, Outcome.QUOTA, failure + hint, error.message, **which)
-                    return
+                    return self._leave(context, Outcome.QUOTA, failure + hint, error.message, **which)
                 if error.refusal is gke.Refusal.PERMISSION:
                     raise AirflowFailException(f"GKE refused TPU node pool {body['name']}: {error.message}") from None
                 refused = error
@@ -451,8 +457,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                     refused, "create the TPU node pools", refusals, capacity_deadline=capacity_deadline, **which
                 )
             self.log.info("The run's %d TPU node pool(s) are RUNNING", config.cluster_nodepool_count)
-            self._report_candidates(context, candidate, attempts)
-            return
+            return self.pools_ready(context, candidate, attempts)
         operation, pool = in_flight[0]
         self.defer(
             trigger=TpuPoolCreateTrigger(
@@ -527,7 +532,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         }
         return gke.candidate_fields(found) == gke.candidate_fields(body)
 
-    def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> None:
+    def operation_done(self, context: Any, event: dict[str, Any], next_step: int | None = None, **wait: Any) -> Any:
         which = _which(wait.get("candidate", 0), wait.get("attempts"))
         if event["status"] in ("quota", "capacity_timeout") and not self._failed_here(
             self.bind_scope(context).config, event["node_pool"], wait.get("candidate", 0)
@@ -541,8 +546,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 f"GKE cannot create TPU node pool {event['node_pool']}: {event['message']}; "
                 f"{gke.quota_hint(on, event['message'])}"
             )
-            self._leave(context, Outcome.QUOTA, failure, event["message"], **which)
-            return
+            return self._leave(context, Outcome.QUOTA, failure, event["message"], **which)
         if event["status"] == "capacity_timeout":
             config = self.bind_scope(context).config
             index = wait.get("candidate", 0)
@@ -554,9 +558,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 f"GKE had no capacity for TPU node pool {event['node_pool']} within {wait_field} "
                 f"({on.capacity_wait_minutes}): {event['message']}; {self._capacity_hint(on)}."
             )
-            self._leave(context, Outcome.WAIT_EXPIRED, failure, event["message"], **which)
-            return
-        super().operation_done(context, event, next_step, **wait)
+            return self._leave(context, Outcome.WAIT_EXPIRED, failure, event["message"], **which)
+        return super().operation_done(context, event, next_step, **wait)
 
     def _await_left_behind(self, event: dict[str, Any], wait: dict[str, Any]) -> None:
         """The trigger gave up on a pool of a candidate the run has left (its create held for capacity): that is
@@ -582,7 +585,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         capacity_deadline: float = 0.0,
         candidate: int = 0,
         attempts: list[dict[str, Any]] | None = None,
-    ) -> None:
+    ) -> Any:
         config, which = self.bind_scope(context).config, _which(candidate, attempts)
         pool = (gke.operation_target(operation.target_link) or ("", "?"))[1]
         if operation.operation_type.name not in ("CREATE_NODE_POOL", "DELETE_NODE_POOL"):
@@ -592,8 +595,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
                 operation.operation_type.name,
                 message,
             )
-            self.submit(context, 0, capacity_deadline=capacity_deadline, **which)
-            return
+            return self.submit(context, 0, capacity_deadline=capacity_deadline, **which)
         if operation.operation_type.name != "CREATE_NODE_POOL":
             raise AirflowException(
                 f"GKE operation {operation.name} ({operation.operation_type.name}) on node pool "
@@ -601,9 +603,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             )
         if not self._failed_here(config, pool, candidate):
             self.log.info("The create of node pool %s on a candidate the run has left ended (%s)", pool, message)
-            self.submit(context, 0, capacity_deadline=capacity_deadline, **which)
-            return
-        self._create_failed(context, pool, message, capacity_deadline, candidate, attempts)
+            return self.submit(context, 0, capacity_deadline=capacity_deadline, **which)
+        return self._create_failed(context, pool, message, capacity_deadline, candidate, attempts)
 
     def _failed_here(self, config: RunConfig, pool: str, candidate: int) -> bool:
         """Whether the pool whose create failed is on the current candidate (with one candidate: always)."""
@@ -625,7 +626,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         capacity_deadline: float,
         candidate: int,
         attempts: list[dict[str, Any]] | None,
-    ) -> None:
+    ) -> Any:
         """A create on the current candidate ended with GKE's ``message``: quota leaves the candidate, a stockout
         creates the pool again later within the wait and leaves the candidate past it; anything else fails."""
         from airflow.providers.standard.triggers.temporal import DateTimeTrigger
@@ -634,8 +635,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         on = config.on_candidate(config.candidates[candidate])
         if gke.is_quota_error(message):
             failure = f"GKE could not create TPU node pool {pool}: {message}; {gke.quota_hint(on, message)}"
-            self._leave(context, Outcome.QUOTA, failure, message, **which)
-            return
+            return self._leave(context, Outcome.QUOTA, failure, message, **which)
         if not gke.is_capacity_error(message):
             raise AirflowFailException(
                 f"GKE could not create TPU node pool {pool}: {message}; fix: see the message; delete_tpu_pools "
@@ -645,8 +645,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if retry_at > capacity_deadline:
             outcome = Outcome.WAIT_EXPIRED if on.capacity_wait_minutes else Outcome.STOCKOUT
             failure = f"GKE could not create TPU node pool {pool}: {message}; {self._capacity_hint(on)}."
-            self._leave(context, outcome, failure, message, **which)
-            return
+            return self._leave(context, outcome, failure, message, **which)
         self.log.warning(
             "No capacity for node pool %s (GKE: %s); creating it again in %.0f s (waiting until %s)",
             pool,
@@ -662,8 +661,8 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
 
     def retry_after_stockout(
         self, context: Any, event: Any, *, step: int, capacity_deadline: float, **which: Any
-    ) -> None:
-        self.submit(context, step, capacity_deadline=capacity_deadline, **which)
+    ) -> Any:
+        return self.submit(context, step, capacity_deadline=capacity_deadline, **which)
 
     def _leave(
         self,
@@ -673,7 +672,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         detail: str,
         candidate: int = 0,
         attempts: list | None = None,
-    ) -> None:
+    ) -> Any:
         """The run cannot have its slices on ``candidate`` (``failure``: the task's error with one candidate;
         ``detail``: GKE's words, kept with the attempt): with one candidate, or past the last, the task fails;
         else the pools go to the next candidate (a pass there, which defers, or finds them all RUNNING: the caller
@@ -689,7 +688,7 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
         if isinstance(decision, GiveUp):
             raise AirflowFailException(f"{decision.message()}\nThe last candidate's failure: {failure}") from None
         self.log.warning("%s", decision.why)
-        self.submit(context, 0, **_arrival(config, decision.index, attempts))
+        return self.submit(context, 0, **_arrival(config, decision.index, attempts))
 
     def _report_candidates(self, context: Any, candidate: int, attempts: list[dict[str, Any]]) -> None:
         """With several candidates: which were tried, why each was left and which one the slices came from, in
@@ -709,6 +708,19 @@ class CreateTpuNodePoolsOperator(_AwaitsGkeOperations):
             "with a longer capacity_wait_minutes, use another capacity_type (a reservation; flex_start waits "
             "for a slice without a reservation) or another zone; delete_tpu_pools removes the failed pool"
         )
+
+
+class CreateTpuNodePoolsOperator(TpuPoolPass):
+    """Creates the run's TPU node pools just before training (tpu_pool_mode=per_run: :class:`TpuPoolPass`, from
+    the candidate the run is on); otherwise checks that the cluster has the slice's nodes, so a missing slice fails
+    here and not as a pending JobSet."""
+
+    def execute(self, context: Any) -> None:
+        config = self.bind_scope(context).config
+        if not config.tpu_pools_per_run:
+            self._check_slice_nodes(config)
+            return
+        self.pass_from_resume_point(context)
 
     def _check_slice_nodes(self, config: RunConfig) -> None:
         selector = (
