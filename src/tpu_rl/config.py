@@ -470,9 +470,9 @@ class RunConfig:
         0,
         "Advanced",
         "Preemptions per candidate",
-        "Not applied yet: only 0 is accepted (a preempted run resumes where it was). To come: with several "
-        "capacity_candidates, after this many preemptions on one candidate, train_rl's resume moves the slices to "
-        "the next candidate instead of waiting for the same capacity again.",
+        "With several capacity_candidates: after this many preemptions on one candidate, train_rl's resume moves "
+        "the slices to the next candidate instead of waiting for the same capacity again (0: never moves; at most "
+        "max_preemptions, which counts the run's preemptions on every candidate).",
         minimum=0,
         maximum=100,
     )

@@ -404,7 +404,8 @@ def _candidate_wait(c: Any, candidate: Candidate, name: Callable[[str], str]):
 def _candidate_list(c: Any):
     """``capacity_candidates`` as a whole: well-formed entries, in place of the single choice, each once, with a
     run that creates its pools (failing over is deleting them and creating them elsewhere), and waits that fit
-    create_tpu_pools's timeout; ``max_preemptions_per_candidate`` only with somewhere to move to."""
+    create_tpu_pools's timeout; ``max_preemptions_per_candidate`` only with somewhere to move to, within the run's
+    ``max_preemptions``."""
     listed = c.capacity_candidates
     for field_, problem, fix in candidates.shape_problems(listed):
         yield Problem(field_, problem, fix)
@@ -414,12 +415,12 @@ def _candidate_list(c: Any):
             "moves a preempted run to the next capacity candidate, but the run has one",
             "list more capacity_candidates, or set it to 0",
         )
-    elif c.max_preemptions_per_candidate:  # refused rather than silently ignored until train_rl applies it
+    elif c.max_preemptions_per_candidate > c.max_preemptions:  # the run's budget is spent before any move
         yield Problem(
             "max_preemptions_per_candidate",
-            "is not applied yet: train_rl resumes a preempted training on the same candidate's pools (only "
-            "create_tpu_pools moves to the next candidate, on a stockout or missing quota)",
-            "set it to 0",
+            f"is above max_preemptions ({c.max_preemptions}): the run stops resuming before a candidate's "
+            "preemptions would move it",
+            f"set it to at most {c.max_preemptions}, or raise max_preemptions",
         )
     if not listed:
         return

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from tpu_rl.candidates import Candidate
+from tpu_rl.timestamps import parse_time
 
 
 class Outcome(StrEnum):
@@ -126,3 +128,11 @@ def describe_attempts(
         elif own:
             lines.append(f"candidate {index} ({candidate.describe()}): left, {_reason(own[-1])}")
     return lines
+
+
+def candidate_at(attempts: Sequence[Attempt], moment: datetime, serving: int) -> int:
+    """The candidate the run's slices came from at ``moment`` (a slice's nodes there since then): the run stays on
+    a candidate until an attempt there ends its time on it, so it is the candidate of the first attempt after
+    ``moment``; past every attempt, ``serving`` (where the run is now). For the cost of a slice that ran on two
+    candidates (moved after preemptions), a span on each."""
+    return next((a.candidate for a in attempts if a.at and parse_time(a.at) > moment), serving)

@@ -443,19 +443,25 @@ def cluster_path(config: RunConfig) -> str:
 def slice_times(operations: list[dict[str, Any]], pools: list[str]) -> list[dict[str, str]]:
     """When each pool of ``pools`` had its slice, from GKE's operations on them, each given as ``type``
     (``CREATE_NODE_POOL``, ``DELETE_NODE_POOL``), ``pool``, ``end`` (RFC 3339) and ``failed``: its nodes are
-    whole when its last successful create ended (a flex-start pool gets its nodes later: an upper bound) and
-    gone when its last delete ended. A pool without both is left out (it never had a slice, or still has).
+    whole when a successful create ended (a flex-start pool gets its nodes later: an upper bound) and gone when
+    the delete after it ended. A pool created and deleted twice (moved to another capacity candidate) had two
+    slices; a create without a delete after it is left out (the slice is still there); a failed create had none.
 
-    Returns ``pool``, ``nodes_from`` and ``nodes_gone`` (ISO 8601, UTC) per pool, in the order of ``pools``.
+    Returns ``pool``, ``nodes_from`` and ``nodes_gone`` (ISO 8601, UTC) per slice, in the order of ``pools``,
+    oldest first.
     """
-    ends: dict[tuple[str, str], datetime] = {}
-    for op in operations:
-        if op["pool"] in pools and op["end"] and not (op["type"] == "CREATE_NODE_POOL" and op["failed"]):
-            end = parse_time(op["end"])
-            ends[op["type"], op["pool"]] = max(end, ends.get((op["type"], op["pool"]), end))
     times = []
     for pool in pools:
-        created, deleted = ends.get(("CREATE_NODE_POOL", pool)), ends.get(("DELETE_NODE_POOL", pool))
-        if created and deleted and deleted >= created:
-            times.append({"pool": pool, "nodes_from": created.isoformat(), "nodes_gone": deleted.isoformat()})
+        ended = sorted(
+            (parse_time(op["end"]), op["type"])
+            for op in operations
+            if op["pool"] == pool and op["end"] and not (op["type"] == "CREATE_NODE_POOL" and op["failed"])
+        )
+        created = None
+        for end, kind in ended:
+            if kind == "CREATE_NODE_POOL":
+                created = end
+            elif created is not None:
+                times.append({"pool": pool, "nodes_from": created.isoformat(), "nodes_gone": end.isoformat()})
+                created = None
     return times

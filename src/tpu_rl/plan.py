@@ -100,6 +100,10 @@ def candidate_lines(config: RunConfig) -> list[str]:
             f"  {index}: {candidate.describe()}, ${price:.2f} per chip-hour, wait {candidate.wait_minutes} min: "
             f"{gke.capacity_fields(config, candidate)}"
         )
+    if config.max_preemptions_per_candidate:
+        lines.append(
+            f"  after {config.max_preemptions_per_candidate} preemption(s) on a candidate, the resume moves to the next"
+        )
     return lines
 
 

@@ -27,6 +27,7 @@ from tpu_rl.contract import (
     FINAL_STEP,
     PUBLISHED_MODEL,
     SLICE_TIMES,
+    TRAINING_CAPACITY,
     TRAINING_EVALUATION,
     TRAINING_JOBSET,
     TRAINING_PREEMPTIONS,
@@ -75,6 +76,7 @@ class RunXComs:
     training_jobset: Mapping[str, Any] | None = _pulled(TRAINING_JOBSET)
     slices: Sequence[Mapping[str, str]] | None = _pulled(SLICE_TIMES)
     capacity: Mapping[str, Any] | None = _pulled(CAPACITY_CANDIDATES)
+    training_capacity: Mapping[str, Any] | None = _pulled(TRAINING_CAPACITY)
     final_step: int | None = _pulled(FINAL_STEP)
     model_uri: str | None = _pulled(PUBLISHED_MODEL)
 
@@ -171,7 +173,7 @@ def run_page(
         cost_note=tm.describe_cost(cost, config),
         final_step=xcoms.final_step,
         preemptions=describe_accounting(dict(xcoms.preemptions) if xcoms.preemptions else None),
-        capacity=tuple((xcoms.capacity or {}).get("lines") or ()),
+        capacity=tuple((xcoms.training_capacity or xcoms.capacity or {}).get("lines") or ()),
         links=_output_links(config, layout, xcoms.model_uri),
     )
 

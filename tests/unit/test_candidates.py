@@ -157,9 +157,15 @@ def test_moving_on_preemption_needs_a_next_candidate(tutorial_conf):
         "max_preemptions_per_candidate: moves a preempted run to the next capacity candidate, but the run has one; "
         "fix: list more capacity_candidates, or set it to 0."
     )
-    # Not applied by train_rl yet: refused rather than ignored.
-    problems = problems_for(tutorial_conf, capacity_candidates=THREE, max_preemptions_per_candidate=2)
-    assert "is not applied yet" in problems["max_preemptions_per_candidate"]
+    # Within the run's budget: beyond it, the run would stop resuming before a candidate's preemptions move it.
+    problems = problems_for(
+        tutorial_conf, capacity_candidates=THREE, max_preemptions=3, max_preemptions_per_candidate=4
+    )
+    assert problems["max_preemptions_per_candidate"].startswith(
+        "max_preemptions_per_candidate: is above max_preemptions (3)"
+    )
+    moves = RunConfig.from_params({**tutorial_conf, "capacity_candidates": THREE, "max_preemptions_per_candidate": 2})
+    assert moves.max_preemptions_per_candidate == 2
 
 
 def test_the_forms_schema_takes_a_list_of_candidates_and_refuses_other_keys():
@@ -180,6 +186,9 @@ def test_the_plan_lists_the_candidates_with_their_prices(tutorial_conf, tmp_path
     assert "#   1: spot in us-east5-b, $1.10 per chip-hour, wait 20 min: config.spot true" in out
     assert "#   2: reservation 'my-v6e' in us-east5-a, $2.70 per chip-hour, wait 0 min" in out
     assert "# GKE: create TPU node pool 0 before training (deleted right after it); candidate 0" in out
+    conf.write_text(json.dumps({**tutorial_conf, "capacity_candidates": THREE, "max_preemptions_per_candidate": 2}))
+    assert plan.main(["--conf", str(conf)]) == 0
+    assert "#   after 2 preemption(s) on a candidate, the resume moves to the next" in capsys.readouterr().out
 
 
 def test_a_programs_candidates_are_checked_when_its_file_is_parsed(tutorial_conf):

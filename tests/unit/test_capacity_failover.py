@@ -126,24 +126,29 @@ def scripted(monkeypatch):
 
 
 def run_to_the_end(params: dict) -> tuple[TaskInstanceStandIn, list[str]]:
-    """Runs a try of create_tpu_pools as Airflow would, each deferral resumed at once with its operation DONE (GKE's
-    answer is read from the operation, as the trigger reports every DONE one as a success); returns the task
-    instance and the deferrals' method names."""
-    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "create_tpu_pools")  # a new try: no XCom
+    """Runs a try of create_tpu_pools as Airflow would (:func:`drive`); returns the task instance and the
+    deferrals' method names."""
+    ti = TaskInstanceStandIn(*RUN, "create_tpu_pools")  # a new try: no XCom
     context = task_context(ti, {**TUTORIAL_CONF, **params})
     operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=0)
-    step, resumed = (lambda: operator.execute(context)), []
+    return ti, drive(operator, context, lambda: operator.execute(context))
+
+
+def drive(operator, context, first) -> list[str]:
+    """Calls ``first``, then each deferral's method at once with its operation DONE (GKE's answer is read from the
+    operation, as the trigger reports every DONE one as a success), until one returns; returns their names."""
+    step, resumed = first, []
     for _ in range(30):
         try:
             step()
-            return ti, resumed
+            return resumed
         except TaskDeferred as deferred:
             resumed.append(deferred.method_name)
             kwargs = dict(deferred.kwargs or {})
             method = getattr(operator, deferred.method_name)
             event = {"status": "success", "operation_name": getattr(deferred.trigger, "operation_name", "")}
             step = lambda method=method, event=event, kwargs=kwargs: method(context, event, **kwargs)  # noqa: E731
-    raise AssertionError(f"create_tpu_pools never ended: {resumed}")
+    raise AssertionError(f"{operator.task_id} never ended: {resumed}")
 
 
 def test_a_stockout_then_missing_quota_move_the_pool_to_the_third_candidate(scripted):
@@ -259,6 +264,109 @@ def test_a_preemption_on_the_candidate_is_counted_in_the_record_a_new_try_reads(
     assert len(fake.creates) == creates
     lines = again.pushed(XCOM_CAPACITY)["lines"]
     assert lines[1] == "candidate 1 (reservation 'my-v6e' in us-east5-a): the slices came from it after 1 preemption(s)"
+
+
+def test_past_its_preemptions_on_a_candidate_the_training_moves_to_the_next_and_is_resubmitted(scripted, monkeypatch):
+    """max_preemptions_per_candidate 1: the first preemption on Spot moves the pools to the reservation (deleted,
+    created there) and the training is resubmitted on them, resuming from its newest complete checkpoint."""
+    from tpu_rl.hooks.gcs import TrainingState
+    from tpu_rl.operators.workloads import TrainRlOperator
+
+    fake = scripted({("us-east5-b", "spot"): "ok", ("us-east5-a", "reservation"): "ok"})
+    params = {"capacity_candidates": [SPOT, RESERVED], "max_preemptions_per_candidate": 1}
+    created, _ = run_to_the_end(params)
+    submitted_on = []
+    monkeypatch.setattr(
+        TrainRlOperator,
+        "run_jobset",
+        lambda self, context: submitted_on.append([list(p.locations)[0] for p in fake.pools.values()]),
+    )
+    monkeypatch.setattr(TrainRlOperator, "_training_state", lambda self: TrainingState([], None, 12))
+    ti = TaskInstanceStandIn(*RUN, "train_rl", xcoms=created.xcoms)
+    context = task_context(ti, {**TUTORIAL_CONF, **params})
+    train = TrainRlOperator(task_id="train_rl")
+    assert drive(train, context, lambda: train.execute(context)) == []  # the pools adopted, the JobSet submitted
+    assert submitted_on == [["us-east5-b"]] and ti.pushed(XCOM_CAPACITY)["serving"] == 0
+    creates = len(fake.creates)
+
+    train.__dict__["hook"] = SimpleNamespace(delete_jobset=lambda *a, **k: None, wait_until_gone=lambda *a: None)
+    preempted = {
+        "status": "failed",
+        "preemption": {"reason": "DisruptionTarget TerminationByKubelet", "pod": "head-0"},
+        "message": "preempted",
+        **{"name": "train", "namespace": "default", "uid": "u-1"},
+    }
+    drive(train, context, lambda: train.execute_complete(context, preempted))
+    assert submitted_on == [["us-east5-b"], ["us-east5-a"]]
+    assert fake.creates[creates:] == [(RunIdentity(*RUN).tpu_pool_name(0), "us-east5-a", "reservation")]
+    report = ti.pushed(XCOM_CAPACITY)
+    assert report["serving"] == 1
+    assert report["lines"][0].startswith("candidate 0 (spot in us-east5-b): left, preempted (DisruptionTarget")
+    assert fake.record.document["preemptions"][0]["candidate"] == 0
+
+
+def test_past_the_last_candidates_preemptions_the_training_stops_keeping_its_checkpoints(scripted, monkeypatch):
+    """Preempted once on the last candidate with max_preemptions_per_candidate 1: nowhere to move, the task fails
+    saying why each candidate was left, and a clear resumes from the checkpoints on the pools there."""
+    from tpu_rl.hooks.gcs import TrainingState
+    from tpu_rl.operators.workloads import TrainRlOperator
+
+    scripted({("us-east5-b", "spot"): "ok"})
+    params = {"capacity_candidates": [ON_DEMAND, SPOT], "max_preemptions_per_candidate": 1}
+    ti = TaskInstanceStandIn(*RUN, "train_rl", xcoms={("create_tpu_pools", XCOM_CAPACITY): {"serving": 1}})
+    monkeypatch.setattr(TrainRlOperator, "_training_state", lambda self: TrainingState([], None, 12))
+    context = task_context(ti, {**TUTORIAL_CONF, **params})
+    train = TrainRlOperator(task_id="train_rl")
+    train.bind_scope(context)
+    train.__dict__["hook"] = SimpleNamespace(delete_jobset=lambda *a, **k: None, wait_until_gone=lambda *a: None)
+    preempted = {
+        "status": "failed",
+        "preemption": {"reason": "DisruptionTarget TerminationByKubelet", "pod": "head-0"},
+        "message": "preempted",
+        **{"name": "train", "namespace": "default", "uid": "u-1"},
+    }
+    with pytest.raises(AirflowFailException) as failed:
+        train.execute_complete(context, preempted)
+    assert str(failed.value).startswith("no capacity candidate gave the run its slices")
+    assert "candidate 1 (spot in us-east5-b): left, preempted" in str(failed.value)
+    assert "clearing train_rl resumes from its newest complete step" in str(failed.value)
+
+
+def test_a_slice_moved_on_preemption_is_counted_on_each_candidate_for_its_time_there(monkeypatch):
+    """Created on candidate 0 at 10:00, moved at 11:00 after a preemption, on candidate 1 from 11:10 to 12:10: an
+    hour on each, at each one's price."""
+    from tpu_rl import training_metrics
+
+    ti = TaskInstanceStandIn(*RUN, "delete_tpu_pools")
+    pool = RunIdentity(*RUN).tpu_pool_name(0)
+
+    def operation(kind, end):
+        return SimpleNamespace(
+            operation_type=getattr(Operation.Type, kind),
+            target_link=f"https://container.googleapis.com/v1/{CLUSTER}/nodePools/{pool}",
+            end_time=end,
+            error=SimpleNamespace(code=0),
+            status_message="",
+        )
+
+    listed = [
+        operation("CREATE_NODE_POOL", "2026-12-05T10:00:00Z"),
+        operation("DELETE_NODE_POOL", "2026-12-05T11:00:00Z"),
+        operation("CREATE_NODE_POOL", "2026-12-05T11:10:00Z"),
+        operation("DELETE_NODE_POOL", "2026-12-05T12:10:00Z"),
+    ]
+    monkeypatch.setattr(GkeApiHook, "list_operations", lambda self: listed)
+    preempted = {"candidate": 0, "outcome": "preempted", "detail": "", "at": "2026-12-05T10:58:00+00:00"}
+    ti.xcoms["create_tpu_pools", XCOM_CAPACITY] = {"serving": 0, "attempts": [], "lines": []}
+    ti.xcoms["train_rl", XCOM_CAPACITY] = {"serving": 1, "attempts": [preempted], "lines": []}
+    params = {**TUTORIAL_CONF, "capacity_candidates": [SPOT, RESERVED], "max_preemptions_per_candidate": 1}
+    operator = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
+    operator.bind_scope(task_context(ti, params))
+    operator._record_slice_times(task_context(ti, params))
+    slices = ti.pushed("tpu_slices")
+    assert [(s["nodes_from"][11:16], s["candidate"]) for s in slices] == [("10:00", 0), ("11:10", 1)]
+    cost = training_metrics.tpu_cost(slices, RunConfig.from_params(params))
+    assert [(c["candidate"], c["chip_hours"]) for c in cost["by_candidate"]] == [(0, 64.0), (1, 64.0)]
 
 
 def test_every_slice_moves_with_the_candidate(scripted):

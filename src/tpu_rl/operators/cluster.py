@@ -17,8 +17,8 @@ from tpu_rl import candidates, gke
 from tpu_rl.candidates import Candidate
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
-from tpu_rl.contract import CAPACITY_CANDIDATES, XCOM_CAPACITY, XCOM_TPU_SLICES
-from tpu_rl.failover import Attempt, GiveUp, Outcome, describe_attempts, next_candidate
+from tpu_rl.contract import CAPACITY_CANDIDATES, TRAINING_CAPACITY, XCOM_CAPACITY, XCOM_TPU_SLICES
+from tpu_rl.failover import Attempt, GiveUp, Outcome, candidate_at, describe_attempts, next_candidate
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.leases import holder_has_ended
 from tpu_rl.operators.leases import (
@@ -31,6 +31,7 @@ from tpu_rl.operators.leases import (
 from tpu_rl.operators.training_record import record_capacity_attempts, recorded_capacity_attempts
 from tpu_rl.run import RunIdentity
 from tpu_rl.run_scope import RunScoped
+from tpu_rl.timestamps import parse_time
 from tpu_rl.vocabulary import GKE_LABEL_RUN_KEY, GKE_LABEL_SHARED, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
 
 OPERATION_POLL_SECONDS = 10
@@ -359,9 +360,13 @@ class TpuPoolPass(_AwaitsGkeOperations):
 
     def pass_from_resume_point(self, context: Any) -> Any:
         """A pass on the candidate the run is on (:meth:`_resume_point`); with one candidate, on it."""
-        config = self.scope.config
-        candidate, attempts = self._resume_point() if len(config.candidates) > 1 else (0, [])
-        return self.submit(context, 0, **_arrival(config, candidate, attempts))
+        candidate, attempts = self._resume_point() if len(self.scope.config.candidates) > 1 else (0, [])
+        return self.pass_on(context, candidate, attempts)
+
+    def pass_on(self, context: Any, candidate: int, attempts: list[dict[str, Any]]) -> Any:
+        """A pass that brings the pools to ``candidate`` (``attempts``: why the run left the others), its wait
+        from now."""
+        return self.submit(context, 0, **_arrival(self.scope.config, candidate, attempts))
 
     def _resume_point(self) -> tuple[int, list[dict[str, Any]]]:
         """Where this try goes on from (a retry, a cleared task): the candidate the run's recorded attempts lead
@@ -688,7 +693,7 @@ class TpuPoolPass(_AwaitsGkeOperations):
         if isinstance(decision, GiveUp):
             raise AirflowFailException(f"{decision.message()}\nThe last candidate's failure: {failure}") from None
         self.log.warning("%s", decision.why)
-        return self.submit(context, 0, **_arrival(config, decision.index, attempts))
+        return self.pass_on(context, decision.index, attempts)
 
     def _report_candidates(self, context: Any, candidate: int, attempts: list[dict[str, Any]]) -> None:
         """With several candidates: which were tried, why each was left and which one the slices came from, in
@@ -824,11 +829,19 @@ class DeleteTpuNodePoolsOperator(_AwaitsGkeOperations):
             if (target := gke.operation_target(op.target_link)) and target[0] == config.cluster_name and target[1]
         ]
         times = gke.slice_times(operations, pools)
-        if (
-            capacity := context["ti"].xcom_pull(task_ids=CAPACITY_CANDIDATES.task, key=CAPACITY_CANDIDATES.key)
-        ) is not None:
-            for slice_ in times:  # the slices' candidate, for their cost at its price
-                slice_["candidate"] = capacity["serving"]
+        ti = context["ti"]
+        capacity = next(
+            (
+                pushed
+                for pull in (TRAINING_CAPACITY, CAPACITY_CANDIDATES)
+                if (pushed := ti.xcom_pull(pull.task, key=pull.key))
+            ),
+            None,
+        )
+        if capacity is not None:  # each slice's candidate, for its cost at its price
+            attempts = [Attempt.from_json(a) for a in capacity["attempts"]]
+            for slice_ in times:
+                slice_["candidate"] = candidate_at(attempts, parse_time(slice_["nodes_from"]), capacity["serving"])
         for slice_ in times:
             self.log.info(
                 "TPU slice %s: nodes from %s to %s", slice_["pool"], slice_["nodes_from"], slice_["nodes_gone"]

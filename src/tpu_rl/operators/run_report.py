@@ -20,6 +20,7 @@ from tpu_rl.contract import (
     FINAL_STEP,
     PUBLISHED_MODEL,
     SLICE_TIMES,
+    TRAINING_CAPACITY,
     TRAINING_EVALUATION,
     TRAINING_PREEMPTIONS,
     Pull,
@@ -102,7 +103,7 @@ class RunSummaryOperator(RunScoped, BaseOperator):
             model_uri=pull(context, PUBLISHED_MODEL),
             config=scope.config,
             preemptions=describe_accounting(pull(context, TRAINING_PREEMPTIONS)),
-            capacity=(pull(context, CAPACITY_CANDIDATES) or {}).get("lines") or (),
+            capacity=(pull(context, TRAINING_CAPACITY) or pull(context, CAPACITY_CANDIDATES) or {}).get("lines") or (),
         )
         self.log.info("%s", summary)
         if scope.config.notify_conn_id:
