@@ -267,27 +267,29 @@ def test_a_preemption_on_the_candidate_is_counted_in_the_record_a_new_try_reads(
 
 
 def test_past_its_preemptions_on_a_candidate_the_training_moves_to_the_next_and_is_resubmitted(scripted, monkeypatch):
-    """max_preemptions_per_candidate 1: the first preemption on Spot moves the pools to the reservation (deleted,
-    created there) and the training is resubmitted on them, resuming from its newest complete checkpoint."""
+    """max_preemptions_per_candidate 2: the first preemption on Spot resumes on the same pools, untouched; the
+    second moves the pools to the reservation (deleted, created there) and the training is resubmitted on them,
+    resuming from its newest complete checkpoint."""
     from tpu_rl.hooks.gcs import TrainingState
     from tpu_rl.operators.workloads import TrainRlOperator
 
     fake = scripted({("us-east5-b", "spot"): "ok", ("us-east5-a", "reservation"): "ok"})
-    params = {"capacity_candidates": [SPOT, RESERVED], "max_preemptions_per_candidate": 1}
+    params = {"capacity_candidates": [SPOT, RESERVED], "max_preemptions_per_candidate": 2}
     created, _ = run_to_the_end(params)
     submitted_on = []
-    monkeypatch.setattr(
-        TrainRlOperator,
-        "run_jobset",
-        lambda self, context: submitted_on.append([list(p.locations)[0] for p in fake.pools.values()]),
-    )
+
+    def submit(self, context):  # the real one submits the JobSet and defers on it
+        submitted_on.append([list(p.locations)[0] for p in fake.pools.values()])
+        return {"state": "submitted"}
+
+    monkeypatch.setattr(TrainRlOperator, "run_jobset", submit)
     monkeypatch.setattr(TrainRlOperator, "_training_state", lambda self: TrainingState([], None, 12))
     ti = TaskInstanceStandIn(*RUN, "train_rl", xcoms=created.xcoms)
     context = task_context(ti, {**TUTORIAL_CONF, **params})
     train = TrainRlOperator(task_id="train_rl")
     assert drive(train, context, lambda: train.execute(context)) == []  # the pools adopted, the JobSet submitted
     assert submitted_on == [["us-east5-b"]] and ti.pushed(XCOM_CAPACITY)["serving"] == 0
-    creates = len(fake.creates)
+    creates, operations = len(fake.creates), len(fake.operations)
 
     train.__dict__["hook"] = SimpleNamespace(delete_jobset=lambda *a, **k: None, wait_until_gone=lambda *a: None)
     preempted = {
@@ -296,8 +298,11 @@ def test_past_its_preemptions_on_a_candidate_the_training_moves_to_the_next_and_
         "message": "preempted",
         **{"name": "train", "namespace": "default", "uid": "u-1"},
     }
+    assert drive(train, context, lambda: train.execute_complete(context, preempted)) == []
+    assert submitted_on == [["us-east5-b"], ["us-east5-b"]] and len(fake.operations) == operations
+    assert ti.pushed(XCOM_CAPACITY)["lines"][0].endswith("the slices came from it after 1 preemption(s)")
     drive(train, context, lambda: train.execute_complete(context, preempted))
-    assert submitted_on == [["us-east5-b"], ["us-east5-a"]]
+    assert submitted_on == [["us-east5-b"], ["us-east5-b"], ["us-east5-a"]]
     assert fake.creates[creates:] == [(RunIdentity(*RUN).tpu_pool_name(0), "us-east5-a", "reservation")]
     report = ti.pushed(XCOM_CAPACITY)
     assert report["serving"] == 1

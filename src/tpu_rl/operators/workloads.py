@@ -398,9 +398,10 @@ class TrainRlOperator(TpuPoolPass, RunJobSetOperator):
         return self.run_jobset(context)  # Submits the resumed training and defers.
 
     def _resume_on_candidate(self, context: Any, attempts: list[Attempt]) -> dict | None:
-        """Resumes where ``failover.next_candidate`` says after this preemption: on the same candidate (the pass
-        finds the pools RUNNING and submits at once), or, past ``max_preemptions_per_candidate`` there, on the next
-        once the pools moved; past the last candidate the task fails, the checkpoints kept."""
+        """Resumes where ``failover.next_candidate`` says after this preemption: on the same candidate, as with one
+        candidate (the pools are left to GKE's repair, the JobSet waits for their nodes), or, past
+        ``max_preemptions_per_candidate`` there, on the next once the pools moved; past the last candidate the task
+        fails, the checkpoints kept."""
         config = self.scope.config
         decision = next_candidate(config.candidates, attempts, config.max_preemptions_per_candidate)
         if isinstance(decision, GiveUp):
@@ -409,7 +410,10 @@ class TrainRlOperator(TpuPoolPass, RunJobSetOperator):
                 "newest complete step on the candidate its pools are RUNNING on."
             )
         self.log.warning("%s", decision.why)
-        return self.pass_on(context, decision.index, [attempt.to_json() for attempt in attempts])
+        made = [attempt.to_json() for attempt in attempts]
+        if decision.leaving is None:
+            return self.pools_ready(context, decision.index, made)
+        return self.pass_on(context, decision.index, made)
 
     def _serving_candidate(self, context: Any) -> int | None:
         """The capacity candidate the run's slices came from (this try's XCom ``capacity``, else
