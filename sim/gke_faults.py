@@ -57,12 +57,15 @@ A rule is a JSON object under its name:
   "capacity_type" the pool's capacity type is this one (absent: any): on_demand, spot, flex_start or reservation,
                   read from the request as sim/gke_rules.py capacity_type_of does: a zone stocked out on demand
                   while its Spot capacity is there, quota missing for Spot only
+  "region"        the pool's cluster is in this region (absent: any): Compute Engine's TPU quota is regional
+                  (GKE answers "Insufficient regional quota ... available in region R"), so a quota rule of one
+                  region leaves another region's creates alone
   "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
 
 CLI:
   gke_faults.py set NAME --kind KIND (one of the kinds above)
                 [--pool-prefix P] [--machine-type M] [--cluster C] [--times N] [--seconds S] [--nodes N]
-                [--zone Z] [--capacity-type T]
+                [--zone Z] [--capacity-type T] [--region R]
   gke_faults.py list
   gke_faults.py clear [NAME]
 """
@@ -110,6 +113,7 @@ def set_fault(
     cluster=None,
     zone=None,
     capacity_type=None,
+    region=None,
 ):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
@@ -129,6 +133,7 @@ def set_fault(
         cluster=cluster,
         zone=zone,
         capacity_type=capacity_type,
+        region=region,
     )
 
 
@@ -140,7 +145,7 @@ def clear_faults(name=None):
     clear_rules(path(), name)
 
 
-def take(kind, pool_name, machine_type, cluster="", zone="", capacity_type=""):
+def take(kind, pool_name, machine_type, cluster="", zone="", capacity_type="", region=""):
     """The name of the first rule of `kind` matching the pool that has uses left; counts the use. None if none."""
 
     def matches(rule):
@@ -151,6 +156,7 @@ def take(kind, pool_name, machine_type, cluster="", zone="", capacity_type=""):
             and (not rule.get("cluster") or rule["cluster"] == cluster)
             and (not rule.get("zone") or rule["zone"] == zone)
             and (not rule.get("capacity_type") or rule["capacity_type"] == capacity_type)
+            and (not rule.get("region") or rule["region"] == region)
         )
 
     taken = take_first(path(), matches)
@@ -171,6 +177,7 @@ def main():
     s.add_argument("--cluster")
     s.add_argument("--zone")
     s.add_argument("--capacity-type", choices=CAPACITY_TYPES)
+    s.add_argument("--region")
     sub.add_parser("list")
     c = sub.add_parser("clear")
     c.add_argument("name", nargs="?")
@@ -190,6 +197,7 @@ def main():
                         args.cluster,
                         args.zone,
                         args.capacity_type,
+                        args.region,
                     )
                 }
             )

@@ -67,13 +67,19 @@ def held_seconds(fault_name: str) -> float:
 
 
 def take_fault(
-    kind: str, pool_name: str, machine_type: str, cluster: str = "", zone: str = "", capacity_type: str = ""
+    kind: str,
+    pool_name: str,
+    machine_type: str,
+    cluster: str = "",
+    zone: str = "",
+    capacity_type: str = "",
+    region: str = "",
 ):
-    """The first fault rule of `kind` matching the pool (its zone and capacity type, when the rule names them);
-    counts one use against its `times`."""
+    """The first fault rule of `kind` matching the pool (its zone, capacity type and region, when the rule names
+    them); counts one use against its `times`."""
     from . import gke_faults
 
-    return gke_faults.take(kind, pool_name, machine_type, cluster, zone, capacity_type)
+    return gke_faults.take(kind, pool_name, machine_type, cluster, zone, capacity_type, region)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -301,7 +307,11 @@ class Project:
         cluster = key.rsplit("/", 1)[-1]
         for name, body in pools:
             machine_type = (body.get("config") or {}).get("machine_type") or ""
-            where = {"zone": (body.get("locations") or [""])[0], "capacity_type": gke_rules.capacity_type_of(body)}
+            where = {
+                "zone": (body.get("locations") or [""])[0],
+                "capacity_type": gke_rules.capacity_type_of(body),
+                "region": key.split("/")[1],
+            }
             fault = take_fault("stockout", name, machine_type, cluster, **where)
             if fault:
                 return body, fault

@@ -247,6 +247,11 @@ class Refusal(StrEnum):
 
     #: The project lacks Compute Engine quota: no wait brings it; the run fails naming the quota.
     QUOTA = "quota"
+    #: The capacity the request names is not there now: a specific reservation with too few free VMs (429
+    #: "Reservation does not have enough resources for the request: specific reservation "R" is insufficient for
+    #: node pool "P" at zone "Z": required 1 and short of 1 VM count of machine type M.", quoted in
+    #: GoogleCloudPlatform/gsutil issue 1000). Read as a stockout: it may free up, within the candidate's wait.
+    CAPACITY = "capacity"
     #: Too many operations on the cluster, or requests from the project: waiting clears it.
     THROTTLED = "throttled"
     #: Another operation runs on the cluster or the pool (one of the run's, or GKE's own: a control-plane upgrade,
@@ -258,15 +263,17 @@ class Refusal(StrEnum):
 
 
 def refusal(status: str, message: str) -> Refusal | None:
-    """How to read GKE's refusal of a request, by its status (the gRPC code's name) first and its words only
-    where one status has several meanings: RESOURCE_EXHAUSTED (HTTP 429) is throttling unless it names Compute
-    Engine quota; FAILED_PRECONDITION is another operation running (GKE "Troubleshoot concurrent operations":
-    "Cluster is running incompatible operation", "Operation ... is currently upgrading cluster"); PERMISSION_DENIED
-    (403) with quota's words is quota ("Insufficient regional quota to satisfy request"), any other 403 is IAM, as is
-    the 400 GKE answers for nodes whose service account the caller may not act as. None: any other refusal, which is
-    the caller's to report."""
+    """How to read GKE's refusal of a request, by its status (the gRPC code's name) first and its words only where one
+    status has several meanings: RESOURCE_EXHAUSTED (HTTP 429) is throttling unless it names Compute Engine
+    quota or capacity that is not there (a reservation too small); FAILED_PRECONDITION is another operation
+    running (GKE "Troubleshoot concurrent operations": "Cluster is running incompatible operation", "Operation
+    ... is currently upgrading cluster"); PERMISSION_DENIED (403) with quota's words is quota ("Insufficient
+    regional quota to satisfy request"), any other 403 is IAM, as is the 400 GKE answers for nodes whose service
+    account the caller may not act as. None: any other refusal, which is the caller's to report."""
     if status == "RESOURCE_EXHAUSTED":
-        return Refusal.QUOTA if is_quota_error(message) else Refusal.THROTTLED
+        if is_quota_error(message):
+            return Refusal.QUOTA
+        return Refusal.CAPACITY if is_capacity_error(message) else Refusal.THROTTLED
     if status == "FAILED_PRECONDITION":
         return Refusal.BUSY
     if status == "PERMISSION_DENIED":

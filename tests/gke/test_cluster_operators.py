@@ -947,3 +947,41 @@ def test_capacity_candidates_fail_over_by_zone_and_capacity_type(gke, created):
         run_operator(
             cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
         )
+
+
+def test_a_reservation_too_small_for_the_slice_moves_the_run_to_the_next_candidate(gke, created):
+    """The reservation holds 2 VMs and the slice needs 4 hosts: GKE's 429 "Reservation does not have enough
+    resources" is read as capacity that is not there (not throttling to wait out): the run moves on at once and its
+    pool ends on demand."""
+    from sim.gke_settings import GKE_DIR
+
+    run, _ = created
+    reservations = GKE_DIR / "reservations.json"
+    before = reservations.read_text() if reservations.exists() else None
+    reservations.write_text(json.dumps([{"name": "tpu-rl-small", "vm_count": 2}]))
+    candidates = [
+        {"zone": "us-east5-b", "capacity_type": "reservation", "reservation": "tpu-rl-small"},
+        {"zone": "us-east5-b", "capacity_type": "on_demand"},
+    ]
+    other = Run(cluster_name=run.params["cluster_name"], capacity_candidates=candidates)
+    try:
+        scope = RunScope.of(other.context())
+        check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
+        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        run_operator(create, other.context())
+        pool = gke.get_cluster_manager_client().get_node_pool(
+            name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/"
+            f"{other.identity.tpu_pool_name(0)}"
+        )
+        assert not pool.config.reservation_affinity.values
+        report = other.ti.pushed("capacity")
+        assert report["serving"] == 1 and report["attempts"][0]["outcome"] == "stockout"
+        assert "Reservation does not have enough resources" in report["attempts"][0]["detail"]
+    finally:
+        if before is None:
+            reservations.unlink(missing_ok=True)
+        else:
+            reservations.write_text(before)
+        run_operator(
+            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )

@@ -39,6 +39,10 @@ QUOTA = (
     'Insufficient regional quota to satisfy request: resource "TPUS_PER_TPU_FAMILY": request requires '
     "'64.0' and is short '64.0'. project has a quota of '0.0' with '0.0' available in region us-east5."
 )
+RESERVATION_SHORT = (
+    'Reservation does not have enough resources for the request: specific reservation "my-v6e" is insufficient for '
+    'node pool "tpu-0" at zone "us-east5-a": required 16 and short of 4 VM count of machine type ct6e-standard-4t.'
+)
 ON_DEMAND = {"zone": "us-east5-b", "capacity_type": "on_demand"}
 SPOT = {"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.1}
 RUN = ("maxtext_rl_tpu", "manual__failover")
@@ -67,6 +71,8 @@ class ScriptedGke:
         self.creates.append((body["name"], body["locations"][0], kind))
         if answer == "quota":
             raise GkeRefusedError(gke.Refusal.QUOTA, QUOTA)
+        if answer == "reservation-short":
+            raise GkeRefusedError(gke.Refusal.CAPACITY, RESERVATION_SHORT)
         pool = NodePool.from_json(json.dumps(body))
         pool.status = NodePool.Status.RUNNING if answer == "ok" else NodePool.Status.ERROR
         self.pools[body["name"]] = pool
@@ -372,6 +378,16 @@ def test_a_slice_moved_on_preemption_is_counted_on_each_candidate_for_its_time_t
     assert [(s["nodes_from"][11:16], s["candidate"]) for s in slices] == [("10:00", 0), ("11:10", 1)]
     cost = training_metrics.tpu_cost(slices, RunConfig.from_params(params))
     assert [(c["candidate"], c["chip_hours"]) for c in cost["by_candidate"]] == [(0, 64.0), (1, 64.0)]
+
+
+def test_a_reservation_too_small_for_the_slice_is_left_as_a_stockout_not_waited_out_as_throttling(scripted):
+    """GKE refuses a pool its reservation cannot hold with a 429 (too few VMs left): with no wait, the run moves on
+    at once instead of asking again for 20 minutes as it does when GKE throttles."""
+    fake = scripted({("us-east5-a", "reservation"): "reservation-short", ("us-east5-b", "spot"): "ok"})
+    ti, deferrals = run_to_the_end({"capacity_candidates": [RESERVED, SPOT]})
+    assert [kind for _, _, kind in fake.creates] == ["reservation", "spot"] and "resubmit" not in deferrals
+    report = ti.pushed(XCOM_CAPACITY)
+    assert report["lines"][0].startswith("candidate 0 (reservation 'my-v6e' in us-east5-a): left, stockout (Reserv")
 
 
 def test_every_slice_moves_with_the_candidate(scripted):

@@ -446,12 +446,8 @@ class TpuPoolPass(_AwaitsGkeOperations):
             try:
                 operation, pool = self._advance_pool(scope.gke, config, body, on)
             except GkeRefusedError as error:
-                if error.refusal is gke.Refusal.QUOTA:
-                    failure = f"GKE refused TPU node pool {body['name']}: {error.message}; "
-                    hint = gke.quota_hint(config.on_candidate(on), error.message)
-                    return self._leave(context, Outcome.QUOTA, failure + hint, error.message, **which)
-                if error.refusal is gke.Refusal.PERMISSION:
-                    raise AirflowFailException(f"GKE refused TPU node pool {body['name']}: {error.message}") from None
+                if error.refusal in (gke.Refusal.QUOTA, gke.Refusal.PERMISSION, gke.Refusal.CAPACITY):
+                    return self._refused_at_once(context, error, body["name"], capacity_deadline, candidate, attempts)
                 refused = error
                 break  # GKE takes no more now: the next pass goes on
             if operation:
@@ -473,6 +469,27 @@ class TpuPoolPass(_AwaitsGkeOperations):
             method_name="operation_done",
             kwargs={"next_step": 0, "capacity_deadline": capacity_deadline, **which},
         )
+
+    def _refused_at_once(
+        self,
+        context: Any,
+        error: GkeRefusedError,
+        pool: str,
+        capacity_deadline: float,
+        candidate: int,
+        attempts: list[dict[str, Any]],
+    ) -> Any:
+        """GKE refused the create of ``pool`` for good on this candidate: missing quota leaves the candidate, a
+        missing permission fails the task, capacity that is not there (a reservation with too few VMs left) is a
+        stockout (the pool created again within the wait, the candidate left past it)."""
+        config = self.scope.config
+        if error.refusal is gke.Refusal.PERMISSION:
+            raise AirflowFailException(f"GKE refused TPU node pool {pool}: {error.message}") from None
+        if error.refusal is gke.Refusal.CAPACITY:
+            return self._create_failed(context, pool, error.message, capacity_deadline, candidate, attempts)
+        failure = f"GKE refused TPU node pool {pool}: {error.message}; "
+        hint = gke.quota_hint(config.on_candidate(config.candidates[candidate]), error.message)
+        return self._leave(context, Outcome.QUOTA, failure + hint, error.message, **_which(candidate, attempts))
 
     def _advance_pool(
         self, hook: GkeApiHook, config: RunConfig, body: dict[str, Any], candidate: Candidate
