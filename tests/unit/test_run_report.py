@@ -467,3 +467,18 @@ def test_a_single_candidate_runs_cost_is_counted_as_before():
     extra = published_extra({("delete_tpu_pools", "tpu_slices"): SLICES})
     assert "by_candidate" not in extra["tpu"]
     assert extra["tpu_note"] == "96.0 chip-hours, about $259.20 at $2.70 per chip-hour, 1 slice(s)"
+
+
+def test_after_a_move_on_preemption_the_summary_lists_train_rls_view_of_the_candidates():
+    """train_rl moved the slices from Spot to on demand after preemptions: its XCom capacity stands for
+    create_tpu_pools's, which still says the slices came from Spot."""
+    moved = {
+        "serving": 0,
+        "attempts": [],
+        "lines": ["candidate 1 (spot in us-east5-b): left, preempted (TerminationByKubelet)"],
+    }
+    ctx = summary_context(capacity_candidates=CANDIDATES)
+    ctx["ti"].xcoms.update({("create_tpu_pools", "capacity"): CAPACITY_XCOM, ("train_rl", "capacity"): moved})
+    summary = RunSummaryOperator(task_id="pipeline_done").execute(ctx)
+    assert "  capacity     candidate 1 (spot in us-east5-b): left, preempted (TerminationByKubelet)\n" in summary
+    assert "the slices came from it" not in summary
