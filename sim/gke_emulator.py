@@ -31,7 +31,8 @@ keeps accepting it (the control planes get {token: client_email} at start).
 
 State: $SIM/gke/state.json (clusters, node pools, operations, control-plane slots); reservations the
 emulator knows: $SIM/gke/reservations.json (a JSON list of names or projects/P/reservations/N, or of
-{"name": projects/OWNER/reservations/N, "shared_with": [projects]}; default none); capacity faults:
+{"name": projects/OWNER/reservations/N, "shared_with": [projects], "vm_count": N}, N the VMs it holds; default
+none); capacity faults:
 $SIM/gke/faults.json (sim/gke_faults.py), read on each request. Durations:
 TPU_RL_SIM_GKE_CLUSTER_CREATE_SECONDS (3, after the control plane is ready), _POOL_CREATE_SECONDS (3),
 _DELETE_SECONDS (2), _PENDING_SECONDS (0.3), _STOCKOUT_SECONDS (10: GKE's ~35 minutes of retrying a create for
@@ -78,6 +79,11 @@ log = logging.getLogger("gke")
 def reservations(project: str) -> dict[str, frozenset[str]]:
     """The reservations the emulator knows, with who may consume each (read on each request)."""
     return gke_rules.reservation_consumers(read_json(GKE_DIR / "reservations.json", []), project)
+
+
+def reservation_vm_counts(project: str) -> dict[str, int]:
+    """The reservations the emulator knows that hold a fixed number of VMs (read on each request)."""
+    return gke_rules.reservation_vm_counts(read_json(GKE_DIR / "reservations.json", []), project)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -265,7 +271,14 @@ class Emulator(Project):
             gke_rules.check_no_running_operation(name, self.running_ops(key), "create node pool", pool=pool.name)
             gke_rules.check_concurrent_operations(name, self.running_ops(key))
             machine_type = body.get("config", {}).get("machine_type", "")
-            if take_fault("reservation-missing", pool.name, machine_type, name):
+            where = {
+                "zone": gke_rules.pool_zones(cluster_body, body, location)[0],
+                "capacity_type": gke_rules.capacity_type_of(body),
+                "region": location,
+            }
+            consumed = self._reserved_vms(project, gke_rules.reservation_of(body, project))
+            gke_rules.check_reservation_vms(body, where["zone"], project, reservation_vm_counts(project), consumed)
+            if take_fault("reservation-missing", pool.name, machine_type, name, **where):
                 affinity = body.get("config", {}).get("reservation_affinity") or {}
                 res = (affinity.get("values") or ["(any)"])[0].rsplit("/", 1)[-1]
                 zone = (body.get("locations") or list(cluster.locations) or ["?"])[0]
@@ -274,12 +287,12 @@ class Emulator(Project):
                     f'Google Compute Engine: reservation "{res}" not found for node pool '
                     f'"{pool.name}" at zone "{zone}".',
                 )
-            if take_fault("quota", pool.name, machine_type, name):
+            if take_fault("quota", pool.name, machine_type, name, **where):
                 raise GkeError("PERMISSION_DENIED", gke_rules.quota_message(body, location))
-            fault = take_fault("stockout", pool.name, machine_type, name)
-            held = take_fault("capacity-held", pool.name, machine_type, name)
-            slow_create = take_fault("slow-create", pool.name, machine_type, name)
-            slow = take_fault("slow-reply", pool.name, machine_type, name)
+            fault = take_fault("stockout", pool.name, machine_type, name, **where)
+            held = take_fault("capacity-held", pool.name, machine_type, name, **where)
+            slow_create = take_fault("slow-create", pool.name, machine_type, name, **where)
+            slow = take_fault("slow-reply", pool.name, machine_type, name, **where)
             pool.status = c.NodePool.Status.PROVISIONING
             pool.version = cluster.current_node_version
             pool.self_link = f"{cluster.self_link}/nodePools/{pool.name}"
@@ -297,6 +310,20 @@ class Emulator(Project):
         if slow:  # Applied, answered late: outside the lock, the pool's create goes on meanwhile.
             time.sleep(held_seconds(slow))
         return operation
+
+    def _reserved_vms(self, project: str, path: str | None) -> int:
+        """The VMs the project's pools take from reservation ``path``: their nodes, but for pools that have none
+        (ERROR) or are going away (STOPPING)."""
+        if path is None:
+            return 0
+        return sum(
+            int(pool.initial_node_count)
+            for key, rec in self.clusters.items()
+            if key.startswith(f"{project}/")
+            for pool in rec["cluster"].node_pools
+            if pool.status.name not in ("ERROR", "STOPPING")
+            and gke_rules.reservation_of(as_dict(pool), project) == path
+        )
 
     def get_node_pool(self, req):
         project, location, name, pool = parse_pool(req.name, req.project_id, req.zone, req.cluster_id, req.node_pool_id)

@@ -52,11 +52,20 @@ A rule is a JSON object under its name:
   "machine_type"  the pool's machine type equals it (absent: any)
   "cluster"       the pool's cluster (for cluster-error, kube-unavailable, kube-reset: the cluster) is named so
                   (absent: any)
+  "zone"          the pool's zone (its first location, else the cluster's) is this one (absent: any): a stockout
+                  of one zone while another has capacity
+  "capacity_type" the pool's capacity type is this one (absent: any): on_demand, spot, flex_start or reservation,
+                  read from the request as sim/gke_rules.py capacity_type_of does: a zone stocked out on demand
+                  while its Spot capacity is there, quota missing for Spot only
+  "region"        the pool's cluster is in this region (absent: any): Compute Engine's TPU quota is regional
+                  (GKE answers "Insufficient regional quota ... available in region R"), so a quota rule of one
+                  region leaves another region's creates alone
   "times"         how many matching creates it applies to (absent: no limit); "applied" counts them
 
 CLI:
   gke_faults.py set NAME --kind KIND (one of the kinds above)
                 [--pool-prefix P] [--machine-type M] [--cluster C] [--times N] [--seconds S] [--nodes N]
+                [--zone Z] [--capacity-type T] [--region R]
   gke_faults.py list
   gke_faults.py clear [NAME]
 """
@@ -83,6 +92,8 @@ KINDS = (
     "kube-unavailable",
     "kube-reset",
 )
+#: The capacity types a rule may match (sim/gke_rules.py capacity_type_of).
+CAPACITY_TYPES = ("on_demand", "spot", "flex_start", "reservation")
 #: The kinds that last "seconds".
 TIMED_KINDS = ("capacity-held", "slow-create", "slow-reply", "upgrade")
 
@@ -91,7 +102,19 @@ def path() -> Path:
     return SIM / "gke" / "faults.json"
 
 
-def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, seconds=None, nodes=None, cluster=None):
+def set_fault(
+    name,
+    kind,
+    pool_prefix=None,
+    machine_type=None,
+    times=None,
+    seconds=None,
+    nodes=None,
+    cluster=None,
+    zone=None,
+    capacity_type=None,
+    region=None,
+):
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}")
     if (kind in TIMED_KINDS) != (seconds is not None):
@@ -108,6 +131,9 @@ def set_fault(name, kind, pool_prefix=None, machine_type=None, times=None, secon
         seconds=seconds,
         nodes=nodes,
         cluster=cluster,
+        zone=zone,
+        capacity_type=capacity_type,
+        region=region,
     )
 
 
@@ -119,7 +145,7 @@ def clear_faults(name=None):
     clear_rules(path(), name)
 
 
-def take(kind, pool_name, machine_type, cluster=""):
+def take(kind, pool_name, machine_type, cluster="", zone="", capacity_type="", region=""):
     """The name of the first rule of `kind` matching the pool that has uses left; counts the use. None if none."""
 
     def matches(rule):
@@ -128,6 +154,9 @@ def take(kind, pool_name, machine_type, cluster=""):
             and (not rule.get("pool_prefix") or pool_name.startswith(rule["pool_prefix"]))
             and (not rule.get("machine_type") or rule["machine_type"] == machine_type)
             and (not rule.get("cluster") or rule["cluster"] == cluster)
+            and (not rule.get("zone") or rule["zone"] == zone)
+            and (not rule.get("capacity_type") or rule["capacity_type"] == capacity_type)
+            and (not rule.get("region") or rule["region"] == region)
         )
 
     taken = take_first(path(), matches)
@@ -146,6 +175,9 @@ def main():
     s.add_argument("--seconds", type=float)
     s.add_argument("--nodes", type=int)
     s.add_argument("--cluster")
+    s.add_argument("--zone")
+    s.add_argument("--capacity-type", choices=CAPACITY_TYPES)
+    s.add_argument("--region")
     sub.add_parser("list")
     c = sub.add_parser("clear")
     c.add_argument("name", nargs="?")
@@ -163,6 +195,9 @@ def main():
                         args.seconds,
                         args.nodes,
                         args.cluster,
+                        args.zone,
+                        args.capacity_type,
+                        args.region,
                     )
                 }
             )

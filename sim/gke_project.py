@@ -66,11 +66,20 @@ def held_seconds(fault_name: str) -> float:
     return float(gke_faults.list_faults().get(fault_name, {}).get("seconds") or 0)
 
 
-def take_fault(kind: str, pool_name: str, machine_type: str, cluster: str = ""):
-    """The first fault rule of `kind` matching the pool; counts one use against its `times`."""
+def take_fault(
+    kind: str,
+    pool_name: str,
+    machine_type: str,
+    cluster: str = "",
+    zone: str = "",
+    capacity_type: str = "",
+    region: str = "",
+):
+    """The first fault rule of `kind` matching the pool (its zone, capacity type and region, when the rule names
+    them); counts one use against its `times`."""
     from . import gke_faults
 
-    return gke_faults.take(kind, pool_name, machine_type, cluster)
+    return gke_faults.take(kind, pool_name, machine_type, cluster, zone, capacity_type, region)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -297,7 +306,13 @@ class Project:
         its own, with the rule's name; None when no rule matches."""
         cluster = key.rsplit("/", 1)[-1]
         for name, body in pools:
-            fault = take_fault("stockout", name, (body.get("config") or {}).get("machine_type") or "", cluster)
+            machine_type = (body.get("config") or {}).get("machine_type") or ""
+            where = {
+                "zone": (body.get("locations") or [""])[0],
+                "capacity_type": gke_rules.capacity_type_of(body),
+                "region": key.split("/")[1],
+            }
+            fault = take_fault("stockout", name, machine_type, cluster, **where)
             if fault:
                 return body, fault
         return None

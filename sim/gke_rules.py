@@ -226,6 +226,50 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: dic
         )
 
 
+def reservation_vm_counts(entries: list, project: str) -> dict[str, int]:
+    """The reservations of ``entries`` (:func:`reservation_consumers`' list) that hold a fixed number of VMs, by
+    path: ``{"name": ..., "vm_count": N}`` (Compute API ``Reservation.specificReservation.count``, "the number of
+    resources that are allocated"). Those without one take any pool, as before."""
+    counts = {}
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("vm_count") is not None:
+            match = _RESERVATION_VALUE.fullmatch(entry["name"])
+            counts[f"projects/{match['owner'] or project}/reservations/{match['name']}"] = int(entry["vm_count"])
+    return counts
+
+
+def reservation_of(pool: dict, project: str) -> str | None:
+    """The path of the specific reservation a pool request consumes (None: it consumes none by name)."""
+    affinity = (pool.get("config") or {}).get("reservation_affinity") or {}
+    values = affinity.get("values") or []
+    if affinity.get("consume_reservation_type") != "SPECIFIC_RESERVATION" or len(values) != 1:
+        return None
+    match = _RESERVATION_VALUE.fullmatch(values[0])
+    return f"projects/{match['owner'] or project}/reservations/{match['name']}" if match else None
+
+
+def check_reservation_vms(pool: dict, zone: str, project: str, counts: dict[str, int], consumed: int) -> None:
+    """A pool whose nodes do not fit in what its reservation has left (``counts``: :func:`reservation_vm_counts`;
+    ``consumed``: the VMs the project's other pools take from it) is refused at once with 429 RESOURCE_EXHAUSTED.
+    Source: GKE's answer quoted in GoogleCloudPlatform/gsutil issue 1000 ('ResponseError: code=429,
+    message=Reservation does not have enough resources for the request: specific reservation "reservation" is
+    insufficient for node pool "np4" at zone "us-central1-c": required 1 and short of 1 VM count of machine type
+    n2-standard-2.')."""
+    path = reservation_of(pool, project)
+    if path not in counts:
+        return
+    required, free = int(pool.get("initial_node_count") or 0), max(counts[path] - consumed, 0)
+    if required <= free:
+        return
+    machine_type = (pool.get("config") or {}).get("machine_type", "")
+    raise GkeError(
+        "RESOURCE_EXHAUSTED",
+        f'Reservation does not have enough resources for the request: specific reservation "{path.rsplit("/", 1)[-1]}" '
+        f'is insufficient for node pool "{pool.get("name")}" at zone "{zone}": required {required} and short of '
+        f"{required - free} VM count of machine type {machine_type}.",
+    )
+
+
 def pool_zones(cluster: dict, pool: dict, region: str) -> list[str]:
     """The zones a pool's nodes go to: its own locations, else the cluster's, else (a cluster created without
     locations) the first three of its region, as the emulator gives such a cluster."""
@@ -243,6 +287,20 @@ def check_machine_zones(cluster: dict, pool: dict, region: str) -> None:
     for zone in pool_zones(cluster, pool, region):
         if zone not in TPU_ZONES[mt.tpu_generation]:
             raise invalid_argument(f'Invalid machine type "{mt.name}" in zone "{zone}": GCE_NOT_FOUND')
+
+
+def capacity_type_of(pool: dict) -> str:
+    """The capacity type of a node pool request, as the fault rules name it (sim/gke_faults.py): Spot
+    (``config.spot``), flex-start (``config.flex_start``), a reservation (``reservation_affinity``
+    SPECIFIC_RESERVATION), else on demand. GKE's fields: API reference ``NodeConfig.spot``, ``NodeConfig.flex_start``,
+    ``ReservationAffinity.consume_reservation_type``."""
+    config = pool.get("config") or {}
+    affinity = (config.get("reservation_affinity") or {}).get("consume_reservation_type")
+    if config.get("spot"):
+        return "spot"
+    if config.get("flex_start"):
+        return "flex_start"
+    return "reservation" if affinity == "SPECIFIC_RESERVATION" else "on_demand"
 
 
 def check_capacity(pool: dict) -> None:

@@ -15,6 +15,8 @@ from functools import cached_property
 from typing import Any
 
 from tpu_rl import config_rules
+from tpu_rl.candidates import CAPACITY_WAIT_MAX_MINUTES, Candidate, form_schema
+from tpu_rl.candidates import parse as parse_candidates
 from tpu_rl.capacity import CAPACITY, DEFAULT_CAPACITY
 from tpu_rl.config_rules import (
     MAXTEXT_DEFAULT_DATASET,
@@ -43,9 +45,6 @@ HF_DOWNLOAD_GB = {
     "llama3.1-8b": 16.1,
     "llama3.1-70b": 141,
 }
-
-#: The longest capacity wait a run may ask for; create_tpu_pools's execution_timeout leaves room above it.
-CAPACITY_WAIT_MAX_MINUTES = 24 * 60
 
 #: Cloud TPU v6e (Trillium) on-demand list price in USD per chip-hour, as Google Cloud announced it at general
 #: availability (December 2024: "starting at $2.70 per chip-hour", $1.89 with a 1-year and $1.22 with a 3-year
@@ -184,6 +183,21 @@ class RunConfig:
         "it fails the run. 0: fail at the first stockout.",
         minimum=0,
         maximum=CAPACITY_WAIT_MAX_MINUTES,
+    )
+    #: An array of objects: Airflow's trigger form shows a JSON editor for it (apache/airflow#32734: arrays of
+    #: other items than strings), checked against the candidates' schema.
+    capacity_candidates: list = _param(
+        [],
+        "TPU slice",
+        "Capacity candidates",
+        "Where the slices may come from, in order of preference, instead of zone, capacity_type, reservation and "
+        'capacity_wait_minutes: e.g. [{"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.0}, '
+        '{"zone": "us-east5-a", "capacity_type": "reservation", "reservation": "my-v6e"}]. Each: zone (of the '
+        "run's region), capacity_type, reservation (with 'reservation' only), price_per_chip_hour (default: "
+        "tpu_price_per_chip_hour), wait_minutes (default 0). create_tpu_pools tries them in order: a stockout, "
+        "missing quota or a wait run out moves to the next. All the run's slices come from one candidate (the "
+        "DCN between slices stays in one zone). Empty: the one candidate of zone and capacity_type.",
+        **form_schema(),
     )
     capacity_group: str = _param(
         "",
@@ -452,6 +466,16 @@ class RunConfig:
         minimum=0,
         maximum=100,
     )
+    max_preemptions_per_candidate: int = _param(
+        0,
+        "Advanced",
+        "Preemptions per candidate",
+        "With several capacity_candidates: after this many preemptions on one candidate, train_rl's resume moves "
+        "the slices to the next candidate instead of waiting for the same capacity again (0: never moves; at most "
+        "max_preemptions, which counts the run's preemptions on every candidate).",
+        minimum=0,
+        maximum=100,
+    )
     ttl_seconds_after_finished: int = _param(
         3600, "Advanced", "JobSet TTL", "Seconds a finished JobSet is kept (--gke-ttl-after-finished).", minimum=0
     )
@@ -604,6 +628,28 @@ class RunConfig:
         if self.reservation.startswith("projects/"):
             return self.reservation
         return f"projects/{self.project}/reservations/{self.reservation}"
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        """Where the run's slices may come from, in order: ``capacity_candidates``, or the one candidate of
+        ``zone``, ``capacity_type``, ``reservation`` and ``capacity_wait_minutes`` (at tpu_price_per_chip_hour)."""
+        if self.capacity_candidates:
+            return parse_candidates(self.capacity_candidates)
+        return (Candidate(self.zone, self.capacity_type, self.reservation, None, self.capacity_wait_minutes),)
+
+    def on_candidate(self, candidate: Candidate) -> RunConfig:
+        """The config as the TPU pools' requests and messages read it on ``candidate``: its zone, capacity type,
+        reservation, wait and price in the single choice's fields (the CPU pool's zone is ``zone`` of the run's
+        own config, not this one's)."""
+        return dataclasses.replace(
+            self,
+            zone=candidate.zone,
+            capacity_type=candidate.capacity_type,
+            reservation=candidate.reservation,
+            capacity_wait_minutes=candidate.wait_minutes,
+            tpu_price_per_chip_hour=candidate.price(self.tpu_price_per_chip_hour),
+            capacity_candidates=[],
+        )
 
     @property
     def evaluation_prompts(self) -> int:

@@ -12,13 +12,14 @@ import difflib
 import json
 import re
 import string
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from tpu_rl import hub_datasets
+from tpu_rl import candidates, hub_datasets
+from tpu_rl.candidates import Candidate
 from tpu_rl.capacity import CAPACITY, DEFAULT_CAPACITY
 from tpu_rl.jobset_release import shipped_versions
 from tpu_rl.machines import SHAPES, quantity_cpu, quantity_gib
@@ -104,7 +105,7 @@ class ConfigError(ValueError):
         return [p.field for p in self.problems]
 
 
-_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict}
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "dict": dict, "list": list}
 
 
 def coerce(value: Any, type_name: str) -> Any:
@@ -121,7 +122,7 @@ def coerce(value: Any, type_name: str) -> Any:
         raise ValueError(value)
     if kind is int and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
         raise ValueError(value)
-    if kind is dict and not isinstance(value, dict):
+    if kind in (dict, list) and not isinstance(value, kind):
         raise TypeError(value)
     if kind is str and not isinstance(value, str):
         raise TypeError(value)
@@ -228,6 +229,16 @@ def _validate_cloud_names(c: Any):
         yield Problem(
             "zone", f"'{c.zone}' is not in region '{c.region}'", f"use a zone of {c.region}, e.g. {c.region}-b"
         )
+    for index, candidate in _listed_candidates(c):
+        if c.region and not candidate.zone.startswith(f"{c.region}-"):
+            yield Problem(
+                candidates.field_name(index, "zone"),
+                f"'{candidate.zone}' is not in region '{c.region}', the region of the run's cluster and of the "
+                "bucket its checkpoints stay in",
+                f"use a zone of {c.region}: a candidate in another region would need a cluster there and the "
+                "checkpoints in a bucket both regions reach (a dual- or multi-region bucket, or a copy at the move), "
+                "which the package does not do yet",
+            )
     if c.cluster_name and not _CLUSTER.fullmatch(c.cluster_name):
         yield Problem(
             "cluster_name",
@@ -305,26 +316,8 @@ def _validate_capacity(c: Any):
             "(it would wait for ever)",
             f"set capacity_slices to at least {c.cluster_nodepool_count}",
         )
-    needs_reservation = c.capacity_type in RESERVING
-    if needs_reservation and not c.reservation:
-        yield Problem(
-            "reservation",
-            f"is required when capacity_type is '{c.capacity_type}'",
-            "name the reservation to consume, or choose another capacity_type",
-        )
-    if c.reservation and not _RESERVATION.fullmatch(c.reservation):
-        yield Problem(
-            "reservation",
-            f"'{c.reservation}' is not a reservation name or path",
-            "give its name (lowercase letters, digits, dashes) for one in the run's project, or "
-            "projects/OWNER/reservations/NAME for one another project shares with it",
-        )
-    if c.reservation and not needs_reservation:
-        yield Problem(
-            "reservation",
-            f"is set, but capacity_type is '{c.capacity_type}', which consumes no reservation",
-            f"set capacity_type to {' or '.join(repr(name) for name in RESERVING)}, or clear reservation",
-        )
+    for candidate, name in _named_candidates(c):
+        yield from _candidate_reservation(candidate, name)
     if c.uses_existing_tpu_pools and c.capacity_type != DEFAULT_CAPACITY:
         yield Problem(
             "capacity_type",
@@ -332,7 +325,63 @@ def _validate_capacity(c: Any):
             "tpu_pool_mode is 'existing' (the run creates none; preemptions are resumed on any capacity)",
             "leave capacity_type 'on_demand', or set tpu_pool_mode to 'per_run'",
         )
-    if c.capacity_wait_minutes and (c.uses_existing_tpu_pools or c.tpu_pools_with_cluster or c.uses_flex_start):
+    for candidate, name in _named_candidates(c):
+        yield from _candidate_wait(c, candidate, name)
+    yield from _candidate_list(c)
+
+
+#: The single choice's field of each key of a candidate (``tpu_rl.candidates.KEYS``).
+_SINGLE_FIELDS = {"wait_minutes": "capacity_wait_minutes", "price_per_chip_hour": "tpu_price_per_chip_hour"}
+
+
+def _named_candidates(c: Any) -> Iterator[tuple[Candidate, Callable[[str], str]]]:
+    """Each candidate with how its problems name its keys: the single choice's own fields (``zone``,
+    ``capacity_wait_minutes``), or ``capacity_candidates[i].zone``; so one rule checks both."""
+    if not c.capacity_candidates:
+        yield c.candidates[0], lambda key: _SINGLE_FIELDS.get(key, key)
+        return
+    for index, candidate in _listed_candidates(c):
+        yield candidate, lambda key, index=index: candidates.field_name(index, key)
+
+
+def _listed_candidates(c: Any) -> Iterator[tuple[int, Candidate]]:
+    """The well-formed entries of ``capacity_candidates`` with their index in the list (the others are refused by
+    their shape, in :func:`_candidate_list`)."""
+    for index, entry in enumerate(c.capacity_candidates):
+        if not candidates.shape_problems([entry]):
+            yield index, candidates.parse([entry])[0]
+
+
+def _candidate_reservation(candidate: Candidate, name: Callable[[str], str]):
+    """One candidate's reservation: the single choice's rules, for it."""
+    capacity_type = name("capacity_type")
+    needs_reservation = candidate.capacity_type in RESERVING
+    if needs_reservation and not candidate.reservation:
+        yield Problem(
+            name("reservation"),
+            f"is required when {capacity_type} is '{candidate.capacity_type}'",
+            f"name the reservation to consume, or choose another {capacity_type}",
+        )
+    if candidate.reservation and not _RESERVATION.fullmatch(candidate.reservation):
+        yield Problem(
+            name("reservation"),
+            f"'{candidate.reservation}' is not a reservation name or path",
+            "give its name (lowercase letters, digits, dashes) for one in the run's project, or "
+            "projects/OWNER/reservations/NAME for one another project shares with it",
+        )
+    if candidate.reservation and not needs_reservation:
+        yield Problem(
+            name("reservation"),
+            f"is set, but {capacity_type} is '{candidate.capacity_type}', which consumes no reservation",
+            f"set {capacity_type} to {' or '.join(repr(n) for n in RESERVING)}, or clear reservation",
+        )
+
+
+def _candidate_wait(c: Any, candidate: Candidate, name: Callable[[str], str]):
+    """One candidate's capacity wait: only for a pool create GKE may hold."""
+    kind = CAPACITY.get(candidate.capacity_type)
+    starts_empty = bool(kind and kind.starts_empty)
+    if candidate.wait_minutes and (c.uses_existing_tpu_pools or c.tpu_pools_with_cluster or starts_empty):
         if c.uses_existing_tpu_pools:
             reason = "tpu_pool_mode is 'existing' (the run creates no pool)"
         elif c.tpu_pools_with_cluster:
@@ -346,10 +395,77 @@ def _validate_capacity(c: Any):
                 "and train_rl waits for it"
             )
         yield Problem(
-            "capacity_wait_minutes",
+            name("wait_minutes"),
             f"bounds the wait of a pool create that GKE holds for capacity, but {reason}",
             "set it to 0",
         )
+
+
+def _candidate_list(c: Any):
+    """``capacity_candidates`` as a whole: well-formed entries, in place of the single choice, each once, with a
+    run that creates its pools (failing over is deleting them and creating them elsewhere), and waits that fit
+    create_tpu_pools's timeout; ``max_preemptions_per_candidate`` only with somewhere to move to, within the run's
+    ``max_preemptions``."""
+    listed = c.capacity_candidates
+    for field_, problem, fix in candidates.shape_problems(listed):
+        yield Problem(field_, problem, fix)
+    if len(c.candidates) < 2 and c.max_preemptions_per_candidate:
+        yield Problem(
+            "max_preemptions_per_candidate",
+            "moves a preempted run to the next capacity candidate, but the run has one",
+            "list more capacity_candidates, or set it to 0",
+        )
+    elif c.max_preemptions_per_candidate > c.max_preemptions:  # the run's budget is spent before any move
+        yield Problem(
+            "max_preemptions_per_candidate",
+            f"is above max_preemptions ({c.max_preemptions}): the run stops resuming before a candidate's "
+            "preemptions would move it",
+            f"set it to at most {c.max_preemptions}, or raise max_preemptions",
+        )
+    if not listed:
+        return
+    beside = [f for f, default in _SINGLE_CHOICE.items() if getattr(c, f) != default]
+    for field_ in beside:
+        yield Problem(
+            field_,
+            "is set beside capacity_candidates, which replace it",
+            f"set it in each candidate (its key {_candidate_key(field_)}), or clear capacity_candidates",
+        )
+    if not c.tpu_pools_per_run and len(listed) > 1:
+        yield Problem(
+            candidates.PARAM,
+            f"lists {len(listed)} candidates, but tpu_pool_mode is '{c.tpu_pool_mode}': moving to the next one "
+            "deletes the run's TPU pools and creates them elsewhere, and the run creates no pool of its own",
+            "set tpu_pool_mode to 'per_run', or give one candidate",
+        )
+    seen: dict[Candidate, int] = {}
+    for index, candidate in _listed_candidates(c):
+        key = dataclasses.replace(candidate, price_per_chip_hour=None, wait_minutes=0)
+        if key in seen:
+            yield Problem(
+                candidates.field_name(index, "zone"),
+                f"{candidate.describe()} is candidate {seen[key]} already",
+                "list each zone and capacity type once (its wait_minutes gives it longer)",
+            )
+        seen.setdefault(key, index)
+    waits = sum(candidate.wait_minutes for candidate in c.candidates)
+    worst = waits + candidates.GKE_HELD_CREATE_MINUTES * len(c.candidates)
+    if worst > candidates.CREATE_TPU_POOLS_TIMEOUT_MINUTES:
+        yield Problem(
+            candidates.PARAM,
+            f"the candidates wait {waits} minutes in all, and GKE may hold each one's last create about "
+            f"{candidates.GKE_HELD_CREATE_MINUTES} minutes more: {worst} minutes, beyond create_tpu_pools's "
+            f"timeout of {candidates.CREATE_TPU_POOLS_TIMEOUT_MINUTES}",
+            "shorten their wait_minutes, or list fewer candidates",
+        )
+
+
+#: The single choice's fields capacity_candidates replace, with their defaults (set: a contradiction).
+_SINGLE_CHOICE = {"capacity_type": DEFAULT_CAPACITY, "reservation": "", "capacity_wait_minutes": 0}
+
+
+def _candidate_key(field_: str) -> str:
+    return next((key for key, single in _SINGLE_FIELDS.items() if single == field_), field_)
 
 
 def _validate_model(c: Any):
@@ -448,17 +564,8 @@ def _validate_slice(c: Any):
     except SliceError as error:
         yield Problem(error.field, error.problem, error.fix)
         return
-    kind = CAPACITY.get(c.capacity_type)
-    if kind and c.slice.generation.name in kind.unsupported_generations:
-        generation = c.slice.generation.name
-        others = [name for name, t in CAPACITY.items() if generation not in t.unsupported_generations]
-        offered = [g for g in GENERATIONS if g not in kind.unsupported_generations]
-        yield Problem(
-            "capacity_type",
-            f"{kind.name} does not offer TPU {generation}",
-            f"use {_either(others)}, or a {_either(offered)} slice",
-        )
-    yield from _validate_tpu_zone(c, kind)
+    for candidate, name in _named_candidates(c):
+        yield from _candidate_slice(c, candidate, name)
     for name in ("trainer_devices_fraction", "sampler_devices_fraction"):
         fraction = getattr(c, name)
         devices = c.chips * fraction
@@ -879,29 +986,46 @@ def _validate_evaluation(c: Any):
         )
 
 
-def _validate_tpu_zone(c: Any, kind: Any):
+def _candidate_slice(c: Any, candidate: Candidate, name: Callable[[str], str]):
+    """One candidate's capacity type must offer the slice's generation, and its zone the generation and the type."""
+    kind = CAPACITY.get(candidate.capacity_type)
+    if kind and c.slice.generation.name in kind.unsupported_generations:
+        generation = c.slice.generation.name
+        others = [n for n, t in CAPACITY.items() if generation not in t.unsupported_generations]
+        offered = [g for g in GENERATIONS if g not in kind.unsupported_generations]
+        yield Problem(
+            name("capacity_type"),
+            f"{kind.name} does not offer TPU {generation}",
+            f"use {_either(others)}, or a {_either(offered)} slice",
+        )
+    yield from _validate_tpu_zone(c, candidate, kind, name)
+
+
+def _validate_tpu_zone(c: Any, candidate: Candidate, kind: Any, name: Callable[[str], str]):
     """The zone of the TPU pools the run creates must offer the slice's generation (tpu_rl.tpu: Cloud TPU "TPU
     regions and zones"), and, for a capacity type GKE offers in fewer zones (flex-start), the type too: GKE refuses
     the pool ('Invalid machine type "ct6e-standard-4t" in zone "us-east5-c": GCE_NOT_FOUND') after the cluster and
     the bucket exist. An existing pool is where it is."""
-    if c.uses_existing_tpu_pools or not c.zone or not c.zone.startswith(f"{c.region}-"):
+    zone = candidate.zone
+    if c.uses_existing_tpu_pools or not zone or not zone.startswith(f"{c.region}-"):
         return  # a zone outside the region is refused on its own
     generation = c.slice.generation
-    if c.zone not in generation.zones:
-        here = [g.name for g in GENERATIONS.values() if c.zone in g.zones]
+    if zone not in generation.zones:
+        here = [g.name for g in GENERATIONS.values() if zone in g.zones]
         yield Problem(
-            "zone",
-            f"TPU {generation.name} is not offered in {c.zone}",
+            name("zone"),
+            f"TPU {generation.name} is not offered in {zone}",
             f"use a zone that offers it ({_either(list(generation.zones))}) with its region"
             + (f", or a {_either(here)} slice" if here else ""),
         )
         return
     offered = (kind.zones or {}).get(generation.name) if kind else None
-    if offered is not None and c.zone not in offered:
+    if offered is not None and zone not in offered:
         yield Problem(
-            "zone",
-            f"{kind.name} does not offer TPU {generation.name} in {c.zone}",
-            f'use {_either(list(offered))} (GKE "About flex-start") with its region, or another capacity_type',
+            name("zone"),
+            f"{kind.name} does not offer TPU {generation.name} in {zone}",
+            f'use {_either(list(offered))} (GKE "About flex-start") with its region, or another '
+            f"{name('capacity_type')}",
         )
 
 

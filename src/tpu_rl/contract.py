@@ -49,6 +49,9 @@ XCOM_TPU_SLICES = "tpu_slices"
 XCOM_ATTEMPT_PREFIX = "attempt_prefix"
 XCOM_SUBMITTED_AT = "submitted_at"
 XCOM_JOBSET = "jobset"
+#: ``create_tpu_pools`` and ``train_rl``, with several capacity candidates: the one the slices came from and why the
+#: others were left.
+XCOM_CAPACITY = "capacity"
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,12 @@ TRAINING_JOBSET = Pull(Task.TRAIN_RL, XCOM_JOBSET)
 TRAINING_PREEMPTIONS = Pull(Task.TRAIN_RL, XCOM_PREEMPTIONS)
 #: ``delete_tpu_pools``: when each slice the run created had its nodes (``gke.slice_times``).
 SLICE_TIMES = Pull(Task.DELETE_TPU_POOLS, XCOM_TPU_SLICES)
+#: ``create_tpu_pools``, with several capacity candidates: ``serving`` (the candidate the slices came from),
+#: ``attempts`` (``failover.Attempt.to_json``) and ``lines`` (why each candidate was left).
+CAPACITY_CANDIDATES = Pull(Task.CREATE_TPU_POOLS, XCOM_CAPACITY)
+#: ``train_rl``, with several capacity candidates: the same, once its pools are RUNNING (after a move for
+#: preemptions, on another candidate than create_tpu_pools's): it stands for create_tpu_pools's when pushed.
+TRAINING_CAPACITY = Pull(Task.TRAIN_RL, XCOM_CAPACITY)
 #: ``verify_training``: the run's final step (int).
 FINAL_STEP = Pull(Task.VERIFY_TRAINING)
 #: ``maxtext_to_hf``: the export attempt's folder, and when its JobSet was created.
@@ -90,6 +99,8 @@ PULLED = (
     TRAINING_JOBSET,
     TRAINING_PREEMPTIONS,
     SLICE_TIMES,
+    CAPACITY_CANDIDATES,
+    TRAINING_CAPACITY,
     FINAL_STEP,
     EXPORT_ATTEMPT_PREFIX,
     EXPORT_SUBMITTED_AT,

@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from tpu_rl.candidates import Candidate
 from tpu_rl.capacity import CAPACITY
 from tpu_rl.config import RunConfig
 from tpu_rl.leases import cluster_lease_object
@@ -171,11 +172,19 @@ def cpu_pool(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict[str, Any]:
+def tpu_node_pool(
+    config: RunConfig, run: RunIdentity, slice_index: int, candidate: Candidate | None = None
+) -> dict[str, Any]:
+    """A slice's pool on ``candidate`` (default: the run's first): in its zone, with its capacity type's fields. The
+    cluster is regional and created without ``locations``, so a pool may name any zone of the region (API reference
+    ``NodePool.locations``: "If this value is unspecified during node pool creation, the Cluster.Locations value
+    will be used"; Terraform's ``google_container_node_pool.node_locations``: "Nodes must be in the region of their
+    regional cluster")."""
+    on = config.on_candidate(candidate or config.candidates[0])
     pool: dict[str, Any] = {
         "name": run.tpu_pool_name(slice_index) if config.tpu_pools_per_run else f"tpu-slice-{slice_index}",
         "initial_node_count": config.hosts_per_slice,
-        "locations": [config.zone],
+        "locations": [on.zone],
         "config": _node_config(
             config,
             config.compute_type,
@@ -188,13 +197,28 @@ def tpu_node_pool(config: RunConfig, run: RunIdentity, slice_index: int) -> dict
         # exclusion (UPGRADE_EXCLUSION) keeps upgrades from recreating the slice.
         "management": {"auto_repair": True, "auto_upgrade": True},
     }
-    CAPACITY[config.capacity_type].apply(config, pool)
+    CAPACITY[on.capacity_type].apply(on, pool)
     return pool
 
 
-def capacity_fields(config: RunConfig) -> str:
-    """What capacity_type sets in each TPU pool request, for the plan's reader."""
-    return CAPACITY[config.capacity_type].fields(config)
+def capacity_fields(config: RunConfig, candidate: Candidate | None = None) -> str:
+    """What a candidate's capacity type (default: the run's first) sets in each TPU pool request, for the plan's
+    reader."""
+    on = config.on_candidate(candidate or config.candidates[0])
+    return CAPACITY[on.capacity_type].fields(on)
+
+
+def candidate_fields(pool: dict[str, Any]) -> tuple[tuple[str, ...], bool, bool, tuple[str, ...]]:
+    """What tells the pools of two capacity candidates apart, in a pool request or in GKE's pool read back as
+    one: its zones, Spot, flex-start and the reservation it consumes."""
+    config = pool.get("config") or {}
+    affinity = config.get("reservation_affinity") or {}
+    return (
+        tuple(pool.get("locations") or ()),
+        bool(config.get("spot")),
+        bool(config.get("flex_start")),
+        tuple(affinity.get("values") or ()),
+    )
 
 
 #: Words of a GKE message (an operation's error, a node pool's condition) that say the zone has no
@@ -223,6 +247,11 @@ class Refusal(StrEnum):
 
     #: The project lacks Compute Engine quota: no wait brings it; the run fails naming the quota.
     QUOTA = "quota"
+    #: The capacity the request names is not there now: a specific reservation with too few free VMs (429
+    #: "Reservation does not have enough resources for the request: specific reservation "R" is insufficient for
+    #: node pool "P" at zone "Z": required 1 and short of 1 VM count of machine type M.", quoted in
+    #: GoogleCloudPlatform/gsutil issue 1000). Read as a stockout: it may free up, within the candidate's wait.
+    CAPACITY = "capacity"
     #: Too many operations on the cluster, or requests from the project: waiting clears it.
     THROTTLED = "throttled"
     #: Another operation runs on the cluster or the pool (one of the run's, or GKE's own: a control-plane upgrade,
@@ -234,15 +263,17 @@ class Refusal(StrEnum):
 
 
 def refusal(status: str, message: str) -> Refusal | None:
-    """How to read GKE's refusal of a request, by its status (the gRPC code's name) first and its words only
-    where one status has several meanings: RESOURCE_EXHAUSTED (HTTP 429) is throttling unless it names Compute
-    Engine quota; FAILED_PRECONDITION is another operation running (GKE "Troubleshoot concurrent operations":
-    "Cluster is running incompatible operation", "Operation ... is currently upgrading cluster"); PERMISSION_DENIED
-    (403) with quota's words is quota ("Insufficient regional quota to satisfy request"), any other 403 is IAM, as is
-    the 400 GKE answers for nodes whose service account the caller may not act as. None: any other refusal, which is
-    the caller's to report."""
+    """How to read GKE's refusal of a request, by its status (the gRPC code's name) first and its words only where one
+    status has several meanings: RESOURCE_EXHAUSTED (HTTP 429) is throttling unless it names Compute Engine
+    quota or capacity that is not there (a reservation too small); FAILED_PRECONDITION is another operation
+    running (GKE "Troubleshoot concurrent operations": "Cluster is running incompatible operation", "Operation
+    ... is currently upgrading cluster"); PERMISSION_DENIED (403) with quota's words is quota ("Insufficient
+    regional quota to satisfy request"), any other 403 is IAM, as is the 400 GKE answers for nodes whose service
+    account the caller may not act as. None: any other refusal, which is the caller's to report."""
     if status == "RESOURCE_EXHAUSTED":
-        return Refusal.QUOTA if is_quota_error(message) else Refusal.THROTTLED
+        if is_quota_error(message):
+            return Refusal.QUOTA
+        return Refusal.CAPACITY if is_capacity_error(message) else Refusal.THROTTLED
     if status == "FAILED_PRECONDITION":
         return Refusal.BUSY
     if status == "PERMISSION_DENIED":
@@ -419,19 +450,25 @@ def cluster_path(config: RunConfig) -> str:
 def slice_times(operations: list[dict[str, Any]], pools: list[str]) -> list[dict[str, str]]:
     """When each pool of ``pools`` had its slice, from GKE's operations on them, each given as ``type``
     (``CREATE_NODE_POOL``, ``DELETE_NODE_POOL``), ``pool``, ``end`` (RFC 3339) and ``failed``: its nodes are
-    whole when its last successful create ended (a flex-start pool gets its nodes later: an upper bound) and
-    gone when its last delete ended. A pool without both is left out (it never had a slice, or still has).
+    whole when a successful create ended (a flex-start pool gets its nodes later: an upper bound) and gone when
+    the delete after it ended. A pool created and deleted twice (moved to another capacity candidate) had two
+    slices; a create without a delete after it is left out (the slice is still there); a failed create had none.
 
-    Returns ``pool``, ``nodes_from`` and ``nodes_gone`` (ISO 8601, UTC) per pool, in the order of ``pools``.
+    Returns ``pool``, ``nodes_from`` and ``nodes_gone`` (ISO 8601, UTC) per slice, in the order of ``pools``,
+    oldest first.
     """
-    ends: dict[tuple[str, str], datetime] = {}
-    for op in operations:
-        if op["pool"] in pools and op["end"] and not (op["type"] == "CREATE_NODE_POOL" and op["failed"]):
-            end = parse_time(op["end"])
-            ends[op["type"], op["pool"]] = max(end, ends.get((op["type"], op["pool"]), end))
     times = []
     for pool in pools:
-        created, deleted = ends.get(("CREATE_NODE_POOL", pool)), ends.get(("DELETE_NODE_POOL", pool))
-        if created and deleted and deleted >= created:
-            times.append({"pool": pool, "nodes_from": created.isoformat(), "nodes_gone": deleted.isoformat()})
+        ended = sorted(
+            (parse_time(op["end"]), op["type"])
+            for op in operations
+            if op["pool"] == pool and op["end"] and not (op["type"] == "CREATE_NODE_POOL" and op["failed"])
+        )
+        created = None
+        for end, kind in ended:
+            if kind == "CREATE_NODE_POOL":
+                created = end
+            elif created is not None:
+                times.append({"pool": pool, "nodes_from": created.isoformat(), "nodes_gone": end.isoformat()})
+                created = None
     return times

@@ -9,7 +9,14 @@ from airflow.sdk import Param
 
 from tpu_rl.config import field_specs
 
-_JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object"}
+_JSON_TYPES = {
+    "str": "string",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "dict": "object",
+    "list": "array",
+}
 
 
 def trigger_params() -> dict[str, Param]:
@@ -25,7 +32,7 @@ def trigger_params() -> dict[str, Param]:
                 title=meta["title"], description=meta["description"], section=meta["section"], minLength=1, **schema
             )
         else:
-            default = spec.default_factory() if spec.type == "dict" else spec.default
+            default = spec.default_factory() if spec.type in ("dict", "list") else spec.default
             params[spec.name] = Param(
                 default, title=meta["title"], description=meta["description"], section=meta["section"], **schema
             )

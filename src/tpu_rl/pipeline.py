@@ -10,7 +10,7 @@ from typing import Any
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Asset, BaseOperator
 
-from tpu_rl.config import CAPACITY_WAIT_MAX_MINUTES
+from tpu_rl.candidates import CREATE_TPU_POOLS_TIMEOUT_MINUTES
 from tpu_rl.contract import EXPORT_ATTEMPT_PREFIX, EXPORT_SUBMITTED_AT, FINAL_STEP, TRAINER_COMPLETED, Task
 from tpu_rl.operators.cluster import (
     ClusterReadySensor,
@@ -164,9 +164,10 @@ def _training_tasks(after: BaseOperator) -> tuple[BaseOperator, BaseOperator, Ba
     wait_for_capacity = WaitForTpuCapacitySensor(
         task_id=Task.WAIT_FOR_TPU_CAPACITY, mode="reschedule", poke_interval=30, timeout=timedelta(days=7)
     )
-    # Its timeout holds while it waits for capacity (capacity_wait_minutes, at most the maximum) and creates.
+    # Its timeout holds while it waits for capacity (capacity_wait_minutes, at most the maximum; the capacity
+    # candidates' waits are checked against it) and creates.
     create_tpu_pools = CreateTpuNodePoolsOperator(
-        task_id=Task.CREATE_TPU_POOLS, execution_timeout=timedelta(minutes=CAPACITY_WAIT_MAX_MINUTES, hours=2)
+        task_id=Task.CREATE_TPU_POOLS, execution_timeout=timedelta(minutes=CREATE_TPU_POOLS_TIMEOUT_MINUTES)
     )
     train = TrainRlOperator(task_id=Task.TRAIN_RL, execution_timeout=timedelta(hours=72))
     # The slice bills by the hour: when worker slots are short, its deletion is queued before any other task.

@@ -27,7 +27,7 @@ def plan_documents(
     now = now or datetime.now(UTC)
     layout = GcsLayout(config, run)
     docs: list[tuple[str, dict[str, Any]]] = []
-    capacity = f"capacity_type {config.capacity_type}: {gke.capacity_fields(config)}"
+    capacity = _capacity_comment(config)
     if config.creates_cluster:
         with_pools = f"; its TPU node pools' {capacity}" if config.tpu_pools_with_cluster else ""
         docs.append(
@@ -79,6 +79,34 @@ def plan_documents(
     return docs
 
 
+def _capacity_comment(config: RunConfig) -> str:
+    """What the TPU pool requests shown (the first candidate's) set for their capacity."""
+    first = config.candidates[0]
+    capacity = f"capacity_type {first.capacity_type}: {gke.capacity_fields(config)}"
+    if config.capacity_candidates:
+        return f"candidate 0, {first.describe()}, {capacity}; the next candidates only when it fails"
+    return capacity
+
+
+def candidate_lines(config: RunConfig) -> list[str]:
+    """Where the run's TPU pools may come from, in the order create_tpu_pools tries them, each with its price and
+    wait and what its pool request sets; nothing for a run that creates no TPU pool."""
+    if not config.tpu_pools_per_run and not config.tpu_pools_with_cluster:
+        return []
+    lines = ["Capacity candidates, tried in order (all the run's slices on one):"]
+    for index, candidate in enumerate(config.candidates):
+        price = candidate.price(config.tpu_price_per_chip_hour)
+        lines.append(
+            f"  {index}: {candidate.describe()}, ${price:.2f} per chip-hour, wait {candidate.wait_minutes} min: "
+            f"{gke.capacity_fields(config, candidate)}"
+        )
+    if config.max_preemptions_per_candidate:
+        lines.append(
+            f"  after {config.max_preemptions_per_candidate} preemption(s) on a candidate, the resume moves to the next"
+        )
+    return lines
+
+
 class _PlainDumper(yaml.SafeDumper):
     """Writes repeated values out in full: anchors and aliases make a plan hard to review."""
 
@@ -112,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# Quality gate: {resolution}")
     if resolution := data_resolution(config):
         print(f"# Training data: {resolution}")
+    for line in candidate_lines(config):
+        print(f"# {line}")
     sys.stdout.write(render(config, RunIdentity(args.dag_id, args.run_id)))
     return 0
 

@@ -25,6 +25,8 @@ class PreemptionRecord:
         and the training was not resumed.
     :param seconds_lost: from the newest complete checkpoint's commit (else the attempt's start) to the resume.
     :param set_aside: where the half-written or broken step folders went (``gs://`` URIs).
+    :param candidate: the capacity candidate (its index) the preempted slices came from; None with one candidate
+        (and in records written before candidates existed), left out of the JSON then.
     """
 
     number: int
@@ -34,6 +36,7 @@ class PreemptionRecord:
     resumed_from: int | None
     seconds_lost: float
     set_aside: tuple[str, ...] = ()
+    candidate: int | None = None
 
     @property
     def steps_recomputed(self) -> int:
@@ -42,7 +45,8 @@ class PreemptionRecord:
         return max(self.preempted_at_step - self.resumed_from, 0)
 
     def to_json(self) -> dict:
-        return {**asdict(self), "set_aside": list(self.set_aside), "steps_recomputed": self.steps_recomputed}
+        fields = {k: v for k, v in asdict(self).items() if k != "candidate" or v is not None}
+        return {**fields, "set_aside": list(self.set_aside), "steps_recomputed": self.steps_recomputed}
 
     @classmethod
     def from_json(cls, data: Mapping) -> PreemptionRecord:
@@ -142,6 +146,7 @@ def decide(
     checkpoint_period: int,
     max_preemptions: int,
     set_aside_root: str,
+    candidate: int | None = None,
 ) -> TrainingComplete | ResumeTraining | BudgetSpent:
     """What a preemption of the training means, from what it left in the bucket and the run's records.
 
@@ -152,6 +157,7 @@ def decide(
     :param recorded: the preemptions the run's record holds already; ``cause`` the preemption's ``reason`` and
         ``pod``.
     :param set_aside_root: the ``gs://`` prefix the set-aside folders go under.
+    :param candidate: the capacity candidate the preempted slices came from (None: the run has one), recorded.
     """
     plan = checkpoints.plan_resume(steps)
     final = checkpoints.check_final_step(
@@ -170,6 +176,7 @@ def decide(
         resumed_from=plan.resume_from if resumed else None,
         seconds_lost=seconds_lost(since, now),
         set_aside=tuple(set_aside_root + folder for _, _, folder in moves),
+        candidate=candidate,
     )
     if resumed:
         return ResumeTraining(record, moves, plan.committed_warnings)

@@ -23,9 +23,11 @@ from tpu_rl import __version__
 from tpu_rl import training_metrics as tm
 from tpu_rl.config import RunConfig
 from tpu_rl.contract import (
+    CAPACITY_CANDIDATES,
     FINAL_STEP,
     PUBLISHED_MODEL,
     SLICE_TIMES,
+    TRAINING_CAPACITY,
     TRAINING_EVALUATION,
     TRAINING_JOBSET,
     TRAINING_PREEMPTIONS,
@@ -73,6 +75,8 @@ class RunXComs:
     preemptions: Mapping[str, Any] | None = _pulled(TRAINING_PREEMPTIONS)
     training_jobset: Mapping[str, Any] | None = _pulled(TRAINING_JOBSET)
     slices: Sequence[Mapping[str, str]] | None = _pulled(SLICE_TIMES)
+    capacity: Mapping[str, Any] | None = _pulled(CAPACITY_CANDIDATES)
+    training_capacity: Mapping[str, Any] | None = _pulled(TRAINING_CAPACITY)
     final_step: int | None = _pulled(FINAL_STEP)
     model_uri: str | None = _pulled(PUBLISHED_MODEL)
 
@@ -127,6 +131,8 @@ class RunPage:
     final_step: int | None
     preemptions: str
     links: list[Link]
+    #: With several capacity candidates: which were tried, why each was left, which one the slices came from.
+    capacity: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -167,6 +173,7 @@ def run_page(
         cost_note=tm.describe_cost(cost, config),
         final_step=xcoms.final_step,
         preemptions=describe_accounting(dict(xcoms.preemptions) if xcoms.preemptions else None),
+        capacity=tuple((xcoms.training_capacity or xcoms.capacity or {}).get("lines") or ()),
         links=_output_links(config, layout, xcoms.model_uri),
     )
 
@@ -221,6 +228,7 @@ def render(page: RunPage) -> str:
         "<h2>TPU cost</h2>",
         _cost(page),
         f'<p>Preemptions: <span id="preemptions">{escape(page.preemptions)}</span></p>',
+        _capacity(page),
         "<h2>Outputs</h2>",
         _links(page),
         "<h2>Settings</h2>",
@@ -338,7 +346,32 @@ def _cost(page: RunPage) -> str:
         f'<td class="num" id="chip-hours">{cost["chip_hours"]:.3f}</td></tr><tr><th>cost (USD)</th>'
         f'<td class="num" id="cost-usd">{cost["cost_usd"]:.2f}</td></tr><tr><th>price per chip-hour (USD)</th>'
         f'<td class="num">{cost["price_per_chip_hour"]:.2f}</td></tr></table>'
+        + _cost_by_candidate(cost.get("by_candidate") or ())
     )
+
+
+def _cost_by_candidate(costs: Sequence[Mapping[str, Any]]) -> str:
+    """The TPU time and cost on each capacity candidate the slices came from, at its price."""
+    if not costs:
+        return ""
+    rows = "".join(
+        f"<tr><th>candidate {c['candidate']} ({escape(c['describe'])})</th>"
+        f'<td class="num">{c["chip_hours"]:.3f}</td><td class="num">{c["price_per_chip_hour"]:.2f}</td>'
+        f'<td class="num">{c["cost_usd"]:.2f}</td></tr>'
+        for c in costs
+    )
+    header = (
+        "<tr><th>capacity candidate</th><th>chip-hours</th><th>price per chip-hour (USD)</th><th>cost (USD)</th></tr>"
+    )
+    return f'<table id="cost-by-candidate">{header}{rows}</table>'
+
+
+def _capacity(page: RunPage) -> str:
+    """The capacity candidates the run tried (nothing with one candidate)."""
+    if not page.capacity:
+        return ""
+    items = "".join(f"<li>{escape(line)}</li>" for line in page.capacity)
+    return f'<p>Capacity candidates:</p><ul id="capacity">{items}</ul>'
 
 
 def _links(page: RunPage) -> str:

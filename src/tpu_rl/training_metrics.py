@@ -455,18 +455,66 @@ def cost_line(hours: float, price_per_chip_hour: float) -> str:
     )
 
 
-def tpu_cost(slices: Sequence[Mapping[str, str]], config: RunConfig) -> dict[str, Any]:
-    """The TPU time of the slices a run created (``pool``, ``nodes_from``, ``nodes_gone`` as ISO times), as
-    plain values for XCom and the Asset event's extra."""
+def _hours(slices: Sequence[Mapping[str, Any]], chips_per_slice: int) -> float:
     spans = [(datetime.fromisoformat(s["nodes_from"]), datetime.fromisoformat(s["nodes_gone"])) for s in slices]
-    hours = chip_hours(spans, config.slice.chips)
+    return chip_hours(spans, chips_per_slice)
+
+
+def tpu_cost(slices: Sequence[Mapping[str, Any]], config: RunConfig) -> dict[str, Any]:
+    """The TPU time of the slices a run created (``pool``, ``nodes_from``, ``nodes_gone`` as ISO times), as
+    plain values for XCom and the Asset event's extra. With ``capacity_candidates``, slices that name their
+    ``candidate`` are also counted per candidate at its own price (``by_candidate``), and the cost is their sum."""
+    hours = _hours(slices, config.slice.chips)
     price = config.tpu_price_per_chip_hour
-    return {
+    cost = {
         "chip_hours": round(hours, 3),
         "cost_usd": round(hours * price, 2),
         "price_per_chip_hour": price,
         "slices": [dict(s) for s in slices],
     }
+    if config.capacity_candidates and slices and all("candidate" in s for s in slices):
+        by_candidate = cost_by_candidate(slices, config.candidates, config.slice.chips, price)
+        cost.update(cost_usd=round(sum(c["cost_usd"] for c in by_candidate), 2), by_candidate=by_candidate)
+    return cost
+
+
+def cost_by_candidate(
+    slices: Sequence[Mapping[str, Any]], candidates: Sequence[Any], chips_per_slice: int, default_price: float
+) -> list[dict[str, Any]]:
+    """The TPU time and cost on each capacity candidate (``tpu_rl.candidates.Candidate``) the slices came from (each
+    slice names its ``candidate`` by index), in the candidates' order: a candidate's own price, else
+    ``default_price`` (``tpu_price_per_chip_hour``). A candidate without a slice (left before its pools had
+    nodes) is not listed: GKE bills a slice from the moment its nodes exist."""
+    costs = []
+    for index, candidate in enumerate(candidates):
+        own = [s for s in slices if s["candidate"] == index]
+        if not own:
+            continue
+        hours, price = _hours(own, chips_per_slice), candidate.price(default_price)
+        costs.append(
+            {
+                "candidate": index,
+                "describe": candidate.describe(),
+                "chip_hours": round(hours, 3),
+                "price_per_chip_hour": price,
+                "cost_usd": round(hours * price, 2),
+                "slices": len(own),
+            }
+        )
+    return costs
+
+
+def describe_costs(costs: Sequence[Mapping[str, Any]]) -> str:
+    """Each candidate's chip-hours and cost at its price, and the total when there are several, e.g.
+    ``candidate 1 (spot in us-east5-b): 12.0 chip-hours, about $13.20 at $1.10 per chip-hour``."""
+    lines = [
+        f"candidate {c['candidate']} ({c['describe']}): {cost_line(c['chip_hours'], c['price_per_chip_hour'])}"
+        for c in costs
+    ]
+    if len(costs) > 1:
+        hours, usd = sum(c["chip_hours"] for c in costs), sum(c["cost_usd"] for c in costs)
+        lines.append(f"in all {hours:.1f} chip-hours, about ${usd:,.2f}")
+    return "; ".join(lines)
 
 
 def describe_cost(cost: Mapping[str, Any] | None, config: RunConfig) -> str:
@@ -478,6 +526,8 @@ def describe_cost(cost: Mapping[str, Any] | None, config: RunConfig) -> str:
         )
     if cost is None:
         return "unknown: delete_tpu_pools recorded no slice times"
+    if cost.get("by_candidate"):
+        return f"{describe_costs(cost['by_candidate'])}, {len(cost['slices'])} slice(s)"
     return f"{cost_line(cost['chip_hours'], cost['price_per_chip_hour'])}, {len(cost['slices'])} slice(s)"
 
 
@@ -489,9 +539,10 @@ def run_summary(
     model_uri: str | None,
     config: RunConfig,
     preemptions: str = "none",
+    capacity: Sequence[str] = (),
 ) -> str:
     """The block the run's last task prints: where training ended, what it did to the model, what the TPUs
-    cost and where the model is."""
+    cost and where the model is; with several capacity candidates, which were tried and why each was left."""
     if config.evaluation_batches and evaluation is not None:
         figures = [
             f"before {evaluation.before.describe() if evaluation.before else 'not logged'}",
@@ -505,6 +556,7 @@ def run_summary(
         *(f"             {line}" for line in figures[1:]),
         f"TPU          {describe_cost(cost, config)}",
         f"preemptions  {preemptions}",
+        *(f"{'capacity' if i == 0 else '':<12} {line}" for i, line in enumerate(capacity)),
         f"model        {model_uri or 'not published'}",
     ]
     return "\n".join(["Run summary", *(f"  {line}" for line in lines)])

@@ -26,6 +26,11 @@ DAG_ID = "maxtext_rl_tpu"
 RUN_TIMEOUT = 1200
 #: How long the capacity scenarios' slices are held back by the GKE emulator.
 HELD_SECONDS = 90
+CANDIDATES = [
+    {"zone": "us-east5-b", "capacity_type": "on_demand"},
+    {"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.1},
+    {"zone": "us-east5-a", "capacity_type": "on_demand", "price_per_chip_hour": 3.0},
+]
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +76,23 @@ def gke_scenarios(airflow_stack, session_gke):
         "cluster_name": f"e2e-flex-{suffix}",
         "capacity_type": "flex_start",
     }
+    # Three capacity candidates: on demand stocked out in us-east5-b, Spot there without quota, on demand in us-east5-a.
+    scenarios["candidates"] = {
+        **SIM_CREATE_CONF,
+        **SMALL_SLICE,
+        "cluster_name": f"e2e-cand-{suffix}",
+        "capacity_candidates": CANDIDATES,
+    }
     run_ids = {name: f"e2e__gke_{name}__{suffix}" for name in scenarios}
+    candidate_pools = f"tpu-{RunIdentity(DAG_ID, run_ids['candidates']).key}-"
+    gke_faults.set_fault(
+        f"e2e-candidates-{suffix}",
+        "stockout",
+        pool_prefix=candidate_pools,
+        zone="us-east5-b",
+        capacity_type="on_demand",
+    )
+    gke_faults.set_fault(f"e2e-candidates-quota-{suffix}", "quota", pool_prefix=candidate_pools, capacity_type="spot")
     stockout_pools = f"tpu-{RunIdentity(DAG_ID, run_ids['stockout']).key}-"
     gke_faults.set_fault(f"e2e-stockout-{suffix}", "stockout", pool_prefix=stockout_pools)
     for name in ("spot_held", "flex_start"):
@@ -87,7 +108,7 @@ def gke_scenarios(airflow_stack, session_gke):
             airflow_stack.trigger(DAG_ID, conf, run_id=run_ids[name])
         yield {name: (run_ids[name], scenarios[name]) for name in scenarios}
     finally:
-        for name in ("stockout", "spot_held", "flex_start"):
+        for name in ("stockout", "spot_held", "flex_start", "candidates", "candidates-quota"):
             gke_faults.clear_faults(f"e2e-{name}-{suffix}")
         if cluster_or_none(gke, foreign):
             gke.delete_cluster(name=f"{PARENT}/clusters/{foreign}")
@@ -260,3 +281,25 @@ def test_a_flex_start_pool_is_created_empty_and_the_training_waits_for_its_slice
     assert started and min(started) >= nodes_from - 2, (started, nodes_from)
     assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
     assert cluster_or_none(gke, conf["cluster_name"]) is None
+
+
+@pytest.mark.e2e_last
+def test_a_run_whose_first_candidate_stocks_out_and_second_lacks_quota_trains_on_the_third(airflow, gke, runs):
+    run_id, conf, state = runs["candidates"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
+    assert tasks["create_tpu_pools"]["try_number"] == 1  # the failover is within the task, not its retries
+    log = airflow.task_log(DAG_ID, run_id, "create_tpu_pools", 1)
+    assert "candidate 0 (on_demand in us-east5-b) left: stockout" in log, log[-3000:]
+    assert "candidate 1 (spot in us-east5-b) left: quota" in log
+    assert "Capacity candidate 2 (on_demand in us-east5-a): the slices came from it" in log
+    capacity = airflow.xcom(DAG_ID, run_id, "create_tpu_pools", "capacity")
+    assert capacity["serving"] == 2 and [a["outcome"] for a in capacity["attempts"]] == ["stockout", "quota"]
+    creates = sorted(pool_operations(gke, run_id, 1)["CREATE_NODE_POOL"], key=lambda op: _time(op.start_time))
+    assert [bool(op.error.code) for op in creates] == [True, False]  # the stockout, then us-east5-a (quota: refused)
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
+    slices = airflow.xcom(DAG_ID, run_id, "delete_tpu_pools", "tpu_slices")
+    assert [s["candidate"] for s in slices] == [2]
+    summary = airflow.xcom(DAG_ID, run_id, "pipeline_done")
+    assert "TPU          candidate 2 (on_demand in us-east5-a): " in summary and "at $3.00 per chip-hour" in summary
+    assert "capacity     candidate 0 (on_demand in us-east5-b): left, stockout" in summary

@@ -10,6 +10,7 @@ deletes it. Operation durations are the emulator's defaults (3 s creates, 2 s de
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import time
@@ -251,6 +252,63 @@ def test_stockout_fault_fails_the_pool_operation(hook, client, cluster):
         gke_faults.clear_faults("test-stockout")
     op = client.delete_node_pool(name=f"{CLUSTER_PATH}/nodePools/stock-a")
     wait_operation(client, op.name)
+
+
+def test_a_quota_fault_of_one_region_refuses_that_regions_pools_only(client, cluster):
+    """Compute Engine's TPU quota is regional: a quota rule naming another region leaves this cluster's creates
+    alone; one naming its region refuses them at once with GKE's regional-quota 403."""
+    from google.api_core.exceptions import PermissionDenied
+
+    from sim import gke_faults
+
+    gke_faults.set_fault("test-quota-elsewhere", "quota", pool_prefix="quota-", region="europe-west4")
+    try:
+        op = client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("quota-a"))
+        assert wait_operation(client, op.name).error.code == 0
+        gke_faults.set_fault("test-quota-here", "quota", pool_prefix="quota-", region=REGION)
+        with pytest.raises(PermissionDenied, match=f"Insufficient regional quota .* in region {REGION}"):
+            client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("quota-b"))
+        assert gke_faults.list_faults()["test-quota-elsewhere"]["applied"] == 0
+    finally:
+        gke_faults.clear_faults("test-quota-elsewhere")
+        gke_faults.clear_faults("test-quota-here")
+    op = client.delete_node_pool(name=f"{CLUSTER_PATH}/nodePools/quota-a")
+    wait_operation(client, op.name)
+
+
+def test_a_reservation_of_a_fixed_number_of_vms_refuses_a_pool_it_cannot_hold(client, cluster):
+    """reservations.json gives "my-res" 2 VMs: a pool of 2 consumes them, a second one is refused at once with GKE's
+    429 "Reservation does not have enough resources for the request" (gsutil issue 1000); deleting the first gives
+    them back."""
+    from google.api_core.exceptions import ResourceExhausted
+
+    from sim.gke_settings import GKE_DIR
+
+    reservations = GKE_DIR / "reservations.json"
+    before = reservations.read_text() if reservations.exists() else None
+    reservations.write_text(json.dumps([{"name": "my-res", "vm_count": 2}]))
+    affinity = {
+        "consume_reservation_type": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["my-res"],
+    }
+    reserved = {"initial_node_count": 2, "config": {"reservation_affinity": affinity}}
+    try:
+        op = client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("res-a", **copy.deepcopy(reserved)))
+        assert wait_operation(client, op.name).error.code == 0
+        with pytest.raises(ResourceExhausted, match='specific reservation "my-res" is insufficient for node pool'):
+            client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("res-b", **copy.deepcopy(reserved)))
+        op = client.delete_node_pool(name=f"{CLUSTER_PATH}/nodePools/res-a")
+        wait_operation(client, op.name)
+        op = client.create_node_pool(parent=CLUSTER_PATH, node_pool=pool_body("res-b", **copy.deepcopy(reserved)))
+        assert wait_operation(client, op.name).error.code == 0
+        op = client.delete_node_pool(name=f"{CLUSTER_PATH}/nodePools/res-b")
+        wait_operation(client, op.name)
+    finally:
+        if before is None:
+            reservations.unlink(missing_ok=True)
+        else:
+            reservations.write_text(before)
 
 
 def test_operations_are_listed(client, cluster):

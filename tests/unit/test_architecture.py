@@ -39,6 +39,8 @@ CORE = (
     "event_files",
     "timestamps",
     "capacity",
+    "candidates",
+    "failover",
 )
 
 

@@ -622,3 +622,57 @@ def test_flex_start_runs_at_most_seven_days():
     assert "max_run_duration 691200s exceeds the flex-start limit of 7 days" in refused(
         rules.check_node_pool, cluster(), longer, REGION, PROJECT, {}
     )
+
+
+def test_a_pool_requests_capacity_type_is_read_from_its_fields():
+    assert rules.capacity_type_of({"config": {"spot": True}}) == "spot"
+    assert rules.capacity_type_of({"config": {"flex_start": True}}) == "flex_start"
+    reserved = {"config": {"reservation_affinity": {"consume_reservation_type": "SPECIFIC_RESERVATION"}}}
+    assert rules.capacity_type_of(reserved) == "reservation"
+    no_reservation = {"config": {"reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}}}
+    assert rules.capacity_type_of(no_reservation) == "on_demand"
+    assert rules.capacity_type_of({"config": {}}) == "on_demand"
+
+
+def test_a_capacity_fault_can_hold_one_zone_and_capacity_type_only(monkeypatch, tmp_path):
+    """A zone stocked out on demand while its Spot capacity is there; quota missing for Spot only."""
+    from sim import gke_faults
+
+    monkeypatch.setattr(gke_faults, "SIM", tmp_path)
+    gke_faults.set_fault("zone-b", "stockout", zone="us-east5-b", capacity_type="on_demand")
+    gke_faults.set_fault("spot-quota", "quota", capacity_type="spot")
+    assert gke_faults.take("stockout", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-b", "spot") is None
+    assert gke_faults.take("stockout", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-a", "on_demand") is None
+    assert gke_faults.take("stockout", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-b", "on_demand") == "zone-b"
+    assert gke_faults.take("quota", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-a", "spot") == "spot-quota"
+    assert gke_faults.take("quota", "tpu-x-0", "ct6e-standard-4t", "c", "us-east5-a", "on_demand") is None
+
+
+def test_a_reservation_with_a_fixed_number_of_vms_refuses_a_pool_it_cannot_hold_as_capacity_not_throttling():
+    """A reservation of 20 VMs, 8 of them taken: a slice pool of 16 hosts is refused at once with GKE's 429, which
+    the package reads as capacity that is not there (a stockout), not as throttling to wait out."""
+    from tpu_rl.gke import Refusal, refusal
+
+    reserved = tpu_pool(
+        initial_node_count=16,
+        config={
+            **tpu_pool()["config"],
+            "reservation_affinity": {
+                "consume_reservation_type": "SPECIFIC_RESERVATION",
+                "key": "compute.googleapis.com/reservation-name",
+                "values": ["my-v6e"],
+            },
+        },
+    )
+    counts = rules.reservation_vm_counts([{"name": "my-v6e", "vm_count": 20}, "unbounded"], "p")
+    assert counts == {"projects/p/reservations/my-v6e": 20}
+    rules.check_reservation_vms(reserved, "us-east5-a", "p", counts, consumed=4)  # 16 of the 16 left
+    with pytest.raises(GkeError) as short:
+        rules.check_reservation_vms(reserved, "us-east5-a", "p", counts, consumed=8)
+    assert short.value.code == "RESOURCE_EXHAUSTED"
+    assert short.value.message.startswith(
+        'Reservation does not have enough resources for the request: specific reservation "my-v6e" is insufficient '
+        'for node pool "tpu-slice-0" at zone "us-east5-a": required 16 and short of 4 VM count of machine type'
+    )
+    assert refusal(short.value.code, short.value.message) is Refusal.CAPACITY
+    rules.check_reservation_vms(tpu_pool(), "us-east5-a", "p", counts, consumed=20)  # consumes no reservation

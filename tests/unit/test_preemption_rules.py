@@ -274,3 +274,12 @@ def test_a_doubted_committed_step_is_resumed_from_and_named():
     assert decision.record.resumed_from == 30 and decision.doubted == (
         (30, "leaf actor/30/model_params/w/ has no .zarray"),
     )
+
+
+def test_a_preemption_record_names_the_candidate_its_slices_came_from():
+    record = decide(candidate=2).record
+    assert record.candidate == 2 and record.to_json()["candidate"] == 2
+    assert pr.PreemptionRecord.from_json(record.to_json()) == record
+    # One candidate (and a record written before candidates existed): as before, no candidate.
+    alone = decide().record.to_json()
+    assert "candidate" not in alone and pr.PreemptionRecord.from_json(alone).candidate is None

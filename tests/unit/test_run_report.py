@@ -418,3 +418,67 @@ def test_a_training_that_ends_within_an_interval_of_its_last_line_shows_where_it
 
     assert len(lines) == 2 and lines[-1].startswith("Training progress: step 30/30 (100%)")
     assert "step 30/30" not in lines[0]
+
+
+#: A run whose first candidate stocked out and whose slice came from the second, Spot at its own price.
+CANDIDATES = [
+    {"zone": "us-east5-b", "capacity_type": "on_demand"},
+    {"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.1},
+]
+CAPACITY_XCOM = {
+    "serving": 1,
+    "attempts": [{"candidate": 0, "outcome": "stockout", "detail": "GCE_STOCKOUT", "at": ""}],
+    "lines": [
+        "candidate 0 (on_demand in us-east5-b): left, stockout (GCE_STOCKOUT)",
+        "candidate 1 (spot in us-east5-b): the slices came from it",
+    ],
+}
+
+
+def test_the_event_and_the_summary_count_the_tpu_cost_at_the_price_of_the_candidate_the_slices_came_from():
+    xcoms = {
+        ("delete_tpu_pools", "tpu_slices"): [{**SLICES[0], "candidate": 1}],
+        ("create_tpu_pools", "capacity"): CAPACITY_XCOM,
+    }
+    extra = published_extra(xcoms, capacity_candidates=CANDIDATES)
+    assert extra["tpu"]["chip_hours"] == 96.0 and extra["tpu"]["cost_usd"] == 105.6
+    assert extra["tpu"]["by_candidate"] == [
+        {
+            "candidate": 1,
+            "describe": "spot in us-east5-b",
+            "chip_hours": 96.0,
+            "price_per_chip_hour": 1.1,
+            "cost_usd": 105.6,
+            "slices": 1,
+        }
+    ]
+    assert extra["tpu_note"] == (
+        "candidate 1 (spot in us-east5-b): 96.0 chip-hours, about $105.60 at $1.10 per chip-hour, 1 slice(s)"
+    )
+    ctx = summary_context(capacity_candidates=CANDIDATES)
+    ctx["ti"].xcoms.update(xcoms)
+    summary = RunSummaryOperator(task_id="pipeline_done").execute(ctx)
+    assert "TPU          candidate 1 (spot in us-east5-b): 96.0 chip-hours, about $105.60" in summary
+    assert "  capacity     candidate 0 (on_demand in us-east5-b): left, stockout (GCE_STOCKOUT)\n" in summary
+    assert "               candidate 1 (spot in us-east5-b): the slices came from it\n" in summary
+
+
+def test_a_single_candidate_runs_cost_is_counted_as_before():
+    extra = published_extra({("delete_tpu_pools", "tpu_slices"): SLICES})
+    assert "by_candidate" not in extra["tpu"]
+    assert extra["tpu_note"] == "96.0 chip-hours, about $259.20 at $2.70 per chip-hour, 1 slice(s)"
+
+
+def test_after_a_move_on_preemption_the_summary_lists_train_rls_view_of_the_candidates():
+    """train_rl moved the slices from Spot to on demand after preemptions: its XCom capacity stands for
+    create_tpu_pools's, which still says the slices came from Spot."""
+    moved = {
+        "serving": 0,
+        "attempts": [],
+        "lines": ["candidate 1 (spot in us-east5-b): left, preempted (TerminationByKubelet)"],
+    }
+    ctx = summary_context(capacity_candidates=CANDIDATES)
+    ctx["ti"].xcoms.update({("create_tpu_pools", "capacity"): CAPACITY_XCOM, ("train_rl", "capacity"): moved})
+    summary = RunSummaryOperator(task_id="pipeline_done").execute(ctx)
+    assert "  capacity     candidate 1 (spot in us-east5-b): left, preempted (TerminationByKubelet)\n" in summary
+    assert "the slices came from it" not in summary

@@ -15,7 +15,16 @@ from airflow.sdk import BaseOperator
 
 from tpu_rl import training_metrics as tm
 from tpu_rl.compat import AirflowFailException
-from tpu_rl.contract import FINAL_STEP, PUBLISHED_MODEL, SLICE_TIMES, TRAINING_EVALUATION, TRAINING_PREEMPTIONS, Pull
+from tpu_rl.contract import (
+    CAPACITY_CANDIDATES,
+    FINAL_STEP,
+    PUBLISHED_MODEL,
+    SLICE_TIMES,
+    TRAINING_CAPACITY,
+    TRAINING_EVALUATION,
+    TRAINING_PREEMPTIONS,
+    Pull,
+)
 from tpu_rl.preemption import describe_accounting
 from tpu_rl.run_scope import RunScope, RunScoped
 
@@ -94,6 +103,7 @@ class RunSummaryOperator(RunScoped, BaseOperator):
             model_uri=pull(context, PUBLISHED_MODEL),
             config=scope.config,
             preemptions=describe_accounting(pull(context, TRAINING_PREEMPTIONS)),
+            capacity=(pull(context, TRAINING_CAPACITY) or pull(context, CAPACITY_CANDIDATES) or {}).get("lines") or (),
         )
         self.log.info("%s", summary)
         if scope.config.notify_conn_id:

@@ -1,6 +1,8 @@
 """The training record: a run's training parameters stored next to its checkpoints on the first attempt,
 and every later attempt refused when they differ (``train_rl`` resumes from the run's latest checkpoint);
-and the run's preemptions, added as ``train_rl`` meets them, so a retried or cleared task counts them too.
+and the run's preemptions, added as ``train_rl`` meets them, so a retried or cleared task counts them too;
+and, with several capacity candidates, why the run left each one (``failover.Attempt``), so a new try of
+``create_tpu_pools`` goes on from where the run is instead of from the first candidate.
 
 :func:`check_training_record` is the check; :class:`TrainingRecordCheckOperator` runs it as a task, and
 :class:`RunTrainingRecordCheckOperator` is the DAG's task, on the run's record. ``TrainRlOperator`` runs
@@ -17,6 +19,7 @@ from airflow.sdk import BaseOperator
 
 from tpu_rl.checkpoints import training_record_changes
 from tpu_rl.compat import AirflowException, AirflowFailException
+from tpu_rl.failover import Attempt
 from tpu_rl.hooks import gcs
 from tpu_rl.preemption import PreemptionRecord
 from tpu_rl.run_scope import RunScope, RunScoped
@@ -29,6 +32,8 @@ PREEMPTIONS_KEY = "preemptions"
 #: The record's evaluation of the model before training: the first ``Pre RL Training`` figures of the run (a
 #: resumed attempt evaluates the weights it restored, not the model the run started from).
 BASELINE_KEY = "evaluation_before"
+#: The record's list of the run's capacity attempts (:class:`~tpu_rl.failover.Attempt` as JSON), oldest first.
+CAPACITY_ATTEMPTS_KEY = "capacity_attempts"
 
 
 def check_training_record(
@@ -72,6 +77,34 @@ def record_preemption(
 
     document = bucket.json_object(record_object).update(add)
     return [PreemptionRecord.from_json(entry) for entry in document[PREEMPTIONS_KEY]]
+
+
+def recorded_capacity_attempts(bucket: gcs.GcsBucketHook, record_object: str) -> list[Attempt]:
+    """Why the run left each capacity candidate so far (none in a record written before candidates existed)."""
+    return [Attempt.from_json(entry) for entry in _read_record(bucket, record_object).get(CAPACITY_ATTEMPTS_KEY, [])]
+
+
+def record_capacity_attempts(bucket: gcs.GcsBucketHook, record_object: str, attempts: Sequence[Attempt]) -> None:
+    """Replaces the run's capacity attempts with ``attempts`` (the recorded ones and those of this try, in order;
+    none: a new round from the first candidate)."""
+
+    def replace(document: dict) -> dict:
+        document[CAPACITY_ATTEMPTS_KEY] = [attempt.to_json() for attempt in attempts]
+        return document
+
+    bucket.json_object(record_object).update(replace)
+
+
+def add_capacity_attempt(bucket: gcs.GcsBucketHook, record_object: str, attempt: Attempt) -> list[Attempt]:
+    """Adds ``attempt`` (a preemption on the candidate the slices came from) to the run's capacity attempts;
+    returns them all, for ``failover.next_candidate``."""
+
+    def add(document: dict) -> dict:
+        document.setdefault(CAPACITY_ATTEMPTS_KEY, []).append(attempt.to_json())
+        return document
+
+    document = bucket.json_object(record_object).update(add)
+    return [Attempt.from_json(entry) for entry in document[CAPACITY_ATTEMPTS_KEY]]
 
 
 def record_baseline(bucket: gcs.GcsBucketHook, record_object: str, before: Mapping[str, Any] | None) -> dict | None:

@@ -15,19 +15,24 @@ from tpu_rl import checkpoints, manifests, preemption
 from tpu_rl import jobset_status as st
 from tpu_rl.compat import AirflowException, AirflowFailException, AirflowSkipException
 from tpu_rl.contract import (
+    CAPACITY_CANDIDATES,
     XCOM_ATTEMPT_PREFIX,
+    XCOM_CAPACITY,
     XCOM_EVALUATION,
     XCOM_PREEMPTIONS,
     XCOM_SUBMITTED_AT,
     XCOM_TRAINER_COMPLETED,
 )
+from tpu_rl.failover import Attempt, GiveUp, Outcome, next_candidate
 from tpu_rl.hooks.gcs import (
     GcsLock,
     TrainingState,
     training_state,
 )
+from tpu_rl.operators.cluster import TpuPoolPass
 from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
 from tpu_rl.operators.training_record import (
+    add_capacity_attempt,
     check_training_record,
     record_baseline,
     record_preemption,
@@ -246,7 +251,7 @@ class HfToMaxTextOperator(RunJobSetOperator):
             self.log.warning("Keeping the conversion lock: JobSet %s is not gone yet (%s)", t["name"], error)
 
 
-class TrainRlOperator(RunJobSetOperator):
+class TrainRlOperator(TpuPoolPass, RunJobSetOperator):
     """Trains; before it submits a new JobSet (not when it adopts a running or Completed one) it checks the
     run's training record, so a retry or a clear of ``train_rl`` never resumes with changed parameters.
 
@@ -256,6 +261,12 @@ class TrainRlOperator(RunJobSetOperator):
     ``max_preemptions`` per run (counted in the training record); beyond, the task fails without a retry.
     Any other failure fails the try, as Airflow's retries expect. Every end pushes the XCom
     ``preemptions`` (:func:`tpu_rl.preemption.accounting`) for the run's summary.
+
+    With several ``capacity_candidates`` each try first brings the run's pools to the candidate the run is on
+    (:class:`~tpu_rl.operators.cluster.TpuPoolPass`: adopting what create_tpu_pools or an earlier try made), and
+    a preemption counts against ``max_preemptions_per_candidate`` too: past it, the JobSet is deleted, the pools
+    move to the next candidate (deleted, created there; past the last the task fails) and the training is
+    resubmitted there, resuming from its newest complete checkpoint as after any preemption.
 
     While it waits, its trigger logs the training's progress from the event files in the bucket. Once the
     JobSet Completed it pushes the trainer's evaluation (XCom ``evaluation``: the before and after figures,
@@ -267,6 +278,17 @@ class TrainRlOperator(RunJobSetOperator):
 
     def stage_manifest(self, scope: RunScope, context: Any) -> dict:
         return manifests.training_jobset(scope.config, scope.run)
+
+    def execute(self, context: Any) -> dict | None:
+        if len(self.bind_scope(context).config.candidates) > 1:
+            return self.pass_from_resume_point(context)  # then pools_ready: the JobSet
+        return super().execute(context)
+
+    def pools_ready(self, context: Any, candidate: int, attempts: list[dict[str, Any]]) -> dict | None:
+        """The pools are RUNNING on the run's candidate: XCom ``capacity`` says which (it stands for
+        create_tpu_pools's once pushed), and the training's JobSet is adopted or submitted."""
+        super().pools_ready(context, candidate, attempts)
+        return self.run_jobset(context)
 
     def trigger_kwargs(self) -> dict[str, Any]:
         config, layout = self.scope.config, self.scope.layout
@@ -349,6 +371,7 @@ class TrainRlOperator(RunJobSetOperator):
             checkpoint_period=config.checkpoint_period,
             max_preemptions=config.max_preemptions,
             set_aside_root=scope.layout.uri(scope.layout.set_aside_prefix),
+            candidate=self._serving_candidate(context),
         )
         if isinstance(decision, preemption.TrainingComplete):
             self.log.warning(
@@ -360,6 +383,7 @@ class TrainRlOperator(RunJobSetOperator):
             return self.succeed(context, {**event, "message": f"training complete at step {decision.step}"})
         self._apply_moves(decision.moves, decision.doubted)
         records = record_preemption(scope.bucket, scope.layout.training_record_object, decision.record)
+        attempts = self._count_on_candidate(decision.record)
         if isinstance(decision, preemption.BudgetSpent):
             message = preemption.budget_spent_message(decision.record, config.max_preemptions, decision.newest_complete)
             raise AirflowFailException(f"{message}\n{event['message']}")
@@ -369,7 +393,47 @@ class TrainRlOperator(RunJobSetOperator):
         name, namespace, uid = event["name"], event["namespace"], event["uid"]
         self.hook.delete_jobset(name, namespace, uid=uid)
         self.hook.wait_until_gone(name, namespace, uid, self.deletion_timeout)
+        if attempts is not None:
+            return self._resume_on_candidate(context, attempts)
         return self.run_jobset(context)  # Submits the resumed training and defers.
+
+    def _resume_on_candidate(self, context: Any, attempts: list[Attempt]) -> dict | None:
+        """Resumes where ``failover.next_candidate`` says after this preemption: on the same candidate, as with one
+        candidate (the pools are left to GKE's repair, the JobSet waits for their nodes), or, past
+        ``max_preemptions_per_candidate`` there, on the next once the pools moved; past the last candidate the task
+        fails, the checkpoints kept."""
+        config = self.scope.config
+        decision = next_candidate(config.candidates, attempts, config.max_preemptions_per_candidate)
+        if isinstance(decision, GiveUp):
+            raise AirflowFailException(
+                f"{decision.message()}\nThe training's checkpoints are kept: clearing train_rl resumes from its "
+                "newest complete step on the candidate its pools are RUNNING on."
+            )
+        self.log.warning("%s", decision.why)
+        made = [attempt.to_json() for attempt in attempts]
+        if decision.leaving is None:
+            return self.pools_ready(context, decision.index, made)
+        return self.pass_on(context, decision.index, made)
+
+    def _serving_candidate(self, context: Any) -> int | None:
+        """The capacity candidate the run's slices came from (this try's XCom ``capacity``, else
+        create_tpu_pools's); None with one candidate."""
+        if len(self.scope.config.candidates) == 1:
+            return None
+        ti = context["ti"]
+        pulled = ti.xcom_pull(task_ids=self.task_id, key=XCOM_CAPACITY) or ti.xcom_pull(
+            task_ids=CAPACITY_CANDIDATES.task, key=CAPACITY_CANDIDATES.key
+        )
+        return (pulled or {}).get("serving", 0)
+
+    def _count_on_candidate(self, record: PreemptionRecord) -> list[Attempt] | None:
+        """With several candidates, the preemption is also one of the run's capacity attempts: the candidate's
+        preemptions are counted against ``max_preemptions_per_candidate`` (``failover.next_candidate``), by this
+        try and by a later one, from the record. Returns the run's attempts (None: one candidate)."""
+        if record.candidate is None:
+            return None
+        attempt = Attempt(record.candidate, Outcome.PREEMPTED, record.reason, record.preempted_at)
+        return add_capacity_attempt(self.scope.bucket, self.scope.layout.training_record_object, attempt)
 
     def _training_state(self) -> TrainingState:
         """What the preempted training left in the bucket."""
