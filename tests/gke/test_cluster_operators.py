@@ -777,6 +777,84 @@ def test_the_slices_of_a_run_are_created_and_deleted_side_by_side(gke, created):
         run_operator(delete, other.context())
 
 
+# The run's cluster (``created``) is deleted by the teardown tests below: the pool tests come before them.
+def test_capacity_candidates_fail_over_by_zone_and_capacity_type(gke, created):
+    """The issue's scenario at pool creation: on demand stocked out in us-east5-b, Spot without quota there, on demand
+    in us-east5-a has capacity: the pool ends in us-east5-a and the task says why it left the first two."""
+    run, _ = created
+    candidates = [
+        {"zone": "us-east5-b", "capacity_type": "on_demand"},
+        {"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.1},
+        {"zone": "us-east5-a", "capacity_type": "on_demand"},
+    ]
+    other = Run(cluster_name=run.params["cluster_name"], capacity_candidates=candidates)
+    pool_name = other.identity.tpu_pool_name(0)
+    stockout = {"pool_prefix": pool_name, "zone": "us-east5-b", "capacity_type": "on_demand"}
+    gke_faults.set_fault("gke-test-zone-stockout", "stockout", **stockout)
+    gke_faults.set_fault("gke-test-spot-quota", "quota", pool_prefix=pool_name, capacity_type="spot")
+    try:
+        scope = RunScope.of(other.context())  # the DAG's check_training_record, where the attempts are kept
+        check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
+        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        run_operator(create, other.context())
+        pool = gke.get_cluster_manager_client().get_node_pool(
+            name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/{pool_name}"
+        )
+        assert list(pool.locations) == ["us-east5-a"] and not pool.config.spot
+        report = other.ti.pushed("capacity")
+        assert report["serving"] == 2 and [a["outcome"] for a in report["attempts"]] == ["stockout", "quota"]
+        nodes = _hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")
+        assert len(nodes) == 4 and {n.metadata.labels["topology.kubernetes.io/zone"] for n in nodes} == {"us-east5-a"}
+        # A new try goes on from candidate 2: it adopts the pool, with nothing created or deleted.
+        retry = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        assert run_operator(retry, other.context()) == []
+        assert other.ti.pushed("capacity")["serving"] == 2
+    finally:
+        gke_faults.clear_faults("gke-test-zone-stockout")
+        gke_faults.clear_faults("gke-test-spot-quota")
+        run_operator(
+            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )
+
+
+def test_a_reservation_too_small_for_the_slice_moves_the_run_to_the_next_candidate(gke, created):
+    """The reservation holds 2 VMs and the slice needs 4 hosts: GKE's 429 "Reservation does not have enough
+    resources" is read as capacity that is not there (not throttling to wait out): the run moves on at once and its
+    pool ends on demand."""
+    from sim.gke_settings import GKE_DIR
+
+    run, _ = created
+    reservations = GKE_DIR / "reservations.json"
+    before = reservations.read_text() if reservations.exists() else None
+    reservations.write_text(json.dumps([{"name": "tpu-rl-small", "vm_count": 2}]))
+    candidates = [
+        {"zone": "us-east5-b", "capacity_type": "reservation", "reservation": "tpu-rl-small"},
+        {"zone": "us-east5-b", "capacity_type": "on_demand"},
+    ]
+    other = Run(cluster_name=run.params["cluster_name"], capacity_candidates=candidates)
+    try:
+        scope = RunScope.of(other.context())
+        check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
+        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        run_operator(create, other.context())
+        pool = gke.get_cluster_manager_client().get_node_pool(
+            name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/"
+            f"{other.identity.tpu_pool_name(0)}"
+        )
+        assert not pool.config.reservation_affinity.values
+        report = other.ti.pushed("capacity")
+        assert report["serving"] == 1 and report["attempts"][0]["outcome"] == "stockout"
+        assert "Reservation does not have enough resources" in report["attempts"][0]["detail"]
+    finally:
+        if before is None:
+            reservations.unlink(missing_ok=True)
+        else:
+            reservations.write_text(before)
+        run_operator(
+            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )
+
+
 def test_pool_teardown_never_touches_pools_it_did_not_create(gke, created):
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"], tpu_pool_mode="cluster")
@@ -908,80 +986,3 @@ def test_a_pool_whose_nodes_the_identity_may_not_act_as_is_refused_before_it_exi
     pool_path = f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/"
     with pytest.raises(NotFound):
         gke.get_cluster_manager_client().get_node_pool(name=pool_path + other.identity.tpu_pool_name(0))
-
-
-def test_capacity_candidates_fail_over_by_zone_and_capacity_type(gke, created):
-    """The issue's scenario at pool creation: on demand stocked out in us-east5-b, Spot without quota there, on demand
-    in us-east5-a has capacity: the pool ends in us-east5-a and the task says why it left the first two."""
-    run, _ = created
-    candidates = [
-        {"zone": "us-east5-b", "capacity_type": "on_demand"},
-        {"zone": "us-east5-b", "capacity_type": "spot", "price_per_chip_hour": 1.1},
-        {"zone": "us-east5-a", "capacity_type": "on_demand"},
-    ]
-    other = Run(cluster_name=run.params["cluster_name"], capacity_candidates=candidates)
-    pool_name = other.identity.tpu_pool_name(0)
-    stockout = {"pool_prefix": pool_name, "zone": "us-east5-b", "capacity_type": "on_demand"}
-    gke_faults.set_fault("gke-test-zone-stockout", "stockout", **stockout)
-    gke_faults.set_fault("gke-test-spot-quota", "quota", pool_prefix=pool_name, capacity_type="spot")
-    try:
-        scope = RunScope.of(other.context())  # the DAG's check_training_record, where the attempts are kept
-        check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
-        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
-        run_operator(create, other.context())
-        pool = gke.get_cluster_manager_client().get_node_pool(
-            name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/{pool_name}"
-        )
-        assert list(pool.locations) == ["us-east5-a"] and not pool.config.spot
-        report = other.ti.pushed("capacity")
-        assert report["serving"] == 2 and [a["outcome"] for a in report["attempts"]] == ["stockout", "quota"]
-        nodes = _hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")
-        assert len(nodes) == 4 and {n.metadata.labels["topology.kubernetes.io/zone"] for n in nodes} == {"us-east5-a"}
-        # A new try goes on from candidate 2: it adopts the pool, with nothing created or deleted.
-        retry = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
-        assert run_operator(retry, other.context()) == []
-        assert other.ti.pushed("capacity")["serving"] == 2
-    finally:
-        gke_faults.clear_faults("gke-test-zone-stockout")
-        gke_faults.clear_faults("gke-test-spot-quota")
-        run_operator(
-            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
-        )
-
-
-def test_a_reservation_too_small_for_the_slice_moves_the_run_to_the_next_candidate(gke, created):
-    """The reservation holds 2 VMs and the slice needs 4 hosts: GKE's 429 "Reservation does not have enough
-    resources" is read as capacity that is not there (not throttling to wait out): the run moves on at once and its
-    pool ends on demand."""
-    from sim.gke_settings import GKE_DIR
-
-    run, _ = created
-    reservations = GKE_DIR / "reservations.json"
-    before = reservations.read_text() if reservations.exists() else None
-    reservations.write_text(json.dumps([{"name": "tpu-rl-small", "vm_count": 2}]))
-    candidates = [
-        {"zone": "us-east5-b", "capacity_type": "reservation", "reservation": "tpu-rl-small"},
-        {"zone": "us-east5-b", "capacity_type": "on_demand"},
-    ]
-    other = Run(cluster_name=run.params["cluster_name"], capacity_candidates=candidates)
-    try:
-        scope = RunScope.of(other.context())
-        check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
-        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
-        run_operator(create, other.context())
-        pool = gke.get_cluster_manager_client().get_node_pool(
-            name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/"
-            f"{other.identity.tpu_pool_name(0)}"
-        )
-        assert not pool.config.reservation_affinity.values
-        report = other.ti.pushed("capacity")
-        assert report["serving"] == 1 and report["attempts"][0]["outcome"] == "stockout"
-        assert "Reservation does not have enough resources" in report["attempts"][0]["detail"]
-    finally:
-        if before is None:
-            reservations.unlink(missing_ok=True)
-        else:
-            reservations.write_text(before)
-        run_operator(
-            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
-        )
