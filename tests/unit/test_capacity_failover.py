@@ -157,6 +157,17 @@ def drive(operator, context, first) -> list[str]:
     raise AssertionError(f"{operator.task_id} never ended: {resumed}")
 
 
+def _pool_operation(kind, end, pool):
+    """A finished GKE operation of ``kind`` on the run's pool ``pool``, as GKE lists it."""
+    return SimpleNamespace(
+        operation_type=getattr(Operation.Type, kind),
+        target_link=f"https://container.googleapis.com/v1/{CLUSTER}/nodePools/{pool}",
+        end_time=end,
+        error=SimpleNamespace(code=0),
+        status_message="",
+    )
+
+
 def test_a_stockout_then_missing_quota_move_the_pool_to_the_third_candidate(scripted):
     fake = scripted(
         {("us-east5-b", "on_demand"): "stockout", ("us-east5-b", "spot"): "quota", ("us-east5-a", "reservation"): "ok"}
@@ -351,20 +362,11 @@ def test_a_slice_moved_on_preemption_is_counted_on_each_candidate_for_its_time_t
     ti = TaskInstanceStandIn(*RUN, "delete_tpu_pools")
     pool = RunIdentity(*RUN).tpu_pool_name(0)
 
-    def operation(kind, end):
-        return SimpleNamespace(
-            operation_type=getattr(Operation.Type, kind),
-            target_link=f"https://container.googleapis.com/v1/{CLUSTER}/nodePools/{pool}",
-            end_time=end,
-            error=SimpleNamespace(code=0),
-            status_message="",
-        )
-
     listed = [
-        operation("CREATE_NODE_POOL", "2026-12-05T10:00:00Z"),
-        operation("DELETE_NODE_POOL", "2026-12-05T11:00:00Z"),
-        operation("CREATE_NODE_POOL", "2026-12-05T11:10:00Z"),
-        operation("DELETE_NODE_POOL", "2026-12-05T12:10:00Z"),
+        _pool_operation("CREATE_NODE_POOL", "2026-12-05T10:00:00Z", pool),
+        _pool_operation("DELETE_NODE_POOL", "2026-12-05T11:00:00Z", pool),
+        _pool_operation("CREATE_NODE_POOL", "2026-12-05T11:10:00Z", pool),
+        _pool_operation("DELETE_NODE_POOL", "2026-12-05T12:10:00Z", pool),
     ]
     monkeypatch.setattr(GkeApiHook, "list_operations", lambda self: listed)
     preempted = {"candidate": 0, "outcome": "preempted", "detail": "", "at": "2026-12-05T10:58:00+00:00"}
@@ -455,20 +457,11 @@ def test_the_slices_times_name_the_candidate_they_came_from(monkeypatch):
     """delete_tpu_pools records each slice's time with the candidate create_tpu_pools created it on, for its cost at
     that candidate's price; a one-candidate run's records are as before."""
 
-    def operation(kind, end):
-        return SimpleNamespace(
-            operation_type=getattr(Operation.Type, kind),
-            target_link=f"https://container.googleapis.com/v1/{CLUSTER}/nodePools/{pool}",
-            end_time=end,
-            error=SimpleNamespace(code=0),
-            status_message="",
-        )
-
     ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "delete_tpu_pools")
     pool = RunIdentity(ti.dag_id, ti.run_id).tpu_pool_name(0)
     listed = [
-        operation("CREATE_NODE_POOL", "2026-12-05T10:00:00Z"),
-        operation("DELETE_NODE_POOL", "2026-12-05T11:00:00Z"),
+        _pool_operation("CREATE_NODE_POOL", "2026-12-05T10:00:00Z", pool),
+        _pool_operation("DELETE_NODE_POOL", "2026-12-05T11:00:00Z", pool),
     ]
     monkeypatch.setattr(GkeApiHook, "list_operations", lambda self: listed)
     operator = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
