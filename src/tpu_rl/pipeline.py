@@ -12,13 +12,7 @@ from airflow.sdk import DAG, Asset, BaseOperator
 
 from tpu_rl.candidates import CREATE_TPU_POOLS_TIMEOUT_MINUTES
 from tpu_rl.contract import EXPORT_ATTEMPT_PREFIX, EXPORT_SUBMITTED_AT, FINAL_STEP, TRAINER_COMPLETED, Task
-from tpu_rl.operators.cluster import (
-    ClusterReadySensor,
-    CreateClusterOperator,
-    CreateTpuNodePoolsOperator,
-    DeleteClusterOperator,
-    DeleteTpuNodePoolsOperator,
-)
+from tpu_rl.operators.cluster import ClusterReadySensor, CreateClusterOperator, DeleteClusterOperator
 from tpu_rl.operators.leases import WaitForTpuCapacitySensor
 from tpu_rl.operators.publish import RunPublishHfExportOperator
 from tpu_rl.operators.retention import PruneCheckpointsOperator
@@ -30,6 +24,7 @@ from tpu_rl.operators.setup import (
     TriggererCheckOperator,
     ValidateRunConfigOperator,
 )
+from tpu_rl.operators.tpu_pools import CreateTpuNodePoolsOperator, DeleteTpuNodePoolsOperator
 from tpu_rl.operators.training_record import RunTrainingRecordCheckOperator
 from tpu_rl.operators.workloads import (
     HfToMaxTextOperator,

@@ -42,6 +42,7 @@ def get_provider_info() -> dict[str, Any]:
         "operators": _modules(
             "operators.setup",
             "operators.cluster",
+            "operators.tpu_pools",
             "operators.leases",
             "operators.jobset",
             "operators.workloads",

@@ -27,6 +27,7 @@ from sim import gke_faults
 from tpu_rl.compat import AirflowException
 from tpu_rl.contract import XCOM_TPU_SLICES
 from tpu_rl.operators import cluster as cluster_ops
+from tpu_rl.operators import tpu_pools
 from tpu_rl.operators.leases import cluster_lease
 from tpu_rl.operators.setup import EnsureJobSetOperator
 from tpu_rl.operators.training_record import check_training_record
@@ -487,7 +488,7 @@ def _hook_for(run):
 def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):
     run, _ = created
     pool_name = run.identity.tpu_pool_name(0)
-    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
     assert len(run_operator(create, run.context())) == 1
     pool = gke.get_cluster_manager_client().get_node_pool(
         name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/{pool_name}"
@@ -504,7 +505,7 @@ def test_tpu_pools_are_created_per_run_then_adopted_then_deleted(gke, created):
     # A retry after the pool exists adopts it: nothing new to wait for.
     assert run_operator(create, run.context()) == []
 
-    delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+    delete = tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
     assert len(run_operator(delete, run.context())) == 1
     assert _hook_for(run).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}") == []
     # The slice's TPU time, from GKE's own operations: from its create's end to its delete's end.
@@ -520,7 +521,7 @@ def test_a_stockout_fails_the_pool_create_with_what_to_do_and_a_retry_replaces_t
     pool_name = other.identity.tpu_pool_name(0)
     gke_faults.set_fault("gke-test-stockout", "stockout", pool_prefix=pool_name, times=1)
     try:
-        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
         with pytest.raises(AirflowFailException) as failed:
             run_operator(create, other.context())
         assert f"GKE could not create TPU node pool {pool_name}: " in str(failed.value)
@@ -532,7 +533,7 @@ def test_a_stockout_fails_the_pool_create_with_what_to_do_and_a_retry_replaces_t
     finally:
         gke_faults.clear_faults("gke-test-stockout")
         run_operator(
-            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+            tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
         )
 
 
@@ -552,7 +553,7 @@ def test_a_pool_whose_create_still_waits_for_capacity_is_deleted_once_gke_lets_i
         client = gke.get_cluster_manager_client()
         pool = NodePool.from_json(json.dumps(requests.tpu_node_pool(config, other.identity, 0)))
         client.create_node_pool(parent=requests.cluster_path(config), node_pool=pool)
-        delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+        delete = tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
         waited = run_operator(delete, other.context())
         assert len(waited) == 2  # the create it waited for, then its own delete
         # GKE names the project by number in its operation links; the run knows it by id.
@@ -596,7 +597,7 @@ def test_a_retry_waits_for_the_create_gke_still_runs_instead_of_replacing_the_po
         while client.get_node_pool(name=pool_path).status != NodePool.Status[shown]:
             assert time.monotonic() < deadline, f"the emulator's {fault} create never showed {shown}"
             time.sleep(0.5)
-        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
         assert run_operator(create, other.context()) == [first.name]  # no delete, no second create
         assert f"Node pool {pool_name} is {shown}: waiting for GKE's operation {first.name}" in capsys.readouterr().out
         assert client.get_node_pool(name=pool_path).status == NodePool.Status.RUNNING
@@ -604,7 +605,7 @@ def test_a_retry_waits_for_the_create_gke_still_runs_instead_of_replacing_the_po
     finally:
         gke_faults.clear_faults(f"gke-test-{fault}")
         run_operator(
-            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+            tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
         )
 
 
@@ -615,7 +616,7 @@ def test_a_partly_created_pool_is_replaced_not_adopted(gke, created, capsys):
     other = Run(cluster_name=run.params["cluster_name"])
     pool_name = other.identity.tpu_pool_name(0)
     gke_faults.set_fault("gke-test-partial", "stockout", pool_prefix=pool_name, times=1, nodes=2)
-    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
     try:
         with pytest.raises(AirflowFailException, match="GCE_STOCKOUT"):
             run_operator(create, other.context())
@@ -626,7 +627,7 @@ def test_a_partly_created_pool_is_replaced_not_adopted(gke, created, capsys):
     finally:
         gke_faults.clear_faults("gke-test-partial")
         run_operator(
-            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+            tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
         )
 
 
@@ -639,7 +640,7 @@ def test_missing_quota_fails_at_once_naming_the_quota_and_creates_nothing(gke, c
         started = time.monotonic()
         with pytest.raises(AirflowFailException) as failed:
             run_operator(
-                cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL), other.context()
+                tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL), other.context()
             )
         assert time.monotonic() - started < 30  # the hour of capacity wait is not spent on quota
         message = str(failed.value)
@@ -658,10 +659,10 @@ def test_gke_throttling_is_waited_out_not_read_as_missing_quota(gke, created, ca
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"])
     pool_name = other.identity.tpu_pool_name(0)
-    create = cluster_ops.CreateTpuNodePoolsOperator(
+    create = tpu_pools.CreateTpuNodePoolsOperator(
         task_id="create_tpu_pools", poll_interval=POLL, refused_retry_interval=1
     )
-    delete = cluster_ops.DeleteTpuNodePoolsOperator(
+    delete = tpu_pools.DeleteTpuNodePoolsOperator(
         task_id="delete_tpu_pools", poll_interval=POLL, refused_retry_interval=1
     )
     gke_faults.set_fault("gke-test-throttle", "throttle", pool_prefix=pool_name, times=2)
@@ -686,8 +687,8 @@ def test_gke_answering_unavailable_is_asked_again_with_backoff(gke, created):
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"])
     pool_name = other.identity.tpu_pool_name(0)
-    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
-    delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+    create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    delete = tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
     gke_faults.set_fault("gke-test-unavailable", "unavailable", pool_prefix=pool_name, times=3)
     try:
         assert len(run_operator(create, other.context())) == 1
@@ -706,10 +707,10 @@ def test_more_slices_than_gke_runs_operations_at_once_are_created_in_turns(gke, 
     (which says "quota" too): six slices are created five at a time, none refused, all RUNNING."""
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"], cluster_nodepool_count=6, ici_expert_parallelism=1)
-    create = cluster_ops.CreateTpuNodePoolsOperator(
+    create = tpu_pools.CreateTpuNodePoolsOperator(
         task_id="create_tpu_pools", poll_interval=POLL, refused_retry_interval=1
     )
-    delete = cluster_ops.DeleteTpuNodePoolsOperator(
+    delete = tpu_pools.DeleteTpuNodePoolsOperator(
         task_id="delete_tpu_pools", poll_interval=POLL, refused_retry_interval=1
     )
     pools = {other.identity.tpu_pool_name(i) for i in range(6)}
@@ -737,8 +738,8 @@ def test_gke_upgrading_the_cluster_holds_the_pool_create_until_it_is_done(gke, c
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"])
     pool_name = other.identity.tpu_pool_name(0)
-    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
-    delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+    create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    delete = tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
     gke_faults.set_fault("gke-test-upgrade", "upgrade", pool_prefix=pool_name, times=1, seconds=4)
     try:
         waited = run_operator(create, other.context())
@@ -758,8 +759,8 @@ def test_the_slices_of_a_run_are_created_and_deleted_side_by_side(gke, created):
     """GKE runs operations on different node pools at once: N slices take about one create, not N."""
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"], cluster_nodepool_count=2, ici_expert_parallelism=1)
-    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
-    delete = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
+    create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    delete = tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL)
     client = gke.get_cluster_manager_client()
     try:
         run_operator(create, other.context())
@@ -795,7 +796,7 @@ def test_capacity_candidates_fail_over_by_zone_and_capacity_type(gke, created):
     try:
         scope = RunScope.of(other.context())  # the DAG's check_training_record, where the attempts are kept
         check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
-        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
         run_operator(create, other.context())
         pool = gke.get_cluster_manager_client().get_node_pool(
             name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/{pool_name}"
@@ -806,14 +807,14 @@ def test_capacity_candidates_fail_over_by_zone_and_capacity_type(gke, created):
         nodes = _hook_for(other).list_nodes(f"cloud.google.com/gke-nodepool={pool_name}")
         assert len(nodes) == 4 and {n.metadata.labels["topology.kubernetes.io/zone"] for n in nodes} == {"us-east5-a"}
         # A new try goes on from candidate 2: it adopts the pool, with nothing created or deleted.
-        retry = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        retry = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
         assert run_operator(retry, other.context()) == []
         assert other.ti.pushed("capacity")["serving"] == 2
     finally:
         gke_faults.clear_faults("gke-test-zone-stockout")
         gke_faults.clear_faults("gke-test-spot-quota")
         run_operator(
-            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+            tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
         )
 
 
@@ -835,7 +836,7 @@ def test_a_reservation_too_small_for_the_slice_moves_the_run_to_the_next_candida
     try:
         scope = RunScope.of(other.context())
         check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
-        create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
         run_operator(create, other.context())
         pool = gke.get_cluster_manager_client().get_node_pool(
             name=f"projects/tpu-rl-sim/locations/us-east5/clusters/{run.params['cluster_name']}/nodePools/"
@@ -851,14 +852,14 @@ def test_a_reservation_too_small_for_the_slice_moves_the_run_to_the_next_candida
         else:
             reservations.write_text(before)
         run_operator(
-            cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+            tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
         )
 
 
 def test_pool_teardown_never_touches_pools_it_did_not_create(gke, created):
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"], tpu_pool_mode="cluster")
-    assert run_operator(cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools"), other.context()) == []
+    assert run_operator(tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools"), other.context()) == []
 
 
 def test_teardown_leaves_a_cluster_another_run_created(gke, created):
@@ -977,7 +978,7 @@ def test_a_pool_whose_nodes_the_identity_may_not_act_as_is_refused_before_it_exi
     run, _ = created
     stranger = "tpu-rl-other@tpu-rl-sim.iam.gserviceaccount.com"
     other = Run(cluster_name=run.params["cluster_name"], node_service_account=stranger)
-    create = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+    create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
     with pytest.raises(AirflowFailException) as failed:
         run_operator(create, other.context())
     message = str(failed.value)

@@ -20,7 +20,7 @@ from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_CAPACITY
 from tpu_rl.hooks.gcs import GcsBucketHook, StoredJson
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
-from tpu_rl.operators import cluster as cluster_ops
+from tpu_rl.operators import tpu_pools
 from tpu_rl.run import RunIdentity
 
 try:  # Airflow >= 3.1 task SDK
@@ -136,7 +136,7 @@ def run_to_the_end(params: dict) -> tuple[TaskInstanceStandIn, list[str]]:
     deferrals' method names."""
     ti = TaskInstanceStandIn(*RUN, "create_tpu_pools")  # a new try: no XCom
     context = task_context(ti, {**TUTORIAL_CONF, **params})
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=0)
+    operator = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=0)
     return ti, drive(operator, context, lambda: operator.execute(context))
 
 
@@ -216,7 +216,7 @@ def test_a_new_try_waits_for_the_create_on_the_candidate_the_run_reached(scripte
     fake.running = creating
     creates = len(fake.creates)
     ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "create_tpu_pools")
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
+    operator = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute(task_context(ti, {**TUTORIAL_CONF, **two}))
     assert deferred.value.trigger.operation_name == "operation-creating"
@@ -373,7 +373,7 @@ def test_a_slice_moved_on_preemption_is_counted_on_each_candidate_for_its_time_t
     ti.xcoms["create_tpu_pools", XCOM_CAPACITY] = {"serving": 0, "attempts": [], "lines": []}
     ti.xcoms["train_rl", XCOM_CAPACITY] = {"serving": 1, "attempts": [preempted], "lines": []}
     params = {**TUTORIAL_CONF, "capacity_candidates": [SPOT, RESERVED], "max_preemptions_per_candidate": 1}
-    operator = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
+    operator = tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
     operator.bind_scope(task_context(ti, params))
     operator._record_slice_times(task_context(ti, params))
     slices = ti.pushed("tpu_slices")
@@ -441,7 +441,7 @@ def test_a_pool_left_behind_on_a_held_create_is_waited_for_not_blamed_on_the_new
     fake = scripted({("us-east5-b", "on_demand"): "stockout", ("us-east5-a", "reservation"): "ok"})
     ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__failover", "create_tpu_pools")
     context = task_context(ti, {**TUTORIAL_CONF, "capacity_candidates": [ON_DEMAND, RESERVED]})
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
+    operator = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
     with pytest.raises(TaskDeferred):
         operator.execute(context)  # the create on candidate 0, which GKE holds
     name, operation = next(iter(fake.pools)), next(iter(fake.operations))
@@ -464,7 +464,7 @@ def test_the_slices_times_name_the_candidate_they_came_from(monkeypatch):
         _pool_operation("DELETE_NODE_POOL", "2026-12-05T11:00:00Z", pool),
     ]
     monkeypatch.setattr(GkeApiHook, "list_operations", lambda self: listed)
-    operator = cluster_ops.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
+    operator = tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
     single = task_context(ti, TUTORIAL_CONF)
     operator.bind_scope(single)
     operator._record_slice_times(single)

@@ -14,7 +14,7 @@ from google.cloud.container_v1 import Operation
 
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.hooks.gke import GkeApiHook
-from tpu_rl.operators import cluster as cluster_ops
+from tpu_rl.operators import tpu_pools
 from tpu_rl.triggers.gke import TpuPoolCreateTrigger
 
 try:  # Airflow >= 3.1 task SDK
@@ -151,7 +151,7 @@ def test_quota_is_not_a_stockout_the_wait_ends_at_once(monkeypatch):
 
 def quota_failure() -> str:
     """The message of the pool create's failure once GKE ended the create for quota, with an hour of wait left."""
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
+    operator = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
     with pytest.raises(AirflowFailException) as failed:
         operator.operation_done(
             context(),
@@ -265,7 +265,7 @@ def stocked_out_operation(monkeypatch, message=STOCKOUT_ERROR):
 
 def test_a_stockout_within_the_wait_creates_the_pool_again_later_deferred(monkeypatch):
     stocked_out_operation(monkeypatch)
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
+    operator = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
     deadline = time.time() + 1800
     with pytest.raises(TaskDeferred) as deferred:
         operator.operation_done(
@@ -278,7 +278,7 @@ def test_a_stockout_within_the_wait_creates_the_pool_again_later_deferred(monkey
 
 def test_a_stockout_past_the_wait_fails_with_what_to_do(monkeypatch):
     stocked_out_operation(monkeypatch)
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
+    operator = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", capacity_retry_interval=120)
     with pytest.raises(AirflowFailException) as failed:
         operator.operation_done(
             context(),
@@ -292,7 +292,7 @@ def test_a_stockout_past_the_wait_fails_with_what_to_do(monkeypatch):
 
 
 def test_a_pool_held_past_the_wait_fails_naming_the_pool_and_gkes_reason():
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
+    operator = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
     event = {
         "status": "capacity_timeout",
         "operation_name": "operation-1",

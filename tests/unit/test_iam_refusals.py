@@ -14,6 +14,7 @@ from sim import gke_iam
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.operators import cluster as cluster_ops
+from tpu_rl.operators import tpu_pools
 from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
 
 CLUSTER = "projects/my-project/locations/us-east5/clusters/qwen-rl"
@@ -45,7 +46,7 @@ def context(task_id: str):
 def test_a_pool_whose_nodes_the_identity_may_not_act_as_fails_at_once_naming_the_role(monkeypatch):
     account = TUTORIAL_CONF["node_service_account"]
     refusing(monkeypatch, client_error(gke_iam.no_act_as(account)))
-    operator = cluster_ops.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
+    operator = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools")
     with pytest.raises(AirflowFailException) as failed:
         operator.execute(context("create_tpu_pools"))
     message = str(failed.value)

@@ -306,12 +306,12 @@ def gke_operation(kind: str, pool: str, end: str, cluster: str = TUTORIAL_CONF["
 
 def delete_pools_after_the_last_delete(monkeypatch, list_operations) -> dict:
     from tpu_rl.hooks.gke import GkeApiHook
-    from tpu_rl.operators import cluster
+    from tpu_rl.operators import tpu_pools
 
     monkeypatch.setattr(GkeApiHook, "delete_node_pool", lambda self, cluster, pool: None)  # gone: nothing to delete
     monkeypatch.setattr(GkeApiHook, "list_operations", lambda self: list_operations())
     ctx = context("delete_tpu_pools")
-    operator = cluster.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
+    operator = tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools")
     operator.submit(ctx)  # every pool's delete is done: GKE no longer knows them
     return ctx["ti"].xcoms
 

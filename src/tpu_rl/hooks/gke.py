@@ -37,7 +37,7 @@ def is_transient(error: BaseException, *, throttling: bool = False) -> bool:
     """Whether GKE's error is one the same call may get past: the answers Terraform's Google provider retries
     (500, 502, 503, a reset connection: magic-modules ``transport_tpg/error_retry_predicates.go``; over gRPC a reset
     is UNAVAILABLE) and a passed deadline (504); with ``throttling``, a 429 too (a read in a wait asks again a poll
-    later; a request that changes something is waited out deferred instead, ``operators.cluster``)."""
+    later; a request that changes something is waited out deferred instead, ``operators.gke_operations``)."""
     from google.api_core import exceptions
 
     transient: tuple[type[BaseException], ...] = (

@@ -29,8 +29,8 @@ from tpu_rl.hooks.gcs import (
     TrainingState,
     training_state,
 )
-from tpu_rl.operators.cluster import TpuPoolPass
 from tpu_rl.operators.jobset import XCOM_JOBSET, JobSetOperator
+from tpu_rl.operators.tpu_pools import TpuPoolPass
 from tpu_rl.operators.training_record import (
     add_capacity_attempt,
     check_training_record,
@@ -263,7 +263,7 @@ class TrainRlOperator(TpuPoolPass, RunJobSetOperator):
     ``preemptions`` (:func:`tpu_rl.preemption.accounting`) for the run's summary.
 
     With several ``capacity_candidates`` each try first brings the run's pools to the candidate the run is on
-    (:class:`~tpu_rl.operators.cluster.TpuPoolPass`: adopting what create_tpu_pools or an earlier try made), and
+    (:class:`~tpu_rl.operators.tpu_pools.TpuPoolPass`: adopting what create_tpu_pools or an earlier try made), and
     a preemption counts against ``max_preemptions_per_candidate`` too: past it, the JobSet is deleted, the pools
     move to the next candidate (deleted, created there; past the last the task fails) and the training is
     resubmitted there, resuming from its newest complete checkpoint as after any preemption.
