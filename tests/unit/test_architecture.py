@@ -146,6 +146,19 @@ def test_operators_sensors_and_triggers_reach_clouds_only_through_the_package_ho
     assert deciders and built == []
 
 
+def test_the_cluster_operators_and_the_gke_operations_base_know_no_capacity_candidate():
+    """One module one job: bringing the TPU pools to a capacity candidate and moving them on is
+    ``operators/tpu_pools.py``'s (``TpuPoolPass``). The cluster's operators and the base that awaits GKE's
+    operations for both import neither the candidates, the failover rule nor the pools' module."""
+    found = modules()
+    pools = {"tpu_rl.candidates", "tpu_rl.failover", "tpu_rl.operators.tpu_pools"}
+    knowing = {
+        name: sorted(imports_of(found[name], set(found)) & pools)
+        for name in ("tpu_rl.operators.cluster", "tpu_rl.operators.gke_operations")
+    }
+    assert knowing == {"tpu_rl.operators.cluster": [], "tpu_rl.operators.gke_operations": []}
+
+
 #: The hooks of the package (hooks/): what operators, sensors and triggers call.
 PACKAGE_HOOKS = (
     "GkeApiHook",
