@@ -4,7 +4,9 @@ cluster.
 
 Three daily intervals with capacity for one slice, in a shared cluster: the trainings run one at a time,
 the base checkpoint is converted once, each interval has its own outputs and Asset event, and the cluster is
-created once and deleted by the last run to leave. One interval's training crashes (a sim fault on its
+created once and deleted by the last run to leave. The program's first capacity candidate, on demand in
+us-east5-b, is stocked out the whole time (a GKE emulator fault on the cluster): every interval trains on its
+second, in us-east5-a, and the nightly schedule holds. One interval's training crashes (a sim fault on its
 JobSet, every try); a second backfill with ``--reprocess-behavior failed`` runs only that interval again,
 which resumes from its last checkpoint.
 
@@ -29,7 +31,7 @@ from itertools import pairwise
 import pytest
 
 from scripts.local_airflow import stage_table
-from sim import faults
+from sim import faults, gke_faults
 from tpu_rl.programs import load_programs
 from tpu_rl.run import RunIdentity
 from tpu_rl_testing import REPO, SMALL_SLICE, cluster_or_none
@@ -46,6 +48,8 @@ CLUSTER = f"tpu-rl-bf-{TOKEN}"
 CONF = {**SMALL_SLICE, "cluster_name": CLUSTER, "gcs_bucket": f"tpu-rl-bf-{TOKEN}", "capacity_group": f"bf-{TOKEN}"}
 RUN_TIMEOUT = 2400
 FAILING = 1  # the index (in the backfill) of the interval whose training crashes
+#: The GKE emulator's fault rule: the program's first capacity candidate has no capacity.
+STOCKOUT = f"e2e-backfill-stockout-{TOKEN}"
 
 
 def stack_cli(*args: str) -> str:
@@ -205,6 +209,7 @@ def program_backfill(airflow_stack, session_gke):
     faults.set_fault(
         api, f"e2e-backfill-{TOKEN}", prefix=crashing, stage="train_rl", maxtext_fault="crash-at-step=3", exit_code=3
     )
+    gke_faults.set_fault(STOCKOUT, "stockout", cluster=CLUSTER, zone="us-east5-b", capacity_type="on_demand")
     try:
         created = backfill(airflow, "none")
         airflow.unpause(PROGRAM)
@@ -212,6 +217,7 @@ def program_backfill(airflow_stack, session_gke):
             yield created, thread.submit(first_then_failed_again, airflow, session_gke, created)
     finally:
         faults.clear_faults(api, f"e2e-backfill-{TOKEN}")
+        gke_faults.clear_faults(STOCKOUT)
         airflow.request("PATCH", f"/api/v2/dags/{PROGRAM}", {"is_paused": True})
 
 
@@ -235,6 +241,12 @@ def test_a_backfill_trains_one_interval_at_a_time_and_reprocessing_failed_resume
     assert first.states == {day: "failed" if day == failing else "success" for day in days()}, detail
     assert tasks[failing]["train_rl"]["state"] == "failed", detail
 
+    # Each interval's slice came from the program's second candidate, the first stocked out.
+    for day in days():
+        capacity = airflow.xcom(PROGRAM, runs[day]["dag_run_id"], "create_tpu_pools", "capacity")
+        assert capacity["serving"] == 1, (day, capacity)
+        assert [(a["candidate"], a["outcome"]) for a in capacity["attempts"]] == [(0, "stockout")], (day, capacity)
+        assert capacity["lines"][1] == "candidate 1 (on_demand in us-east5-a): the slices came from it", capacity
     # Capacity 1: the slices' lifetimes never overlap.
     spans = sorted(slice_span(tasks[day]) for day in days())
     assert all(earlier[1] <= later[0] for earlier, later in pairwise(spans)), spans

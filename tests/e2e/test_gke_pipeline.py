@@ -15,7 +15,7 @@ from datetime import datetime
 
 import pytest
 
-from sim import gke_faults
+from sim import faults, gke_faults
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
 from tpu_rl_testing import GKE_PARENT as PARENT
 from tpu_rl_testing import SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
@@ -83,7 +83,26 @@ def gke_scenarios(airflow_stack, session_gke):
         "cluster_name": f"e2e-cand-{suffix}",
         "capacity_candidates": CANDIDATES,
     }
+    # Spot preempted past its budget there (one preemption): the pools move to the next candidate, on demand in
+    # us-east5-a, and the training resumes there from its newest complete checkpoint.
+    scenarios["moved"] = {
+        **SIM_CREATE_CONF,
+        **SMALL_SLICE,
+        "cluster_name": f"e2e-moved-{suffix}",
+        "capacity_candidates": CANDIDATES[1:],
+        "max_preemptions_per_candidate": 1,
+    }
     run_ids = {name: f"e2e__gke_{name}__{suffix}" for name in scenarios}
+    workloads = SIM_CREATE_CONF.get("workload_prefix", "qwen")
+    preempted = f"e2e-moved-preempted-{suffix}"
+    faults.set_fault(
+        faults.core_api(),
+        preempted,
+        prefix=RunIdentity(DAG_ID, run_ids["moved"]).jobset_name(workloads, "train"),
+        stage="train_rl",
+        maxtext_fault="preempt-at-step=3",  # after the save of step 2 (checkpoint_period 2)
+        times=1,
+    )
     candidate_pools = f"tpu-{RunIdentity(DAG_ID, run_ids['candidates']).key}-"
     gke_faults.set_fault(
         f"e2e-candidates-{suffix}",
@@ -110,6 +129,7 @@ def gke_scenarios(airflow_stack, session_gke):
     finally:
         for name in ("stockout", "spot_held", "flex_start", "candidates", "candidates-quota"):
             gke_faults.clear_faults(f"e2e-{name}-{suffix}")
+        faults.clear_faults(faults.core_api(), preempted)
         if cluster_or_none(gke, foreign):
             gke.delete_cluster(name=f"{PARENT}/clusters/{foreign}")
 
@@ -303,3 +323,32 @@ def test_a_run_whose_first_candidate_stocks_out_and_second_lacks_quota_trains_on
     summary = airflow.xcom(DAG_ID, run_id, "pipeline_done")
     assert "TPU          candidate 2 (on_demand in us-east5-a): " in summary and "at $3.00 per chip-hour" in summary
     assert "capacity     candidate 0 (on_demand in us-east5-b): left, stockout" in summary
+
+
+@pytest.mark.e2e_last
+def test_a_spot_run_preempted_past_its_budget_there_finishes_on_the_next_candidate_and_reports_both_costs(
+    airflow, gke, runs
+):
+    run_id, conf, state = runs["moved"]
+    tasks = airflow.task_instances(DAG_ID, run_id)
+    assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
+    assert tasks["train_rl"]["try_number"] == 1  # the move is within the try, as a preemption's resume is
+    log = airflow.task_log(DAG_ID, run_id, "train_rl", 1)
+    assert "candidate 0 (spot in us-east5-b) left: preempted (DisruptionTarget" in log, log[-3000:]
+    assert "trying candidate 1 (on_demand in us-east5-a)" in log
+    assert "Restored params from step: 2 in " in log  # the trainer's own line, on the new candidate's slice
+    assert airflow.xcom(DAG_ID, run_id, "verify_training") == 4
+    # GKE created the pool twice (Spot in us-east5-b, then on demand in us-east5-a) and deleted it twice.
+    ops = pool_operations(gke, run_id, 1)
+    assert len(ops["CREATE_NODE_POOL"]) == 2 and len(ops["DELETE_NODE_POOL"]) == 2
+    assert all(not op.error.code for op in ops["CREATE_NODE_POOL"] + ops["DELETE_NODE_POOL"])
+    capacity = airflow.xcom(DAG_ID, run_id, "train_rl", "capacity")
+    assert capacity["serving"] == 1 and [a["outcome"] for a in capacity["attempts"]] == ["preempted"]
+    # Each slice's time at its own candidate's price, and the sum: in the summary and the Asset event's cost.
+    slices = airflow.xcom(DAG_ID, run_id, "delete_tpu_pools", "tpu_slices")
+    assert sorted(s["candidate"] for s in slices) == [0, 1]
+    summary = airflow.xcom(DAG_ID, run_id, "pipeline_done")
+    assert "TPU          candidate 0 (spot in us-east5-b): " in summary and "at $1.10 per chip-hour" in summary
+    assert "; candidate 1 (on_demand in us-east5-a): " in summary and "at $3.00 per chip-hour" in summary
+    assert "; in all " in summary
+    assert cluster_or_none(gke, conf["cluster_name"]) is None
