@@ -32,6 +32,7 @@ import pytest
 
 from scripts.local_airflow import stage_table
 from sim import faults, gke_faults
+from tpu_rl.config import RunConfig
 from tpu_rl.programs import load_programs
 from tpu_rl.run import RunIdentity
 from tpu_rl_testing import REPO, SMALL_SLICE, cluster_or_none
@@ -209,7 +210,15 @@ def program_backfill(airflow_stack, session_gke):
     faults.set_fault(
         api, f"e2e-backfill-{TOKEN}", prefix=crashing, stage="train_rl", maxtext_fault="crash-at-step=3", exit_code=3
     )
-    gke_faults.set_fault(STOCKOUT, "stockout", cluster=CLUSTER, zone="us-east5-b", capacity_type="on_demand")
+    # (TPU hosts only: the cluster's CPU pools in that zone are created as usual)
+    gke_faults.set_fault(
+        STOCKOUT,
+        "stockout",
+        cluster=CLUSTER,
+        zone="us-east5-b",
+        capacity_type="on_demand",
+        machine_type=RunConfig.from_params({**DECLARED.params, **CONF}).compute_type,
+    )
     try:
         created = backfill(airflow, "none")
         airflow.unpause(PROGRAM)
