@@ -8,4 +8,4 @@ export AIRFLOW__CORE__PLUGINS_FOLDER=$AIRFLOW_HOME/empty-plugins
 mkdir -p "$AIRFLOW__CORE__PLUGINS_FOLDER"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-$("$repo/scripts/postgres.sh" url)}
-export PATH=$repo/.venv/bin:$PATH
+export PATH=${TPU_RL_VENV:-$repo/.venv}/bin:$PATH  # TPU_RL_VENV: another install (the 3.1.7 stack's)

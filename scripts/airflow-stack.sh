@@ -10,16 +10,33 @@
 #   resume COMPONENT...: SIGSTOP and SIGCONT to the component's processes, as a machine that stalls (a long GC
 #   pause, CPU throttling, a network cut) and comes back; status; url; cli ARGS: the
 #   Airflow CLI on the stack's database; exec CMD...: a command in the stack's environment (e.g. a component
-#   started otherwise, as tests/e2e does to a triggerer); celery ARGS: Celery's CLI on the stack's broker.
+#   started otherwise, as tests/e2e does to a triggerer); celery ARGS: Celery's CLI on the stack's broker; state: the
+#   folder of its pid files and component logs; redis-port; db: its database's name.
 # Connections come from the environment (source .sim/airflow.env first to aim it at the simulation).
+# TPU_RL_STACK picks the stack: main (default; Airflow 3.3.2 of .venv) or af31, the same layout on Airflow 3.1.7,
+# Composer 3's main line (.venv-af31: scripts/test-compat.sh --install-only), which runs beside the main one with
+# its own Airflow home, database, ports, broker and log bucket.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case ${TPU_RL_STACK:-main} in
+  main)
+    # Its own database: test processes run dag.test() on the main one, and a scheduler would pick those runs up.
+    DB=airflow_stack
+    PORT=${TPU_RL_AIRFLOW_PORT:-18080}
+    REDIS_PORT=${TPU_RL_REDIS_PORT:-16379}
+    HEALTH_PORTS=(8974 8975)  # the schedulers' health checks
+    LOG_PORTS=(8793 8794)     # the log servers of worker-a and of the triggerer
+    LOG_BUCKET=${TPU_RL_STACK_LOG_BUCKET:-tpu-rl-composer-env}
+    ;;
+  af31)
+    export AIRFLOW_HOME=$PWD/.airflow-af31 TPU_RL_VENV=$PWD/.venv-af31
+    DB=airflow_stack_af31 PORT=18090 REDIS_PORT=16380 HEALTH_PORTS=(8976 8977) LOG_PORTS=(8795 8796)
+    LOG_BUCKET=tpu-rl-composer-env-af31
+    ;;
+  *) echo "TPU_RL_STACK: '$TPU_RL_STACK' is not a stack; use main or af31" >&2; exit 2 ;;
+esac
 source scripts/airflow-env.sh
 STATE=$AIRFLOW_HOME/stack
-# Its own database: test processes run dag.test() on the main one, and a scheduler would pick those runs up.
-DB=airflow_stack
-PORT=${TPU_RL_AIRFLOW_PORT:-18080}
-REDIS_PORT=${TPU_RL_REDIS_PORT:-16379}
 COMPONENTS=(redis api-server scheduler scheduler-2 dag-processor triggerer triggerer-2 worker-a worker-b)
 WORKERS=(worker-a worker-b)
 mkdir -p "$STATE"
@@ -44,6 +61,7 @@ export AIRFLOW__CELERY__WORKER_CONCURRENCY=6
 export AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL=120
 export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=10
 export AIRFLOW__TRIGGERER__CAPACITY=100
+export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=${LOG_PORTS[0]} AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=${LOG_PORTS[1]}
 # How soon the survivors notice a component that died (Airflow's defaults: a task's heartbeat 300 s, orphaned
 # tasks checked every 300 s): short enough for a test to wait for, long enough for a busy 2-core machine.
 export AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT=90
@@ -54,7 +72,6 @@ export AIRFLOW__LOGGING__BASE_LOG_FOLDER=$AIRFLOW_HOME/logs
 # Remote logging as Composer sets it (its environment's bucket, under logs/), when the stack is aimed at the
 # simulation's Cloud Storage: a worker uploads a task's log when its part of the task ends, a triggerer a trigger's
 # log when the trigger ends (one that dies uploads nothing), and the UI reads a finished task's log from there only.
-LOG_BUCKET=${TPU_RL_STACK_LOG_BUCKET:-tpu-rl-composer-env}
 if [ -n "${STORAGE_EMULATOR_HOST:-}" ]; then
   export AIRFLOW__LOGGING__REMOTE_LOGGING=True
   export AIRFLOW__LOGGING__REMOTE_BASE_LOG_FOLDER=gs://$LOG_BUCKET/logs
@@ -69,9 +86,9 @@ command_of() {
     redis) echo "redis-server --port $REDIS_PORT --bind 127.0.0.1 --save '' --appendonly no --dir $STATE" ;;
     api-server | dag-processor | triggerer) echo "airflow $1" ;;
     triggerer-2) echo "airflow triggerer --skip-serve-logs" ;;
-    scheduler) echo "airflow scheduler --skip-serve-logs" ;;
-    # Its health check on a port of its own (the first one has 8974).
-    scheduler-2) echo "env AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT=8975 airflow scheduler --skip-serve-logs" ;;
+    # Each scheduler's health check on a port of its own.
+    scheduler) echo "env AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT=${HEALTH_PORTS[0]} airflow scheduler --skip-serve-logs" ;;
+    scheduler-2) echo "env AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT=${HEALTH_PORTS[1]} airflow scheduler --skip-serve-logs" ;;
     worker-a) echo "airflow celery worker --celery-hostname worker-a@%h" ;;
     worker-b) echo "airflow celery worker --celery-hostname worker-b@%h --skip-serve-logs" ;;
   esac
@@ -118,6 +135,8 @@ case "${1:-}" in
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
     }
     shift
+    # The 3.1.7 stack runs the checkout's wheel (make wheel), as the main one runs make venv's.
+    if [ "${TPU_RL_STACK:-main}" = af31 ]; then scripts/test-compat.sh --install-wheel; fi
     scripts/postgres.sh ensure-db $DB
     airflow db migrate >/dev/null
     if [ -n "${STORAGE_EMULATOR_HOST:-}" ]; then
@@ -165,10 +184,13 @@ case "${1:-}" in
     exit $rc
     ;;
   url) echo "http://127.0.0.1:$PORT" ;;
+  state) echo "$STATE" ;;
+  redis-port) echo "$REDIS_PORT" ;;
+  db) echo "$DB" ;;
   pid) cat "$STATE/${2:?usage: $0 pid COMPONENT}.pid" ;;
   # The Airflow CLI on the stack's database, e.g. `scripts/airflow-stack.sh cli backfill create --dag-id ...`.
   cli) shift; exec airflow "$@" ;;
   celery) shift; exec celery --app airflow.providers.celery.executors.celery_executor.app "$@" ;;
   exec) shift; exec "$@" ;;
-  *) echo "usage: $0 start [component...]|stop [--kill] [component...]|pause|resume component...|status|url|pid COMPONENT|cli <airflow arguments>|celery <arguments>|exec <command>" >&2; exit 2 ;;
+  *) echo "usage: $0 start [component...]|stop [--kill] [component...]|pause|resume component...|status|url|state|redis-port|db|pid COMPONENT|cli <airflow arguments>|celery <arguments>|exec <command>" >&2; exit 2 ;;
 esac

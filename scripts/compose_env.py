@@ -37,7 +37,9 @@ def local_environment(postgres_url: str, redis_port: int, api_url: str, jwt_secr
     sql = postgres_url.replace("postgresql://", "postgresql+psycopg2://", 1)
     local = {
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sql,
-        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + sql.replace("+psycopg2", "", 1),
+        # The compose file's db+postgresql:// takes SQLAlchemy's default driver, psycopg 3 from SQLAlchemy 2.1, which
+        # the 3.1.7 stack's install (Composer's packages) lacks: psycopg2, as the metadata database's connection.
+        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + sql,
         "AIRFLOW__CELERY__BROKER_URL": f"redis://:@127.0.0.1:{redis_port}/0",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api_url}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret,

@@ -4,7 +4,8 @@
 # (docs/compatibility.md; constraints-af31.txt comes from scripts/compile-af31.sh). Its own venv (.venv-af31, reinstalled only
 # when requirements-af31.txt or constraints-af31.txt change), Airflow home (.airflow-af31) and database
 # (airflow_af31, beside the main one on the PostgreSQL of scripts/postgres.sh): nothing of the 3.3.2 setup
-# is touched. Arguments go to pytest instead of tests/unit; --install-only installs the venv and stops there.
+# is touched. Arguments go to pytest instead of tests/unit; --install-only installs the venv and stops there,
+# --install-wheel installs the venv and the checkout's wheel (make wheel) and stops there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -24,7 +25,9 @@ if [ "${1:-}" = --install-only ]; then
 fi
 
 # The wheel, as Composer installs a custom package into its image: with the image's pins, and only if that
-# moves no installed package (pip's report of what it would install must name the wheel alone).
+# moves no installed package (pip's report of what it would install must name the wheel alone). Installed again only
+# when the wheel changed (its SHA-256: the build is reproducible), so the 3.1.7 stack (scripts/airflow-stack.sh,
+# TPU_RL_STACK=af31) that runs on this venv is not reinstalled under its feet.
 wheel=$(ls dist/tpu_rl-*-py3-none-any.whl)
 report=$(mktemp)
 $VENV/bin/pip install -q --dry-run --report "$report" -c constraints-af31.txt "$wheel"
@@ -36,7 +39,14 @@ assert not others, f"installing the wheel would change the Composer image's pack
 print(f"wheel: installs with the image's pins, changing no installed package ({would})")
 PY
 rm -f "$report"
-$VENV/bin/pip install -q --no-deps --force-reinstall "$wheel"
+sum=$(sha256sum "$wheel" | cut -d' ' -f1)
+if [ "$(cat $VENV/.tpu_rl-wheel 2>/dev/null)" != "$sum" ]; then
+  $VENV/bin/pip install -q --no-deps --force-reinstall "$wheel"
+  echo "$sum" > $VENV/.tpu_rl-wheel
+fi
+if [ "${1:-}" = --install-wheel ]; then
+  exit 0
+fi
 
 started=false
 cleanup() { if $started; then scripts/postgres.sh stop; fi; }

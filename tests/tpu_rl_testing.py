@@ -81,6 +81,13 @@ def task_context(ti: TaskInstanceStandIn, params: dict[str, Any] | None = None) 
     }
 
 
+def stack_answer(question: str) -> str:
+    """What scripts/airflow-stack.sh answers (``state``, ``redis-port``, ``db``, ``url``) for the stack it runs, the
+    one ``TPU_RL_STACK`` picks (main, or af31: Airflow 3.1.7)."""
+    done = subprocess.run(["scripts/airflow-stack.sh", question], cwd=REPO, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
 def cluster_or_none(gke, name: str):
     """The cluster through a ClusterManagerClient, or None."""
     from google.api_core.exceptions import NotFound

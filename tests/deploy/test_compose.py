@@ -215,7 +215,7 @@ def test_the_local_stack_runs_with_the_compose_files_airflow_settings():
     assert set(local) == set(compose) - CONTAINER_ONLY - LOCAL_ONLY
     assert local["AIRFLOW__CORE__EXECUTOR"] == compose["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert local["AIRFLOW__CELERY__BROKER_URL"] == "redis://:@127.0.0.1:6/0"
-    assert local["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+postgresql://postgres@127.0.0.1:5/db"
+    assert local["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+postgresql+psycopg2://postgres@127.0.0.1:5/db"
     addresses = {k for k, v in compose.items() if any(part in v for part in ("postgres", "redis", "${", "airflow-"))}
     same = set(local) - addresses
     assert same and all(local[k] == compose[k] for k in same)

@@ -31,24 +31,24 @@ and is checked by a test ordered last (``e2e_last``).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import socket
 import threading
 import traceback
 import uuid
+from pathlib import Path
 
 import pytest
 from celery import Celery
 
 from sim import faults
 from tpu_rl.run import RunIdentity
-from tpu_rl_testing import GKE_PARENT, REPO, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none, wait_until
+from tpu_rl_testing import GKE_PARENT, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none, stack_answer, wait_until
 
 pytestmark = pytest.mark.e2e
 
 DAG_ID = "maxtext_rl_tpu"
-STACK = REPO / ".airflow" / "stack"
+STACK = Path(stack_answer("state"))  # the pid files and the components' logs
 TOKEN = uuid.uuid4().hex[:6]
 CLUSTER = f"e2e-loss-{TOKEN}"
 RUN_ID = f"e2e__component_loss__{TOKEN}"
@@ -60,7 +60,7 @@ TRAINING_SECONDS = 330
 SLOW_REPLY_SECONDS = 40
 WORKERS = ("worker-a", "worker-b")
 #: The stack's Celery broker (scripts/airflow-stack.sh), for control commands to its workers.
-CONTROL = Celery(broker=f"redis://127.0.0.1:{os.environ.get('TPU_RL_REDIS_PORT', '16379')}/0")
+CONTROL = Celery(broker=f"redis://127.0.0.1:{stack_answer('redis-port')}/0")
 
 
 def executions(task_id: str) -> list[str]:

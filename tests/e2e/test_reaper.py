@@ -17,7 +17,7 @@ from sim import faults
 from tpu_rl import gke as gke_bodies
 from tpu_rl.config import RunConfig
 from tpu_rl.run import RunIdentity
-from tpu_rl_testing import GKE_PARENT, REPO, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
+from tpu_rl_testing import GKE_PARENT, REPO, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none, stack_answer
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +59,7 @@ def _lose_run(dag_id: str, run_id: str) -> None:
     from sqlalchemy import create_engine, text
 
     url = subprocess.run(
-        [REPO / "scripts/postgres.sh", "url", "airflow_stack"], capture_output=True, text=True, check=True
+        [REPO / "scripts/postgres.sh", "url", stack_answer("db")], capture_output=True, text=True, check=True
     ).stdout.strip()
     engine = create_engine(url)
     try:

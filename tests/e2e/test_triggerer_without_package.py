@@ -13,10 +13,11 @@ import os
 import signal
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
-from tpu_rl_testing import REPO, SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none
+from tpu_rl_testing import SIM_CREATE_CONF, SMALL_SLICE, cluster_or_none, stack_answer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.e2e_first]
 
@@ -34,7 +35,7 @@ def _run_on_a_triggerer_without(airflow, label: str, *without: str):
         "gcs_bucket": f"tpu-rl-{label}-{suffix}",
     }
     airflow.script("stop", "triggerer", "triggerer-2")
-    log = REPO / ".airflow" / "stack" / f"triggerer-{label}.log"
+    log = Path(stack_answer("state")) / f"triggerer-{label}.log"
     script = ("exec", "python", "tests/e2e/without_package.py", *without, "triggerer")
     triggerer = airflow.script(*script, background=True, log=log)
     try:
