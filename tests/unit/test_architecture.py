@@ -22,6 +22,7 @@ CORE = (
     "tpu",
     "machines",
     "run",
+    "environment",
     "layout",
     "maxtext",
     "manifests",

@@ -1,12 +1,25 @@
 """The reaper's decisions (tpu_rl.reaper) and the ownership marks it reads from what the pipeline creates."""
 
+import dataclasses
+import json
+import re
 from datetime import UTC, datetime, timedelta
 
-from tpu_rl import gke, manifests
+import pytest
+
+from tpu_rl import environment, gke, manifests
 from tpu_rl import reaper as rp
 from tpu_rl.config import RunConfig
 from tpu_rl.run import RunIdentity
-from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP
+from tpu_rl.vocabulary import (
+    ANNOTATION_DAG_ID,
+    ANNOTATION_ENVIRONMENT,
+    ANNOTATION_RUN_ID,
+    GKE_LABEL_ENVIRONMENT,
+    GKE_LABEL_KEEP,
+    GKE_METADATA_ENVIRONMENT,
+    LABEL_ENVIRONMENT,
+)
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 RUN = RunIdentity("maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00")
@@ -163,3 +176,49 @@ def test_what_gke_is_deleting_is_reported_as_being_deleted_not_as_a_leak():
     assert rp.left_behind_capacity([decision]) == []
     assert "being deleted" in rp.report([decision])
     assert rp.decide(resource(), rp.MISSING, NOW, timedelta(0)).word == "reap"
+
+
+# -- two Airflow environments share the project (tpu_rl.environment) ---------------------------------------------
+
+PROD, STAGING = "us-east5/prod", "us-east5/staging"
+
+
+@pytest.mark.core
+def test_the_environment_is_named_by_tpu_rl_or_by_composer_and_else_unnamed():
+    composer = {"COMPOSER_LOCATION": "us-east5", "COMPOSER_ENVIRONMENT": "prod"}
+    assert environment.current(composer) == PROD
+    assert environment.current({**composer, "TPU_RL_ENVIRONMENT": "local"}) == "local"
+    assert environment.current({"TPU_RL_ENVIRONMENT": " "}) == environment.current({"COMPOSER_LOCATION": "x"}) == ""
+
+
+@pytest.mark.core
+def test_an_environments_label_value_is_itself_when_it_can_be_and_else_a_stable_short_form():
+    assert environment.label_value("local") == "local"
+    label = environment.label_value(PROD)
+    assert label.startswith("us-east5-prod-") and label == environment.label_value(PROD)
+    assert label != environment.label_value("us-east5-prod") == "us-east5-prod"  # unlike the name that looks the same
+    for name in (PROD, "Prod", "x" * 200, "/", "äö"):
+        value = environment.label_value(name)
+        assert len(value) <= 63 and re.fullmatch(r"[a-z0-9]([a-z0-9_-]*[a-z0-9])?", value), name
+    assert environment.label_value("x" * 200) != environment.label_value("x" * 201)
+
+
+@pytest.mark.core
+def test_what_a_run_of_a_named_environment_creates_carries_the_environment_and_an_unnamed_ones_nothing_new(
+    tutorial_conf,
+):
+    config = RunConfig.from_params({**tutorial_conf, "cluster_mode": "shared"})
+    run = dataclasses.replace(RUN, environment=PROD)
+    cluster = gke.cluster_body(config, run, NOW)
+    assert cluster["resource_labels"][GKE_LABEL_ENVIRONMENT] == environment.label_value(PROD)
+    assert gke.cluster_owner(cluster["description"]).environment == PROD
+    assert gke.cluster_lease_uri(cluster["description"]) == gke.shared_lease_uri(config)
+    pool = gke.tpu_node_pool(config, run, 0)["config"]
+    assert pool["resource_labels"][GKE_LABEL_ENVIRONMENT] == environment.label_value(PROD)
+    assert pool["metadata"][GKE_METADATA_ENVIRONMENT] == PROD and gke.pool_owner(pool["metadata"]) == run
+    for made in (manifests.hf_token_secret(config, run), manifests.training_jobset(config, run)):
+        assert made["metadata"]["labels"][LABEL_ENVIRONMENT] == environment.label_value(PROD)
+    assert manifests.hf_token_secret(config, run)["metadata"]["annotations"][ANNOTATION_ENVIRONMENT] == PROD
+
+    unnamed = json.dumps([gke.cluster_body(config, RUN, NOW), manifests.hf_token_secret(config, RUN)])
+    assert "environment" not in unnamed and gke.cluster_owner(gke.owner_description(RUN)).environment == ""
