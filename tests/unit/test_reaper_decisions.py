@@ -26,11 +26,11 @@ RUN = RunIdentity("maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00")
 OTHER = RunIdentity("maxtext_rl_tpu", "scheduled__2026-12-01T11:00:00+00:00")
 
 
-def resource(kind=rp.NODE_POOL, age_minutes=120, chips=64, **extra) -> rp.Resource:
+def resource(kind=rp.NODE_POOL, age_minutes=120, chips=64, owner=RUN, **extra) -> rp.Resource:
     return rp.Resource(
         kind,
         "tpu-1234abcd-0",
-        RUN,
+        owner,
         NOW - timedelta(minutes=age_minutes),
         "p",
         "us-east5",
@@ -222,3 +222,39 @@ def test_what_a_run_of_a_named_environment_creates_carries_the_environment_and_a
 
     unnamed = json.dumps([gke.cluster_body(config, RUN, NOW), manifests.hf_token_secret(config, RUN)])
     assert "environment" not in unnamed and gke.cluster_owner(gke.owner_description(RUN)).environment == ""
+
+
+@pytest.mark.core
+def test_a_reaper_keeps_what_another_environment_made_and_judges_its_own_and_unmarked_resources():
+    """The rule table of tpu_rl.reaper: the marked resource of another environment is kept, whatever this
+    Airflow says of its run; an unmarked one (made before the mark, or by an unnamed environment) is judged."""
+
+    def made_in(env: str) -> rp.Resource:
+        return resource(owner=dataclasses.replace(RUN, environment=env))
+
+    for here, env in ((STAGING, PROD), ("", PROD)):
+        kept = rp.decide(made_in(env), rp.NOT_ASKED, NOW, timedelta(), here=here)
+        assert not kept.reap and kept.reason == (
+            f"created by Airflow environment {env}, not this one ({here or 'unnamed'})"
+        )
+        assert kept.row()["owner_environment"] == env and f"({env})" in rp.report([kept])
+    for here, env in ((STAGING, STAGING), (STAGING, ""), ("", "")):
+        judged = rp.decide(made_in(env), rp.MISSING, NOW, timedelta(), here=here)
+        assert judged.reap and judged.reason == "its run no longer exists in Airflow"
+    assert not rp.asks_about(made_in(PROD).owner, STAGING) and rp.asks_about(made_in("").owner, STAGING)
+
+
+@pytest.mark.core
+def test_a_cluster_is_kept_while_another_environment_has_something_in_it_or_holds_its_lease():
+    from tpu_rl.operators.reaper import ReapOrphanedResourcesOperator
+
+    prod_run = dataclasses.replace(OTHER, environment=PROD)
+    cluster = resource(rp.CLUSTER, chips=0)
+    jobset = resource(rp.JOBSET, chips=0, owner=prod_run, namespace="default")
+    states = {RUN: "success", prod_run: rp.NOT_ASKED}
+    where = ("p", "us-east5", "c")
+    for found, holders in (([cluster, jobset], {}), ([cluster], {where: (prod_run,)})):
+        users = ReapOrphanedResourcesOperator._live_users(found, states, holders)
+        decision = rp.decide(cluster, "success", NOW, timedelta(), users[where], here=STAGING)
+        assert not decision.reap
+        assert decision.reason == f"in use by the run {OTHER.dag_id} / {OTHER.run_id} of Airflow environment {PROD}"
