@@ -258,3 +258,26 @@ def test_a_cluster_is_kept_while_another_environment_has_something_in_it_or_hold
         decision = rp.decide(cluster, "success", NOW, timedelta(), users[where], here=STAGING)
         assert not decision.reap
         assert decision.reason == f"in use by the run {OTHER.dag_id} / {OTHER.run_id} of Airflow environment {PROD}"
+
+
+@pytest.mark.core
+def test_a_run_in_create_mode_refuses_a_cluster_another_environment_made_without_asking_its_airflow(monkeypatch):
+    """The stand-in's Airflow knows no run, as it knows none of another environment: an unmarked leftover is
+    adopted, a marked one of another environment refused (its creator may live, and delete it at its end)."""
+    from types import SimpleNamespace
+
+    from tpu_rl.compat import AirflowFailException
+    from tpu_rl.operators.cluster import CreateClusterOperator
+    from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
+
+    monkeypatch.setenv("TPU_RL_ENVIRONMENT", STAGING)
+    context = task_context(TaskInstanceStandIn("maxtext_rl_tpu", "manual__me", "create_cluster"), TUTORIAL_CONF)
+    operator = CreateClusterOperator(task_id="create_cluster")
+    assert operator.bind_scope(context).run.environment == STAGING
+
+    def made_by(run: RunIdentity) -> SimpleNamespace:
+        return SimpleNamespace(resource_labels={}, description=gke.owner_description(run))
+
+    operator._check_adoptable(context, made_by(OTHER))
+    with pytest.raises(AirflowFailException, match=f"of Airflow environment {PROD}, not this one \\({STAGING}\\)"):
+        operator._check_adoptable(context, made_by(dataclasses.replace(OTHER, environment=PROD)))
