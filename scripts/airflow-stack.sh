@@ -43,6 +43,8 @@ mkdir -p "$STATE"
 
 # Shared by every component: tasks authenticate to the api-server with tokens signed by it.
 if [ ! -f "$STATE/jwt_secret" ]; then head -c 32 /dev/urandom | base64 > "$STATE/jwt_secret"; fi
+# The compose file's settings, exported to every component; among them TPU_RL_ENVIRONMENT, the name the stack's
+# runs mark what they create with: the caller's TPU_RL_ENVIRONMENT, else "local" (docker-compose.yaml's default).
 eval "$(python scripts/compose_env.py --postgres "$(scripts/postgres.sh url $DB)" --redis-port "$REDIS_PORT" \
   --api-url "http://127.0.0.1:$PORT" --jwt-secret-file "$STATE/jwt_secret")"
 

@@ -2,7 +2,8 @@
 
 They follow the tutorial's blueprint (``gke-tpu-v6e-advanced.yaml``): a system pool, a CPU pool for the
 Pathways head and the conversions, and one TPU node pool per slice with a compact placement.
-Each carries the run key as a resource label: teardown deletes only what its own run created.
+Each carries the run key as a resource label: teardown deletes only what its own run created; in a named Airflow
+environment also the environment (``tpu_rl.environment``), which the reaper and the leases read.
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ from typing import Any
 from tpu_rl.candidates import Candidate
 from tpu_rl.capacity import CAPACITY
 from tpu_rl.config import RunConfig
+from tpu_rl.environment import label_value
 from tpu_rl.leases import cluster_lease_object
 from tpu_rl.machines import needs_hyperdisk
 from tpu_rl.run import RunIdentity
 from tpu_rl.timestamps import parse_time
 from tpu_rl.vocabulary import (
+    GKE_LABEL_ENVIRONMENT,
     GKE_LABEL_KEEP,
     GKE_LABEL_RUN_KEY,
     GKE_LABEL_SHARED,
     GKE_METADATA_DAG_ID,
+    GKE_METADATA_ENVIRONMENT,
     GKE_METADATA_RUN_ID,
     TPU_TAINT_KEY,
 )
@@ -49,7 +53,7 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
     if config.tpu_pools_with_cluster:
         pools += [tpu_node_pool(config, run, i) for i in range(config.cluster_nodepool_count)]
     labels = {
-        GKE_LABEL_RUN_KEY: run.key,
+        **owner_labels(run),
         **({GKE_LABEL_KEEP: "true"} if config.keep_cluster else {}),
         **({GKE_LABEL_SHARED: "true"} if config.shares_cluster else {}),
     }
@@ -83,22 +87,30 @@ def cluster_body(config: RunConfig, run: RunIdentity, now: datetime) -> dict[str
 
 
 _OWNER = re.compile(
-    r"Created by tpu-rl for the Airflow DAG run (?P<dag_id>\S+) / (?P<run_id>\S+)\."
+    r"Created by tpu-rl for the Airflow DAG run (?P<dag_id>\S+) / (?P<run_id>\S+?)"
+    r"(?: of the Airflow environment (?P<environment>.+?))?\."
     r"(?: Shared by the runs of the lease (?P<lease>gs://\S+)\.)?"
 )
 
 
+def owner_labels(run: RunIdentity) -> dict[str, str]:
+    """The resource labels that tie a cluster or a TPU pool to its run: its key, and its named environment."""
+    environment = {GKE_LABEL_ENVIRONMENT: label_value(run.environment)} if run.environment else {}
+    return {GKE_LABEL_RUN_KEY: run.key, **environment}
+
+
 def owner_description(run: RunIdentity, lease_uri: str | None = None) -> str:
-    """The cluster's description: who created it, in full (resource labels hold only the run key), and for a
-    shared cluster where its lease is (a label value cannot hold a bucket name with dots)."""
+    """The cluster's description: who created it, in full (resource labels hold only the run key and a label-safe
+    environment), and for a shared cluster where its lease is (a label value cannot hold a bucket name with dots)."""
+    environment = f" of the Airflow environment {run.environment}" if run.environment else ""
     shared = f" Shared by the runs of the lease {lease_uri}." if lease_uri else ""
-    return f"Created by tpu-rl for the Airflow DAG run {run.dag_id} / {run.run_id}.{shared}"
+    return f"Created by tpu-rl for the Airflow DAG run {run.dag_id} / {run.run_id}{environment}.{shared}"
 
 
 def cluster_owner(description: str) -> RunIdentity | None:
     """The run that created a cluster, from its description; None for a cluster this package did not create."""
     match = _OWNER.fullmatch(description or "")
-    return RunIdentity(match["dag_id"], match["run_id"]) if match else None
+    return RunIdentity(match["dag_id"], match["run_id"], environment=match["environment"] or "") if match else None
 
 
 def shared_lease_uri(config: RunConfig) -> str:
@@ -115,7 +127,11 @@ def cluster_lease_uri(description: str) -> str | None:
 def pool_owner(node_metadata: dict[str, str]) -> RunIdentity | None:
     """The run that created a node pool, from its nodes' metadata (``config.metadata``)."""
     if GKE_METADATA_DAG_ID in node_metadata and GKE_METADATA_RUN_ID in node_metadata:
-        return RunIdentity(node_metadata[GKE_METADATA_DAG_ID], node_metadata[GKE_METADATA_RUN_ID])
+        return RunIdentity(
+            node_metadata[GKE_METADATA_DAG_ID],
+            node_metadata[GKE_METADATA_RUN_ID],
+            environment=node_metadata.get(GKE_METADATA_ENVIRONMENT, ""),
+        )
     return None
 
 
@@ -147,8 +163,10 @@ def _node_config(config: RunConfig, machine_type: str, run: RunIdentity | None =
     if config.node_service_account:
         node_config["service_account"] = config.node_service_account
     if run is not None:
-        node_config["resource_labels"] = {GKE_LABEL_RUN_KEY: run.key}
+        node_config["resource_labels"] = owner_labels(run)
         node_config["metadata"] = {GKE_METADATA_DAG_ID: run.dag_id, GKE_METADATA_RUN_ID: run.run_id}
+        if run.environment:
+            node_config["metadata"][GKE_METADATA_ENVIRONMENT] = run.environment
     return node_config
 
 

@@ -10,6 +10,14 @@ The expiry rule, for a run that crashed without leaving: a holder is dropped whe
 run has ended (success or failed) or no longer exists, the same rule the reaper applies (``reaper.py``).
 A queued or running run keeps its lease however long it runs. The same rule ends a lease's *closing* mark
 when the run that set it ended without deleting the cluster (its delete kept failing, or it kept the cluster).
+
+Two Airflow environments may share a bucket (``tpu_rl.environment``), and each knows only its own runs. A holder
+names its run's environment (when named), and a run asks its Airflow only about the holders of its own
+environment, and about the unmarked ones (written before the mark, or by an unnamed environment): a holder of
+another environment is never expired here, also by an unnamed environment. Such a holder keeps its slices of a
+capacity group and keeps a shared cluster up; the notes then name its environment, whose runs end their own
+entries (or a person removes the entries of an environment that was deleted: README, "Two Airflow environments").
+A run is the same holder when its key matches and the entry is of its environment or unmarked.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Generic, TypeVar
 
+from tpu_rl.environment import called, elsewhere
 from tpu_rl.reaper import ENDED_STATES, MISSING
 from tpu_rl.run import RunIdentity
 
@@ -44,25 +53,37 @@ def holder_has_ended(run_state: str) -> bool:
 
 @dataclass(frozen=True)
 class Holder:
-    """One run holding a lease: its identity (the reaper's annotations), the slices it holds, since when."""
+    """One run holding a lease: its identity (the reaper's annotations), the slices it holds, since when, and its
+    Airflow environment ("": unnamed, or an entry written before environments were recorded)."""
 
     dag_id: str
     run_id: str
     key: str
     since: str
     slices: int = 0
+    environment: str = ""
 
     @classmethod
     def of(cls, run: RunIdentity, since: str, slices: int = 0) -> Holder:
-        return cls(run.dag_id, run.run_id, run.key, since, slices)
+        return cls(run.dag_id, run.run_id, run.key, since, slices, run.environment)
 
     @property
     def run(self) -> RunIdentity:
-        return RunIdentity(self.dag_id, self.run_id)
+        return RunIdentity(self.dag_id, self.run_id, environment=self.environment)
+
+    def is_(self, me: Holder) -> bool:
+        """This entry is the run ``me``: the same key, and ``me``'s environment or none recorded."""
+        return self.key == me.key and not elsewhere(self.environment, me.environment)
 
     def describe(self) -> str:
         held = f"{self.slices} slice(s), " if self.slices else ""
-        return f"{self.dag_id} / {self.run_id} ({held}since {self.since})"
+        environment = f" of Airflow environment {self.environment}" if self.environment else ""
+        return f"{self.dag_id} / {self.run_id}{environment} ({held}since {self.since})"
+
+    def document(self) -> dict:
+        """The entry as the lease stores it; an unnamed holder's as before environments were recorded, which
+        earlier versions of the package read."""
+        return {k: v for k, v in asdict(self).items() if k != "environment" or v}
 
 
 @dataclass(frozen=True)
@@ -90,15 +111,15 @@ class Lease:
     def dump(self) -> str:
         return json.dumps(
             {
-                "holders": [asdict(h) for h in self.holders],
+                "holders": [h.document() for h in self.holders],
                 "closing": self.closing,
-                "closer": asdict(self.closer) if self.closer else None,
+                "closer": self.closer.document() if self.closer else None,
             },
             indent=2,
         )
 
-    def find(self, key: str) -> Holder | None:
-        return next((h for h in self.holders if h.key == key), None)
+    def find(self, me: Holder) -> Holder | None:
+        return next((h for h in self.holders if h.is_(me)), None)
 
     @property
     def slices(self) -> int:
@@ -107,30 +128,45 @@ class Lease:
     def admit(self, holder: Holder, limit: int | None = None) -> Lease | None:
         """The lease with ``holder`` in it, or None when its slices do not fit under ``limit`` now. A run that
         already holds it keeps its entry (a retried task re-enters)."""
-        if self.find(holder.key):
+        if self.find(holder):
             return self
         if limit is not None and self.slices + holder.slices > limit:
             return None
         return replace(self, holders=(*self.holders, holder), closing=False, closer=None)
 
-    def without(self, key: str) -> Lease:
-        return replace(self, holders=tuple(h for h in self.holders if h.key != key))
+    def without(self, me: Holder) -> Lease:
+        return replace(self, holders=tuple(h for h in self.holders if not h.is_(me)))
 
     def closed_by(self, holder: Holder) -> Lease:
         """The lease once its last holder has left to delete the thing."""
         return replace(self, holders=(), closing=True, closer=holder)
 
-    def closing_expired(self, run_state: Callable[[RunIdentity], str]) -> bool:
+    def closing_expired(self, run_state: Callable[[RunIdentity], str], here: str = "") -> bool:
         """The lease is closing, and the run deleting the thing has ended (:func:`holder_has_ended`) without
-        finishing: a run may take the thing over. A closing lease without its closer never expires here."""
-        return self.closing and self.closer is not None and holder_has_ended(run_state(self.closer.run))
+        finishing: a run may take the thing over. A closing lease without its closer, or whose closer is of another
+        Airflow environment than ``here``, never expires here."""
+        closer = self.closer
+        return (
+            self.closing
+            and closer is not None
+            and not elsewhere(closer.environment, here)
+            and holder_has_ended(run_state(closer.run))
+        )
 
-    def expire(self, run_state: Callable[[RunIdentity], str], keep: str = "") -> tuple[Lease, list[Holder]]:
-        """Drops the holders whose run has ended (:func:`holder_has_ended`); ``keep`` is the caller's own key,
-        never asked about. Returns the lease left and the holders dropped."""
-        ended = [h for h in self.holders if h.key != keep and holder_has_ended(run_state(h.run))]
-        dropped = {h.key for h in ended}
-        return replace(self, holders=tuple(h for h in self.holders if h.key not in dropped)), ended
+    def expire(self, run_state: Callable[[RunIdentity], str], me: Holder) -> tuple[Lease, list[Holder]]:
+        """Drops the holders whose run has ended (:func:`holder_has_ended`), asking ``run_state`` only about those of
+        the caller ``me``'s environment (and unmarked ones); ``me`` is never asked about. Returns the lease left
+        and the holders dropped."""
+        ended = [
+            h
+            for h in self.holders
+            if not h.is_(me) and not elsewhere(h.environment, me.environment) and holder_has_ended(run_state(h.run))
+        ]
+        return replace(self, holders=tuple(h for h in self.holders if h not in ended)), ended
+
+    def of_other_environments(self, here: str) -> tuple[Holder, ...]:
+        """The holders of other Airflow environments than ``here``: only their own environment ends their entries."""
+        return tuple(h for h in self.holders if elsewhere(h.environment, here))
 
 
 #: Airflow's state of a run (a DAG run state, or ``MISSING``), asked by the expiry rule.
@@ -151,6 +187,16 @@ def expired_notes(expired: list[Holder]) -> list[str]:
     return [f"lease of {h.describe()} expired: its run has ended or is gone" for h in expired]
 
 
+def elsewhere_notes(holders: tuple[Holder, ...], here: str, holds: str) -> list[str]:
+    """Why ``holders`` of other Airflow environments stay in the lease, and what a person does if one of those
+    environments no longer exists."""
+    return [
+        f"{h.describe()} {holds}: this Airflow environment ({called(here)}) never expires another one's entry; "
+        f"if {h.environment} was deleted, remove its entry from the lease (README, 'Two Airflow environments')"
+        for h in holders
+    ]
+
+
 # -- a shared cluster's lease ---------------------------------------------------------------------------
 
 
@@ -158,10 +204,13 @@ def join_cluster(lease: Lease, me: Holder, state: RunState, cluster_exists: bool
     """A run joins a shared cluster's lease (result: the lease it is in), or waits (result None) while the last
     run to leave is still deleting the cluster. A closing lease whose deleting run ended without deleting is
     taken over."""
-    lease, expired = lease.expire(state, keep=me.key)
+    lease, expired = lease.expire(state, me)
     notes = expired_notes(expired)
-    if lease.closing and cluster_exists and not lease.find(me.key):
-        if not lease.closing_expired(state):
+    if lease.closing and cluster_exists and not lease.find(me):
+        if not lease.closing_expired(state, me.environment):
+            closer = lease.closer
+            if closer is not None and elsewhere(closer.environment, me.environment):
+                notes += elsewhere_notes((closer,), me.environment, "is deleting the cluster")
             return LeaseChange(lease if expired else None, None, notes)
         notes.append(
             f"{lease.closer.describe()} left the cluster to delete it and its run has ended "
@@ -188,19 +237,21 @@ def leave_cluster(lease: Lease, me: Holder, state: RunState, closing: bool) -> L
     """A run leaves a shared cluster's lease. The last to leave marks the lease closing, with itself as the
     closer, when it deletes the cluster (``closing``), so a run joining meanwhile waits for the delete. A retry
     of the closer's own delete counts as the last again."""
-    retrying_delete = lease.closing and (lease.closer is None or lease.closer.key == me.key)
-    if not lease.find(me.key) and not retrying_delete:
+    retrying_delete = lease.closing and (lease.closer is None or lease.closer.is_(me))
+    if not lease.find(me) and not retrying_delete:
         return LeaseChange(None, Leaving(held=False, still_used_by=lease.holders))
-    lease, expired = lease.expire(state, keep=me.key)
-    lease = lease.without(me.key)
+    lease, expired = lease.expire(state, me)
+    lease = lease.without(me)
+    notes = expired_notes(expired)
     if lease.holders:
-        return LeaseChange(lease, Leaving(True, lease.holders), expired_notes(expired))
-    return LeaseChange(lease.closed_by(me) if closing else lease, Leaving(True, ()), expired_notes(expired))
+        notes += elsewhere_notes(lease.of_other_environments(me.environment), me.environment, "keeps the cluster")
+        return LeaseChange(lease, Leaving(True, lease.holders), notes)
+    return LeaseChange(lease.closed_by(me) if closing else lease, Leaving(True, ()), notes)
 
 
-def drop_holder(lease: Lease, key: str) -> LeaseChange[Holder | None]:
-    """The lease without the run ``key`` (result: its entry, None when it held none)."""
-    return LeaseChange(lease.without(key), lease.find(key))
+def drop_holder(lease: Lease, me: Holder) -> LeaseChange[Holder | None]:
+    """The lease without the run ``me`` (result: its entry, None when it held none)."""
+    return LeaseChange(lease.without(me), lease.find(me))
 
 
 # -- a capacity group's lease ---------------------------------------------------------------------------
@@ -216,9 +267,13 @@ class CapacityTaken:
 
 def take_capacity(lease: Lease, me: Holder, limit: int, state: RunState) -> LeaseChange[CapacityTaken]:
     """Admits the run's slices (``me.slices``) while the group's holders leave room under ``limit``; a run that
-    holds them already keeps them. Holders whose run has ended are dropped first."""
-    lease, expired = lease.expire(state, keep=me.key)
+    holds them already keeps them. Holders whose run has ended are dropped first; those of other Airflow
+    environments are not asked about, and while the run waits the notes name them."""
+    lease, expired = lease.expire(state, me)
     admitted = lease.admit(me, limit)
     if admitted is None:
-        return LeaseChange(lease if expired else None, CapacityTaken(False, lease), expired_notes(expired))
+        notes = expired_notes(expired) + elsewhere_notes(
+            lease.of_other_environments(me.environment), me.environment, "holds slices of the group"
+        )
+        return LeaseChange(lease if expired else None, CapacityTaken(False, lease), notes)
     return LeaseChange(admitted, CapacityTaken(True, admitted), expired_notes(expired))

@@ -4,6 +4,22 @@ Pure: the operator (operators/reaper.py) lists the resources and asks Airflow ab
 module decides keep or reap and formats the table. A resource is only ever considered when it carries
 this package's ownership marks (gke.cluster_owner / gke.pool_owner, the run annotations of JobSets and
 Secrets); everything else is never listed.
+
+Two Airflow environments may share a project (``tpu_rl.environment``): this Airflow knows only its own runs, and
+would call another environment's live run missing. So the marks name the run's environment, and
+(:func:`tpu_rl.environment.elsewhere`):
+
+=====================  ====================  ===============================================================
+this reaper            the resource's mark   decision
+=====================  ====================  ===============================================================
+unnamed or named E     none                  judged as always (made before the mark, or by an unnamed one)
+named E                E                     judged as always
+named E                F                     kept: "created by Airflow environment F, not this one (E)"
+unnamed                F                     kept: "... not this one (unnamed)": it is someone's
+=====================  ====================  ===============================================================
+
+Another environment's run is not asked about (:data:`NOT_ASKED`), and what it has in a cluster (a pool, a JobSet,
+a Secret, a holder of a shared cluster's lease) keeps that cluster.
 """
 
 from __future__ import annotations
@@ -11,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from tpu_rl.environment import called, elsewhere
 from tpu_rl.run import RunIdentity
 
 #: Airflow DAG-run states in which a run may still use what it created.
@@ -19,6 +36,8 @@ LIVE_STATES = ("queued", "running")
 ENDED_STATES = ("success", "failed")
 #: The run is not in Airflow's metadata database (deleted, or the database was lost or restored).
 MISSING = "missing"
+#: The run is of another Airflow environment: this one does not know it, and was not asked.
+NOT_ASKED = "not asked"
 
 CLUSTER, NODE_POOL, JOBSET, SECRET = "cluster", "node pool", "JobSet", "Secret"
 
@@ -83,6 +102,7 @@ class Decision:
             "resource": r.path,
             "owner_dag_id": r.owner.dag_id,
             "owner_run_id": r.owner.run_id,
+            "owner_environment": r.owner.environment,
             "run_state": self.run_state,
             "age_minutes": round(self.age.total_seconds() / 60, 1),
             "decision": self.word,
@@ -93,31 +113,56 @@ class Decision:
         }
 
 
+def asks_about(run: RunIdentity, here: str) -> bool:
+    """Whether this Airflow (environment ``here``) is asked for the run's state: not about another environment's."""
+    return not elsewhere(run.environment, here)
+
+
+def may_use(run_state: str) -> bool:
+    """A run in this state may be using what it has in a cluster: it is live, or of another environment."""
+    return run_state in LIVE_STATES or run_state == NOT_ASKED
+
+
 def decide(
-    resource: Resource, run_state: str, now: datetime, grace: timedelta, users: tuple[RunIdentity, ...] = ()
+    resource: Resource,
+    run_state: str,
+    now: datetime,
+    grace: timedelta,
+    users: tuple[RunIdentity, ...] = (),
+    here: str = "",
 ) -> Decision:
     """Keep or reap one resource.
 
-    ``run_state``: its run's DAG-run state, or MISSING. ``users``: the live runs that have objects inside
-    it (a cluster another run adopted keeps running for that run)."""
+    ``run_state``: its run's DAG-run state, MISSING, or NOT_ASKED. ``users``: the runs that may use it, having
+    objects inside it (a cluster another run adopted keeps running for that run). ``here``: the reaper's own
+    Airflow environment ("" unnamed); a resource another one made is kept (the module's table)."""
     age = now - resource.created
     chip_hours = resource.chips * max(age.total_seconds(), 0) / 3600
 
     def keep(reason: str) -> Decision:
         return Decision(resource, run_state, False, reason, age, chip_hours)
 
+    owner = resource.owner
     if resource.being_deleted:
         return keep(f"being deleted: {resource.being_deleted}")
+    if elsewhere(owner.environment, here):
+        return keep(f"created by Airflow environment {owner.environment}, not this one ({called(here)})")
     if resource.kept_by_design:
         return keep(resource.kept_by_design)
     if run_state not in ENDED_STATES and run_state != MISSING:
         return keep(f"its run is {run_state}")
     if users:
-        return keep(f"in use by the live run {users[0].dag_id} / {users[0].run_id}")
+        return keep(_in_use_by(users[0], here))
     if age < grace:
         return keep(f"younger than the grace period ({_minutes(grace)})")
     ended = "no longer exists in Airflow" if run_state == MISSING else f"ended ({run_state})"
     return Decision(resource, run_state, True, f"its run {ended}", age, chip_hours)
+
+
+def _in_use_by(user: RunIdentity, here: str) -> str:
+    if elsewhere(user.environment, here):
+        return f"in use by the run {user.dag_id} / {user.run_id} of Airflow environment {user.environment}"
+    return f"in use by the live run {user.dag_id} / {user.run_id}"
 
 
 def _minutes(delta: timedelta) -> str:
@@ -127,6 +172,10 @@ def _minutes(delta: timedelta) -> str:
 def left_behind_capacity(decisions: list[Decision]) -> list[Decision]:
     """Reapable TPU capacity that is still there (not deleted by this reaper run)."""
     return [d for d in decisions if d.reap and d.resource.chips and not d.deleted]
+
+
+def _owner(run: RunIdentity) -> str:
+    return f"{run.dag_id} / {run.run_id}" + (f" ({run.environment})" if run.environment else "")
 
 
 def report(decisions: list[Decision]) -> str:
@@ -139,7 +188,7 @@ def report(decisions: list[Decision]) -> str:
             d.word + (" (deleted)" if d.deleted else ""),
             d.resource.kind,
             d.resource.path,
-            f"{d.resource.owner.dag_id} / {d.resource.owner.run_id}",
+            _owner(d.resource.owner),
             d.run_state,
             _minutes(d.age),
             str(d.resource.chips),

@@ -14,13 +14,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from tpu_rl.environment import label_value
+
 # The label keys that tie cloud and Kubernetes objects to the run that created them; imported from here too.
 from tpu_rl.vocabulary import (  # noqa: F401 (GKE_LABEL_RUN_KEY)
     ANNOTATION_DAG_ID,
+    ANNOTATION_ENVIRONMENT,
     ANNOTATION_RUN_ID,
     GKE_LABEL_RUN_KEY,
     LABEL_DAG_ID,
+    LABEL_ENVIRONMENT,
     LABEL_RUN_KEY,
+    LABEL_VALUE_MAX,
 )
 
 #: The DAG's id; the plan derives the same names as a run of it.
@@ -34,10 +39,6 @@ STAGE_WORDS = {"hf_to_maxtext": "hf2mt", "train": "train", "maxtext_to_hf": "mt2
 RUN_KEY_LENGTH = 8
 
 
-#: The longest value a Kubernetes label (and a GKE resource label) holds.
-LABEL_VALUE_MAX = 63
-
-
 def slug(text: str, limit: int | None = None) -> str:
     """Lowercase letters, digits and single dashes, at most ``limit`` characters, beginning and ending with a letter
     or digit (cut after the limit, a dash would end it: Kubernetes refuses such a label value): safe in object
@@ -48,11 +49,15 @@ def slug(text: str, limit: int | None = None) -> str:
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """A DAG run; ``interval``: the start of its data interval (ISO 8601) when its outputs are the interval's."""
+    """A DAG run; ``interval``: the start of its data interval (ISO 8601) when its outputs are the interval's;
+    ``environment``: the Airflow environment it runs in (``tpu_rl.environment``), "" when unnamed or not marked.
+    The environment is in the run's marks, not in its key: a run in flight when its environment got a name keeps
+    finding what it made."""
 
     dag_id: str
     run_id: str
     interval: str | None = None
+    environment: str = ""
 
     @property
     def key(self) -> str:
@@ -67,11 +72,14 @@ class RunIdentity:
         return f"{slug(name, 60)}-{self.key}"
 
     def labels(self) -> dict[str, str]:
-        return {LABEL_RUN_KEY: self.key, LABEL_DAG_ID: slug(self.dag_id, LABEL_VALUE_MAX)}
+        labels = {LABEL_RUN_KEY: self.key, LABEL_DAG_ID: slug(self.dag_id, LABEL_VALUE_MAX)}
+        return labels | ({LABEL_ENVIRONMENT: label_value(self.environment)} if self.environment else {})
 
     def annotations(self) -> dict[str, str]:
-        """The run's full identity, which labels (slugs) cannot hold: the reaper asks Airflow about it."""
-        return {ANNOTATION_DAG_ID: self.dag_id, ANNOTATION_RUN_ID: self.run_id}
+        """The run's full identity, which labels (slugs) cannot hold: the reaper asks Airflow about it (when the
+        environment is its own)."""
+        annotations = {ANNOTATION_DAG_ID: self.dag_id, ANNOTATION_RUN_ID: self.run_id}
+        return annotations | ({ANNOTATION_ENVIRONMENT: self.environment} if self.environment else {})
 
     def jobset_name(self, prefix: str, stage: str) -> str:
         return f"{prefix}-{STAGE_WORDS[stage]}-{self.key}"

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from tpu_rl import environment
 from tpu_rl.config import RunConfig
 from tpu_rl.layout import GcsLayout, training_record
 from tpu_rl.run import DataInterval, RunIdentity
@@ -35,7 +36,7 @@ class RunScope:
     """The run's params and identity, and the task instance's try; the rest derived once, on first use.
 
     :param params: the run's params (the trigger form's values).
-    :param run: the DAG run's identity.
+    :param run: the DAG run's identity, with the Airflow environment the task runs in.
     :param task_id: the task, and
     :param try_number: its try (None outside a task instance, e.g. in the GKE operator tests).
     """
@@ -52,7 +53,12 @@ class RunScope:
         interval = _program_interval(context)
         return cls(
             dict(context["params"]),
-            RunIdentity(context["dag"].dag_id, context["run_id"], interval.start.isoformat() if interval else None),
+            RunIdentity(
+                context["dag"].dag_id,
+                context["run_id"],
+                interval.start.isoformat() if interval else None,
+                environment.current(),  # the worker's, when the task runs: what the run's marks name
+            ),
             getattr(ti, "task_id", None),
             getattr(ti, "try_number", None),
             interval,

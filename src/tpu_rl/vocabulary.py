@@ -60,6 +60,8 @@ GCLUSTER_WORKLOAD_LABEL = "gcluster.google.com/workload"
 LABEL_RUN_KEY = "tpu-rl.dev/run-key"
 LABEL_DAG_ID = "tpu-rl.dev/dag-id"
 LABEL_TASK_ID = "tpu-rl.dev/task-id"
+#: The longest value a Kubernetes label (and a GKE resource label) holds.
+LABEL_VALUE_MAX = 63
 #: GKE resource labels allow only lowercase letters, digits, '-' and '_'.
 GKE_LABEL_RUN_KEY = "tpu-rl-run-key"
 #: On a cluster created with keep_cluster: the reaper never deletes it.
@@ -70,10 +72,17 @@ GKE_LABEL_SHARED = "tpu-rl-shared"
 #: resource labels cannot hold; a created cluster carries it in its description (gke.owner_description).
 GKE_METADATA_DAG_ID = "tpu-rl-dag-id"
 GKE_METADATA_RUN_ID = "tpu-rl-run-id"
+#: The Airflow environment of the run that made a resource (``tpu_rl.environment``), only when it is named: a
+#: label holds its label-safe form (environment.label_value), the node pool's metadata, the cluster's description
+#: and an annotation the full name, which the reaper reads.
+GKE_LABEL_ENVIRONMENT = "tpu-rl-environment"
+GKE_METADATA_ENVIRONMENT = GKE_LABEL_ENVIRONMENT
+LABEL_ENVIRONMENT = "tpu-rl.dev/environment"
 #: Annotations with the full (unsanitized) identity of the run that made a JobSet or Secret; label values
 #: are slugs.
 ANNOTATION_DAG_ID = LABEL_DAG_ID
 ANNOTATION_RUN_ID = "tpu-rl.dev/run-id"
+ANNOTATION_ENVIRONMENT = LABEL_ENVIRONMENT
 ANNOTATION_TASK_ID = LABEL_TASK_ID
 ANNOTATION_SUBMITTED_TRY = "tpu-rl.dev/submitted-try"
 #: On a JobSet: how far its trigger logged the workload's log (``triggers/workload_log.LogPrinter``), written by

@@ -222,3 +222,16 @@ def test_the_local_stack_runs_with_the_compose_files_airflow_settings():
     stack = (REPO / "scripts" / "airflow-stack.sh").read_text()
     for component in ("redis-server", "celery worker", "scheduler-2", "triggerer-2", "dag-processor", "api-server"):
         assert component in stack
+
+
+def test_the_environment_name_is_the_callers_or_local_on_the_stack_as_in_docker_compose(monkeypatch):
+    """The name the runs mark what they create with (README, "Two Airflow environments"): docker compose fills
+    ${TPU_RL_ENVIRONMENT:-local} from .env or the shell, scripts/airflow-stack.sh from its caller's environment."""
+    from scripts.compose_env import compose_environment, local_environment
+
+    assert compose_environment()["TPU_RL_ENVIRONMENT"] == "${TPU_RL_ENVIRONMENT:-local}"
+    addresses = ("postgresql+psycopg2://postgres@127.0.0.1:5/db", 6, "http://127.0.0.1:7", "s")
+    monkeypatch.delenv("TPU_RL_ENVIRONMENT", raising=False)
+    assert local_environment(*addresses)["TPU_RL_ENVIRONMENT"] == "local"
+    monkeypatch.setenv("TPU_RL_ENVIRONMENT", "ci-stack")
+    assert local_environment(*addresses)["TPU_RL_ENVIRONMENT"] == "ci-stack"

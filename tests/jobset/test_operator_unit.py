@@ -26,6 +26,19 @@ def test_labels_are_valid_and_annotations_carry_full_identity():
     assert op.manifest["metadata"].get("labels") is None  # the template is not mutated
 
 
+def test_a_named_airflow_environment_is_labelled_and_annotated_in_full(monkeypatch):
+    """The reaper of another environment sharing the cluster keeps the JobSet (tpu_rl.reaper)."""
+    monkeypatch.setenv("TPU_RL_ENVIRONMENT", "us-east5/prod")
+    ti = TaskInstanceStandIn("d", "r", "t")
+    op = JobSetOperator(task_id="t", manifest=tpu_jobset("x"), kubernetes_conn_id="k")
+    meta = op._identified(op.build_manifest(task_context(ti)), task_context(ti))["metadata"]
+    assert meta["annotations"]["tpu-rl.dev/environment"] == "us-east5/prod"
+    assert meta["labels"]["tpu-rl.dev/environment"].startswith("us-east5-prod-")
+    monkeypatch.delenv("TPU_RL_ENVIRONMENT")
+    meta = op._identified(op.build_manifest(task_context(ti)), task_context(ti))["metadata"]
+    assert "tpu-rl.dev/environment" not in meta["annotations"] | meta["labels"]
+
+
 def test_pathways_name_longer_than_22_is_refused_before_submission():
     manifest = tpu_jobset("much-too-long-pathways-name", replicated_job="pathways-head")
     op = JobSetOperator(task_id="t", manifest=manifest, kubernetes_conn_id="k")

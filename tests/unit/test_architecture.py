@@ -22,6 +22,7 @@ CORE = (
     "tpu",
     "machines",
     "run",
+    "environment",
     "layout",
     "maxtext",
     "manifests",
@@ -64,8 +65,9 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
 
 
 def test_the_core_loads_without_airflow_or_a_cloud_client():
+    # An isolated interpreter, given the folder of the package these tests import (the installed wheel, or src/).
     probe = (
-        "import sys; before = set(sys.modules); "
+        f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); before = set(sys.modules); "
         + "; ".join(f"import tpu_rl.{name}" for name in CORE)
         + "; print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))"
     )

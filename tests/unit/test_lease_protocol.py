@@ -70,3 +70,72 @@ def test_a_capacity_group_admits_runs_while_their_slices_fit():
     assert freed.result.taken and freed.lease.holders == (holder("me", 1),)
     # a retried task re-enters with the slices it holds
     assert take_capacity(freed.lease, holder("me", 1), limit=1, state=state).result.taken
+
+
+# -- two Airflow environments share the bucket (tpu_rl.environment) --------------------------------------------
+
+
+def of(environment: str, name: str, slices: int = 0) -> Holder:
+    return Holder.of(RunIdentity("daily", name, environment=environment), "2026-12-01T00:00:00+00:00", slices)
+
+
+def gone(run: RunIdentity) -> str:
+    """This Airflow knows none of the runs: another environment's live run looks the same to it."""
+    return "missing"
+
+
+def test_a_capacity_group_stays_bounded_by_the_slices_another_environment_holds():
+    prod = of("us-east5/prod", "scheduled__2026-12-01", 2)
+    for here in ("us-east5/staging", ""):  # an unnamed environment leaves a marked holder alone too
+        refused = take_capacity(Lease((prod,)), of(here, "me", 1), limit=2, state=gone)
+        assert not refused.result.taken and refused.result.lease.holders == (prod,)
+        assert refused.lease is None  # nothing dropped, nothing written
+        assert [note.split(" holds slices of the group: ")[0] for note in refused.notes] == [prod.describe()]
+        assert "of Airflow environment us-east5/prod" in refused.notes[0]
+        assert f"this Airflow environment ({here or 'unnamed'}) never expires" in refused.notes[0]
+        assert "if us-east5/prod was deleted, remove its entry" in refused.notes[0]
+
+
+def test_a_named_environment_expires_its_own_and_the_unmarked_holders_by_its_airflow():
+    """Unmarked: written by this environment before holders named theirs (or by an unnamed one)."""
+    mine, unmarked = of("us-east5/staging", "ended", 1), of("", "older", 1)
+    freed = take_capacity(Lease((mine, unmarked)), of("us-east5/staging", "me", 1), limit=1, state=gone)
+    assert freed.result.taken and [h.run_id for h in freed.lease.holders] == ["me"]
+    assert len(freed.notes) == 2 and all("expired" in note for note in freed.notes)
+
+
+def test_the_same_run_key_in_two_environments_is_two_holders():
+    """A scheduled run has the same DAG and run id, so the same key, in both environments: each takes its own
+    slices. An unmarked entry with the run's key is the run itself (it took them before holders were marked)."""
+    prod, staging = of("us-east5/prod", "scheduled__2026-12-01", 1), of("us-east5/staging", "scheduled__2026-12-01", 1)
+    assert prod.key == staging.key and not prod.is_(staging)
+    assert not take_capacity(Lease((prod,)), staging, limit=1, state=state).result.taken
+    assert take_capacity(Lease((prod,)), staging, limit=2, state=state).lease.holders == (prod, staging)
+    unmarked = of("", "scheduled__2026-12-01", 1)
+    assert take_capacity(Lease((unmarked,)), staging, limit=1, state=state).result.taken
+    assert not take_capacity(Lease((staging,)), unmarked, limit=1, state=state).result.taken
+
+
+def test_a_shared_cluster_stays_while_another_environment_holds_its_lease_and_its_delete_is_waited_for():
+    prod, me = of("us-east5/prod", "training"), of("us-east5/staging", "me")
+    stays = leave_cluster(Lease((prod, me)), me, gone, closing=True)
+    assert stays.result.held and not stays.result.last and stays.result.still_used_by == (prod,)
+    assert stays.lease.holders == (prod,) and not stays.lease.closing
+    assert len(stays.notes) == 1 and stays.notes[0].startswith(f"{prod.describe()} keeps the cluster: ")
+
+    deleting = Lease().closed_by(prod)  # prod's last run deletes the cluster: staging waits, whatever its Airflow says
+    waiting = join_cluster(deleting, me, gone, cluster_exists=True)
+    assert waiting.result is None and waiting.lease is None
+    assert waiting.notes[0].startswith(f"{prod.describe()} is deleting the cluster: ")
+    # this environment's own closer whose run is gone is taken over, as before
+    assert join_cluster(Lease().closed_by(of("us-east5/staging", "x")), me, gone, cluster_exists=True).result
+
+
+def test_holders_record_their_environment_and_documents_of_unnamed_or_earlier_runs_read_as_before():
+    named = Lease((of("us-east5/prod", "a", 1),), closing=False)
+    assert Lease.parse(named.dump().encode()) == named
+    assert '"environment": "us-east5/prod"' in named.dump()
+    unnamed = Lease((holder("a", 1),), closing=True, closer=holder("b"))
+    assert "environment" not in unnamed.dump()  # what earlier versions of the package write and read
+    earlier = b'{"holders": [{"dag_id": "d", "run_id": "r", "key": "k", "since": "s", "slices": 1}]}'
+    assert Lease.parse(earlier).holders[0].environment == ""

@@ -151,20 +151,20 @@ def test_a_capacity_lease_admits_runs_while_their_slices_fit_and_a_retry_re_ente
     assert [h.run_id for h in lease.holders] == ["a"]
     assert lease.admit(holder("b"), limit=1) is None
     assert lease.admit(holder("a"), limit=1) is lease
-    assert [h.run_id for h in lease.without(holder("a").key).admit(holder("b"), limit=1).holders] == ["b"]
+    assert [h.run_id for h in lease.without(holder("a")).admit(holder("b"), limit=1).holders] == ["b"]
     assert Lease.parse(lease.dump()) == lease
 
 
 def test_a_holder_whose_run_ended_or_vanished_expires_and_a_live_or_own_one_stays():
     lease = Lease((holder("ended"), holder("gone"), holder("running"), holder("me")))
     states = {"ended": "failed", "gone": "missing", "running": "running", "me": "success"}
-    left, expired = lease.expire(lambda run: states[run.run_id], keep=holder("me").key)
+    left, expired = lease.expire(lambda run: states[run.run_id], holder("me"))
     assert [h.run_id for h in left.holders] == ["running", "me"]
     assert [h.run_id for h in expired] == ["ended", "gone"]
 
 
 def test_a_closing_lease_holds_joiners_back_only_while_the_run_deleting_the_cluster_lives():
-    closing = Lease((holder("last"),)).without(holder("last").key).closed_by(holder("last"))
+    closing = Lease((holder("last"),)).without(holder("last")).closed_by(holder("last"))
     assert closing.closing and not closing.holders
     assert Lease.parse(closing.dump()) == closing
     assert not closing.closing_expired(lambda run: "running")

@@ -1,23 +1,36 @@
 """The reaper's decisions (tpu_rl.reaper) and the ownership marks it reads from what the pipeline creates."""
 
+import dataclasses
+import json
+import re
 from datetime import UTC, datetime, timedelta
 
-from tpu_rl import gke, manifests
+import pytest
+
+from tpu_rl import environment, gke, manifests
 from tpu_rl import reaper as rp
 from tpu_rl.config import RunConfig
 from tpu_rl.run import RunIdentity
-from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP
+from tpu_rl.vocabulary import (
+    ANNOTATION_DAG_ID,
+    ANNOTATION_ENVIRONMENT,
+    ANNOTATION_RUN_ID,
+    GKE_LABEL_ENVIRONMENT,
+    GKE_LABEL_KEEP,
+    GKE_METADATA_ENVIRONMENT,
+    LABEL_ENVIRONMENT,
+)
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 RUN = RunIdentity("maxtext_rl_tpu", "manual__2026-12-01T10:00:00+00:00")
 OTHER = RunIdentity("maxtext_rl_tpu", "scheduled__2026-12-01T11:00:00+00:00")
 
 
-def resource(kind=rp.NODE_POOL, age_minutes=120, chips=64, **extra) -> rp.Resource:
+def resource(kind=rp.NODE_POOL, age_minutes=120, chips=64, owner=RUN, **extra) -> rp.Resource:
     return rp.Resource(
         kind,
         "tpu-1234abcd-0",
-        RUN,
+        owner,
         NOW - timedelta(minutes=age_minutes),
         "p",
         "us-east5",
@@ -163,3 +176,108 @@ def test_what_gke_is_deleting_is_reported_as_being_deleted_not_as_a_leak():
     assert rp.left_behind_capacity([decision]) == []
     assert "being deleted" in rp.report([decision])
     assert rp.decide(resource(), rp.MISSING, NOW, timedelta(0)).word == "reap"
+
+
+# -- two Airflow environments share the project (tpu_rl.environment) ---------------------------------------------
+
+PROD, STAGING = "us-east5/prod", "us-east5/staging"
+
+
+@pytest.mark.core
+def test_the_environment_is_named_by_tpu_rl_or_by_composer_and_else_unnamed():
+    composer = {"COMPOSER_LOCATION": "us-east5", "COMPOSER_ENVIRONMENT": "prod"}
+    assert environment.current(composer) == PROD
+    assert environment.current({**composer, "TPU_RL_ENVIRONMENT": "local"}) == "local"
+    assert environment.current({"TPU_RL_ENVIRONMENT": " "}) == environment.current({"COMPOSER_LOCATION": "x"}) == ""
+
+
+@pytest.mark.core
+def test_an_environments_label_value_is_itself_when_it_can_be_and_else_a_stable_short_form():
+    assert environment.label_value("local") == "local"
+    label = environment.label_value(PROD)
+    assert label.startswith("us-east5-prod-") and label == environment.label_value(PROD)
+    assert label != environment.label_value("us-east5-prod") == "us-east5-prod"  # unlike the name that looks the same
+    for name in (PROD, "Prod", "x" * 200, "/", "äö"):
+        value = environment.label_value(name)
+        assert len(value) <= 63 and re.fullmatch(r"[a-z0-9]([a-z0-9_-]*[a-z0-9])?", value), name
+    assert environment.label_value("x" * 200) != environment.label_value("x" * 201)
+
+
+@pytest.mark.core
+def test_what_a_run_of_a_named_environment_creates_carries_the_environment_and_an_unnamed_ones_nothing_new(
+    tutorial_conf,
+):
+    config = RunConfig.from_params({**tutorial_conf, "cluster_mode": "shared"})
+    run = dataclasses.replace(RUN, environment=PROD)
+    cluster = gke.cluster_body(config, run, NOW)
+    assert cluster["resource_labels"][GKE_LABEL_ENVIRONMENT] == environment.label_value(PROD)
+    assert gke.cluster_owner(cluster["description"]).environment == PROD
+    assert gke.cluster_lease_uri(cluster["description"]) == gke.shared_lease_uri(config)
+    pool = gke.tpu_node_pool(config, run, 0)["config"]
+    assert pool["resource_labels"][GKE_LABEL_ENVIRONMENT] == environment.label_value(PROD)
+    assert pool["metadata"][GKE_METADATA_ENVIRONMENT] == PROD and gke.pool_owner(pool["metadata"]) == run
+    for made in (manifests.hf_token_secret(config, run), manifests.training_jobset(config, run)):
+        assert made["metadata"]["labels"][LABEL_ENVIRONMENT] == environment.label_value(PROD)
+    assert manifests.hf_token_secret(config, run)["metadata"]["annotations"][ANNOTATION_ENVIRONMENT] == PROD
+
+    unnamed = json.dumps([gke.cluster_body(config, RUN, NOW), manifests.hf_token_secret(config, RUN)])
+    assert "environment" not in unnamed and gke.cluster_owner(gke.owner_description(RUN)).environment == ""
+
+
+@pytest.mark.core
+def test_a_reaper_keeps_what_another_environment_made_and_judges_its_own_and_unmarked_resources():
+    """The rule table of tpu_rl.reaper: the marked resource of another environment is kept, whatever this
+    Airflow says of its run; an unmarked one (made before the mark, or by an unnamed environment) is judged."""
+
+    def made_in(env: str) -> rp.Resource:
+        return resource(owner=dataclasses.replace(RUN, environment=env))
+
+    for here, env in ((STAGING, PROD), ("", PROD)):
+        kept = rp.decide(made_in(env), rp.NOT_ASKED, NOW, timedelta(), here=here)
+        assert not kept.reap and kept.reason == (
+            f"created by Airflow environment {env}, not this one ({here or 'unnamed'})"
+        )
+        assert kept.row()["owner_environment"] == env and f"({env})" in rp.report([kept])
+    for here, env in ((STAGING, STAGING), (STAGING, ""), ("", "")):
+        judged = rp.decide(made_in(env), rp.MISSING, NOW, timedelta(), here=here)
+        assert judged.reap and judged.reason == "its run no longer exists in Airflow"
+    assert not rp.asks_about(made_in(PROD).owner, STAGING) and rp.asks_about(made_in("").owner, STAGING)
+
+
+@pytest.mark.core
+def test_a_cluster_is_kept_while_another_environment_has_something_in_it_or_holds_its_lease():
+    from tpu_rl.operators.reaper import ReapOrphanedResourcesOperator
+
+    prod_run = dataclasses.replace(OTHER, environment=PROD)
+    cluster = resource(rp.CLUSTER, chips=0)
+    jobset = resource(rp.JOBSET, chips=0, owner=prod_run, namespace="default")
+    states = {RUN: "success", prod_run: rp.NOT_ASKED}
+    where = ("p", "us-east5", "c")
+    for found, holders in (([cluster, jobset], {}), ([cluster], {where: (prod_run,)})):
+        users = ReapOrphanedResourcesOperator._live_users(found, states, holders)
+        decision = rp.decide(cluster, "success", NOW, timedelta(), users[where], here=STAGING)
+        assert not decision.reap
+        assert decision.reason == f"in use by the run {OTHER.dag_id} / {OTHER.run_id} of Airflow environment {PROD}"
+
+
+@pytest.mark.core
+def test_a_run_in_create_mode_refuses_a_cluster_another_environment_made_without_asking_its_airflow(monkeypatch):
+    """The stand-in's Airflow knows no run, as it knows none of another environment: an unmarked leftover is
+    adopted, a marked one of another environment refused (its creator may live, and delete it at its end)."""
+    from types import SimpleNamespace
+
+    from tpu_rl.compat import AirflowFailException
+    from tpu_rl.operators.cluster import CreateClusterOperator
+    from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
+
+    monkeypatch.setenv("TPU_RL_ENVIRONMENT", STAGING)
+    context = task_context(TaskInstanceStandIn("maxtext_rl_tpu", "manual__me", "create_cluster"), TUTORIAL_CONF)
+    operator = CreateClusterOperator(task_id="create_cluster")
+    assert operator.bind_scope(context).run.environment == STAGING
+
+    def made_by(run: RunIdentity) -> SimpleNamespace:
+        return SimpleNamespace(resource_labels={}, description=gke.owner_description(run))
+
+    operator._check_adoptable(context, made_by(OTHER))
+    with pytest.raises(AirflowFailException, match=f"of Airflow environment {PROD}, not this one \\({STAGING}\\)"):
+        operator._check_adoptable(context, made_by(dataclasses.replace(OTHER, environment=PROD)))

@@ -16,6 +16,7 @@ from airflow.sdk import BaseSensorOperator
 from tpu_rl import gke
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
+from tpu_rl.environment import called, elsewhere
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.leases import holder_has_ended
 from tpu_rl.operators.gke_operations import AwaitsGkeOperations
@@ -115,7 +116,8 @@ class CreateClusterOperator(AwaitsGkeOperations):
 
     def _check_adoptable(self, context: Any, cluster: Any) -> None:
         """Refuses a cluster this run must not use as its own: in shared mode one that is not shared; in create
-        mode one that shared runs use, or one another live run created (it would delete it under them)."""
+        mode one that shared runs use, or one another live run created (it would delete it under them), or a run
+        of another Airflow environment (this one cannot tell whether that run lives)."""
         config, run = self.scope.config, self.scope.run
         shared = cluster.resource_labels.get(GKE_LABEL_SHARED) == "true"
         if config.shares_cluster and not shared:
@@ -140,6 +142,13 @@ class CreateClusterOperator(AwaitsGkeOperations):
             raise AirflowFailException(
                 f"cluster_name: cluster {config.cluster_name} is shared by runs in cluster_mode 'shared'; this run "
                 "would delete it under them; fix: set cluster_mode to 'shared' (or use another cluster_name)."
+            )
+        if owner and elsewhere(owner.environment, run.environment):
+            raise AirflowFailException(
+                f"cluster_name: cluster {config.cluster_name} was created by the run {owner.dag_id} / {owner.run_id} "
+                f"of Airflow environment {owner.environment}, not this one ({called(run.environment)}), which cannot "
+                "tell whether that run still uses it; fix: use another cluster_name, or cluster_mode 'existing' to "
+                "use it without deleting it."
             )
         if owner and (owner.dag_id, owner.run_id) != (run.dag_id, run.run_id):
             state = dag_run_state(context["ti"], owner)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from tpu_rl import environment
 from tpu_rl import jobset_status as st
 from tpu_rl.compat import AirflowException, TaskDeferralTimeout, TaskDeferred
 from tpu_rl.contract import XCOM_JOBSET  # the JobSet the task tracks (name, namespace, uid, created)
@@ -320,7 +321,7 @@ class JobSetOperator(BaseOperator):
 
     def _identified(self, manifest: dict, context: Context) -> dict:
         """The manifest with labels (sanitized, for selectors) and annotations (full values) naming the
-        DAG run, task and try that submit it."""
+        DAG run (with its named Airflow environment), task and try that submit it."""
         ti = context["ti"]
         meta = manifest.setdefault("metadata", {})
         name = meta.get("name")
@@ -328,15 +329,14 @@ class JobSetOperator(BaseOperator):
             raise ValueError(f"{self.task_id}: the JobSet manifest needs metadata.name (stable for the run)")
         _check_pathways_name(manifest, name)
         meta["namespace"] = meta.get("namespace") or self.namespace
-        run = RunIdentity(ti.dag_id, ti.run_id)
+        run = RunIdentity(ti.dag_id, ti.run_id, environment=environment.current())
         labels = meta.setdefault("labels", {})
         for key, value in run.labels().items():  # a manifest built for the run's scope names its key already
             labels.setdefault(key, value)
         labels[LABEL_TASK_ID] = slug(ti.task_id, LABEL_VALUE_MAX) or "task"
         meta.setdefault("annotations", {}).update(
             {
-                ANNOTATION_DAG_ID: ti.dag_id,
-                ANNOTATION_RUN_ID: ti.run_id,
+                **run.annotations(),
                 ANNOTATION_TASK_ID: ti.task_id,
                 ANNOTATION_SUBMITTED_TRY: str(ti.try_number),
             }

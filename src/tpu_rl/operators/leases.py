@@ -133,7 +133,8 @@ def leave_cluster_lease(scope: RunScope, ti: Any, closing: bool, log: Any) -> bo
 
 def drop_from_cluster_lease(scope: RunScope) -> None:
     """Takes the run out of the shared cluster's lease (it will not use the cluster after all)."""
-    cluster_lease(scope).change(lambda lease: drop_holder(lease, scope.run.key))
+    me = Holder.of(scope.run, now_text())
+    cluster_lease(scope).change(lambda lease: drop_holder(lease, me))
 
 
 def capacity_store(scope: RunScope) -> LeaseStore:
@@ -183,8 +184,8 @@ def release_capacity(scope: RunScope, log: Any) -> None:
     config, run = scope.config, scope.run
     if not config.capacity_limited:
         return
-    store = capacity_store(scope)
-    change = store.change(lambda lease: drop_holder(lease, run.key))
+    store, me = capacity_store(scope), Holder.of(run, now_text())
+    change = store.change(lambda lease: drop_holder(lease, me))
     if change.result is not None:
         log.info(
             "Gave back %d slice(s) to capacity group '%s' (%s)", change.result.slices, config.capacity_group, store.uri

@@ -3,9 +3,10 @@
 
 It lists, in each watched project and location, the clusters and node pools this package created (their
 description and node metadata name the run) and, in every reachable cluster, the JobSets and Secrets with
-the run labels; asks Airflow for each owner run's state; decides with :func:`tpu_rl.reaper.decide`; prints
-the report and pushes it as the XCom ``report``. Dry run unless ``delete`` is set. Reapable TPU capacity that
-is still there fails the task, so the usual alerting fires.
+the run labels; asks Airflow for the state of each owner run of its own Airflow environment (another
+environment's run is not asked about, and what it made is kept: ``tpu_rl.reaper``); decides with
+:func:`tpu_rl.reaper.decide`; prints the report and pushes it as the XCom ``report``. Dry run unless ``delete`` is
+set. Reapable TPU capacity that is still there fails the task, so the usual alerting fires.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from tpu_rl import gke
+from tpu_rl import environment, gke
 from tpu_rl import reaper as rp
 from tpu_rl.compat import AirflowFailException
 from tpu_rl.hooks.gke import GkeApiHook
@@ -28,7 +29,13 @@ from tpu_rl.operators.leases import dag_run_state
 from tpu_rl.run import RunIdentity
 from tpu_rl.timestamps import parse_time
 from tpu_rl.tpu import chips_per_host
-from tpu_rl.vocabulary import ANNOTATION_DAG_ID, ANNOTATION_RUN_ID, GKE_LABEL_KEEP, LABEL_RUN_KEY
+from tpu_rl.vocabulary import (
+    ANNOTATION_DAG_ID,
+    ANNOTATION_ENVIRONMENT,
+    ANNOTATION_RUN_ID,
+    GKE_LABEL_KEEP,
+    LABEL_RUN_KEY,
+)
 
 _LOCATION = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]/[a-z]+-[a-z]+\d+(-[a-z])?")
 
@@ -71,7 +78,7 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     def execute(self, context: Any) -> list[dict]:
         params = context["params"]
         watch, grace, delete = self._settings(params)
-        now = datetime.now(UTC)
+        now, here = datetime.now(UTC), environment.current()
         resources, clusters = [], {}
         for where in watch:
             project, location = where.split("/")
@@ -82,7 +89,9 @@ class ReapOrphanedResourcesOperator(BaseOperator):
             resources += self._kubernetes_resources(project, location, name, target)
         holders = self._lease_holders(resources, params["gcp_conn_id"])
         runs = {r.owner for r in resources} | {h for found in holders.values() for h in found}
-        states = {owner: dag_run_state(context["ti"], owner) for owner in runs}
+        states = {
+            owner: dag_run_state(context["ti"], owner) if rp.asks_about(owner, here) else rp.NOT_ASKED for owner in runs
+        }
         users = self._live_users(resources, states, holders)
         decisions = [
             rp.decide(
@@ -91,13 +100,18 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                 now,
                 grace,
                 users.get((r.project, r.location, r.name), ()) if r.kind == rp.CLUSTER else (),
+                here,
             )
             for r in resources
         ]
         if delete:
             decisions = self._delete(decisions, clusters, params["gcp_conn_id"])
         self.log.info(
-            "Reaper report (%s, grace %s):\n%s", "deleting" if delete else "dry run", grace, rp.report(decisions)
+            "Reaper report (%s, grace %s, Airflow environment %s):\n%s",
+            "deleting" if delete else "dry run",
+            grace,
+            environment.called(here),
+            rp.report(decisions),
         )
         rows = [d.row() for d in decisions]
         context["ti"].xcom_push(key="report", value=rows)
@@ -210,7 +224,11 @@ class ReapOrphanedResourcesOperator(BaseOperator):
                     rp.Resource(
                         kind,
                         meta["name"],
-                        RunIdentity(notes[ANNOTATION_DAG_ID], notes[ANNOTATION_RUN_ID]),
+                        RunIdentity(
+                            notes[ANNOTATION_DAG_ID],
+                            notes[ANNOTATION_RUN_ID],
+                            environment=notes.get(ANNOTATION_ENVIRONMENT, ""),
+                        ),
                         parse_time(str(meta["creationTimestamp"])),
                         project,
                         location,
@@ -246,14 +264,15 @@ class ReapOrphanedResourcesOperator(BaseOperator):
     def _live_users(
         resources: list[rp.Resource], states: dict[RunIdentity, str], holders: dict[tuple, tuple[RunIdentity, ...]]
     ) -> dict[tuple, tuple]:
-        """Per cluster, the live runs with node pools, JobSets or Secrets in it, or holding its lease (a shared
-        cluster): a cluster is kept while another run uses it."""
+        """Per cluster, the live runs (and the runs of other Airflow environments, whose state is not asked) with
+        node pools, JobSets or Secrets in it, or holding its lease (a shared cluster): a cluster is kept while
+        another run uses it."""
         users: dict[tuple, list[RunIdentity]] = {}
         for r in resources:
-            if r.kind != rp.CLUSTER and states[r.owner] in rp.LIVE_STATES:
+            if r.kind != rp.CLUSTER and rp.may_use(states[r.owner]):
                 users.setdefault((r.project, r.location, r.cluster), []).append(r.owner)
         for where, runs in holders.items():
-            users.setdefault(where, []).extend(run for run in runs if states[run] in rp.LIVE_STATES)
+            users.setdefault(where, []).extend(run for run in runs if rp.may_use(states[run]))
         return {k: tuple(dict.fromkeys(v)) for k, v in users.items() if v}
 
     # --- deletion -------------------------------------------------------------------------------------
