@@ -22,6 +22,7 @@ case ${TPU_RL_STACK:-main} in
   main)
     # Its own database: test processes run dag.test() on the main one, and a scheduler would pick those runs up.
     DB=airflow_stack
+    WORKER="airflow celery worker"
     PORT=${TPU_RL_AIRFLOW_PORT:-18080}
     REDIS_PORT=${TPU_RL_REDIS_PORT:-16379}
     HEALTH_PORTS=(8974 8975)  # the schedulers' health checks
@@ -32,6 +33,8 @@ case ${TPU_RL_STACK:-main} in
     export AIRFLOW_HOME=$PWD/.airflow-af31 TPU_RL_VENV=$PWD/.venv-af31
     DB=airflow_stack_af31 PORT=18090 REDIS_PORT=16380 HEALTH_PORTS=(8976 8977) LOG_PORTS=(8795 8796)
     LOG_BUCKET=tpu-rl-composer-env-af31
+    WORKER="python $PWD/scripts/celery_worker_af31.py"  # Composer's celery provider, with airflow#59707 fixed
+    export TPU_RL_ENVIRONMENT=local-af31  # its runs' marks: neither stack's reaper nor leases take the other's runs for lost
     ;;
   *) echo "TPU_RL_STACK: '$TPU_RL_STACK' is not a stack; use main or af31" >&2; exit 2 ;;
 esac
@@ -91,8 +94,8 @@ command_of() {
     # Each scheduler's health check on a port of its own.
     scheduler) echo "env AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT=${HEALTH_PORTS[0]} airflow scheduler --skip-serve-logs" ;;
     scheduler-2) echo "env AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT=${HEALTH_PORTS[1]} airflow scheduler --skip-serve-logs" ;;
-    worker-a) echo "airflow celery worker --celery-hostname worker-a@%h" ;;
-    worker-b) echo "airflow celery worker --celery-hostname worker-b@%h --skip-serve-logs" ;;
+    worker-a) echo "$WORKER --celery-hostname worker-a@%h" ;;
+    worker-b) echo "$WORKER --celery-hostname worker-b@%h --skip-serve-logs" ;;
   esac
 }
 
