@@ -86,7 +86,9 @@ def test_the_dns_endpoints_refusal_names_the_role_and_rbacs_is_left_as_it_is(mon
             raise ApiException(http_resp=answer)
 
         client = SimpleNamespace(
-            rest_client=SimpleNamespace(pool_manager=SimpleNamespace(connection_pool_kw={})), call_api=call_api
+            configuration=SimpleNamespace(proxy=None, no_proxy=None),
+            rest_client=SimpleNamespace(pool_manager=SimpleNamespace(connection_pool_kw={})),
+            call_api=call_api,
         )
         monkeypatch.setattr(
             KubernetesApiHook, "kube_hook", property(lambda self: SimpleNamespace(get_conn=lambda: client))

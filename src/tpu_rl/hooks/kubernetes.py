@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -50,6 +51,20 @@ LOG_STREAM_SECONDS = 600
 RETRYABLE_STATUSES = (429, 500, 502, 503, 504)
 #: (connect, read) seconds of a synchronous request that names none.
 REQUEST_TIMEOUT = (10, 60)
+
+
+def honour_no_proxy(client: Any) -> None:
+    """Reaches the hosts ``NO_PROXY`` names directly, as kubernetes 35 and later do. kubernetes 34 (what Composer's
+    3.1.7 images can pair with cncf-kubernetes 10.11, which asks <35) reads ``NO_PROXY`` in
+    ``Configuration.__init__`` and then sets it back to None, so with ``HTTPS_PROXY`` set every request went through
+    the proxy, a private cluster endpoint's too. The REST client is made again with the variable's value."""
+    configuration = client.configuration
+    no_proxy = os.environ.get("no_proxy") or os.environ.get("NO_PROXY")
+    if configuration.proxy and no_proxy and not configuration.no_proxy:
+        from kubernetes.client import rest
+
+        configuration.no_proxy = no_proxy
+        client.rest_client = rest.RESTClientObject(configuration)
 
 
 def request_retry() -> Any:
@@ -191,6 +206,7 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client.exceptions import ApiException
 
         client = self.kube_hook.get_conn()
+        honour_no_proxy(client)
         client.rest_client.pool_manager.connection_pool_kw["retries"] = request_retry()
         call_api = client.call_api
 
