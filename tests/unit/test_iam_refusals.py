@@ -86,7 +86,7 @@ def test_the_dns_endpoints_refusal_names_the_role_and_rbacs_is_left_as_it_is(mon
             raise ApiException(http_resp=answer)
 
         client = SimpleNamespace(
-            configuration=SimpleNamespace(proxy=None, no_proxy=None),
+            configuration=SimpleNamespace(proxy=None, no_proxy=None, verify_ssl=True, ssl_ca_cert="cluster-ca.crt"),
             rest_client=SimpleNamespace(pool_manager=SimpleNamespace(connection_pool_kw={})),
             call_api=call_api,
         )

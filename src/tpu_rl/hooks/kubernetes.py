@@ -53,17 +53,25 @@ RETRYABLE_STATUSES = (429, 500, 502, 503, 504)
 REQUEST_TIMEOUT = (10, 60)
 
 
-def honour_no_proxy(client: Any) -> None:
-    """Reaches the hosts ``NO_PROXY`` names directly, as kubernetes 35 and later do. kubernetes 34 (what Composer's
-    3.1.7 images can pair with cncf-kubernetes 10.11, which asks <35) reads ``NO_PROXY`` in
-    ``Configuration.__init__`` and then sets it back to None, so with ``HTTPS_PROXY`` set every request went through
-    the proxy, a private cluster endpoint's too. The REST client is made again with the variable's value."""
+def honour_environment(client: Any) -> None:
+    """Reaches the hosts ``NO_PROXY`` names directly, and trusts the CA file ``SSL_CERT_FILE`` names for a server
+    whose CA the kubeconfig does not pin (a DNS-based endpoint's public certificate), as kubernetes 35 and later do.
+    kubernetes 34 (what Composer's 3.1.7 images can pair with cncf-kubernetes 10.11, which asks <35) reads
+    ``NO_PROXY`` in ``Configuration.__init__`` and then sets it back to None, so with ``HTTPS_PROXY`` set every
+    request went through the proxy, a private cluster endpoint's too; and it trusts certifi's bundle alone
+    (``rest.RESTClientObject``), not the CA file of the environment (a TLS-inspecting egress proxy's, say). The
+    REST client is made again with the environment's values."""
     configuration = client.configuration
     no_proxy = os.environ.get("no_proxy") or os.environ.get("NO_PROXY")
+    ca_file = os.environ.get("SSL_CERT_FILE")
+    changed = False
     if configuration.proxy and no_proxy and not configuration.no_proxy:
+        configuration.no_proxy, changed = no_proxy, True
+    if ca_file and configuration.verify_ssl and not configuration.ssl_ca_cert:
+        configuration.ssl_ca_cert, changed = ca_file, True
+    if changed:
         from kubernetes.client import rest
 
-        configuration.no_proxy = no_proxy
         client.rest_client = rest.RESTClientObject(configuration)
 
 
@@ -206,7 +214,7 @@ class KubernetesApiHook(LoggingMixin):
         from kubernetes.client.exceptions import ApiException
 
         client = self.kube_hook.get_conn()
-        honour_no_proxy(client)
+        honour_environment(client)
         client.rest_client.pool_manager.connection_pool_kw["retries"] = request_retry()
         call_api = client.call_api
 
