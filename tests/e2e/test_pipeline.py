@@ -38,6 +38,12 @@ def sim_faults():
         yield api
 
 
+def crash_rule(run_id: str) -> str:
+    """The fault rule of the crashing run: named for it, as another session on the same simulation (the 3.1.7
+    stack's) sets its own."""
+    return f"e2e-train-crash-{RunIdentity(DAG_ID, run_id).key}"
+
+
 #: Saves every 10 steps; once its export is published, the run keeps only the step exported.
 CRASH_CONF = {**SIM_CONF, "checkpoint_period": 10, "keep_checkpoints": "exported"}
 
@@ -50,7 +56,7 @@ def started(airflow, sim_faults) -> dict[str, list[str]]:
     train_jobset = RunIdentity(DAG_ID, crash).jobset_name(CRASH_CONF.get("workload_prefix", "qwen"), "train")
     faults.set_fault(
         sim_faults,
-        "e2e-train-crash",
+        crash_rule(crash),
         prefix=train_jobset,
         stage="train_rl",
         maxtext_fault="crash-at-step=30",
@@ -112,7 +118,7 @@ def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow,
     actor = f"qwen3-30b-a3b/trained/{slug}/rl/checkpoints/actor/"
     assert {"10/commit_success.txt", "20/commit_success.txt"} <= set(objects(gcs, conf["gcs_bucket"], actor))
     conversion_try = tasks["hf_to_maxtext"]["try_number"]
-    faults.clear_faults(sim_faults, "e2e-train-crash")
+    faults.clear_faults(sim_faults, crash_rule(run_id))
     cleared = airflow.clear(DAG_ID, run_id, ["train_rl"])
     assert "hf_to_maxtext" not in cleared and "train_rl" in cleared
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"
