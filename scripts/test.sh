@@ -67,7 +67,9 @@ UNIT="not jobset and not checkpoints and not sim and not gke and not e2e"
 # not measured. Its stack starts (installing the checkout's wheel into .venv-af31) before the
 # Composer-compatibility run below uses that venv.
 AF31_E2E="tests/e2e/test_pipeline.py tests/e2e/test_preemption.py tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py"
+af31_e2e=""
 if [ -n "${TPU_RL_E2E_AF31:-}" ] && [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
+  af31_e2e=1
   if ! TPU_RL_STACK=af31 scripts/airflow-stack.sh status >/dev/null 2>&1; then
     (set -a; source .sim/airflow.env; TPU_RL_STACK=af31 scripts/airflow-stack.sh start)
     started+=(stack-af31)
@@ -98,7 +100,7 @@ if [ $# -eq 0 ]; then
     (set -a; source .sim/airflow.env; scripts/airflow-stack.sh start)
     started+=(stack)
   fi
-  if [ -n "${TPU_RL_E2E_AF31:-}" ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
+  if [ -n "$af31_e2e" ]; then
     af31_log=$(mktemp)
     # shellcheck disable=SC2086
     TPU_RL_STACK=af31 python -m pytest -p no:cacheprovider --durations=10 $AF31_E2E > "$af31_log" 2>&1 &

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from scripts.local_airflow import AirflowApiError, LocalAirflow
-from tpu_rl_testing import environ, read_env
+from tpu_rl_testing import environ, read_env, stack_answer
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -112,7 +112,7 @@ def _sim_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def airflow_stack():
     status = _run("scripts/airflow-stack.sh status", check=False)
-    base_url = _run("scripts/airflow-stack.sh url").stdout.strip()
+    base_url = stack_answer("url")
     if status.returncode == 0:
         yield AirflowStack(base_url, started=False, with_sim=None)
         return
