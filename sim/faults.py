@@ -78,6 +78,10 @@ def _update(api, mutate):
     raise RuntimeError(f"could not update ConfigMap {NAMESPACE}/{NAME}: too many conflicts")
 
 
+#: The names this process set inside each open rules_removed_after block.
+_open_blocks: list[set[str]] = []
+
+
 def set_fault(api, name, **rule):
     """Adds or replaces rule NAME (and forgets the attempts it was applied to)."""
     unknown = set(rule) - set(MATCH_FIELDS) - set(EFFECT_FIELDS) - {"times"}
@@ -90,6 +94,8 @@ def set_fault(api, name, **rule):
         data.pop(f"{name}.applied", None)
 
     _update(api, mutate)
+    for block in _open_blocks:
+        block.add(name)
 
 
 def clear_faults(api, name=None):
@@ -127,13 +133,15 @@ def list_faults(api):
 
 @contextlib.contextmanager
 def rules_removed_after(api):
-    """The rules set inside the block are deleted when it ends; those there before stay (tests set their own
-    rules while other scenarios' rules are in force on the same simulation)."""
-    before = set(list_faults(api))
+    """The rules this process sets inside the block are deleted when it ends; every other rule stays: another
+    test session on the same simulation (the 3.1.7 stack's beside the main one) sets its own meanwhile."""
+    mine: set[str] = set()
+    _open_blocks.append(mine)
     try:
         yield api
     finally:
-        for name in set(list_faults(api)) - before:
+        _open_blocks.remove(mine)
+        for name in sorted(mine):
             clear_faults(api, name)
 
 

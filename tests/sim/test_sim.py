@@ -8,6 +8,7 @@ import dataclasses
 import json
 import struct
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -131,6 +132,29 @@ def test_status_reports_every_component_healthy(sim):
     status = subprocess.run([REPO / "sim" / "status.sh"], capture_output=True, text=True)
     assert status.returncode == 0, status.stdout
     assert [line.split()[-1] for line in status.stdout.splitlines()[:8]] == ["healthy"] * 8
+
+
+def test_a_fault_block_removes_only_the_rules_its_own_session_set(sim):
+    """Two test sessions share the simulation (the main stack's and the 3.1.7 stack's): one's cleanup must not
+    remove a rule the other set meanwhile, or that session's fault never strikes."""
+    from sim import faults
+
+    token = uuid.uuid4().hex[:6]
+    mine, theirs = f"mine-{token}", f"theirs-{token}"
+    try:
+        with faults.rules_removed_after(sim.core):
+            faults.set_fault(sim.core, mine, prefix=f"nothing-{token}")
+            cli = [sys.executable, REPO / "sim/faults.py", "--kubeconfig", sim.kubeconfig]
+            subprocess.run(
+                [*cli, "set", theirs, "--prefix", f"nothing-{token}"],
+                check=True,
+                capture_output=True,
+            )
+            assert {mine, theirs} <= set(faults.list_faults(sim.core))
+        left = set(faults.list_faults(sim.core))
+        assert mine not in left and theirs in left
+    finally:
+        faults.clear_faults(sim.core, theirs)
 
 
 def test_conversion_pod_completes_and_writes_a_committed_checkpoint(sim, converted):
