@@ -38,7 +38,7 @@ SCENARIOS = {
 
 @pytest.fixture(scope="module")
 def preempted(airflow):
-    """Starts every scenario's run at once (their trainings take the standing slice in turn: exclusive
+    """Starts every scenario's run at once (their trainings share the standing slices: exclusive
     placement); {label: (run_id, layout)}. Removes its fault rules afterwards."""
     api, rules, started = faults.core_api(), [], {}
     try:
