@@ -5,10 +5,7 @@
 Pools, as the GKE TPU v6e blueprint has them:
   default-pool    1 node  (system workloads; TPU pods' affinity excludes it)
   cpu-np          2 nodes c4d-standard-96 (96 vCPU, 360Gi) for the Pathways head
-  tpu-v6e-64-np, tpu-v6e-64-np-2
-                 16 nodes each, ct6e-standard-4t: two v6e-64 slices (topology 8x8, 4 chips per host), as a
-                 multi-slice cluster has them, so two trainings run at once (JobSet's exclusive placement
-                 puts each on its own slice): two test sessions share the standing cluster
+  tpu-v6e-64-np  16 nodes ct6e-standard-4t, one v6e-64 slice (topology 8x8, 4 chips per host)
 
 kwok manages every node annotated kwok.x-k8s.io/node=fake. Re-run after deleting a node (a lost TPU
 host) to bring the pool back to full size.
@@ -22,8 +19,6 @@ CLUSTER = "tpu-rl-sim"
 REGION, ZONE = "us-east5", "us-east5-b"
 TPU_POOL = os.environ.get("TPU_RL_SIM_TPU_POOL", "tpu-v6e-64-np")
 TPU_HOSTS = int(os.environ.get("TPU_RL_SIM_TPU_HOSTS", "16"))
-#: The standing cluster's slices, each its own node pool.
-TPU_POOLS = (TPU_POOL, f"{TPU_POOL}-2")
 
 
 def node(name, pool, machine_type, capacity, labels=None, taints=None):
@@ -75,25 +70,24 @@ def all_nodes():
         )
         for i in range(2)
     ]
+    tpu_labels = {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "8x8",
+        "cloud.google.com/gke-accelerator-count": "4",
+        "cloud.google.com/gke-placement-group": f"{TPU_POOL}-placement",
+    }
     tpu_taint = [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]
-    for pool in TPU_POOLS:
-        tpu_labels = {
-            "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
-            "cloud.google.com/gke-tpu-topology": "8x8",
-            "cloud.google.com/gke-accelerator-count": "4",
-            "cloud.google.com/gke-placement-group": f"{pool}-placement",
-        }
-        nodes += [
-            node(
-                f"gke-{CLUSTER}-{pool}-{i:02d}",
-                pool,
-                "ct6e-standard-4t",
-                {"cpu": "180", "memory": "720Gi", "pods": "110", "ephemeral-storage": "100Gi", "google.com/tpu": "4"},
-                tpu_labels,
-                tpu_taint,
-            )
-            for i in range(TPU_HOSTS)
-        ]
+    nodes += [
+        node(
+            f"gke-{CLUSTER}-{TPU_POOL}-{i:02d}",
+            TPU_POOL,
+            "ct6e-standard-4t",
+            {"cpu": "180", "memory": "720Gi", "pods": "110", "ephemeral-storage": "100Gi", "google.com/tpu": "4"},
+            tpu_labels,
+            tpu_taint,
+        )
+        for i in range(TPU_HOSTS)
+    ]
     return nodes
 
 

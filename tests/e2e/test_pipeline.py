@@ -50,7 +50,7 @@ CRASH_CONF = {**SIM_CONF, "checkpoint_period": 10, "keep_checkpoints": "exported
 
 @pytest.fixture(scope="module")
 def started(airflow, sim_faults) -> dict[str, list[str]]:
-    """The module's runs, triggered at once (their trainings share the standing slices): two of the same
+    """The module's runs, triggered at once (their trainings take the standing slice in turn): two of the same
     conf, and one whose training crashes at step 30 on every attempt (exit code 3) until its rule is removed."""
     crash = new_run_id("crash")
     train_jobset = RunIdentity(DAG_ID, crash).jobset_name(CRASH_CONF.get("workload_prefix", "qwen"), "train")

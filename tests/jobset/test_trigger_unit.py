@@ -46,6 +46,43 @@ def test_reconnect_drops_lines_already_seen_and_keeps_new_ones():
     assert [cursor.new_text(x) for x in again] == [None, None, "step 3"]
 
 
+def test_the_kubelets_own_error_in_a_log_stream_is_no_line_and_loses_none():
+    """Right after a container starts, the kubelet may answer a followed log with its own error after the headers
+    ("failed to try resolving symlinks in path ..."): it is no line of the trainer, so it takes no place in the log
+    (it once did, and every line after it counted as already logged: the task log lost the trainer's lines)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from tpu_rl.triggers.wait_progress import Progress
+
+    error = 'failed to try resolving symlinks in path "/var/log/pods/default_head-0_u/c/0.log": lstat: no such file'
+    stamped = [f"2026-12-02T10:00:0{i}.5Z line {i}" for i in range(5)]
+    pod = SimpleNamespace(uid="pod-uid", name="head-0")
+    api, log = _JobSetApi(), _Log()
+
+    class Hook:
+        def __init__(self, lines):
+            self.lines = lines
+
+        async def follow_log(self, pod, namespace, container, since):
+            for raw in self.lines:
+                yield raw
+
+    async def read_twice() -> list[tuple[bool, bool]]:
+        store = JobSetLogRecord(api, "n", "ns", "u")
+        printer = LogPrinter(log, store, await store.claim())
+        follower, cursor, progress = jobset_trigger().log_follower(printer), LogCursor(), Progress(tail_lines=10)
+        reads = [await follower.read(Hook([error, *stamped]), pod, cursor, progress)]
+        reads.append(await follower.read(Hook(stamped), pod, cursor, progress))
+        await printer.flush(final=True)
+        return reads
+
+    assert asyncio.run(read_twice()) == [(False, False), (True, True)]  # the first read failed: read again
+    assert [line.partition("] ")[2] for line in log.lines if line.startswith("[head-0]")] == [
+        f"line {i}" for i in range(5)
+    ]
+
+
 class _JobSetApi:
     """The cluster's JobSet as the log cursor's store reaches it, in memory: what a dead triggerer's trigger
     recorded on the JobSet stays there. A patch names the incarnation (uid) it is for and, with ``replacing``, the

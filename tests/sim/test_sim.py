@@ -25,8 +25,7 @@ pytestmark = pytest.mark.sim
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "tpu-rl-sim"
-#: The standing cluster's two v6e-64 slices (sim/nodes.py).
-TPU_POOLS = ("tpu-v6e-64-np", "tpu-v6e-64-np-2")
+TPU_POOL = "tpu-v6e-64-np"
 
 
 def sim_config(**overrides):
@@ -90,20 +89,16 @@ def webhook_defaults(body):
     return out
 
 
-def pool_nodes(sim, pool: str) -> set[str]:
-    return {n.metadata.name for n in sim.core.list_node(label_selector=f"cloud.google.com/gke-nodepool={pool}").items}
-
-
 def wait_slice_free(sim, timeout=600):
-    """Until one of the standing slices runs no pod (the cluster is shared with other workloads)."""
-
     def free():
-        running = {
-            p.spec.node_name for p in sim.core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
-        }
-        return any(not (pool_nodes(sim, pool) & running) for pool in TPU_POOLS)
+        busy = [
+            p
+            for p in sim.core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items
+            if (p.spec.node_name or "").startswith(f"gke-tpu-rl-sim-{TPU_POOL}-")
+        ]
+        return not busy
 
-    sim.wait("a TPU slice with no running pod", free, timeout=timeout, interval=2)
+    sim.wait("no running pod on the TPU slice", free, timeout=timeout, interval=2)
 
 
 def lookup(obj, path):
@@ -202,13 +197,15 @@ def test_pathways_jobset_is_admitted_placed_and_completes(sim, config, converted
     )
     nodes = {p.spec.node_name for p in workers}
     assert len(workers) == 16 and len(nodes) == 16, sorted(nodes)
+    tpu_nodes = {
+        n.metadata.name for n in sim.core.list_node(label_selector=f"cloud.google.com/gke-nodepool={TPU_POOL}").items
+    }
+    assert nodes == tpu_nodes
     # the real pod webhook's exclusive placement: affinities on the leader, the leader's pool on followers
     leader = next(p for p in workers if p.metadata.labels["batch.kubernetes.io/job-completion-index"] == "0")
     anti = leader.spec.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution
     assert [t.topology_key for t in anti] == ["cloud.google.com/gke-nodepool"]
-    pool = sim.core.read_node(leader.spec.node_name).metadata.labels["cloud.google.com/gke-nodepool"]
-    assert pool in TPU_POOLS and nodes == pool_nodes(sim, pool)  # one whole slice, every host of it
-    assert all(p.spec.node_selector["cloud.google.com/gke-nodepool"] == pool for p in workers if p is not leader)
+    assert all(p.spec.node_selector["cloud.google.com/gke-nodepool"] == TPU_POOL for p in workers if p is not leader)
     head = [p for p in sim.pods(name) if p.metadata.labels["jobset.sigs.k8s.io/replicatedjob-name"] == "pathways-head"]
     assert len(head) == 1
     head_node = sim.core.read_node(head[0].spec.node_name)

@@ -51,6 +51,15 @@ LOG_LINE_CHARS = 2000
 _NOTICE = re.compile(r"^[WEF]\d{4} |\b(?:WARNING|ERROR|CRITICAL|FATAL|Traceback)\b")
 
 
+#: A line of a followed log with ``timestamps=true``: the kubelet's RFC 3339 time (``Z`` on GKE's nodes, which run
+#: in UTC), a space, the container's text.
+KUBELET_LINE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2}) ")
+
+
+class LogUnavailable(Exception):
+    """The log stream brought the kubelet's error instead of the container's lines: read again shortly."""
+
+
 class LogCursor:
     """Where a pod's log was read up to, by the kubelet's line timestamps: a reconnect asks for a
     little more than needed (``sinceSeconds``) and drops the lines already seen. The lines of the last
@@ -512,6 +521,11 @@ class WorkloadLogFollower:
         since = int(time.time() - parse_time(cursor.last_ts).timestamp()) + 5 if cursor.last_ts else None
         try:
             async for raw in hook.follow_log(pod.name, self.namespace, self.container, since):
+                if not KUBELET_LINE.match(raw):
+                    # The kubelet's own error, written into a stream it had answered 200 (its log server writes
+                    # an error after the headers), e.g. "failed to try resolving symlinks in path ..." while the
+                    # container's log file is not there yet: no line of the container, and no place in its log.
+                    raise LogUnavailable(raw.strip())
                 text = cursor.new_text(raw)
                 if text is not None:
                     received = True
