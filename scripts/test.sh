@@ -61,16 +61,22 @@ status=0
 UNIT="not jobset and not checkpoints and not sim and not gke and not e2e"
 # The end-to-end scenarios that matter most on Composer 3's main line, on the same stack layout on Airflow 3.1.7
 # (scripts/airflow-stack.sh, TPU_RL_STACK=af31), beside the main session: the pipeline, the preemptions, the
-# component losses (kill and pause) and the Training tab in a browser. The simulation's two standing slices let
-# its trainings run beside the main session's. TPU_RL_E2E_AF31=0 leaves them out. Its stack starts (installing
-# the checkout's wheel into .venv-af31) before the Composer-compatibility run below uses that venv.
-AF31_E2E="tests/e2e/test_pipeline.py tests/e2e/test_preemption.py tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py"
+# component losses (kill and pause) and the Training tab in a browser: one preemption (a Spot VM's, resumed from
+# its last checkpoint; the budget, half-written step and after-the-final-save scenarios run on the main session
+# only), so that this machine's two cores carry both sessions; its trainings take the standing slice in turn with
+# the main session's. TPU_RL_E2E_AF31=0 leaves them out. Its stack starts (installing the
+# checkout's wheel into .venv-af31) before the Composer-compatibility run below uses that venv, and stops as soon
+# as its scenarios end when this run started it.
+AF31_E2E="tests/e2e/test_pipeline.py tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py
+  tests/e2e/test_preemption.py::test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds"
 af31_e2e=""
+af31_stack_started=""
 if [ "${TPU_RL_E2E_AF31:-1}" != 0 ] && [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
   af31_e2e=1
   if ! TPU_RL_STACK=af31 scripts/airflow-stack.sh status >/dev/null 2>&1; then
     (set -a; source .sim/airflow.env; TPU_RL_STACK=af31 scripts/airflow-stack.sh start)
     started+=(stack-af31)
+    af31_stack_started=1
   fi
 fi
 # The Composer-compatibility run (Airflow 3.1.7, tests/unit) needs only PostgreSQL: it goes on beside the main
@@ -100,8 +106,14 @@ if [ $# -eq 0 ]; then
   fi
   if [ -n "$af31_e2e" ]; then
     af31_log=$(mktemp)
-    # shellcheck disable=SC2086
-    TPU_RL_STACK=af31 python -m pytest -p no:cacheprovider --durations=10 $AF31_E2E > "$af31_log" 2>&1 &
+    (
+      af31_status=0
+      # shellcheck disable=SC2086
+      TPU_RL_STACK=af31 python -m pytest -p no:cacheprovider --durations=10 $AF31_E2E || af31_status=$?
+      # Idle, its stack would take CPU from the main session for the rest of the run.
+      if [ -n "$af31_stack_started" ]; then TPU_RL_STACK=af31 scripts/airflow-stack.sh stop >/dev/null; fi
+      exit $af31_status
+    ) > "$af31_log" 2>&1 &
     af31=$!
   fi
   python -m pytest --durations=20 -m "not ($UNIT) and not e2e_alone" || status=$?  # the slowest, to plan the next overlap

@@ -37,12 +37,21 @@ SCENARIOS = {
 
 
 @pytest.fixture(scope="module")
-def preempted(airflow):
-    """Starts every scenario's run at once (their trainings share the standing slices: exclusive
-    placement); {label: (run_id, layout)}. Removes its fault rules afterwards."""
+def preempted(airflow, request):
+    """Starts the run of every scenario a selected test reads (its ``scenario`` mark) at once (their trainings
+    take the standing slice in turn: exclusive placement); {label: (run_id, layout)}. Removes its fault rules
+    afterwards."""
+    selected = {
+        mark.args[0]
+        for item in request.session.items
+        if item.module is request.module
+        for mark in item.iter_markers("scenario")
+    }
     api, rules, started = faults.core_api(), [], {}
     try:
         for label, (conf, maxtext_fault, times) in SCENARIOS.items():
+            if label not in selected:
+                continue
             run_id = f"e2e__{label}__{uuid.uuid4().hex[:8]}"
             run = RunIdentity(DAG_ID, run_id)
             config = RunConfig.from_params(conf)
@@ -73,6 +82,7 @@ def train_log(airflow, run_id: str) -> str:
     return airflow.task_log(DAG_ID, run_id, "train_rl", tasks["train_rl"]["try_number"])
 
 
+@pytest.mark.scenario("spot")
 def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds(airflow, gcs, preempted):
     run_id, layout = preempted["spot"]
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "success"
@@ -114,6 +124,7 @@ def test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_r
     assert accounting["seconds_lost"] > 0
 
 
+@pytest.mark.scenario("budget")
 def test_preemptions_beyond_the_budget_fail_the_run_with_a_message_that_says_so(airflow, gcs, preempted):
     run_id, layout = preempted["budget"]  # every attempt is preempted
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "failed"
@@ -130,6 +141,7 @@ def test_preemptions_beyond_the_budget_fail_the_run_with_a_message_that_says_so(
     assert airflow.xcom(DAG_ID, run_id, "train_rl", XCOM_PREEMPTIONS)["count"] == 3
 
 
+@pytest.mark.scenario("halfstep")
 def test_a_step_half_written_when_preempted_is_set_aside_and_the_resume_starts_from_the_step_before(
     airflow, gcs, preempted
 ):
@@ -154,6 +166,7 @@ def test_a_step_half_written_when_preempted_is_set_aside_and_the_resume_starts_f
     assert accounting["events"][0]["set_aside"] == [f"{layout.uri(layout.set_aside_prefix)}{folder}/"]
 
 
+@pytest.mark.scenario("after_final")
 def test_a_preemption_after_the_final_save_completes_the_training_without_resubmitting_it(airflow, gcs, preempted):
     """Resubmitting would reload the 30B model and evaluate twice for nothing: the final step is committed."""
     run_id, layout = preempted["after_final"]
