@@ -524,7 +524,8 @@ class WorkloadLogFollower:
                 if not KUBELET_LINE.match(raw):
                     # The kubelet's own error, written into a stream it had answered 200 (its log server writes
                     # an error after the headers), e.g. "failed to try resolving symlinks in path ..." while the
-                    # container's log file is not there yet: no line of the container, and no place in its log.
+                    # container's log file is not there yet (kubernetes/kubernetes#102170; "failed to open log file"
+                    # is another): no line of the container, and no place in its log.
                     raise LogUnavailable(raw.strip())
                 text = cursor.new_text(raw)
                 if text is not None:
