@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need, runs the linter, then every test: starts the metadata database, the simulated
 # cluster and the local Airflow stacks when they are not running, runs pytest on Airflow 3.3.2 (the tests that need
-# only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow 3.1.7 and the
-# (with TPU_RL_E2E_AF31=1) the main end-to-end scenarios on a 3.1.7 stack beside them, then the fault campaign alone.
+# only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow 3.1.7 (and,
+# with TPU_RL_E2E_AF31=1, the main end-to-end scenarios on a 3.1.7 stack) beside them, then the fault campaign alone.
 # Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
