@@ -2,8 +2,8 @@
 # A local Airflow laid out as Cloud Composer 3 and docker-compose.yaml run it: CeleryExecutor with a Redis broker
 # (Debian's redis-server), two Celery workers that share nothing but the DAGs and the logs folder (each its own
 # HOME, temporary directory, working directory and Airflow home, as two machines), two schedulers, two
-# triggerers, the DAG processor and the API server, on a PostgreSQL database of its own (scripts/postgres.sh
-# must run). Airflow's settings are docker-compose.yaml's own (scripts/compose_env.py), so that file is what
+# triggerers, the DAG processor and the API server, on a PostgreSQL database of its own (its server must run:
+# `postgres start`). Airflow's settings are docker-compose.yaml's own (scripts/compose_env.py), so that file is what
 # the end-to-end tests prove.
 #   start [COMPONENT...]: starts what is not running (idempotent), or only the components named; stop [COMPONENT...]: stops what start started (or the
 #   components named), stop --kill COMPONENT...: SIGKILL, as a machine that dies; pause COMPONENT... and
@@ -11,11 +11,13 @@
 #   pause, CPU throttling, a network cut) and comes back; status; url; cli ARGS: the
 #   Airflow CLI on the stack's database; exec CMD...: a command in the stack's environment (e.g. a component
 #   started otherwise, as tests/e2e does to a triggerer); celery ARGS: Celery's CLI on the stack's broker; state: the
-#   folder of its pid files and component logs; redis-port; db: its database's name.
+#   folder of its pid files and component logs; redis-port; db: its database's name; db-url: its SQLAlchemy URL;
+#   postgres start|stop: its PostgreSQL server (scripts/postgres.sh on the stack's port).
 # Connections come from the environment (source .sim/airflow.env first to aim it at the simulation).
 # TPU_RL_STACK picks the stack: main (default; Airflow 3.3.2 of .venv) or af31, the same layout on Airflow 3.1.7,
 # Composer 3's main line (.venv-af31: scripts/test-compat.sh --install-only), which runs beside the main one with
-# its own Airflow home, database, ports, broker and log bucket.
+# its own Airflow home, ports, broker, log bucket and database, on a PostgreSQL server of its own: a fault campaign
+# restarts it while the main stack and the tests on the default server go on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case ${TPU_RL_STACK:-main} in
@@ -28,11 +30,13 @@ case ${TPU_RL_STACK:-main} in
     HEALTH_PORTS=(8974 8975)  # the schedulers' health checks
     LOG_PORTS=(8793 8794)     # the log servers of worker-a and of the triggerer
     LOG_BUCKET=${TPU_RL_STACK_LOG_BUCKET:-tpu-rl-composer-env}
+    export TPU_RL_PG_PORT=${TPU_RL_PG_PORT:-55432}
     ;;
   af31)
     export AIRFLOW_HOME=$PWD/.airflow-af31 TPU_RL_VENV=$PWD/.venv-af31
     DB=airflow_stack_af31 PORT=18090 REDIS_PORT=16380 HEALTH_PORTS=(8976 8977) LOG_PORTS=(8795 8796)
     LOG_BUCKET=tpu-rl-composer-env-af31
+    export TPU_RL_PG_PORT=55434
     WORKER="python $PWD/scripts/celery_worker_af31.py"  # Composer's celery provider, with airflow#59707 fixed
     export TPU_RL_ENVIRONMENT=local-af31  # its runs' marks: neither stack's reaper nor leases take the other's runs for lost
     ;;
@@ -192,10 +196,12 @@ case "${1:-}" in
   state) echo "$STATE" ;;
   redis-port) echo "$REDIS_PORT" ;;
   db) echo "$DB" ;;
+  db-url) scripts/postgres.sh url "$DB" ;;
+  postgres) shift; exec scripts/postgres.sh "$@" ;;
   pid) cat "$STATE/${2:?usage: $0 pid COMPONENT}.pid" ;;
   # The Airflow CLI on the stack's database, e.g. `scripts/airflow-stack.sh cli backfill create --dag-id ...`.
   cli) shift; exec airflow "$@" ;;
   celery) shift; exec celery --app airflow.providers.celery.executors.celery_executor.app "$@" ;;
   exec) shift; exec "$@" ;;
-  *) echo "usage: $0 start [component...]|stop [--kill] [component...]|pause|resume component...|status|url|state|redis-port|db|pid COMPONENT|cli <airflow arguments>|celery <arguments>|exec <command>" >&2; exit 2 ;;
+  *) echo "usage: $0 start [component...]|stop [--kill] [component...]|pause|resume component...|status|url|state|redis-port|db|db-url|postgres start|stop|pid COMPONENT|cli <airflow arguments>|celery <arguments>|exec <command>" >&2; exit 2 ;;
 esac

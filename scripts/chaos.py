@@ -297,7 +297,9 @@ class Campaign:
 
     def postgres(self, command: str) -> None:
         with self.commanding:
-            subprocess.run([str(REPO / "scripts/postgres.sh"), command], check=True, capture_output=True)
+            done = self._stack("postgres", command)
+        if done.returncode:
+            raise RuntimeError(f"the stack's PostgreSQL did not {command}: {done.stdout}{done.stderr}")
 
     def revive(self) -> str:
         """Starts what died (as Kubernetes restarts an exited container): the components it started, if any."""
@@ -420,7 +422,7 @@ CATALOGUE.update(
             trainer="flood=12",
             conf={"require_no_regression": True},  # the evaluation before training must be found
         ),
-        # The stack (scripts/airflow-stack.sh, scripts/postgres.sh)
+        # The stack (scripts/airflow-stack.sh: its components and its PostgreSQL server)
         "kill-worker": FaultKind("a Celery worker's machine lost", strike=_kill(_worker_of)),
         "kill-scheduler": FaultKind("a scheduler lost", strike=_kill(_scheduler)),
         "kill-triggerer": FaultKind("a triggerer lost", strike=_kill(_holder), phases=WAITS),

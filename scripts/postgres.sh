@@ -2,13 +2,16 @@
 # The Airflow metadata database for tests and the demo: a PostgreSQL cluster on 127.0.0.1.
 # Its data lives under /tmp, keyed by the checkout's path: the postgres user may not be able to enter
 # the checkout (a clone in a private temporary folder), and two checkouts must not share a database.
+# TPU_RL_PG_PORT picks another cluster of the checkout (default 55432), with data of its own: the 3.1.7 stack's,
+# which a fault campaign restarts while the other sessions go on with theirs.
 # start: creates and starts it if it does not run (prints "started" only then); stop: stops it;
 # ensure-db NAME: creates a database; url [DB]: its SQLAlchemy URL (default database: airflow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PGROOT=/tmp/tpu-rl-pg-$(printf %s "$PWD" | cksum | cut -d' ' -f1)
-PGDATA=$PGROOT/data
 PORT=${TPU_RL_PG_PORT:-55432}
+PGROOT=/tmp/tpu-rl-pg-$(printf %s "$PWD" | cksum | cut -d' ' -f1)
+if [ "$PORT" != 55432 ]; then PGROOT=$PGROOT-$PORT; fi
+PGDATA=$PGROOT/data
 # The newest installed PostgreSQL's binaries; empty before it is installed (ls fails then: hence `|| true` under pipefail).
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true; }
 PGBIN=$(pg_bin)

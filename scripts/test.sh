@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need, runs the linter, then every test: starts the metadata database, the simulated
 # cluster and the local Airflow stacks when they are not running, runs pytest on Airflow 3.3.2 (the tests that need
-# only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow 3.1.7 (and,
-# with TPU_RL_E2E_AF31=1, the main end-to-end scenarios on a 3.1.7 stack) beside them, then the fault campaign alone.
-# Stops only what it started.
+# only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow 3.1.7 and the
+# main end-to-end scenarios then the fault campaign on a 3.1.7 stack beside them (TPU_RL_E2E_AF31=0: none on 3.1.7,
+# and the fault campaign alone on the main stack after every other test). Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
@@ -15,6 +15,7 @@ cleanup() {
   for ((i=${#started[@]}-1; i>=0; i--)); do
     case ${started[i]} in
       postgres) scripts/postgres.sh stop ;;
+      postgres-af31) TPU_RL_STACK=af31 scripts/airflow-stack.sh postgres stop ;;
       sim) sim/down.sh ;;
       stack) scripts/airflow-stack.sh stop ;;
       stack-af31) TPU_RL_STACK=af31 scripts/airflow-stack.sh stop ;;
@@ -60,20 +61,22 @@ if ! sim/status.sh >/dev/null 2>&1; then
 fi
 status=0
 UNIT="not jobset and not checkpoints and not sim and not gke and not e2e"
-# With TPU_RL_E2E_AF31=1, the end-to-end scenarios that matter most on Composer 3's main line, on the same stack
-# layout on Airflow 3.1.7 (scripts/airflow-stack.sh, TPU_RL_STACK=af31), beside the main session: the pipeline, a
-# Spot preemption resumed from its last checkpoint (the budget, half-written step and after-the-final-save
-# scenarios run on the main session only), the component losses (kill and pause) and the Training tab in a
-# browser; their trainings take the standing slice in turn with the main session's. Not by default: with them,
-# make test took 46 minutes warm on this 2-core machine, past its 45. Its stack starts (installing the checkout's
-# wheel into .venv-af31) before the Composer-compatibility run below uses that venv, and stops as soon as its
-# scenarios end when this run started it.
+# The end-to-end scenarios that matter most on Composer 3's main line, on the same stack layout on Airflow 3.1.7
+# (scripts/airflow-stack.sh, TPU_RL_STACK=af31), beside the main session: the pipeline, a Spot preemption resumed
+# from its last checkpoint (the budget, half-written step and after-the-final-save scenarios run on the main session
+# only), the component losses (kill and pause) and the Training tab in a browser; their trainings take the standing
+# slice in turn with the main session's. Then the fault campaign, on that stack: on its own PostgreSQL server, its
+# broker and components, and its runs' own clusters, its strikes reach nothing of the main session, so it no longer
+# waits for that session to end. Its stack starts (installing the checkout's wheel into .venv-af31) before the
+# Composer-compatibility run below uses that venv, and stops as soon as its scenarios end when this run started it.
 AF31_E2E="tests/e2e/test_pipeline.py tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py
   tests/e2e/test_preemption.py::test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds"
 af31_e2e=""
 af31_stack_started=""
-if [ "${TPU_RL_E2E_AF31:-0}" = 1 ] && [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
+if [ "${TPU_RL_E2E_AF31:-1}" = 1 ] && [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
   af31_e2e=1
+  out=$(TPU_RL_STACK=af31 scripts/airflow-stack.sh postgres start); echo "$out"
+  [[ $out == started* ]] && started+=(postgres-af31)
   if ! TPU_RL_STACK=af31 scripts/airflow-stack.sh status >/dev/null 2>&1; then
     (set -a; source .sim/airflow.env; TPU_RL_STACK=af31 scripts/airflow-stack.sh start)
     started+=(stack-af31)
@@ -111,6 +114,7 @@ if [ $# -eq 0 ]; then
       af31_status=0
       # shellcheck disable=SC2086
       TPU_RL_STACK=af31 python -m pytest -p no:cacheprovider --durations=10 $AF31_E2E || af31_status=$?
+      TPU_RL_STACK=af31 python -m pytest -p no:cacheprovider -s -m e2e_alone || af31_status=$?
       # Idle, its stack would take CPU from the main session for the rest of the run.
       if [ -n "$af31_stack_started" ]; then TPU_RL_STACK=af31 scripts/airflow-stack.sh stop >/dev/null; fi
       exit $af31_status
@@ -121,13 +125,14 @@ if [ $# -eq 0 ]; then
   wait "$unit" || status=$?
   cat "$unit_log"; rm -f "$unit_log"
   if [ -n "${af31:-}" ]; then
-    echo "== the end-to-end scenarios on Airflow 3.1.7 (TPU_RL_STACK=af31) =="
+    echo "== the end-to-end scenarios and the fault campaign on Airflow 3.1.7 (TPU_RL_STACK=af31) =="
     wait "$af31" || status=$?
     cat "$af31_log"; rm -f "$af31_log"
   fi
   wait_for_compat
-  # The fault campaign last, alone: it restarts the PostgreSQL the other sessions use, and strikes the stack.
-  python -m pytest -p no:cacheprovider -s -m e2e_alone || status=$?
+  # Without the 3.1.7 stack, the fault campaign last, alone: it restarts the PostgreSQL the other sessions use, and
+  # strikes the stack.
+  if [ -z "$af31_e2e" ]; then python -m pytest -p no:cacheprovider -s -m e2e_alone || status=$?; fi
 else
   python -m pytest "$@" || status=$?
 fi

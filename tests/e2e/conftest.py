@@ -1,8 +1,8 @@
 """End-to-end fixtures: the local Airflow stack (scripts/airflow-stack.sh) and a headless Chromium.
 
 ``airflow_stack`` (session) reuses a stack that already runs (a demo's, say) and never stops it; otherwise
-it starts what is missing: PostgreSQL (scripts/postgres.sh) and the stack (which migrates its own
-database), with the simulated cluster's connections in its environment when the simulation is up
+it starts what is missing: the stack's PostgreSQL (``scripts/airflow-stack.sh postgres``) and the stack (which
+migrates its own database), with the simulated cluster's connections in its environment when the simulation is up
 (``.sim/airflow.env`` exists and ``sim/status.sh`` exits 0; the fixture never starts the simulation).
 At the end it stops only what it started.
 
@@ -118,7 +118,7 @@ def airflow_stack():
         return
     # Some components may run (not all): start fills in the missing ones; then stop only if none ran before.
     partly_running = ": running" in status.stdout
-    started_postgres = _run("scripts/postgres.sh start").stdout.startswith("started")
+    started_postgres = _run("scripts/airflow-stack.sh postgres start").stdout.startswith("started")
     sim_env = _sim_env()
     env = {**os.environ, **sim_env}
     try:
@@ -130,7 +130,7 @@ def airflow_stack():
         if not partly_running:
             _run("scripts/airflow-stack.sh stop", check=False)
         if started_postgres:
-            _run("scripts/postgres.sh stop", check=False)
+            _run("scripts/airflow-stack.sh postgres stop", check=False)
 
 
 @contextlib.contextmanager

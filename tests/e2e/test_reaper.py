@@ -54,14 +54,9 @@ def _create(gke, body: dict) -> None:
 def _lose_run(dag_id: str, run_id: str) -> None:
     """Deletes the run from the local stack's metadata database (scripts/airflow-stack.sh's own; its task
     instances go with it)."""
-    import subprocess
-
     from sqlalchemy import create_engine, text
 
-    url = subprocess.run(
-        [REPO / "scripts/postgres.sh", "url", stack_answer("db")], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    engine = create_engine(url)
+    engine = create_engine(stack_answer("db-url"))
     try:
         with engine.begin() as connection:
             deleted = connection.execute(
