@@ -264,6 +264,12 @@ def test_a_run_survives_losing_a_worker_a_triggerer_and_a_scheduler(component_lo
     assert any("[simulated] python3 -m maxtext" in text for text in texts), texts[:5]
     assert any(text.startswith("train_steps=") for text in texts), texts[:5]
     assert "after the last line an earlier trigger of this wait logged" in log
-    assert "was cancelled while its task is deferred: another triggerer goes on with it" in log
+    # The stalled triggerer, awake, kept the JobSet when Airflow cancelled the wait it lost, and its log reached the
+    # task log: it read the task deferred, or (its 30-s bound passed on a loaded machine) kept the JobSet undecided.
+    assert re.search(
+        r"was cancelled while its task is deferred: another triggerer goes on with it"
+        r"|The wait for JobSet \S+ was cancelled; the JobSet is kept",
+        log,
+    ), log[-3000:]
     evaluation = airflow.xcom(DAG_ID, RUN_ID, "train_rl", "evaluation")
     assert evaluation["before"] and evaluation["after"]
