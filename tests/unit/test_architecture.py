@@ -161,6 +161,23 @@ def test_the_cluster_operators_and_the_gke_operations_base_know_no_capacity_cand
     assert knowing == {"tpu_rl.operators.cluster": [], "tpu_rl.operators.gke_operations": []}
 
 
+def test_sync_work_leaves_the_event_loop_only_through_in_thread():
+    """A sync call off a trigger's loop may ask the triggerer's supervisor (a connection, a task's state): sent from
+    a plain thread, or cancelled once sent, it ends Airflow 3.1's trigger runner with every trigger of the triggerer
+    (``tpu_rl.hooks.in_thread`` says how). So the package leaves the loop through that module alone."""
+    leaving = ("to_thread", "run_in_executor", "sync_to_async")
+    found = []
+    for name, path in modules().items():
+        if name == "tpu_rl.hooks.in_thread":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = getattr(node.func, "id", None) or getattr(node.func, "attr", "")
+                if called in leaving:
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {called}")
+    assert found == []
+
+
 #: The hooks of the package (hooks/): what operators, sensors and triggers call.
 PACKAGE_HOOKS = (
     "GkeApiHook",

@@ -40,6 +40,9 @@ def async_hook_class(threads: list[int], made_in: list[int]):
         async def get_token(self):  # GKEKubernetesAsyncHook's _load_config, through _CredentialsToken.from_hook
             self.sync.get_credentials_and_project_id()
 
+        async def get_conn_extras(self):  # AsyncKubernetesHook: its connection's extras, read once and kept
+            return {}
+
     return AsyncHook
 
 

@@ -35,6 +35,7 @@ from tpu_rl.checkpoints import StoredObject, Verdict
 from tpu_rl.compat import AirflowException
 from tpu_rl.hooks.backoff import REQUEST_ATTEMPTS, backoff_seconds
 from tpu_rl.hooks.google_credentials import warm_google_credentials
+from tpu_rl.hooks.in_thread import in_thread
 from tpu_rl.timestamps import parse_optional_time, parse_time
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class GcsReadHook:
         from aiohttp import ClientSession
 
         if self._hook is None:
-            module = await asyncio.to_thread(importlib.import_module, "airflow.providers.google.cloud.hooks.gcs")
+            module = await in_thread(importlib.import_module, "airflow.providers.google.cloud.hooks.gcs")
             self._hook = module.GCSAsyncHook(gcp_conn_id=self.gcp_conn_id)
             await warm_google_credentials(self._hook)
         async with ClientSession() as session:
@@ -201,7 +202,7 @@ class EventFileFolder:
             if piece is None:  # replaced or deleted since the listing: the next read starts over
                 continue
             # Parsing is CPU work: off a triggerer's (or the api-server's) event loop.
-            await asyncio.to_thread(curves.feed, piece)
+            await in_thread(curves.feed, piece)
             self.files[name] = EventFile(stored, curves)
 
     async def _read(self, reader: GcsReader, name: str, first: int, last: int) -> bytes | None:

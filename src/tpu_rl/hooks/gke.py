@@ -11,7 +11,6 @@ client library's exceptions.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_rl.gke import Refusal, operation_target, permission_fix, refusal
 from tpu_rl.hooks.google_credentials import warm_google_credentials
+from tpu_rl.hooks.in_thread import in_thread, run_to_the_end
 
 if TYPE_CHECKING:
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEAsyncHook, GKEHook
@@ -248,7 +248,7 @@ class AsyncGkeApiHook:
 
     async def provider_hook(self) -> GKEAsyncHook:
         if self._provider_hook is None:
-            module = await asyncio.to_thread(_import_gke_clients)
+            module = await in_thread(_import_gke_clients)
             hook = module.GKEAsyncHook(
                 gcp_conn_id=self.gcp_conn_id, location=self.location, impersonation_chain=self.impersonation_chain
             )
@@ -264,8 +264,8 @@ class AsyncGkeApiHook:
         """The pool's ``conditions`` (GKE's reasons for its current state) as plain dicts with enum names."""
         from google.rpc.code_pb2 import Code
 
-        sync_hook = await (await self.provider_hook()).get_sync_hook()
-        pool = await asyncio.to_thread(
+        sync_hook = await run_to_the_end((await self.provider_hook()).get_sync_hook())
+        pool = await in_thread(
             lambda: sync_hook.get_cluster_manager_client().get_node_pool(name=pool_path, timeout=CALL_TIMEOUT_SECONDS)
         )
         return [

@@ -24,6 +24,7 @@ from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.gke import iam_permission, permission_fix
 from tpu_rl.hooks.backoff import REQUEST_ATTEMPTS, backoff_seconds
 from tpu_rl.hooks.google_credentials import warm_google_credentials
+from tpu_rl.hooks.in_thread import in_thread, run_to_the_end
 from tpu_rl.vocabulary import (
     JOBSET_API,
     JOBSET_GROUP,
@@ -545,9 +546,11 @@ class AsyncKubernetesApiHook(LoggingMixin):
         loop that import stalls every trigger of the triggerer. A trigger awaits this before its first request,
         so the imports the calls make later find the modules loaded (and, for GKE, the credentials read)."""
         if "kube_hook" not in self.__dict__:
-            hook = await asyncio.to_thread(getattr, self, "kube_hook")
+            hook = await in_thread(getattr, self, "kube_hook")
             if self.target.is_gke:  # its token reads the credentials on the loop: read them here, kept by the hook
                 await warm_google_credentials(hook)
+            else:  # its connection, read once and kept by the hook, never cut short (``in_thread``'s module says why)
+                await run_to_the_end(hook.get_conn_extras())
         return self.kube_hook
 
     @contextlib.asynccontextmanager

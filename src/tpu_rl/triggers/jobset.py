@@ -20,6 +20,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import jobset_status as st
 from tpu_rl.hooks.gcs import GcsReadHook
+from tpu_rl.hooks.in_thread import in_thread
 from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget
 from tpu_rl.timestamps import posix_time
 from tpu_rl.triggers.training_progress import TrainingProgress
@@ -200,13 +201,17 @@ class JobSetTrigger(BaseTrigger):
     async def _task_state(self) -> str | None:
         """The state of the deferred task instance, read through the triggerer's supervisor (None: no task)."""
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-        from asgiref.sync import sync_to_async
 
         ti = self.task_instance
         if ti is None:
             return None
-        states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
-            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index
+        # A supervisor request: never cut short, even by the decision's own bound (``in_thread``'s module says why).
+        states = await in_thread(
+            RuntimeTaskInstance.get_task_states,
+            dag_id=ti.dag_id,
+            task_ids=[ti.task_id],
+            run_ids=[ti.run_id],
+            map_index=ti.map_index,
         )
         return states.get(ti.run_id, {}).get(ti.task_id)
 

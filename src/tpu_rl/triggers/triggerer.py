@@ -13,6 +13,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from tpu_rl.hooks.in_thread import in_thread
+
 #: Seconds the trigger waits before firing. Airflow fails a task whose trigger fired and whose resumption was
 #: queued before the scheduler processed the executor's report of its deferral (seen here: the worker took
 #: 5.4 s to report on a loaded machine); the task's retries cover what this wait does not.
@@ -94,7 +96,7 @@ class TriggererCheckTrigger(BaseTrigger):
         loop = asyncio.get_running_loop()
         began = loop.time()
         self.log.info("tpu-rl %s in the triggerer (the worker that deferred runs %s)", __version__, self.sent_by)
-        imported, failed = await asyncio.to_thread(import_all, trigger_modules())
+        imported, failed = await in_thread(import_all, trigger_modules())
         for failure in failed:
             self.log.error("cannot import %s: %s", failure["module"], failure["error"])
         self.log.info("imported %d modules of the package's triggers: %s", len(imported), ", ".join(imported))
