@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need, runs the linter, then every test: starts the metadata database, the simulated
 # cluster and the local Airflow stacks when they are not running, runs pytest on Airflow 3.3.2 (the tests that need
-# only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow 3.1.7 and the
-# main end-to-end scenarios then the fault campaign on a 3.1.7 stack beside them (TPU_RL_E2E_AF31=0: none on 3.1.7,
-# and the fault campaign alone on the main stack after every other test). Stops only what it started.
+# only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow 3.1.7 and,
+# once the main session's scenarios have started, the main end-to-end scenarios on a 3.1.7 stack beside them
+# (TPU_RL_E2E_AF31=0: not those), then the fault campaign alone. Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
@@ -11,7 +11,7 @@ source scripts/airflow-env.sh
 started=()
 build=""
 cleanup() {
-  for job in $build ${compat_install:-}; do kill "$job" 2>/dev/null || true; done
+  for job in $build ${compat_install:-} ${af31:-}; do kill "$job" 2>/dev/null || true; done
   for ((i=${#started[@]}-1; i>=0; i--)); do
     case ${started[i]} in
       postgres) scripts/postgres.sh stop ;;
@@ -62,15 +62,18 @@ fi
 status=0
 UNIT="not jobset and not checkpoints and not sim and not gke and not e2e"
 # The end-to-end scenarios that matter most on Composer 3's main line, on the same stack layout on Airflow 3.1.7
-# (scripts/airflow-stack.sh, TPU_RL_STACK=af31), beside the main session: the pipeline, a Spot preemption resumed
-# from its last checkpoint (the budget, half-written step and after-the-final-save scenarios run on the main session
-# only), the component losses (kill and pause) and the Training tab in a browser; their trainings take the standing
-# slice in turn with the main session's. Then the fault campaign, on that stack: on its own PostgreSQL server, its
-# broker and components, and its runs' own clusters, its strikes reach nothing of the main session, so it no longer
-# waits for that session to end. Its stack starts (installing the checkout's wheel into .venv-af31) before the
-# Composer-compatibility run below uses that venv, and stops as soon as its scenarios end when this run started it.
+# (scripts/airflow-stack.sh, TPU_RL_STACK=af31; its own PostgreSQL server, broker and ports), beside the main
+# session: the pipeline, a Spot preemption resumed from its last checkpoint (the budget, half-written step and
+# after-the-final-save scenarios run on the main session only), the component losses (kill and pause) and the
+# Training tab in a browser; their trainings take the standing slice in turn with the main session's. Started
+# AF31_AFTER seconds into the main session: its first minutes, while its 11 DAG runs create their clusters, keep both
+# cores busy (load average near 20), and what started beside them slowed it by more than it ran; later it mostly
+# waits (load average 1 to 2) while its GKE, JobSet and simulation tests run one after another. Its stack is
+# started then (the Composer-compatibility run below has installed the checkout's wheel into .venv-af31 by then)
+# and stopped as soon as its scenarios end.
 AF31_E2E="tests/e2e/test_pipeline.py tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py
   tests/e2e/test_preemption.py::test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds"
+AF31_AFTER=${TPU_RL_AF31_AFTER:-600}
 af31_e2e=""
 af31_stack_started=""
 if [ "${TPU_RL_E2E_AF31:-1}" = 1 ] && [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
@@ -78,8 +81,7 @@ if [ "${TPU_RL_E2E_AF31:-1}" = 1 ] && [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT
   out=$(TPU_RL_STACK=af31 scripts/airflow-stack.sh postgres start); echo "$out"
   [[ $out == started* ]] && started+=(postgres-af31)
   if ! TPU_RL_STACK=af31 scripts/airflow-stack.sh status >/dev/null 2>&1; then
-    (set -a; source .sim/airflow.env; TPU_RL_STACK=af31 scripts/airflow-stack.sh start)
-    started+=(stack-af31)
+    started+=(stack-af31)  # started below, after AF31_AFTER; stopping it is idempotent
     af31_stack_started=1
   fi
 fi
@@ -111,10 +113,14 @@ if [ $# -eq 0 ]; then
   if [ -n "$af31_e2e" ]; then
     af31_log=$(mktemp)
     (
+      sleep "$AF31_AFTER"
+      echo "started $AF31_AFTER s after the main session"
+      if [ -n "$af31_stack_started" ]; then
+        (set -a; source .sim/airflow.env; TPU_RL_STACK=af31 scripts/airflow-stack.sh start) || exit 1
+      fi
       af31_status=0
       # shellcheck disable=SC2086
       TPU_RL_STACK=af31 python -m pytest -p no:cacheprovider --durations=10 $AF31_E2E || af31_status=$?
-      TPU_RL_STACK=af31 python -m pytest -p no:cacheprovider -s -m e2e_alone || af31_status=$?
       # Idle, its stack would take CPU from the main session for the rest of the run.
       if [ -n "$af31_stack_started" ]; then TPU_RL_STACK=af31 scripts/airflow-stack.sh stop >/dev/null; fi
       exit $af31_status
@@ -125,14 +131,14 @@ if [ $# -eq 0 ]; then
   wait "$unit" || status=$?
   cat "$unit_log"; rm -f "$unit_log"
   if [ -n "${af31:-}" ]; then
-    echo "== the end-to-end scenarios and the fault campaign on Airflow 3.1.7 (TPU_RL_STACK=af31) =="
+    echo "== the end-to-end scenarios on Airflow 3.1.7 (TPU_RL_STACK=af31) =="
     wait "$af31" || status=$?
+    af31=""
     cat "$af31_log"; rm -f "$af31_log"
   fi
   wait_for_compat
-  # Without the 3.1.7 stack, the fault campaign last, alone: it restarts the PostgreSQL the other sessions use, and
-  # strikes the stack.
-  if [ -z "$af31_e2e" ]; then python -m pytest -p no:cacheprovider -s -m e2e_alone || status=$?; fi
+  # The fault campaign last, alone: it restarts the PostgreSQL the other sessions use, and strikes the stack.
+  python -m pytest -p no:cacheprovider -s -m e2e_alone || status=$?
 else
   python -m pytest "$@" || status=$?
 fi

@@ -33,6 +33,10 @@ for f in "$SIM"/gke/clusters/*/pids/*.pid; do
   rm -f "$f"
 done
 rm -f "$SIM/run/maxtext-emulator.heartbeat"
+if [ -f "$SIM/run/inotify-instances" ]; then  # the host's limit sim/up.sh raised
+  cat "$SIM/run/inotify-instances" > /proc/sys/fs/inotify/max_user_instances 2>/dev/null || true
+  rm -f "$SIM/run/inotify-instances"
+fi
 if [ "${1:-}" = --purge ]; then
   # $SIM/gke/service-account.json and token-secret stay (the Airflow connection names the key file).
   rm -rf "$SIM/data" "$SIM/run" "$SIM/podlogs" "$SIM/gke/clusters" "$SIM/gke/state.json" "$SIM/gke/faults.json" \

@@ -21,6 +21,16 @@ for f in etcd-$ETCD_VERSION/bin/etcd kube-$KUBE_VERSION/bin/kube-apiserver kwok-
 done
 [ -x "$PY" ] || { echo "no Python at $PY (create .venv first)" >&2; exit 1; }
 mkdir -p "$SIM"/{logs,pids,run,data}
+# One host stands in for every node and control plane: each kube-apiserver, controller-manager and kwok watches
+# files through inotify, and kwok opens an instance for each followed log. Linux's default of 128 instances per user
+# then runs out (a followed log ends at once with "failed to create fsnotify watcher: too many open files"), which
+# no real kubelet, one per node, meets. Raised to 1024 while the simulation runs, when the host allows it;
+# sim/down.sh puts the old value back.
+INOTIFY=/proc/sys/fs/inotify/max_user_instances
+if [ -w "$INOTIFY" ] && [ "$(cat "$INOTIFY")" -lt 1024 ] && [ ! -f "$SIM/run/inotify-instances" ]; then
+  cat "$INOTIFY" > "$SIM/run/inotify-instances"
+  echo 1024 > "$INOTIFY" && echo "inotify instances per user: $(cat "$SIM/run/inotify-instances") -> 1024 (sim/down.sh restores it)"
+fi
 bash "$SIM_SRC/pki.sh" "$PKI"
 export SIM CACHE JOBSET_VERSION KWOK_VERSION APISERVER_PORT JOBSET_WEBHOOK_PORT JOBSET_HEALTH_PORT GCS_PORT \
   GKE_PROXY_PORT GKE_GRPC_PORT GKE_TOKEN_PORT GKE_DNS_PORT

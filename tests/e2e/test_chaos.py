@@ -1,12 +1,9 @@
 """A short fault campaign (scripts/chaos.py, ``make chaos`` at length): two runs at once, each meeting three faults
 dealt from the whole catalogue by a seed (GKE's throttling, refusals while it upgrades, unavailability, slow replies
 and creates, stockouts, missing quota; the cluster's API front end answering 503 or dropping connections; Cloud
-Storage 503s; preemptions, a half-written step, a flooded log; components killed, a triggerer paused, the broker, the
-metadata database and the API server restarted), at moments drawn by the same seed. It runs alone on its stack, after
-every other test there: its strikes would hit their runs. ``make test`` runs it on the 3.1.7 stack, after that
-stack's scenarios and beside the main session (that stack's PostgreSQL server, broker and components are its own, and
-each rule it arms names its runs' clusters); with TPU_RL_E2E_AF31=0, on the main stack after every other test.
-``TPU_RL_CHAOS_SEED`` deals another campaign.
+Storage 503s; preemptions, a half-written step, a flooded log; components killed, a triggerer paused, the broker,
+the metadata database and the API server restarted), at moments drawn by the same seed. It runs after every other
+test, alone on the stack: its strikes would hit their runs. ``TPU_RL_CHAOS_SEED`` deals another campaign.
 """
 
 from __future__ import annotations
