@@ -147,7 +147,8 @@ def test_the_reaper_removes_what_a_lost_run_left_and_nothing_else(airflow, gke, 
         assert state == "success" and rows[cluster]["reason"] == "younger than the grace period (600.0 min)"
 
         state, rows = reaper(delete=False, grace_minutes=0)
-        assert state == "failed", "TPU capacity left behind must fail the reaper"
+        left_rows = [rows.get(name) for name in (cluster, pool)]
+        assert state == "failed", f"TPU capacity left behind must fail the reaper: {left_rows}"
         left = {name for name, row in rows.items() if row["decision"] == "reap"}
         assert {cluster, pool, secret} <= left <= {cluster, pool, secret, jobset}
         assert rows[cluster]["reason"] == "its run no longer exists in Airflow" and not rows[cluster]["deleted"]
