@@ -39,8 +39,8 @@ class Supervisor:
             time.sleep(REPLY_SECONDS)
             runs = frame.body["run_ids"]
             reply = TaskStatesResult(task_states={run: {"train_rl": "deferred"} for run in runs})
+            self.answered.extend(runs)  # before the reply: its reader may go on before this thread does
             self.sock.sendall(_ResponseFrame(id=frame.id, body=reply.model_dump(), error=None).as_bytes())
-            self.answered.extend(runs)
 
 
 @pytest.fixture
