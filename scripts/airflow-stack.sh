@@ -30,7 +30,6 @@ case ${TPU_RL_STACK:-main} in
     HEALTH_PORTS=(8974 8975)  # the schedulers' health checks
     LOG_PORTS=(8793 8794)     # the log servers of worker-a and of the triggerer
     LOG_BUCKET=${TPU_RL_STACK_LOG_BUCKET:-tpu-rl-composer-env}
-    export TPU_RL_PG_PORT=${TPU_RL_PG_PORT:-55432}
     ;;
   af31)
     export AIRFLOW_HOME=$PWD/.airflow-af31 TPU_RL_VENV=$PWD/.venv-af31

@@ -62,17 +62,16 @@ fi
 status=0
 UNIT="not jobset and not checkpoints and not sim and not gke and not e2e"
 # With TPU_RL_E2E_AF31=1, the end-to-end scenarios that matter most on Composer 3's main line, on the same stack
-# layout on Airflow 3.1.7
-# (scripts/airflow-stack.sh, TPU_RL_STACK=af31; its own PostgreSQL server, broker and ports), beside the main
-# session: the pipeline, a Spot preemption resumed from its last checkpoint (the budget, half-written step and
-# after-the-final-save scenarios run on the main session only), the component losses (kill and pause) and the
-# Training tab in a browser; their trainings take the standing slice in turn with the main session's. Started
-# AF31_AFTER seconds into the main session: its first minutes, while its 11 DAG runs create their clusters, keep both
-# cores busy (load average near 20), and what started beside them slowed it by more than it ran; later it mostly
-# waits (load average 1 to 2) while its GKE, JobSet and simulation tests run one after another. Its stack is
-# started then (the Composer-compatibility run below has installed the checkout's wheel into .venv-af31 by then)
-# and stopped as soon as its scenarios end. Not by default: with them make test took 55 to 59 minutes on this
-# 2-core machine (2026-12-06), past its 45.
+# layout on Airflow 3.1.7 (scripts/airflow-stack.sh, TPU_RL_STACK=af31; its own PostgreSQL server, broker and
+# ports), beside the main session: the pipeline, a Spot preemption resumed from its last checkpoint (the budget,
+# half-written step and after-the-final-save scenarios run on the main session only), the component losses (kill
+# and pause) and the Training tab in a browser; their trainings take the standing slice in turn with the main
+# session's. They start AF31_AFTER seconds into the main session, whose opening, while its 11 DAG runs create their
+# clusters, keeps both cores busy (load average 13 to 19 for about 25 minutes on 2026-12-06); later it mostly waits
+# (load average about 2) while its GKE, JobSet and simulation tests run one after another. Their stack is started
+# then (the Composer-compatibility run below has installed the checkout's wheel into .venv-af31 by then) and stopped
+# as soon as they end. Not by default: with them make test took about 55 minutes (started with the main session)
+# and 56 (started 10 minutes in) on this 2-core machine, past its 45.
 AF31_E2E="tests/e2e/test_pipeline.py tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py
   tests/e2e/test_preemption.py::test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds"
 AF31_AFTER=${TPU_RL_AF31_AFTER:-600}

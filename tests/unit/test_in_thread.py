@@ -86,7 +86,8 @@ async def test_a_supervisor_request_cut_short_by_its_bound_or_a_cancel_leaves_th
     # Cut short by the caller's bound (the trigger's 30-s cancel decision on a loaded triggerer).
     started = time.monotonic()
     with pytest.raises(TimeoutError):
-        await in_thread(_state_of, "bounded", timeout=0.05)
+        async with asyncio.timeout(0.05):
+            await in_thread(_state_of, "bounded")
     assert time.monotonic() - started < REPLY_SECONDS  # the caller stopped waiting at its bound
     assert await _runners_own_request(decoder, "runner-1") == {"runner-1": {"train_rl": "deferred"}}
 
@@ -131,6 +132,7 @@ async def test_a_coroutine_run_to_the_end_outlives_its_callers_cancellation_and_
 
     ended.clear()
     with pytest.raises(TimeoutError):
-        await run_to_the_end(work(), timeout=0.01)
+        async with asyncio.timeout(0.01):
+            await run_to_the_end(work())
     await asyncio.wait_for(ended.wait(), 5)
     assert await run_to_the_end(work()) == "done"

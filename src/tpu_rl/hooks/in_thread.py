@@ -22,30 +22,28 @@ T = TypeVar("T")
 _ABANDONED: set[asyncio.Task] = set()
 
 
-async def run_to_the_end(awaitable: Awaitable[T], /, *, timeout: float | None = None) -> T:
+async def run_to_the_end(awaitable: Awaitable[T], /) -> T:
     """``awaitable`` run as a task of its own that is never cancelled: a caller cancelled meanwhile (Airflow cancels
-    a trigger again on each pass of its loop), or past ``timeout`` (then TimeoutError), stops waiting while the work
-    runs to its end, and the reply of any supervisor request it sent is read. For a provider's coroutine that may ask
-    the supervisor through ``sync_to_async`` (a hook's connection)."""
+    a trigger again on each pass of its loop; a bound such as ``asyncio.timeout`` cancels too) stops waiting while
+    the work runs to its end, and the reply of any supervisor request it sent is read. For a provider's coroutine
+    that may ask the supervisor through ``sync_to_async`` (a hook's connection)."""
     call = asyncio.ensure_future(awaitable)
     try:
-        done, _ = await asyncio.wait({call}, timeout=timeout)
+        await asyncio.wait({call})
     finally:
         if not call.done():
             _ABANDONED.add(call)
             call.add_done_callback(_forget)
-    if not done:
-        raise TimeoutError(f"not done in {timeout} s")
     return call.result()
 
 
-async def in_thread(fn: Callable[..., T], /, *args: Any, timeout: float | None = None, **kwargs: Any) -> T:
+async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` in a worker thread, as :func:`run_to_the_end` runs it: through asgiref's
     ``sync_to_async``, whose thread sends a supervisor request on the runner's own loop (``asyncio.to_thread``'s
     would send it from a loop of its own)."""
     from asgiref.sync import sync_to_async
 
-    return await run_to_the_end(sync_to_async(fn, thread_sensitive=False)(*args, **kwargs), timeout=timeout)
+    return await run_to_the_end(sync_to_async(fn, thread_sensitive=False)(*args, **kwargs))
 
 
 def _forget(call: asyncio.Task) -> None:
