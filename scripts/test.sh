@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need, runs the linter, then every test: starts the metadata database, the simulated
-# cluster and the local Airflow stacks when they are not running, runs pytest on Airflow 3.3.2 (the tests that need
-# only PostgreSQL in a second pytest beside the others), with the Composer-compatibility run on Airflow 3.1.7 (and,
-# with TPU_RL_E2E_AF31=1, the main end-to-end scenarios on a 3.1.7 stack once the main session's have started)
-# beside them, then the fault campaign alone. Stops only what it started.
+# cluster and the local Airflow stacks when they are not running; runs side by side, on Airflow 3.3.2, the
+# end-to-end scenarios, the tests that drive the simulation directly and the tests that need only PostgreSQL, and
+# on Airflow 3.1.7 the main end-to-end scenarios on a stack of its own and the unit tests; then the fault campaign
+# alone. Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
@@ -11,7 +11,7 @@ source scripts/airflow-env.sh
 started=()
 build=""
 cleanup() {
-  for job in $build ${compat_install:-} ${af31:-}; do kill "$job" 2>/dev/null || true; done
+  for job in $build ${compat_install:-} ${af31:-} ${sim_driven:-}; do kill "$job" 2>/dev/null || true; done
   for ((i=${#started[@]}-1; i>=0; i--)); do
     case ${started[i]} in
       postgres) scripts/postgres.sh stop ;;
@@ -61,23 +61,26 @@ if ! sim/status.sh >/dev/null 2>&1; then
 fi
 status=0
 UNIT="not jobset and not checkpoints and not sim and not gke and not e2e"
-# With TPU_RL_E2E_AF31=1, the end-to-end scenarios that matter most on Composer 3's main line, on the same stack
-# layout on Airflow 3.1.7 (scripts/airflow-stack.sh, TPU_RL_STACK=af31; its own PostgreSQL server, broker and
-# ports), beside the main session: the pipeline, a Spot preemption resumed from its last checkpoint (the budget,
-# half-written step and after-the-final-save scenarios run on the main session only), the component losses (kill
-# and pause) and the Training tab in a browser; their trainings take the standing slice in turn with the main
-# session's. They start AF31_AFTER seconds into the main session, whose opening, while its 11 DAG runs create their
-# clusters, keeps both cores busy (load average 13 to 19 for about 25 minutes on 2026-12-06); later it mostly waits
-# (load average about 2) while its GKE, JobSet and simulation tests run one after another. Their stack is started
-# then (the Composer-compatibility run below has installed the checkout's wheel into .venv-af31 by then) and stopped
-# as soon as they end. Not by default: with them make test took about 55 minutes (started with the main session)
-# and 56 (started 10 minutes in) on this 2-core machine, past its 45.
-AF31_E2E="tests/e2e/test_pipeline.py tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py
+# The main session is two pytest runs side by side on Airflow 3.3.2: the end-to-end scenarios on the local stack,
+# and the tests that drive the simulation directly (checkpoints, gke, jobset, sim; no Airflow stack). One after the
+# other, the second waited 15 minutes for the first's scenarios to be started and checked, with a core idle: once
+# its DAG runs have created their clusters, the e2e session mostly waits on them (a load average of about 1).
+SIM_DRIVEN="(jobset or checkpoints or sim or gke) and not e2e"
+# Beside them, on Airflow 3.1.7 (Composer 3's main line), the same stack layout (scripts/airflow-stack.sh,
+# TPU_RL_STACK=af31; its own PostgreSQL server, broker and ports) runs the scenarios that matter most there: the
+# pipeline (one run and the crashed run cleared and resumed), a Spot preemption resumed from its last checkpoint,
+# the component losses (kill and pause) and the Training tab in a browser. Their fixtures start only the runs the
+# selected tests read; the other scenarios run on the main session only. Their trainings take the standing slice
+# in turn with the main session's. They start AF31_AFTER seconds in (default 0); their stack stops as soon as they
+# end. TPU_RL_SKIP_COMPAT skips everything on 3.1.7.
+AF31_E2E="tests/e2e/test_pipeline.py::test_happy_path
+  tests/e2e/test_pipeline.py::test_training_failure_fails_the_run_tears_down_and_clearing_resumes
+  tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py
   tests/e2e/test_preemption.py::test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds"
-AF31_AFTER=${TPU_RL_AF31_AFTER:-600}
+AF31_AFTER=${TPU_RL_AF31_AFTER:-0}
 af31_e2e=""
 af31_stack_started=""
-if [ "${TPU_RL_E2E_AF31:-0}" = 1 ] && [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
+if [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
   af31_e2e=1
   out=$(TPU_RL_STACK=af31 scripts/airflow-stack.sh postgres start); echo "$out"
   [[ $out == started* ]] && started+=(postgres-af31)
@@ -106,7 +109,10 @@ if [ $# -eq 0 ]; then
   unit_log=$(mktemp)
   nice -n 5 python -m pytest -p no:cacheprovider -m "$UNIT" > "$unit_log" 2>&1 &
   unit=$!
-  # The local Airflow stack, aimed at the simulation, for both sessions below (the e2e fixture reuses it).
+  sim_log=$(mktemp)
+  python -m pytest -p no:cacheprovider --durations=10 -m "$SIM_DRIVEN" > "$sim_log" 2>&1 &
+  sim_driven=$!
+  # The local Airflow stack, aimed at the simulation, for both e2e sessions below (the e2e fixture reuses it).
   if ! scripts/airflow-stack.sh status >/dev/null 2>&1; then
     (set -a; source .sim/airflow.env; scripts/airflow-stack.sh start)
     started+=(stack)
@@ -115,7 +121,6 @@ if [ $# -eq 0 ]; then
     af31_log=$(mktemp)
     (
       sleep "$AF31_AFTER"
-      echo "started $AF31_AFTER s after the main session"
       if [ -n "$af31_stack_started" ]; then
         (set -a; source .sim/airflow.env; TPU_RL_STACK=af31 scripts/airflow-stack.sh start) || exit 1
       fi
@@ -128,7 +133,11 @@ if [ $# -eq 0 ]; then
     ) > "$af31_log" 2>&1 &
     af31=$!
   fi
-  python -m pytest --durations=20 -m "not ($UNIT) and not e2e_alone" || status=$?  # the slowest, to plan the next overlap
+  python -m pytest --durations=20 -m "e2e and not e2e_alone" || status=$?  # the slowest, to plan the next overlap
+  echo "== the tests that drive the simulation directly (checkpoints, gke, jobset, sim) =="
+  wait "$sim_driven" || status=$?
+  sim_driven=""
+  cat "$sim_log"; rm -f "$sim_log"
   wait "$unit" || status=$?
   cat "$unit_log"; rm -f "$unit_log"
   if [ -n "${af31:-}" ]; then

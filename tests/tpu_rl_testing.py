@@ -81,6 +81,19 @@ def task_context(ti: TaskInstanceStandIn, params: dict[str, Any] | None = None) 
     }
 
 
+def selected_scenarios(request, module=None) -> set[str]:
+    """The labels of the ``scenario`` marks of the session's selected tests (of ``module``'s only, when given): a
+    fixture that starts scenarios starts only those the selected tests read, so a session that selects a few tests
+    (the 3.1.7 stack's, in scripts/test.sh) triggers no DAG run that nothing reads."""
+    return {
+        label
+        for item in request.session.items
+        if module is None or item.module is module
+        for mark in item.iter_markers("scenario")
+        for label in mark.args
+    }
+
+
 def stack_answer(question: str) -> str:
     """What scripts/airflow-stack.sh answers (``state``, ``redis-port``, ``db``, ``url``) for the stack it runs, the
     one ``TPU_RL_STACK`` picks (main, or af31: Airflow 3.1.7)."""

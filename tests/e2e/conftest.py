@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from scripts.local_airflow import AirflowApiError, LocalAirflow
-from tpu_rl_testing import environ, read_env, stack_answer
+from tpu_rl_testing import environ, read_env, selected_scenarios, stack_answer
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -252,9 +252,10 @@ TRAINED_SECONDS = 80
 
 
 @pytest.fixture(scope="session")
-def training_runs(airflow_stack):
+def training_runs(airflow_stack, request):
     """Two runs triggered at once and shared by the modules that read what a run reports
-    (test_training_metrics_e2e.py, test_run_view_e2e.py): {scenario: (run_id, conf, final state)}.
+    (test_training_metrics_e2e.py, test_run_view_e2e.py): {scenario: (run_id, conf, final state)}, for the
+    scenarios the selected tests read.
 
     ``trained``: the tutorial's path on a small slice (the run creates its cluster and TPU pool, so it has a
     cost). ``regressed``: the standing cluster's slice, a gate that refuses a worse model, and a trainer made
@@ -293,12 +294,13 @@ def training_runs(airflow_stack):
             SIM_CREATE_CONF.get("workload_prefix", "qwen"), "train"
         ),
     )
+    selected = [name for name in scenarios if name in selected_scenarios(request)]
     try:
-        for name, conf in scenarios.items():
-            airflow_stack.trigger(DAG_ID, conf, run_id=run_ids[name])
+        for name in selected:
+            airflow_stack.trigger(DAG_ID, scenarios[name], run_id=run_ids[name])
         yield {
             name: (run_ids[name], scenarios[name], airflow_stack.wait_for_run(DAG_ID, run_ids[name], 1200))
-            for name in scenarios
+            for name in selected
         }
     finally:
         faults.clear_faults(api, rule)

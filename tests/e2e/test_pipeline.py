@@ -13,7 +13,7 @@ import pytest
 
 from sim import faults
 from tpu_rl.run import RunIdentity
-from tpu_rl_testing import SIM_CONF
+from tpu_rl_testing import SIM_CONF, selected_scenarios
 
 pytestmark = pytest.mark.e2e
 
@@ -49,22 +49,28 @@ CRASH_CONF = {**SIM_CONF, "checkpoint_period": 10, "keep_checkpoints": "exported
 
 
 @pytest.fixture(scope="module")
-def started(airflow, sim_faults) -> dict[str, list[str]]:
-    """The module's runs, triggered at once (their trainings take the standing slice in turn): two of the same
-    conf, and one whose training crashes at step 30 on every attempt (exit code 3) until its rule is removed."""
-    crash = new_run_id("crash")
-    train_jobset = RunIdentity(DAG_ID, crash).jobset_name(CRASH_CONF.get("workload_prefix", "qwen"), "train")
-    faults.set_fault(
-        sim_faults,
-        crash_rule(crash),
-        prefix=train_jobset,
-        stage="train_rl",
-        maxtext_fault="crash-at-step=30",
-        exit_code=3,
-    )
-    airflow.trigger(DAG_ID, CRASH_CONF, run_id=crash)
-    concurrent = [airflow.trigger(DAG_ID, SIM_CONF, run_id=new_run_id(f"concurrent{i}")) for i in range(2)]
-    return {"crash": [crash], "concurrent": concurrent}
+def started(airflow, sim_faults, request) -> dict[str, list[str]]:
+    """The module's runs the selected tests read, triggered at once (their trainings take the standing slice in
+    turn): one whose training crashes at step 30 on every attempt (exit code 3) until its rule is removed, and one
+    or two of the same conf (``concurrent``, ``concurrent-second``)."""
+    selected = selected_scenarios(request, request.module)
+    runs = {"crash": [], "concurrent": []}
+    if "crash" in selected:
+        crash = new_run_id("crash")
+        train_jobset = RunIdentity(DAG_ID, crash).jobset_name(CRASH_CONF.get("workload_prefix", "qwen"), "train")
+        faults.set_fault(
+            sim_faults,
+            crash_rule(crash),
+            prefix=train_jobset,
+            stage="train_rl",
+            maxtext_fault="crash-at-step=30",
+            exit_code=3,
+        )
+        runs["crash"].append(airflow.trigger(DAG_ID, CRASH_CONF, run_id=crash))
+    for i, label in enumerate(("concurrent", "concurrent-second")):
+        if label in selected:
+            runs["concurrent"].append(airflow.trigger(DAG_ID, SIM_CONF, run_id=new_run_id(f"concurrent{i}")))
+    return runs
 
 
 def objects(gcs, bucket: str, prefix: str) -> dict[str, int]:
@@ -72,13 +78,14 @@ def objects(gcs, bucket: str, prefix: str) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def two_runs(airflow, started) -> list[tuple[str, str]]:
-    """The two runs of the same conf: [(run_id, final state)]."""
+def concurrent_runs(airflow, started) -> list[tuple[str, str]]:
+    """The runs of the same conf: [(run_id, final state)]."""
     return [(run_id, airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT)) for run_id in started["concurrent"]]
 
 
-def test_happy_path(airflow, gcs, two_runs):
-    run_id, state = two_runs[0]
+@pytest.mark.scenario("concurrent")
+def test_happy_path(airflow, gcs, concurrent_runs):
+    run_id, state = concurrent_runs[0]
     tasks = airflow.task_instances(DAG_ID, run_id)
     assert state == "success", {t: ti["state"] for t, ti in tasks.items()}
     assert all(ti["state"] in ("success", "skipped") for ti in tasks.values())
@@ -97,6 +104,7 @@ def test_happy_path(airflow, gcs, two_runs):
     assert any(e["source_run_id"] == run_id and e["extra"]["uri"] == published for e in events)
 
 
+@pytest.mark.scenario("crash")
 def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow, gcs, sim_faults, started):
     conf, [run_id] = CRASH_CONF, started["crash"]
     assert airflow.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT) == "failed"
@@ -134,9 +142,10 @@ def test_training_failure_fails_the_run_tears_down_and_clearing_resumes(airflow,
     assert "50/commit_success.txt" in objects(gcs, conf["gcs_bucket"], actor)
 
 
-def test_two_concurrent_runs_do_not_collide(airflow, gcs, two_runs):
-    run_ids = [run_id for run_id, _ in two_runs]
-    assert [state for _, state in two_runs] == ["success", "success"]
+@pytest.mark.scenario("concurrent", "concurrent-second")
+def test_two_concurrent_runs_do_not_collide(airflow, gcs, concurrent_runs):
+    run_ids = [run_id for run_id, _ in concurrent_runs]
+    assert [state for _, state in concurrent_runs] == ["success", "success"]
     published = [airflow.xcom(DAG_ID, run_id, "publish_export") for run_id in run_ids]
     assert published[0] != published[1]
     for run_id, uri in zip(run_ids, published, strict=True):

@@ -18,7 +18,7 @@ from tpu_rl.config import RunConfig
 from tpu_rl.contract import XCOM_PREEMPTIONS
 from tpu_rl.layout import GcsLayout
 from tpu_rl.run import RunIdentity
-from tpu_rl_testing import SIM_CONF
+from tpu_rl_testing import SIM_CONF, selected_scenarios
 
 pytestmark = pytest.mark.e2e
 
@@ -41,12 +41,7 @@ def preempted(airflow, request):
     """Starts the run of every scenario a selected test reads (its ``scenario`` mark) at once (their trainings
     take the standing slice in turn: exclusive placement); {label: (run_id, layout)}. Removes its fault rules
     afterwards."""
-    selected = {
-        mark.args[0]
-        for item in request.session.items
-        if item.module is request.module
-        for mark in item.iter_markers("scenario")
-    }
+    selected = selected_scenarios(request, request.module)
     api, rules, started = faults.core_api(), [], {}
     try:
         for label, (conf, maxtext_fault, times) in SCENARIOS.items():

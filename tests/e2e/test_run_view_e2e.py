@@ -54,6 +54,7 @@ def status_of(url: str, headers: dict[str, str] | None = None) -> int:
         return error.code
 
 
+@pytest.mark.scenario("trained")
 def test_the_training_tab_shows_the_event_files_curves_evaluation_and_cost(airflow, finished_run, gcs, page):
     run_id, conf = finished_run
     layout = RunScope(conf, RunIdentity(DAG_ID, run_id)).layout
@@ -91,6 +92,7 @@ def test_the_training_tab_shows_the_event_files_curves_evaluation_and_cost(airfl
     expect(outputs).to_contain_text(airflow.xcom(DAG_ID, run_id, "publish_export"))
 
 
+@pytest.mark.scenario("trained")
 def test_the_view_is_as_closed_as_airflows_rest_api(airflow, finished_run):
     run_id, _ = finished_run
     view = f"{airflow.base_url}/tpu-rl/runs/{DAG_ID}/{run_id}"

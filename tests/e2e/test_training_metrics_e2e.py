@@ -22,7 +22,7 @@ MODEL = "qwen3-30b-a3b"
 
 @pytest.fixture(scope="module")
 def runs(airflow, training_runs):
-    """The two runs of ``training_runs`` (conftest.py), shared with the Training tab's test."""
+    """The runs of ``training_runs`` (conftest.py), shared with the Training tab's test."""
     return training_runs
 
 
@@ -31,6 +31,7 @@ def asset_events(airflow, run_id: str) -> list[dict]:
     return [e for e in events if e["source_run_id"] == run_id]
 
 
+@pytest.mark.scenario("trained")
 def test_a_run_shows_progress_evaluation_cost_and_a_summary(airflow, runs):
     run_id, conf, state = runs["trained"]
     tasks = airflow.task_instances(DAG_ID, run_id)
@@ -69,6 +70,7 @@ def test_a_run_shows_progress_evaluation_cost_and_a_summary(airflow, runs):
     assert "Run summary" in airflow.task_log(DAG_ID, run_id, "pipeline_done", tasks["pipeline_done"]["try_number"])
 
 
+@pytest.mark.scenario("regressed")
 def test_a_model_that_got_worse_fails_the_gate_with_both_figures_and_is_not_published(airflow, runs, gcs):
     run_id, conf, state = runs["regressed"]
     tasks = airflow.task_instances(DAG_ID, run_id)
