@@ -62,22 +62,21 @@ fi
 status=0
 UNIT="not jobset and not checkpoints and not sim and not gke and not e2e"
 # The main session is two pytest runs side by side on Airflow 3.3.2: the end-to-end scenarios on the local stack,
-# and the tests that drive the simulation directly (checkpoints, gke, jobset, sim; no Airflow stack). One after the
-# other, the second waited 15 minutes for the first's scenarios to be started and checked, with a core idle: once
-# its DAG runs have created their clusters, the e2e session mostly waits on them (a load average of about 1).
+# and the tests that drive the simulation directly (checkpoints, gke, jobset, sim; no Airflow stack). In one run,
+# the second's 16 minutes came after the first's scenarios had ended, at a load average of about 1 (46 min 31 s in
+# all on 2026-12-06, 38 min 3 s split, on this 2-core machine).
 SIM_DRIVEN="(jobset or checkpoints or sim or gke) and not e2e"
 # Beside them, on Airflow 3.1.7 (Composer 3's main line), the same stack layout (scripts/airflow-stack.sh,
 # TPU_RL_STACK=af31; its own PostgreSQL server, broker and ports) runs the scenarios that matter most there: the
 # pipeline (one run and the crashed run cleared and resumed), a Spot preemption resumed from its last checkpoint,
 # the component losses (kill and pause) and the Training tab in a browser. Their fixtures start only the runs the
 # selected tests read; the other scenarios run on the main session only. Their trainings take the standing slice
-# in turn with the main session's. They start AF31_AFTER seconds in (default 0); their stack stops as soon as they
-# end. TPU_RL_SKIP_COMPAT skips everything on 3.1.7.
+# in turn with the main session's; their stack stops as soon as they end. TPU_RL_SKIP_COMPAT skips everything on
+# Airflow 3.1.7.
 AF31_E2E="tests/e2e/test_pipeline.py::test_happy_path
   tests/e2e/test_pipeline.py::test_training_failure_fails_the_run_tears_down_and_clearing_resumes
   tests/e2e/test_component_loss.py tests/e2e/test_run_view_e2e.py
   tests/e2e/test_preemption.py::test_a_spot_preemption_at_step_30_resumes_from_the_last_checkpoint_and_the_run_succeeds"
-AF31_AFTER=${TPU_RL_AF31_AFTER:-0}
 af31_e2e=""
 af31_stack_started=""
 if [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
@@ -85,7 +84,7 @@ if [ $# -eq 0 ] && [ -z "${TPU_RL_SKIP_COMPAT:-}" ]; then
   out=$(TPU_RL_STACK=af31 scripts/airflow-stack.sh postgres start); echo "$out"
   [[ $out == started* ]] && started+=(postgres-af31)
   if ! TPU_RL_STACK=af31 scripts/airflow-stack.sh status >/dev/null 2>&1; then
-    started+=(stack-af31)  # started below, after AF31_AFTER; stopping it is idempotent
+    started+=(stack-af31)  # started below, in the background; stopping it is idempotent
     af31_stack_started=1
   fi
 fi
@@ -103,8 +102,8 @@ wait_for_compat() {
     compat=""
   fi
 }
-# The tests that need only PostgreSQL (as `make unit`) go on beside the ones that drive the simulation, which
-# mostly wait; with arguments, pytest runs just those.
+# The tests that need only PostgreSQL (as `make unit`) go on beside the others, which mostly wait; with arguments,
+# pytest runs just those.
 if [ $# -eq 0 ]; then
   unit_log=$(mktemp)
   nice -n 5 python -m pytest -p no:cacheprovider -m "$UNIT" > "$unit_log" 2>&1 &
@@ -120,7 +119,6 @@ if [ $# -eq 0 ]; then
   if [ -n "$af31_e2e" ]; then
     af31_log=$(mktemp)
     (
-      sleep "$AF31_AFTER"
       if [ -n "$af31_stack_started" ]; then
         (set -a; source .sim/airflow.env; TPU_RL_STACK=af31 scripts/airflow-stack.sh start) || exit 1
       fi

@@ -168,9 +168,10 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked ``e2e_first`` run before every other e2e test (they replace the stack's triggerer for a
     moment, when no other run may defer); then the tests marked ``e2e_start``, which start the long scenarios
     (their runs go on while the other tests run on the same stack); tests marked ``e2e_last`` at the very end,
-    after the tests that follow e2e (gke, jobset, sim), so the scenarios run on while those do and are checked
-    last. Those tests remove only the fault rules they added, so the scenarios' rules stay in place. Tests marked
-    ``e2e_alone`` come after all of them: what they do to the stack would strike the other scenarios."""
+    after any tests of the session that follow e2e (gke, jobset, sim: ``make test`` runs those in a session of
+    their own beside), so the scenarios run on while the others do and are checked last. Those tests remove only
+    the fault rules they added, so the scenarios' rules stay in place. Tests marked ``e2e_alone`` come after all of
+    them: what they do to the stack would strike the other scenarios."""
     here = Path(__file__).parent
     e2e = [item for item in items if Path(item.path).parent == here]
     if not e2e:
