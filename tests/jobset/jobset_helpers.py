@@ -45,6 +45,17 @@ class Cluster:
     def wait(self, what: str, predicate, timeout: float = 60, interval: float = 0.5):
         return wait_until(what, predicate, timeout, interval)
 
+    def wait_running(self, name: str, count: int = 2) -> list:
+        """The JobSet's running pods, once ``count`` run. The slice is shared with the end-to-end scenarios, whose
+        trainings run beside these tests in ``make test`` and take it in turn (exclusive placement): the pods may
+        wait minutes for it, as the tests of tests/sim do (``wait_slice_free``)."""
+
+        def running():
+            pods = [p for p in self.pods(name) if p.status.phase == "Running"]
+            return pods if len(pods) >= count else None
+
+        return self.wait(f"{count} pods of {name} to run (the shared slice may be busy)", running, timeout=600)
+
 
 def tpu_jobset(
     name: str,

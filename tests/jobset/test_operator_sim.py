@@ -102,7 +102,7 @@ def test_killed_while_waiting_reattaches_without_resubmitting(sim, capfd):
         env={**os.environ, "PYTHONPATH": f"{HERE}:{HERE.parent}"},
     )
     try:
-        sim.wait("the task's pods to run", lambda: sum(p.status.phase == "Running" for p in sim.pods(name)) == 2)
+        sim.wait_running(name)
         os.kill(child.pid, signal.SIGKILL)  # a worker crash: no on_kill, no cleanup
         child.wait(10)
     finally:
@@ -137,7 +137,7 @@ def test_jobset_deleted_from_outside_fails_clearly(sim):
     op = operator(tpu_jobset(name, run_seconds=60))
 
     def delete_when_running():
-        sim.wait("pods running", lambda: sum(p.status.phase == "Running" for p in sim.pods(name)) == 2)
+        sim.wait_running(name)
         sim.delete_jobset(name)
 
     with pytest.raises(JobSetFailedError, match=rf"JobSet default/{name} \(uid .*\) was deleted while the task waited"):
@@ -150,9 +150,7 @@ def test_tpu_node_deleted_mid_run_is_host_loss(sim):
     lost = {}
 
     def delete_node():
-        pods = sim.wait(
-            "pods running", lambda: [p for p in sim.pods(name) if p.status.phase == "Running"][1:] and sim.pods(name)
-        )
+        pods = sim.wait_running(name)
         lost["node"] = pods[0].spec.node_name
         sim.core.delete_node(lost["node"])
 
