@@ -173,11 +173,19 @@ class ComponentLoss:
         self.stack.script("start", component)
 
     def _trigger_holder(self) -> tuple[int, str]:
-        """The triggerer job holding train_rl's trigger once it has logged the trainer a while, and its component."""
+        """The live triggerer job holding train_rl's trigger once it has logged the trainer a while, and its
+        component. Waited for: after a takeover, on a loaded machine, the task may show no triggerer for a while (seen
+        on the 3.1.7 stack: ``triggerer_job`` null once the trainer had logged), and a holder that stopped
+        heartbeating is not the one to stall."""
         trainer_started = "[simulated] python3 -m maxtext"
         wait_until("the trainer's lines in the task log", lambda: trainer_started in self._train_log(), 300, 1)
-        holder = self.task("train_rl")["triggerer_job"]["id"]
-        return holder, self._alive_triggerers()[holder]
+
+        def live_holder():
+            job = self.task("train_rl").get("triggerer_job") or {}
+            alive = self._alive_triggerers()
+            return job.get("id") in alive and (job["id"], alive[job["id"]])
+
+        return wait_until("a live triggerer to hold train_rl's trigger", live_holder, 240, 1)
 
     def _alive_triggerers(self) -> dict[int, str]:
         jobs = self.stack.request("GET", "/api/v2/jobs?job_type=TriggererJob&is_alive=true&limit=100")["jobs"]
