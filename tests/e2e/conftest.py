@@ -295,7 +295,8 @@ def training_runs(airflow_stack, request):
             SIM_CREATE_CONF.get("workload_prefix", "qwen"), "train"
         ),
     )
-    selected = [name for name in scenarios if name in selected_scenarios(request)]
+    read = selected_scenarios(request)
+    selected = [name for name in scenarios if name in read]
     try:
         for name in selected:
             airflow_stack.trigger(DAG_ID, scenarios[name], run_id=run_ids[name])
