@@ -4,13 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test lint format core unit demo chaos plan sim-up sim-down sim-status bench bench-triggerer bench-trigger-start bench-run-view
+.PHONY: venv wheel test lint format core unit demo chaos plan docs docs-pages sim-up sim-down sim-status bench bench-triggerer bench-trigger-start bench-run-view
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' src/tpu_rl/__init__.py)
 WHEEL := dist/tpu_rl-$(VERSION)-py3-none-any.whl
-SOURCES := pyproject.toml README.md scripts/build_wheel.py \
+SOURCES := pyproject.toml LICENSE scripts/build_wheel.py \
   $(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*')
 INSTALLED := $(VENV)/.installed-wheel
 
@@ -69,6 +69,16 @@ unit: venv
 	source scripts/airflow-env.sh && airflow db migrate >/dev/null && \
 	  python -m pytest -m "not jobset and not checkpoints and not sim and not gke and not e2e"
 
+# The documentation site (mkdocs.yml) into site/, strictly: a broken link, anchor or nav entry fails. make test builds it.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+# Writes the generated pages (the parameters, the XComs, what validation refuses) from the code; the docs tests fail
+# while a committed page differs from what these write.
+docs-pages: venv
+	$(VENV)/bin/python -m scripts.docs_reference
+	$(VENV)/bin/python -m scripts.docs_validation
+
 # make plan CONF=my-run.json
 plan: venv
 	$(VENV)/bin/python -m tpu_rl.plan --conf $(or $(CONF),include/examples/tutorial.json)
@@ -95,7 +105,7 @@ bench-triggerer: venv
 #   [PROJECT=...] [REPOSITORY_LOCATION=...] [REPOSITORY_URL=... VIRTUAL_REPOSITORY_URL=...]
 #   [BUCKET=... SERVICE_ACCOUNT=...] [DRY_RUN=1] [REPLACE_PROGRAMS=1]: the wheel into the repository, the
 # environment's pip.conf to the virtual repository alone, its custom package to this version, then the DAG files
-# and programs (docs/composer.md).
+# and programs (docs/reference/deploy.md).
 DEPLOY_VENV := .venv-deploy
 .PHONY: deploy-composer
 deploy-composer: wheel
@@ -113,7 +123,7 @@ deploy-composer: wheel
 	  $(if $(SERVICE_ACCOUNT),--service-account "$(SERVICE_ACCOUNT)") $(if $(DRY_RUN),--dry-run) \
 	  $(if $(REPLACE_PROGRAMS),--replace-programs)
 
-# Composer 3 compatibility: the DAG import and tests/unit on Airflow 3.1.7 (.venv-af31); see docs/compatibility.md.
+# Composer 3 compatibility: the DAG import and tests/unit on Airflow 3.1.7 (.venv-af31); see docs/reference/versions.md.
 .PHONY: test-compat
 test-compat: wheel
 	scripts/test-compat.sh

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs what the tests need, runs the linter, then every test: starts the metadata database, the simulated
-# cluster and the local Airflow stacks when they are not running; runs side by side, on Airflow 3.3.2, the
-# end-to-end scenarios, the tests that drive the simulation directly and the tests that need only PostgreSQL, and
-# on Airflow 3.1.7 the main end-to-end scenarios on a stack of its own and the unit tests; then the fault campaign
-# alone. Stops only what it started.
+# Installs what the tests need, runs the linter and builds the docs site, then every test: starts the metadata
+# database, the simulated cluster and the local Airflow stacks when they are not running; runs side by side, on
+# Airflow 3.3.2, the end-to-end scenarios, the tests that drive the simulation directly and the tests that need only
+# PostgreSQL, and on Airflow 3.1.7 the main end-to-end scenarios on a stack of its own and the unit tests; then the
+# fault campaign alone. Stops only what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
@@ -41,6 +41,7 @@ fi
 make -s venv
 echo "installed .venv at $((SECONDS - begin)) s"
 ruff check . && ruff format --check .  # linter and formatter first: a style slip fails in seconds, not after the suite
+mkdocs build --strict --quiet --site-dir "$(mktemp -d)"  # the docs site: a broken link or anchor fails here
 scripts/install-browser.sh
 if [ -n "$compat_install" ]; then
   wait "$compat_install" || { cat "$compat_install_log"; echo "the .venv-af31 install failed" >&2; exit 1; }
