@@ -73,7 +73,8 @@ GCP_CONN_ID = "google_cloud_default"
 PG_PORT = "55433"
 PG_DATABASE = "bench_triggerer"
 PART_OF = "triggerer-load-benchmark"
-#: Goals: docs/composer.md's triggerer (--triggerer-cpu 0.5 --triggerer-memory 1) and the per-training rates.
+#: Goals: the triggerer of docs/getting-started/composer.md (--triggerer-cpu 0.5 --triggerer-memory 1) and the
+#: per-training rates.
 GOAL_CPU, GOAL_MEMORY_MIB, GOAL_REQUESTS_PER_MINUTE = 0.5, 1024, 1.5
 #: Airflow's [triggerer] threshold for its 'blocked' warning, the goal for any stall
 STALL_GOAL_SECONDS = 0.2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Composer 3 compatibility: imports the DAG and runs tests/unit on Airflow 3.1.7 with the packages of
 # composer-3-airflow-3.1.7-build.0 as read, and the package's floors where its list could not be read
-# (docs/compatibility.md; constraints-af31.txt comes from scripts/compile-af31.sh). Its own venv (.venv-af31, reinstalled only
+# (docs/reference/versions.md; constraints-af31.txt comes from scripts/compile-af31.sh). Its own venv (.venv-af31, reinstalled only
 # when requirements-af31.txt or constraints-af31.txt change), Airflow home (.airflow-af31) and database
 # (airflow_af31, beside the main one on the PostgreSQL of scripts/postgres.sh): nothing of the 3.3.2 setup
 # is touched. Arguments go to pytest instead of tests/unit; --install-only installs the venv and stops there,

@@ -24,7 +24,7 @@ the generated clients set always_use_jwt_access, as Google's APIs accept). Else 
 Authorization: IAM as GKE checks it (sim/gke_iam.py): each method's permission in the request's project (403
 PERMISSION_DENIED, GKE's words), actAs on the service account of nodes a create makes (GKE's 400), and
 container.clusters.connect at a cluster's DNS endpoint, against $SIM/gke/iam.json (read on each request; written by
-`init` with the roles docs/composer.md grants).
+`init` with the roles docs/getting-started/composer.md grants).
 Access tokens are deterministic per service account (HMAC of the account with a secret kept in
 $SIM/gke/token-secret): a refresh returns the same token, so a control plane started before a refresh
 keeps accepting it (the control planes get {token: client_email} at start).
@@ -36,7 +36,7 @@ none); capacity faults:
 $SIM/gke/faults.json (sim/gke_faults.py), read on each request. Durations:
 TPU_RL_SIM_GKE_CLUSTER_CREATE_SECONDS (3, after the control plane is ready), _POOL_CREATE_SECONDS (3),
 _DELETE_SECONDS (2), _PENDING_SECONDS (0.3), _STOCKOUT_SECONDS (10: GKE's ~35 minutes of retrying a create for
-capacity, time-scaled). See sim/README.md.
+capacity, time-scaled). See docs/explanation/simulation.md.
 
 Split by job: this file holds the ClusterManager methods (each request parsed, checked and turned into an
 operation) and the entry point; sim/gke_project.py the emulated project (its state, operations and their work);

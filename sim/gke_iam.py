@@ -4,9 +4,10 @@ and GKE's refusal when the caller lacks it. Pure: the emulator (sim/gke_emulator
 :func:`check` before it does anything else with a request; tests/unit/test_gke_iam.py tests the rules.
 
 The simulation's setup (``gke_emulator.py init``, run by sim/up.sh) writes :func:`sim_policy` to
-``$SIM/gke/iam.json``: exactly the roles docs/composer.md grants the pipeline's identity (the environment's service
-account, whose key the ``google_cloud_default`` connection names) and the reaper's, so the simulation proves that
-the documented roles suffice (tests/unit/test_gke_iam.py checks that the document and the seed agree). The file is
+``$SIM/gke/iam.json``: exactly the roles docs/getting-started/composer.md grants the pipeline's identity (the
+environment's service account, whose key the ``google_cloud_default`` connection names) and the reaper's, so the
+simulation proves that the documented roles suffice (tests/unit/test_gke_iam.py checks that the document and the seed
+agree). The file is
 read on each request, as the fault rules are. Nothing but the standard library.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 from .gke_errors import GkeError
 
 #: The identity of the simulation's ``google_cloud_default`` key (sim/gke_settings.py ``SA_EMAIL``), which stands
-#: for the environment's service account (``composer-rl`` in docs/composer.md).
+#: for the environment's service account (``composer-rl`` in docs/getting-started/composer.md).
 PIPELINE = "serviceAccount:tpu-rl-sim@tpu-rl-sim.iam.gserviceaccount.com"
 #: The nodes' service account of the simulation's runs (include/examples/simulation.json ``node_service_account``).
 NODE_SERVICE_ACCOUNT = "tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com"
@@ -128,9 +129,9 @@ def node_accounts(pools: list[dict], project_number: int) -> list[str]:
 
 # --- the simulation's policy ------------------------------------------------------------------------------------
 
-#: What docs/composer.md ("1. Identities and the roles each one uses") grants the environment's service account
-#: that the GKE API and the DNS endpoint check: on the run's project, on the node account, and on each project the
-#: reaper watches.
+#: What docs/getting-started/composer.md ("1. Identities and the roles each one uses") grants the environment's service
+#: account that the GKE API and the DNS endpoint check: on the run's project, on the node account, and on each project
+#: the reaper watches.
 PIPELINE_PROJECT_ROLES = ("roles/composer.worker", "roles/container.admin")
 PIPELINE_NODE_ACCOUNT_ROLES = ("roles/iam.serviceAccountUser",)
 REAPER_PROJECT_ROLES = ("roles/container.admin",)

@@ -6,8 +6,8 @@ plugins/). sim/maxtext_stages.py decides what each stage writes; this module wri
 - Orbax checkpoints (/work/shared/reference/maxtext.md): a step's PyTree items without OCDBT (_METADATA,
   _sharding, one zarr v2 folder per leaf), then _CHECKPOINT_METADATA, then commit_success.txt last.
 - What train_rl reports: one TensorBoard event file per attempt, written with MaxText's writer (tensorboardX's
-  SummaryWriter) with MaxText's tags, one scalar per trained step (docs/training-metrics.md), uploaded in growing
-  versions as its flushes upload it; the evaluation lines before and after training.
+  SummaryWriter) with MaxText's tags, one scalar per trained step (docs/reference/training-metrics.md), uploaded in
+  growing versions as its flushes upload it; the evaluation lines before and after training.
 - The HF export's weights: real safetensors files.
 - Container logs: CRI-format files under .sim/podlogs/<ns>/<pod>/<container>.log, printed over the pod's run time
   when big and rotated as GKE's kubelet rotates them.
@@ -179,7 +179,7 @@ def committed_steps(out, directory):
     return steps
 
 
-# ---------------------------------------------------------------- what train_rl reports (docs/training-metrics.md)
+# -------------------------------------------------------- what train_rl reports (docs/reference/training-metrics.md)
 
 #: MaxText 0.2.4's default reward functions and what each pays for a completion (configs/post_train/rl.yml:
 #: reward_exact_format_match 0.1, reward_partial_format_match 0.0, reward_exact_answer 1.0).

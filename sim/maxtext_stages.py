@@ -16,7 +16,7 @@ Stage contract (arguments read, `key=value` and `--flag=value`):
                   fractions, ici_*/dcn_*_parallelism: sim/maxtext_devices.py) fails it where MaxText fails
                   ->  <base>/<run>/checkpoints/actor/<step>/{model_params/, optimizer_state/, ...}
                       and one event file per attempt in <base>/<run>/tensorboard/ (MaxText's tags, one
-                      scalar per trained step: docs/training-metrics.md); resumes after the last
+                      scalar per trained step: docs/reference/training-metrics.md); resumes after the last
                       committed step like the real trainer; logs the Pre/Post RL Training evaluation
                       lines unless num_test_batches=0
   to_huggingface  base_output_directory (required), load_parameters_path (must exist when given),

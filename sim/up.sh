@@ -3,7 +3,7 @@
 # kube-scheduler, kwok (simulated nodes and pod lifecycle), the JobSet controller with its webhooks,
 # a GCS emulator (fake-gcs-server behind a front that can answer transient errors) and the MaxText stage emulator. Idempotent: components that already
 # run (recorded pid alive and healthy) are reused, only missing ones are started.
-# State lives in .sim/ (pki, pids, logs, data); sim/down.sh stops it. See sim/README.md.
+# State lives in .sim/ (pki, pids, logs, data); sim/down.sh stops it. See docs/explanation/simulation.md.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"

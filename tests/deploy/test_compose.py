@@ -225,8 +225,9 @@ def test_the_local_stack_runs_with_the_compose_files_airflow_settings():
 
 
 def test_the_environment_name_is_the_callers_or_local_on_the_stack_as_in_docker_compose(monkeypatch):
-    """The name the runs mark what they create with (README, "Two Airflow environments"): docker compose fills
-    ${TPU_RL_ENVIRONMENT:-local} from .env or the shell, scripts/airflow-stack.sh from its caller's environment."""
+    """The name the runs mark what they create with (docs/how-to/programs.md, "Two Airflow environments"): docker
+    compose fills ${TPU_RL_ENVIRONMENT:-local} from .env or the shell, scripts/airflow-stack.sh from its caller's
+    environment."""
     from scripts.compose_env import compose_environment, local_environment
 
     assert compose_environment()["TPU_RL_ENVIRONMENT"] == "${TPU_RL_ENVIRONMENT:-local}"

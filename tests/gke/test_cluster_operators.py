@@ -227,7 +227,7 @@ def test_a_retry_deletes_the_cluster_its_failed_create_left_in_error_and_creates
 def test_a_stockout_of_a_slice_created_with_the_cluster_costs_the_whole_cluster(gke, capsys):
     """tpu_pool_mode=cluster: the slice's pool is in the cluster's create request, and a stockout of it fails the
     cluster's create (the emulator as GKE: the create DONE with [GCE_STOCKOUT], the cluster left in ERROR). The task
-    fails with GKE's message; its retry deletes the cluster and creates all of it again (the README's account)."""
+    fails with GKE's message; its retry deletes the cluster and creates all of it again (docs/how-to/capacity.md)."""
     run = Run(tpu_pool_mode="cluster")
     name = run.params["cluster_name"]
     create = cluster_ops.CreateClusterOperator(task_id="create_cluster", poll_interval=POLL)
@@ -371,7 +371,7 @@ def test_conversion_pods_reach_the_bucket_as_the_node_service_account(created):
 def test_the_conversion_needs_bucket_get_besides_object_access(created, tmp_path):
     """MaxText's HF->MaxText conversion calls get_bucket() before it writes: a node account with
     roles/storage.objectAdmin alone (no storage.buckets.get) fails it with the client's message; the roles
-    docs/composer.md grants (objectAdmin and legacyBucketReader) let it run."""
+    docs/getting-started/composer.md grants (objectAdmin and legacyBucketReader) let it run."""
     import json
 
     from tpu_rl import manifests
@@ -971,10 +971,10 @@ def test_a_shared_cluster_kept_by_its_last_run_is_joined_at_once_and_a_stuck_del
 
 
 def test_a_pool_whose_nodes_the_identity_may_not_act_as_is_refused_before_it_exists(gke, created):
-    """The emulator holds the IAM policy docs/composer.md grants (sim/gke_iam.py): the environment's account may act
-    as the nodes' account and no other. A run naming another node account is refused by GKE's 400 before any pool
-    exists, and fails at once, naming the permission and the role to grant (a retry would be refused again); the
-    documented account's pools are created by the other tests of this module."""
+    """The emulator holds the IAM policy docs/getting-started/composer.md grants (sim/gke_iam.py): the environment's
+    account may act as the nodes' account and no other. A run naming another node account is refused by GKE's 400
+    before any pool exists, and fails at once, naming the permission and the role to grant (a retry would be refused
+    again); the documented account's pools are created by the other tests of this module."""
     run, _ = created
     stranger = "tpu-rl-other@tpu-rl-sim.iam.gserviceaccount.com"
     other = Run(cluster_name=run.params["cluster_name"], node_service_account=stranger)

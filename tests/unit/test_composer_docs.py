@@ -1,5 +1,7 @@
-"""docs/composer.md's quickstart and what it must agree with: the example conf a user copies
-(include/examples/tutorial.json) names the accounts, bucket and place the commands create."""
+"""The Cloud Composer guide (docs/getting-started/composer.md) and the deploy reference (docs/reference/deploy.md),
+and what they must agree with: the example conf a user copies (include/examples/tutorial.json) names the accounts,
+bucket and place the commands create; the run it shows takes the reservation; its cost is the tutorial slice's at
+the default price; the deploy's own checks accept every documented deploy command."""
 
 from __future__ import annotations
 
@@ -13,8 +15,27 @@ from tpu_rl_testing import REPO
 
 pytestmark = pytest.mark.core
 
-DOC = (REPO / "docs" / "composer.md").read_text()
+DOCS = REPO / "docs"
+DOC = (DOCS / "getting-started" / "composer.md").read_text()
+DEPLOY = (DOCS / "reference" / "deploy.md").read_text()
 TUTORIAL = json.loads((REPO / "include" / "examples" / "tutorial.json").read_text())
+
+
+def section(page: str, heading: str) -> str:
+    """The text under a page's heading, up to the next heading of its level or above (``#`` lines inside fenced
+    code are shell comments, not headings)."""
+    level, lines, fenced = 0, [], False
+    for line in page.splitlines():
+        fenced ^= line.lstrip().startswith("```")
+        heading_match = None if fenced else re.match(r"(#+) (.*)", line)
+        if heading_match and level and len(heading_match.group(1)) <= level:
+            break
+        if heading_match and heading_match.group(2) == heading:
+            level = len(heading_match.group(1))
+        elif level:
+            lines.append(line)
+    assert level, f"no heading {heading!r}"
+    return "\n".join(lines)
 
 
 def quickstart_variables() -> dict[str, str]:
@@ -43,7 +64,7 @@ def test_the_example_runs_where_the_quickstart_creates_things():
     assert TUTORIAL["gcs_bucket"] == variables["BUCKET"]
 
 
-# --- section 4: connections through Secret Manager --------------------------------------------------------------
+# --- step 4: connections through Secret Manager --------------------------------------------------------------
 
 
 def backend_kwargs() -> dict:
@@ -90,7 +111,7 @@ def test_the_smtp_example_reaches_a_port_google_cloud_leaves_open():
     assert connection.extra_dejson["from_email"]
 
 
-# --- section 1: the deployer's roles ----------------------------------------------------------------------------
+# --- the deploy reference: the deployer's roles ----------------------------------------------------------------
 
 #: The permission each gcloud command of scripts/deploy_composer.py needs (Composer's "Access control with IAM",
 #: permissions per API method; IAM's "Artifact Registry roles and permissions").
@@ -113,7 +134,7 @@ def deploy_gcloud_commands() -> list[tuple[str, ...]]:
 
 
 def test_every_gcloud_command_of_the_deploy_has_its_permission_in_the_deployers_roles():
-    deployer = DOC[DOC.index("**The deployer's roles.**") : DOC.index("**The reaper's roles.**")]
+    deployer = section(DEPLOY, "The deployer's roles")
     for command in deploy_gcloud_commands():
         assert command in DEPLOY_COMMAND_PERMISSIONS, f"gcloud {' '.join(command)}: which permission, which role?"
         for permission in DEPLOY_COMMAND_PERMISSIONS[command]:
@@ -122,7 +143,7 @@ def test_every_gcloud_command_of_the_deploy_has_its_permission_in_the_deployers_
         assert f"--role {role}" in deployer
 
 
-# --- section 2: the environment's image; section 5: the deploy ----------------------------------------------------
+# --- step 2: the environment's image; step 5: the deploy --------------------------------------------------------
 
 
 def test_the_environment_is_created_with_an_airflow_version_not_a_build_composer_retires():
@@ -140,18 +161,67 @@ def _make_variables_to_flags() -> dict[str, str]:
     return dict(re.findall(r"\$\(if \$\((\w+)\),(--[\w-]+)", recipe))
 
 
+def documented_deploy_commands(page: str) -> list[dict[str, str]]:
+    """Each ``make deploy-composer`` of a page (a line of its own, continued by backslashes): its make variables."""
+    commands = re.findall(r"^make deploy-composer ((?:.*\\\n)*.*)$", page, re.M)
+    return [dict(word.split("=", 1) for word in shlex.split(c.replace("\\\n", " "), comments=True)) for c in commands]
+
+
+def test_the_guide_deploys_after_a_dry_run_of_the_same_deploy_with_the_names_it_set():
+    dry_run, deploy = documented_deploy_commands(section(DOC, "5. Deploy the package"))
+    assert dry_run.pop("DRY_RUN") == "1"
+    assert dry_run == deploy  # the dry run shows this very deploy
+    defined = quickstart_variables()
+    for value in deploy.values():
+        assert value.removeprefix("$") in defined or not value.startswith("$"), f"{value}: set where?"
+
+
 def test_every_documented_deploy_command_passes_the_deploys_checks():
-    """Through the Makefile to scripts/deploy_composer.py: each `make deploy-composer` of the docs names the
-    environment, the repository and the virtual repository the environment installs from."""
+    """Through the Makefile to scripts/deploy_composer.py: each `make deploy-composer` of the documentation names
+    the environment, the repository and the virtual repository the environment installs from."""
     from scripts.deploy_composer import argument_parser, check_arguments
 
     flags = _make_variables_to_flags()
-    commands = re.findall(r"^make deploy-composer ((?:.*\\\n)*.*)$", DOC, re.M)
-    assert len(commands) >= 3
+    pages = sorted(DOCS.rglob("*.md"))
+    commands = [command for page in pages for command in documented_deploy_commands(page.read_text())]
+    assert len(commands) >= len(documented_deploy_commands(DOC)) == 2
     for command in commands:
-        words = shlex.split(command.replace("\\\n", " "), comments=True)
         args = []
-        for name, value in (word.split("=", 1) for word in words):
+        for name, value in command.items():
             args += [flags[name]] if name in ("DRY_RUN", "REPLACE_PROGRAMS") else [flags[name], value]
         parser = argument_parser()
         check_arguments(parser, parser.parse_args(args))
+
+
+# --- step 6: the run, on a reservation, and what it costs --------------------------------------------------------
+
+
+def example_conf() -> dict:
+    (block,) = re.findall(r"^```json\n(.*?)^```$", DOC, re.M | re.S)
+    return json.loads(block)
+
+
+def test_the_example_run_is_the_tutorials_on_the_reservation_it_names():
+    from tpu_rl import gke
+    from tpu_rl.config import RunConfig
+    from tpu_rl.run import RunIdentity
+
+    conf = example_conf()
+    assert TUTORIAL.items() <= conf.items()  # where the steps created things
+    config = RunConfig.from_params(conf)  # validate_config's checks
+    affinity = gke.tpu_node_pool(config, RunIdentity("maxtext_rl_tpu", "manual"), 0)["config"]["reservation_affinity"]
+    assert affinity["consume_reservation_type"] == "SPECIFIC_RESERVATION"
+    assert affinity["values"] == [f"projects/{conf['project']}/reservations/{conf['reservation']}"]
+
+
+def test_the_cost_the_guide_gives_is_the_tutorial_slice_at_the_default_price():
+    from tpu_rl.config import RunConfig
+
+    config = RunConfig.from_params(TUTORIAL)
+    step = " ".join(section(DOC, "6. Check, then run").split())
+    chips = int(re.search(r"The tutorial's slice is (\d+) chips", step).group(1))
+    price = float(re.search(r"list price of \$(\d+\.\d\d) per chip-hour", step).group(1))
+    hourly = int(re.search(r"about \$(\d+) for each hour", step).group(1))
+    assert (chips, price) == (config.chips, config.tpu_price_per_chip_hour)
+    assert hourly == round(chips * price)
+    assert config.tpu_pools_per_run and "`per_run`" in step  # the slice exists only around training

@@ -1,7 +1,7 @@
 """IAM in the GKE emulator (sim/gke_iam.py): each refusal GKE makes for a missing permission and its accepted twin,
 the emulator's check of a real request (google-cloud-container's messages, in process), the package's reading of
-the refusal (it names the permission and the role, and is not quota), and that docs/composer.md grants exactly the
-roles the simulation starts with."""
+the refusal (it names the permission and the role, and is not quota), and that the Cloud Composer guide
+(docs/getting-started/composer.md) grants exactly the roles the simulation starts with."""
 
 from __future__ import annotations
 
@@ -175,11 +175,11 @@ def test_the_package_reads_gkes_iam_refusals_as_permission_and_names_the_role():
 
 
 def documented_grants() -> dict[str, set[str]]:
-    """The roles docs/composer.md's commands in section 1 (the identities) grant the environment's account: on its
-    project, on the nodes' account, and on each project the reaper watches. Section 4's Secret Manager grant is no
+    """The roles the Composer guide's commands in step 1 (the identities) grant the environment's account: on its
+    project, on the nodes' account, and on each project the reaper watches. Step 4's Secret Manager grant is no
     role GKE checks."""
-    doc = (REPO / "docs" / "composer.md").read_text()
-    section = doc[doc.index("### 1. Identities") : doc.index("### 2. ")]
+    doc = (REPO / "docs" / "getting-started" / "composer.md").read_text()
+    section = doc[doc.index("\n## 1. Identities") : doc.index("\n## 2. ")]
     text = re.sub(r"\\\n\s*", " ", section)
     grants: dict[str, set[str]] = {"project": set(), "node account": set(), "watched project": set()}
     shapes = {

@@ -201,7 +201,7 @@ def test_the_checker_rejects_unknown_keys():
     assert "lazy_load_tensors" in known_flags(maxtext.TO_MAXTEXT)
 
 
-# --- what the trainer reports: its TensorBoard tags and its evaluation lines (docs/training-metrics.md) ------
+# --- what the trainer reports: its TensorBoard tags and its evaluation lines (docs/reference/training-metrics.md)
 
 
 #: The Tunix commit MaxText 0.2.4's post-training install pins (dependencies/extra_deps/post_train_github_deps.txt),
@@ -288,9 +288,9 @@ def test_the_release_pins_the_tunix_commit_the_markers_are_read_at():
         f"MaxText pins Tunix {pinned}, the markers were read at {TUNIX_COMMIT}: set TUNIX_COMMIT to it, record "
         "each file's blob id at the new commit in TUNIX_BLOBS_AT_COMMIT, run this file with "
         f"{TUNIX_REPO_VARIABLE}=<a clone> (or with GitHub in reach) and redo the Tunix line numbers in "
-        "docs/training-metrics.md"
+        "docs/reference/training-metrics.md"
     )
-    assert TUNIX_COMMIT in (Path(__file__).resolve().parents[2] / "docs/training-metrics.md").read_text()
+    assert TUNIX_COMMIT in (Path(__file__).resolve().parents[2] / "docs/reference/training-metrics.md").read_text()
 
 
 def test_a_file_is_read_only_with_the_commits_bytes(tmp_path):
