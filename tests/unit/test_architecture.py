@@ -1,7 +1,9 @@
-"""The package's structure as docs/architecture.md states it: a pure core that loads without Airflow or a cloud
-client (what the plan command and the DAG file's parse rely on), no import circle, short functions."""
+"""The package's structure as docs/explanation/architecture.md states it: a pure core that loads without Airflow or a
+cloud client (what the plan command and the DAG file's parse rely on), no import circle, short functions; the page's
+list of the core and its place for every module are read from the page, so the page cannot drift from the code."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,35 +16,17 @@ import tpu_rl
 pytestmark = pytest.mark.core
 
 PACKAGE = Path(tpu_rl.__file__).parent
-#: The core: params in, typed values and plain dicts out.
-CORE = (
-    "config",
-    "config_rules",
-    "contract",
-    "tpu",
-    "machines",
-    "run",
-    "environment",
-    "layout",
-    "maxtext",
-    "manifests",
-    "gke",
-    "checkpoints",
-    "jobset_status",
-    "preemption",
-    "jobset_release",
-    "reaper",
-    "leases",
-    "programs",
-    "vocabulary",
-    "plan",
-    "training_metrics",
-    "event_files",
-    "timestamps",
-    "capacity",
-    "candidates",
-    "failover",
-)
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "architecture.md"
+
+
+def core_on_the_page() -> tuple[str, ...]:
+    """The modules the page's "pure core" row names (params in, typed values and plain dicts out)."""
+    row = next(line for line in ARCHITECTURE.read_text().splitlines() if line.startswith("| pure core |"))
+    top_level = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    return tuple(sorted(set(re.findall(r"`([a-z_]+)`", row)) & top_level))
+
+
+CORE = core_on_the_page()
 
 
 def modules() -> dict[str, Path]:
@@ -90,6 +74,34 @@ def test_no_module_of_the_package_imports_itself_back_through_others():
 
     circles = sorted(name for name in graph if reaches(name, name, set()))
     assert circles == []
+
+
+def test_the_core_imports_only_the_core():
+    """A module the core imports is core too: else the plan command and the DAG file's parse load what the core
+    row of the page does not promise."""
+    found = modules()
+    core = {f"tpu_rl.{name}" for name in CORE}
+    outside = {
+        f"{name} imports {imported}"
+        for name in sorted(core)
+        for imported in imports_of(found[name], set(found)) - {"tpu_rl"}
+        if imported not in core
+    }
+    assert outside == set(), "name it in the pure core row of docs/explanation/architecture.md, or move the import"
+
+
+def test_every_module_has_its_place_on_the_architecture_page():
+    """Where new code goes is the page's job: a module it does not name has no layer."""
+    page = ARCHITECTURE.read_text()
+    unplaced = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.name == "__init__.py":
+            continue
+        spelled = {relative.with_suffix("").as_posix(), relative.as_posix(), path.stem, path.name}
+        if not any(f"`{name}`" in page for name in spelled):
+            unplaced.append(relative.as_posix())
+    assert unplaced == []
 
 
 #: The checkout's Python beside the package, held to the same rules: the simulation, the tools, the benchmarks.
