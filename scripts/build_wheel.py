@@ -30,9 +30,9 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-#: What setuptools reads for this project: its configuration, the readme (the METADATA's description), the package,
-#: and any license file its default ``license-files`` patterns would add to the dist-info.
-TOP_LEVEL = ("pyproject.toml", "README.md")
+#: What setuptools reads for this project: its configuration, the package (with the readme, ``src/README.md``: the
+#: METADATA's description), and the license files ``license-files`` adds to the dist-info.
+TOP_LEVEL = ("pyproject.toml",)
 PACKAGE = "src"
 LICENSE_PATTERNS = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
 SKIPPED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.egg-info", "build")

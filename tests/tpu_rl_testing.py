@@ -258,7 +258,7 @@ def checkout_copy(target: Path, names: tuple[str, ...], umask: int, version: str
 
 
 #: What ``make wheel`` reads.
-WHEEL_BUILD_INPUTS = ("Makefile", "pyproject.toml", "README.md", "src", "scripts")
+WHEEL_BUILD_INPUTS = ("Makefile", "pyproject.toml", "LICENSE", "src", "scripts")
 
 
 def make_wheel(checkout: Path, umask: int) -> Path:

@@ -6,7 +6,7 @@ names as deprecated aliases of the same classes. Airflow 3.1 (Cloud Composer 3) 
 ``airflow.exceptions.TaskDeferralTimeout``. So all of them come from one module or the other, together.
 
 So does the cron timetable with data intervals, which is in the SDK only from 3.2 on. Other version
-differences are detected where they are used; see docs/compatibility.md.
+differences are detected where they are used; see docs/reference/versions.md.
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ class RunConfig:
         "Node service account",
         "Service account (email) of the nodes of the pools the run creates; every workload pod runs with "
         "hostNetwork and reaches Cloud Storage as this account. Required when the run creates a cluster or "
-        "pools (see docs/composer.md for its roles and the actAs grant).",
+        "pools (docs/getting-started/composer.md has its roles and the actAs grant).",
     )
 
     # Model

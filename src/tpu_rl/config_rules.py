@@ -590,9 +590,21 @@ def _validate_slice(c: Any):
         c, "sampler", "rollout", "rollout_tensor_parallelism", "rollout_expert_parallelism", blame=0
     )
     for key in sorted(set(c.extra_train_args) & _OWN_TRAIN_KEYS):
-        yield Problem(
-            "extra_train_args", f"sets '{key}', which has its own parameter", f"set '{key}' with its parameter"
-        )
+        if key in _DERIVED_TRAIN_KEYS:
+            yield Problem("extra_train_args", f"sets '{key}', which the run sets itself", _DERIVED_TRAIN_KEYS[key])
+        else:
+            yield Problem(
+                "extra_train_args", f"sets '{key}', which has its own parameter", f"set '{key}' with its parameter"
+            )
+
+
+#: The train_rl keys of _OWN_TRAIN_KEYS that no parameter names: where the run takes each from.
+_DERIVED_TRAIN_KEYS = {
+    "base_output_directory": "remove it: the run writes under gcs_bucket, in a folder of its own",
+    "load_parameters_path": "remove it: the run trains from the checkpoint its conversion made from hf_model_path",
+    "hf_access_token": "remove it: the token comes from the Airflow connection hf_token_conn_id names, as a "
+    "Kubernetes Secret, never on a command line",
+}
 
 
 #: What the package sets from ``cluster_nodepool_count`` and the device fractions (``tpu_rl.maxtext.train_rl``).

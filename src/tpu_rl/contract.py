@@ -86,8 +86,9 @@ CAPACITY_CANDIDATES = Pull(Task.CREATE_TPU_POOLS, XCOM_CAPACITY)
 TRAINING_CAPACITY = Pull(Task.TRAIN_RL, XCOM_CAPACITY)
 #: ``verify_training``: the run's final step (int).
 FINAL_STEP = Pull(Task.VERIFY_TRAINING)
-#: ``maxtext_to_hf``: the export attempt's folder, and when its JobSet was created.
+#: ``maxtext_to_hf``: the export attempt's folder.
 EXPORT_ATTEMPT_PREFIX = Pull(Task.MAXTEXT_TO_HF, XCOM_ATTEMPT_PREFIX)
+#: ``maxtext_to_hf``: when the export's JobSet was created (the export check ignores older files).
 EXPORT_SUBMITTED_AT = Pull(Task.MAXTEXT_TO_HF, XCOM_SUBMITTED_AT)
 #: ``publish_export``: the published model's URI.
 PUBLISHED_MODEL = Pull(Task.PUBLISH_EXPORT)

@@ -309,8 +309,8 @@ _PERMISSION_NAMED = re.compile(r"""Required "(?P<required>[\w.]+)" permission|Pe
 #: have access to service account "X". Ask a project owner to grant you the iam.serviceAccountUser role on the service
 #: account.``, as ``gcloud container node-pools create`` shows it).
 _NO_ACT_AS = re.compile(r'does not have access to service account "(?P<account>[^"]+)"')
-#: The role docs/composer.md grants for each permission GKE may refuse the pipeline or the reaper (IAM's role
-#: reference: roles/container.admin holds ``container.*``, roles/iam.serviceAccountUser iam.serviceAccounts.actAs).
+#: The role docs/getting-started/composer.md grants for each permission GKE may refuse the pipeline or the reaper (IAM's
+#: role reference: roles/container.admin holds ``container.*``, roles/iam.serviceAccountUser iam.serviceAccounts.actAs).
 PERMISSION_ROLES = {"container.": "roles/container.admin", "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser"}
 
 
@@ -323,7 +323,7 @@ def iam_permission(message: str) -> str | None:
 def permission_fix(message: str, project: str) -> str:
     """What to grant when GKE refuses a call for IAM: the permission GKE named and the documented role that holds
     it, on the resource it is granted on (the node account for actAs, else the project)."""
-    where = "docs/composer.md, '1. Identities and the roles each one uses'"
+    where = "docs/getting-started/composer.md, '1. Identities and the roles each one uses'"
     if match := _NO_ACT_AS.search(message):
         return (
             f"fix: the identity of the Airflow connection lacks iam.serviceAccounts.actAs on the nodes' service "
@@ -397,8 +397,8 @@ TPU_QUOTAS = {
 #: The quota a refusal names: GKE's own form (``Insufficient regional quota to satisfy request: resource "CPUS":
 #: ...``) or Compute Engine's (``Quota 'IN_USE_ADDRESSES' exceeded. Limit: 8.0 in region us-east5.``).
 _QUOTA_NAMED = re.compile(r"""resource "(?P<resource>[A-Z0-9_]+)"|Quota '(?P<quota>[A-Z0-9_]+)' exceeded""")
-#: What a run's cluster draws of the quotas that are not TPU chips (GKE "Quotas and limits"; the README's "Quotas a
-#: run needs"), by the start of the metric's name.
+#: What a run's cluster draws of the quotas that are not TPU chips (GKE "Quotas and limits"; docs/how-to/capacity.md,
+#: "Quotas a run needs"), by the start of the metric's name.
 OTHER_QUOTAS = {
     "IN_USE_ADDRESSES": "in-use IP addresses: one per node with a public IP (a v6e-64 run's about 20)",
     "CPUS": "vCPUs: the system pool's and the CPU pool's machines (a project on the default regional CPU quota "
@@ -425,8 +425,8 @@ def quota_hint(config: RunConfig, message: str = "") -> str:
             f"fix: the project lacks Compute Engine quota {named} in {config.region}"
             + (f" ({what})" if what else "")
             + ", not TPU chips. Request it on the Quotas page (IAM & Admin > Quotas & System Limits, service Compute "
-            "Engine API); the README's 'Quotas a run needs' lists what a run draws. Waiting does not help: "
-            "capacity_wait_minutes does not apply"
+            "Engine API); docs/how-to/capacity.md, 'Quotas a run needs', lists what a run draws. Waiting does not "
+            "help: capacity_wait_minutes does not apply"
         )
     standard, preemptible = TPU_QUOTAS.get(config.slice.generation.name, ("the TPU quota", "the preemptible TPU quota"))
     quota = preemptible if CAPACITY[config.capacity_type].preemptible else standard

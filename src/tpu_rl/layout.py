@@ -134,7 +134,7 @@ class GcsLayout:
     @property
     def tensorboard_prefix(self) -> str:
         """Where train_rl writes its TensorBoard event files: ``<base_output_directory>/<run_name>/tensorboard/``
-        (MaxText 0.2.4, docs/training-metrics.md)."""
+        (MaxText 0.2.4, docs/reference/training-metrics.md)."""
         return f"{self.training_prefix}{self.config.run_name}/tensorboard/"
 
     @property

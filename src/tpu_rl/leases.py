@@ -16,7 +16,8 @@ names its run's environment (when named), and a run asks its Airflow only about 
 environment, and about the unmarked ones (written before the mark, or by an unnamed environment): a holder of
 another environment is never expired here, also by an unnamed environment. Such a holder keeps its slices of a
 capacity group and keeps a shared cluster up; the notes then name its environment, whose runs end their own
-entries (or a person removes the entries of an environment that was deleted: README, "Two Airflow environments").
+entries (or a person removes the entries of an environment that was deleted: docs/how-to/programs.md, "Two Airflow
+environments").
 A run is the same holder when its key matches and the entry is of its environment or unmarked.
 """
 
@@ -192,7 +193,8 @@ def elsewhere_notes(holders: tuple[Holder, ...], here: str, holds: str) -> list[
     environments no longer exists."""
     return [
         f"{h.describe()} {holds}: this Airflow environment ({called(here)}) never expires another one's entry; "
-        f"if {h.environment} was deleted, remove its entry from the lease (README, 'Two Airflow environments')"
+        f"if {h.environment} was deleted, remove its entry from the lease "
+        "(docs/how-to/programs.md, 'Two Airflow environments')"
         for h in holders
     ]
 

@@ -1,7 +1,7 @@
 """Kubernetes objects of a run, as Python data: the JobSets of the three stages and the token Secret.
 
-They reproduce what the tutorial's ``gcluster job submit`` renders (see the README for the deliberate
-differences). Only fields JobSet v0.10.1 knows are emitted: that is what the GKE blueprint installs.
+They reproduce what the tutorial's ``gcluster job submit`` renders (docs/explanation/tutorial-differences.md has the
+deliberate differences). Only fields JobSet v0.10.1 knows are emitted: that is what the GKE blueprint installs.
 
 The training JobSet is composed of named builders (head pod: proxy and resource-manager sidecars and the
 trainer; worker pod), each made of small typed pieces (``_container``, ``_host_network``,

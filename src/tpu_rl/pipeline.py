@@ -108,7 +108,7 @@ def _wire_tasks(exported_model: Asset) -> None:
     # publish_export waits for the slices to be gone, so its Asset event carries their TPU time.
     train >> delete_tpu_pools >> [delete_cluster, publish_export]
     # A failed create still tears down (guard is a setup that succeeded); a failed teardown fails the run;
-    # the work's outcome is carried by pipeline_done (see the README's notes on setup/teardown).
+    # the work's outcome is carried by pipeline_done (docs/how-to/retry-clear-stop.md).
     # Everything the workloads need from the cluster is a setup, so clearing a stage re-runs it (each adopts
     # or skips what exists) after a teardown removed the cluster or, in an existing one, the run's Secret.
     delete_cluster.as_teardown(setups=[guard, *cluster_setups], on_failure_fail_dagrun=True)

@@ -1,5 +1,5 @@
 """What a training run shows of itself: its curves, its evaluation before and after, its progress and its
-TPU cost, read from what MaxText 0.2.4 writes (docs/training-metrics.md has the tags, the log lines and
+TPU cost, read from what MaxText 0.2.4 writes (docs/reference/training-metrics.md has the tags, the log lines and
 their sources).
 
 Pure: the caller downloads the event files (under ``GcsLayout.tensorboard_prefix``) and reads the

@@ -151,6 +151,16 @@ def test_form_strings_are_coerced(tutorial_conf):
     assert (config.num_batches, config.scan_layers) == (10, False)
 
 
+def test_a_key_the_run_sets_itself_is_refused_with_where_it_comes_from(tutorial_conf):
+    """No parameter is named hf_access_token: the fix says where the token comes from, not "its parameter"."""
+    problem = problems_for(tutorial_conf, extra_train_args={"hf_access_token": "hf_x"})["extra_train_args"]
+    assert "which the run sets itself" in problem and "hf_token_conn_id" in problem and "its parameter" not in problem
+    assert (
+        "which the run sets itself"
+        in problems_for(tutorial_conf, extra_train_args={"load_parameters_path": "gs://b"})["extra_train_args"]
+    )
+
+
 def test_extra_train_args_cannot_override_own_params(tutorial_conf):
     problems = problems_for(tutorial_conf, extra_train_args={"num_batches": 3})
     assert "has its own parameter" in problems["extra_train_args"]

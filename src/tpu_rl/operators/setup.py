@@ -72,7 +72,8 @@ class TriggererCheckOperator(BaseOperator):
     INSTALL_FIX = (
         "install the distribution tpu-rl in every Airflow component (scheduler, DAG processor, workers, "
         "triggerer, API server): on Cloud Composer 3 as a custom PyPI package (make deploy-composer "
-        "builds the wheel, uploads it and installs it; docs/composer.md), not in plugins/, which Composer 3 "
+        "builds the wheel, uploads it and installs it; docs/getting-started/composer.md), not in plugins/, which "
+        "Composer 3 "
         "gives to neither the scheduler nor the triggerer"
     )
     DEPENDENCY_FIX = (
@@ -130,7 +131,7 @@ class TriggererCheckOperator(BaseOperator):
             raise AirflowFailException(
                 f"no triggerer ran this task's trigger within {self.timeout}: every wait of the pipeline is "
                 "deferred, so the environment needs a running triggerer (Cloud Composer: --triggerer-count 1 or "
-                "more; docs/composer.md). Nothing was created."
+                "more; docs/getting-started/composer.md). Nothing was created."
             )
         traceback = next_kwargs.get("traceback") or []
         cause = next((line.strip() for line in reversed(traceback) if line.strip()), str(next_kwargs.get("error")))
