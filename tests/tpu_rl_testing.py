@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -272,3 +273,44 @@ def make_wheel(checkout: Path, umask: int) -> Path:
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
     (wheel,) = (checkout / "dist").glob("tpu_rl-*.whl")
     return wheel
+
+
+#: The labels of a spare pool's hosts: TPU v6e, with a topology of their own, so that no workload aimed at the
+#: standing 8x8 slice lands there.
+SPARE_TOPOLOGY = "2x4"
+
+
+@contextlib.contextmanager
+def spare_tpu_pool(core, hosts: int = 2):
+    """``hosts`` extra TPU-like nodes in a pool of their own (``(pool, node names)``), deleted afterwards: a test
+    that loses a host loses one of these, never one of the standing slice, which the end-to-end scenarios use
+    beside it in make test."""
+    from kubernetes.client.exceptions import ApiException
+
+    from sim import nodes
+
+    pool = f"sim-spare-{uuid.uuid4().hex[:4]}"
+    names = [f"{pool}-{i}" for i in range(hosts)]
+    for name in names:
+        core.create_node(
+            nodes.node(
+                name,
+                pool,
+                "ct6e-standard-4t",
+                {"cpu": "180", "memory": "720Gi", "pods": "110", "google.com/tpu": "4"},
+                {
+                    "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                    "cloud.google.com/gke-tpu-topology": SPARE_TOPOLOGY,
+                },
+                [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}],
+            )
+        )
+    try:
+        yield pool, names
+    finally:
+        for name in names:
+            try:
+                core.delete_node(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise

@@ -65,8 +65,10 @@ def tpu_jobset(
     max_restarts: int = 0,
     annotations: dict[str, str] | None = None,
     replicated_job: str = "main-job",
+    node_selector: dict[str, str] | None = None,
 ) -> dict:
-    """A small plain multi-host TPU JobSet shaped like the conversions' (workloads.md section 1)."""
+    """A small plain multi-host TPU JobSet shaped like the conversions' (workloads.md section 1), on the standing
+    8x8 slice unless ``node_selector`` names other nodes (a spare pool)."""
     pod_annotations = {f"{SIM}run-seconds": str(run_seconds), **(annotations or {})}
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -93,7 +95,8 @@ def tpu_jobset(
                                 "spec": {
                                     "restartPolicy": "Never",
                                     "terminationGracePeriodSeconds": 30,
-                                    "nodeSelector": {
+                                    "nodeSelector": node_selector
+                                    or {
                                         "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
                                         "cloud.google.com/gke-tpu-topology": "8x8",
                                     },

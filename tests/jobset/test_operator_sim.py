@@ -29,7 +29,7 @@ from jobset_helpers import (
 )
 
 from tpu_rl.operators.jobset import JobSetFailedError, JobSetOperator
-from tpu_rl_testing import TaskInstanceStandIn, task_context
+from tpu_rl_testing import TaskInstanceStandIn, spare_tpu_pool, task_context
 
 pytestmark = pytest.mark.jobset
 HERE = Path(__file__).resolve().parent
@@ -145,8 +145,9 @@ def test_jobset_deleted_from_outside_fails_clearly(sim):
 
 
 def test_tpu_node_deleted_mid_run_is_host_loss(sim):
+    """On two hosts of a pool of their own: a host of the standing slice deleted here would fail, meanwhile, the
+    end-to-end scenarios that make test runs beside this test ("Found 15 nodes ... the training needs 16")."""
     name = unique("host")
-    op = operator(tpu_jobset(name, run_seconds=300))
     lost = {}
 
     def delete_node():
@@ -154,16 +155,10 @@ def test_tpu_node_deleted_mid_run_is_host_loss(sim):
         lost["node"] = pods[0].spec.node_name
         sim.core.delete_node(lost["node"])
 
-    try:
+    with spare_tpu_pool(sim.core) as (pool, _):
+        manifest = tpu_jobset(name, run_seconds=300, node_selector={"cloud.google.com/gke-nodepool": pool})
         with pytest.raises(JobSetFailedError) as failure:
-            run_with_action(op, task_context(ti_for(name)), delete_node)
-    finally:
-        subprocess.run(
-            [sys.executable, "-m", "sim.nodes", "--kubeconfig", sim.kubeconfig],
-            cwd=REPO,
-            check=True,
-            capture_output=True,
-        )
+            run_with_action(operator(manifest), task_context(ti_for(name)), delete_node)
     message = str(failure.value)
     assert f"Cause: TPU host lost (node gone: {lost['node']})" in message
     assert "host lost (its node no longer exists) [DisruptionTarget DeletionByPodGC" in message

@@ -20,6 +20,7 @@ from tpu_rl.config import RunConfig
 from tpu_rl.layout import GcsLayout
 from tpu_rl.run import RunIdentity
 from tpu_rl.vocabulary import REPLICATED_JOB_LABEL
+from tpu_rl_testing import spare_tpu_pool
 
 pytestmark = pytest.mark.sim
 
@@ -395,30 +396,8 @@ def test_crashed_training_is_restarted_and_resumes_from_its_last_checkpoint(sim,
 @pytest.fixture
 def spare_pool(sim):
     """Two extra TPU-like hosts in their own pool, so losing one never disturbs the shared slice."""
-    from sim import nodes
-
-    pool, names = f"sim-spare-{uuid.uuid4().hex[:4]}", []
-    for i in range(2):
-        name = f"{pool}-{i}"
-        body = nodes.node(
-            name,
-            pool,
-            "ct6e-standard-4t",
-            {"cpu": "180", "memory": "720Gi", "pods": "110", "google.com/tpu": "4"},
-            {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4"},
-            [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}],
-        )
-        sim.core.create_node(body)
-        names.append(name)
-    yield pool, names
-    from kubernetes.client.exceptions import ApiException
-
-    for name in names:
-        try:
-            sim.core.delete_node(name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+    with spare_tpu_pool(sim.core) as pool:
+        yield pool
 
 
 def two_host_jobset(name, pool):
