@@ -10,21 +10,28 @@ A rule is one data key of the ConfigMap (the rule's name) whose value is a JSON 
     "stage"           the pod runs that MaxText stage: "to_maxtext", "train_rl" or "to_huggingface"
     "replicated_job"  JobSet replicatedJob name, e.g. "pathways-head"
     "namespace"       the pod's namespace
+    "job_index"       the pod's Job index in its replicated job (label jobset.sigs.k8s.io/job-index), e.g. "3":
+                      one worker of a Pathways slice
   effect:
     "exit_code"       the pod fails with this exit code (annotation sim.tpu-rl.dev/exit-code)
     "fail_attempts"   fail only while the JobSet restart attempt < N (annotation sim.tpu-rl.dev/fail-attempts)
     "maxtext_fault"   emulator faults, comma-separated (annotation sim.tpu-rl.dev/maxtext-fault), see
                       sim/maxtext_emulator.py: skip-commit, drop-leaf, drop-shard, no-index,
-                      stop-at-step=N, crash-at-step=N, preempt-at-step=N, preempt-in-evaluation, eval-regression
+                      stop-at-step=N, crash-at-step=N, preempt-at-step=N, preempt-in-evaluation, eval-regression,
+                      hang-before-first-step, stall-at-step=N
     "run_seconds"     how long the pod runs before it exits
+    "waiting"         the pod's containers never start: it stays Pending with this kubelet waiting reason
+                      (ImagePullBackOff, ErrImagePull, CreateContainerConfigError, CrashLoopBackOff,
+                      ContainerCreating; sim/kwok/pod-waiting.yaml), and its stage never runs
   "times"             how many workload attempts (JobSet name and uid + restart attempt, so a JobSet
                       submitted again under its name is a new one; or Job; or bare pod)
                       the rule applies to; absent = no limit. The emulator records the attempts it
                       used in the key "<rule>.applied" (JSON list).
 
 CLI:
-  faults.py set NAME [--prefix P] [--stage S] [--replicated-job R] [--namespace N]
-                     [--exit-code C] [--fail-attempts N] [--maxtext-fault F] [--run-seconds S] [--times T]
+  faults.py set NAME [--prefix P] [--stage S] [--replicated-job R] [--namespace N] [--job-index I]
+                     [--exit-code C] [--fail-attempts N] [--maxtext-fault F] [--run-seconds S] [--waiting W]
+                     [--times T]
   faults.py list
   faults.py clear [NAME]
 """
@@ -36,8 +43,8 @@ import os
 from pathlib import Path
 
 NAMESPACE, NAME = "default", "tpu-rl-sim-faults"
-MATCH_FIELDS = ("prefix", "stage", "replicated_job", "namespace")
-EFFECT_FIELDS = ("exit_code", "fail_attempts", "maxtext_fault", "run_seconds")
+MATCH_FIELDS = ("prefix", "stage", "replicated_job", "namespace", "job_index")
+EFFECT_FIELDS = ("exit_code", "fail_attempts", "maxtext_fault", "run_seconds", "waiting")
 
 
 def core_api(kubeconfig=None):

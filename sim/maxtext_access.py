@@ -95,6 +95,7 @@ def matches(rule, pod, workload, stage):
         "stage": stage,
         "replicated_job": labels.get("jobset.sigs.k8s.io/replicatedjob-name"),
         "namespace": pod.metadata.namespace,
+        "job_index": labels.get("jobset.sigs.k8s.io/job-index"),
     }
     for field, actual in checks.items():
         want = rule.get(field)

@@ -61,7 +61,7 @@ from .maxtext_access import (
     maxtext_faults,
     will_fail,
 )
-from .maxtext_outputs import SIM, PodFailure, write_container_logs
+from .maxtext_outputs import SIM, PodFailure, PodHangs, write_container_logs
 from .maxtext_stages import RUNNERS, copy_generation_config, generation_config_copy, parse_invocation, rollout_lines
 
 RUN_SECONDS = float(os.environ.get("TPU_RL_SIM_RUN_SECONDS", "3"))
@@ -171,6 +171,8 @@ class Emulator:
         never_ends = spec.restart_policy == "Always" or any(c.name == "pathways-worker" for c in spec.containers)
         try:
             if never_ends:
+                if meta.uid not in self.handled and self.kept_waiting(pod):
+                    return
                 if meta.uid not in self.logged:
                     self.publish_logs(pod, None, [])
                 waiting = self.waiting.get((meta.namespace, (meta.labels or {}).get(JOBSET_NAME_LABEL)))
@@ -243,6 +245,9 @@ class Emulator:
         stage_faults = maxtext_faults(effective)
         fails = will_fail(effective, int(attempt or 0))
 
+        if effective.get(PREFIX + "waiting"):  # the kubelet never starts its container: kwok's pod-waiting stage
+            self.keep_waiting(pod, patch, effective[PREFIX + "waiting"], rule_name)
+            return
         # 2. the MaxText stage, in the pod that does the work
         warnings = check_secrets(self.core, pod, container, args)
         try:
@@ -250,6 +255,11 @@ class Emulator:
         except PodFailure as e:
             lines, summary = [*e.lines, f"ERROR: {e}"], f"{stage or 'pod'}: failed: {e}"
             patch.update(failure_annotations(e, effective, fails, attempt))
+        except PodHangs as e:  # runs on, silent, with no exit-at: kwok keeps it Running
+            self.publish_logs(pod, stage, e.lines)
+            self.release(pod, {**patch, PREFIX + "emulated": f"{stage}: {e}"[:1000]})
+            log(f"{ref}: {stage}: {e}; runs on without progress" + (f"; rule {rule_name}" if rule_name else ""))
+            return
         if stage_faults:
             summary += f" [faults: {','.join(stage_faults)}]"
 
@@ -275,6 +285,26 @@ class Emulator:
         )
         for line in lines:
             log(f"  {ref}: {line}")
+
+    def kept_waiting(self, pod):
+        """A never-ending pod (a Pathways worker) is handled only for a fault rule's ``waiting``: a worker whose
+        containers never start (it never joins its head). Looked up once a pod; True when it now waits."""
+        meta = pod.metadata
+        self.handled.add(meta.uid)
+        workload, _, attempt_key = workload_attempt(meta)
+        rule_name, patch = fault_rule_annotations(self.fault_switch, pod, workload, None, attempt_key)
+        reason = {**(meta.annotations or {}), **patch}.get(PREFIX + "waiting")
+        if reason:
+            self.keep_waiting(pod, patch, reason, rule_name)
+        return bool(reason)
+
+    def keep_waiting(self, pod, patch, reason, rule_name):
+        """The pod's containers never start (an image that cannot be pulled, a container config error, a crash
+        loop): kwok's pod-waiting stage shows it Pending with the kubelet's waiting reason; no stage runs."""
+        patch[PREFIX + "emulated"] = f"containers waiting: {reason}"
+        self.release(pod, patch)
+        ref = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        log(f"{ref}: waits with {reason}" + (f"; rule {rule_name}" if rule_name else ""))
 
     def emulate(self, pod, invocation, warnings, effective, stage_faults, fails):
         """Runs the pod's MaxText stage if this pod is the one doing the work. Returns (the lines it logs, a

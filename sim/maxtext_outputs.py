@@ -41,6 +41,15 @@ class PodFailure(Exception):
         self.lines = list(lines)
 
 
+class PodHangs(Exception):
+    """The emulated process stops making progress and never exits (a trainer hung before its first step or stalled
+    after step N): the pod stays Running, its log ends with what it printed until then."""
+
+    def __init__(self, message, lines=()):
+        super().__init__(message)
+        self.lines = list(lines)
+
+
 # ---------------------------------------------------------------- GCS writer
 
 

@@ -30,7 +30,8 @@ A missing input (load_parameters_path with no objects) or a missing bucket fails
 
 Each stage is called as ``stage(client, args, flags, faults)`` (train_rl also with the pod's run seconds) and
 returns (the lines it logs, the :class:`~sim.maxtext_outputs.Bucket` it wrote), or raises
-:class:`~sim.maxtext_outputs.PodFailure`.
+:class:`~sim.maxtext_outputs.PodFailure` (the process fails) or :class:`~sim.maxtext_outputs.PodHangs` (it never
+ends: the ``hang-before-first-step`` and ``stall-at-step=N`` faults of train_rl).
 """
 
 import json
@@ -47,6 +48,7 @@ from .maxtext_outputs import (
     LEAVES,
     Bucket,
     PodFailure,
+    PodHangs,
     committed_steps,
     evaluation_line,
     growing_event_file,
@@ -206,6 +208,7 @@ def train_rl(client, args, flags, faults_, duration=0.0, slices=None):
     last = min(train_steps, data.train_batches * int(args.get("num_iterations", args.get("rl.num_iterations", 1))))
     stop = min([last] + fault_steps(faults_, "stop-at-step"))
     crash, preempt = fault_steps(faults_, "crash-at-step"), fault_steps(faults_, "preempt-at-step")
+    stall = fault_steps(faults_, "stall-at-step")
     test_batches = int(args.get("num_test_batches", 5))
     start = max(committed_steps(out, ACTOR), default=0)
     lines = split + start_lines(args, train_steps, period, start)
@@ -216,16 +219,20 @@ def train_rl(client, args, flags, faults_, duration=0.0, slices=None):
     if test_batches > 0:  # a resumed attempt evaluates the weights it restored: part of the way trained
         restored = accuracy_before + (accuracy_after - accuracy_before) * start / max(train_steps, 1)
         lines.append(evaluation_line("Pre", f"{seed}/{start}" if start else seed, test_prompts, restored))
-    end = crash[0] if crash else max(preempt[0], start) if preempt else stop
+    if "hang-before-first-step" in faults_:  # e.g. a worker that never joined the Pathways head, a rollout hung
+        raise PodHangs("the trainer hangs before its first step (simulated)", lines=lines)
+    end = crash[0] if crash else max(preempt[0], start) if preempt else max(stall[0], start) if stall else stop
     lines += rollout_lines(faults_, range(start + 1, end + 1))
     trained = range(start + 1, end + (0 if crash else 1))
-    lines += save_checkpoints(out, save_steps(trained, period, normal_exit=not (crash or preempt)), faults_)
+    lines += save_checkpoints(out, save_steps(trained, period, normal_exit=not (crash or preempt or stall)), faults_)
     lines += delete_old_checkpoints(out, keep)
     name, events, sizes = growing_event_file(
         training_scalars(seed, train_steps, trained), paced(start, trained, duration)
     )
     put_event_file(out, f"tensorboard/{name}", events, sizes, duration)
     end_early(crash, preempt, end, lines)
+    if stall:
+        raise PodHangs(f"the trainer stalls after step {end} (simulated)", lines=lines)
     lines.append("RL Training Completed Successfully!")
     if "preempt-in-evaluation" in faults_:  # the host goes during the evaluation after training
         raise PodFailure(
