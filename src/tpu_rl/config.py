@@ -65,6 +65,17 @@ def _required(section: str, title: str, description: str, **schema: Any) -> Any:
     return _param(None, section, title, description, **schema)
 
 
+#: The watchdog's windows (tpu_rl.watchdog), in minutes. Not measured on TPUs: chosen well above what the stages
+#: are known to take, so that a slow start is never cut short while a stuck one costs hours, not days. Start: the
+#: MaxText and Pathways images are pulled by 16 hosts at once (tens of GB each; GKE "Use Image streaming" gives
+#: minutes for such images), a TPU node's own start a few minutes more. First step: the tutorial's trainer loads
+#: two copies of a 30B model from Cloud Storage (61 GB each), evaluates 5 batches and compiles its steps. Stall: a
+#: step of the tutorial's 4 prompts x 4 generations, an evaluation, or a 183 GB checkpoint save each log within
+#: minutes. Before: only the task's timeout (72 h for train_rl) bounded them, on each of its tries.
+WATCHDOG_START_MINUTES = 30.0
+WATCHDOG_FIRST_STEP_MINUTES = 120.0
+WATCHDOG_STALL_MINUTES = 60.0
+
 #: The Pathways images' tag matching MaxText 0.2.4's image (its JAX 0.11.0): Pathways on GKE publishes its proxy and
 #: server images with jax-<version> tags; xpk's default, :latest, drifts from the trainer's JAX.
 PATHWAYS_IMAGE_TAG = "jax-0.11.0"
@@ -476,6 +487,35 @@ class RunConfig:
         minimum=0,
         maximum=100,
     )
+    start_timeout_minutes: float = _param(
+        WATCHDOG_START_MINUTES,
+        "Advanced",
+        "Start timeout (minutes)",
+        "How long a stage's pods may take to run once they have a node (pulling the image, starting the "
+        "container) and, on the TPU pools the run creates, to get one: past it the stage's JobSet is deleted, "
+        "freeing its nodes, and the stage fails with each pod's reason (ImagePullBackOff and the image, the "
+        "scheduler's message, CrashLoopBackOff). 0: no limit (the task's timeout, 72 hours for train_rl).",
+        minimum=0,
+    )
+    first_step_timeout_minutes: float = _param(
+        WATCHDOG_FIRST_STEP_MINUTES,
+        "Advanced",
+        "First step timeout (minutes)",
+        "How long train_rl's trainer may take, once its pods run, to write its first step (loading the model, the "
+        "evaluation before training, XLA's compilation): past it the training is ended as stuck and the task "
+        "fails; a retry resumes from the newest complete checkpoint. 0: no limit.",
+        minimum=0,
+    )
+    stall_timeout_minutes: float = _param(
+        WATCHDOG_STALL_MINUTES,
+        "Advanced",
+        "Stall timeout (minutes)",
+        "After train_rl's first step, how long it may go without a new step and without a log line (a step, an "
+        "evaluation, a checkpoint save all log): past it the training is ended as stalled at its step and the "
+        "task fails; a retry resumes from the newest complete checkpoint, and the same stall twice fails the task "
+        "for good. 0: no limit.",
+        minimum=0,
+    )
     ttl_seconds_after_finished: int = _param(
         3600, "Advanced", "JobSet TTL", "Seconds a finished JobSet is kept (--gke-ttl-after-finished).", minimum=0
     )
@@ -711,6 +751,13 @@ class RunConfig:
         """capacity_type=flex_start: the TPU pools start empty and GKE provisions a slice when pods ask for it."""
         kind = CAPACITY.get(self.capacity_type)
         return bool(kind and kind.starts_empty)
+
+    @property
+    def slice_is_the_runs_own(self) -> bool:
+        """The training's pods should land on pools this run created, with their nodes there from the start: no
+        autoscaler (flex-start), no queue (Kueue) and no other run's workload to wait for. The watchdog then
+        counts a pod the scheduler cannot place against the start window."""
+        return self.tpu_pools_per_run and not self.uses_flex_start and not self.kueue_queue_name
 
     @property
     def creates_node_pools(self) -> bool:

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from tpu_rl.timestamps import posix_time
 from tpu_rl.vocabulary import (
     ANNOTATION_LOG_CURSOR,
     ANNOTATION_LOG_UPLOADED_PREFIX,
@@ -114,6 +115,18 @@ def restarts(jobset: Mapping) -> int:
     return int(jobset.get("status", {}).get("restarts") or 0)
 
 
+def expected_pods(jobset: Mapping) -> int | None:
+    """How many pods an attempt of the JobSet has: each replicated job's replicas times its Jobs' parallelism
+    (JobSet v0.10.1 ``ReplicatedJob.replicas``, batch/v1 ``JobSpec.parallelism``, default 1); None: no spec."""
+    replicated = (jobset.get("spec") or {}).get("replicatedJobs") or []
+    if not replicated:
+        return None
+    return sum(
+        int(rj.get("replicas") or 1) * int(((rj.get("template") or {}).get("spec") or {}).get("parallelism") or 1)
+        for rj in replicated
+    )
+
+
 def is_suspended(jobset: Mapping) -> bool:
     return bool(jobset.get("spec", {}).get("suspend"))
 
@@ -149,6 +162,25 @@ class ContainerExit:
         return text
 
 
+@dataclass(frozen=True)
+class ContainerWaiting:
+    """A container the kubelet has not started (yet), in its words: ImagePullBackOff, ErrImagePull,
+    CreateContainerConfigError, CrashLoopBackOff, ContainerCreating."""
+
+    container: str
+    reason: str
+    message: str
+    image: str = ""
+
+    def describe(self) -> str:
+        text = f"{self.container} waiting: {self.reason}"
+        if self.message:
+            text += f": {self.message.strip()[:300]}"
+        elif self.image:
+            text += f" (image {self.image})"
+        return text
+
+
 @dataclass
 class PodRecord:
     """What we last saw of one JobSet pod: kept because pods of a failed JobSet can vanish."""
@@ -167,6 +199,11 @@ class PodRecord:
     disruption: tuple[str, str] | None = None
     status_reason: str = ""
     status_message: str = ""
+    waiting: list[ContainerWaiting] = field(default_factory=list)
+    #: The scheduler's reason the pod has no node (its PodScheduled condition), while it has none.
+    unschedulable: str = ""
+    #: When the pod got its node (POSIX seconds; None: not yet, or not said).
+    scheduled_at: float | None = None
 
     @classmethod
     def from_pod(cls, pod: Mapping) -> PodRecord:
@@ -186,13 +223,17 @@ class PodRecord:
                         )
                     )
                     break
-        disruption = None
-        ready = False
+        disruption, ready, unschedulable, scheduled_at = None, False, "", None
         for condition in status.get("conditions") or []:
             if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
                 disruption = (condition.get("reason") or "", condition.get("message") or "")
             if condition.get("type") == "Ready" and condition.get("status") == "True":
                 ready = True
+            if condition.get("type") == "PodScheduled":
+                if condition.get("status") == "True":
+                    scheduled_at = posix_time(condition.get("lastTransitionTime"))
+                elif condition.get("reason") == "Unschedulable":
+                    unschedulable = condition.get("message") or "Unschedulable"
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
@@ -207,7 +248,14 @@ class PodRecord:
             disruption=disruption,
             status_reason=status.get("reason") or "",
             status_message=status.get("message") or "",
+            waiting=_waiting(status),
+            unschedulable=unschedulable,
+            scheduled_at=scheduled_at,
         )
+
+    def running(self) -> bool:
+        """Every container of the pod started: the kubelet runs it (Ready, or Running with none waiting)."""
+        return not self.deleted and (self.ready or (self.phase == "Running" and not self.waiting))
 
     def failed(self) -> bool:
         return bool(self.exits or self.disruption or self.phase == "Failed")
@@ -224,6 +272,20 @@ class PodRecord:
         if self.status_reason:
             parts.append(f"pod {self.status_reason}: {self.status_message.strip()}".rstrip(": "))
         return "; ".join(parts) or f"phase {self.phase or 'unknown'}"
+
+
+def _waiting(status: Mapping) -> list[ContainerWaiting]:
+    """The containers the kubelet has not started, with its reason (a pod's init and main containers)."""
+    found = []
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting:
+            found.append(
+                ContainerWaiting(
+                    cs.get("name", ""), waiting.get("reason") or "", waiting.get("message") or "", cs.get("image") or ""
+                )
+            )
+    return found
 
 
 def progress_line(jobset: Mapping, pods: Iterable[PodRecord], kueue_note: str = "") -> str:

@@ -161,6 +161,18 @@ def attempt_progress(
     return progress_line(scalars, train_steps, now - started if started else 0.0, resumed_from)
 
 
+def attempt_step(files: Mapping[str, Scalars], attempt_started: float | None = None) -> int | None:
+    """The newest step the current attempt logged (its loss), or None before it logged one: the newest event file
+    is the current attempt's unless its writer started before ``attempt_started`` (an earlier attempt's)."""
+    if not files:
+        return None
+    newest = sorted(files)[-1]
+    if attempt_started is not None and (event_file_started(newest) or 0) < attempt_started:
+        return None
+    losses = files[newest].get(LOSS_TAG) or []
+    return int(losses[-1][0]) if losses else None
+
+
 # --- evaluation before and after training ------------------------------------------------------------------
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf)"

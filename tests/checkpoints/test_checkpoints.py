@@ -336,6 +336,42 @@ def test_the_evaluation_before_training_is_the_runs_first_even_after_a_resume(bu
     assert "evaluation_before" not in json.loads(bucket.blob(record).download_as_bytes())
 
 
+def test_a_stall_the_watchdog_ended_is_retried_once_and_the_same_stall_again_fails_for_good(bucket):
+    """The first stall at step 30 fails the try for Airflow's retry (which resumes from the newest complete
+    checkpoint) and is kept in the training record; the same stall in the retry fails the task without another: each
+    try would hold the slice for the window, to stall there again. A stall at another step is retried again."""
+    from tpu_rl.operators.jobset import JobSetFailedError
+    from tpu_rl.operators.workloads import TrainRlOperator
+    from tpu_rl_testing import TUTORIAL_CONF, TaskInstanceStandIn, task_context
+
+    ti = TaskInstanceStandIn("maxtext_rl_tpu", "manual__2026-12-07T10:00:00+00:00", "train_rl")
+    ctx = task_context(ti, {**TUTORIAL_CONF, "gcs_bucket": bucket.name})
+    train = TrainRlOperator(task_id="train_rl")
+    record = train.bind_scope(ctx).layout.training_record_object
+    put(bucket, record, {"parameters": {"num_batches": 50}})
+
+    def stuck(step):
+        return {
+            "status": "stuck",
+            "stuck": {"kind": "stall", "step": step},
+            "message": f"JobSet default/j was deleted by the watchdog: the training stalled at step {step}",
+            "evaluation_lines": [],
+            "log_tail": [],
+            "name": "j",
+            "namespace": "default",
+            "uid": "u",
+        }
+
+    with pytest.raises(JobSetFailedError, match="stalled at step 30"):  # retried by Airflow
+        train.execute_complete(ctx, stuck(30))
+    with pytest.raises(JobSetFailedError, match="stalled at step 40"):
+        train.execute_complete(ctx, stuck(40))
+    with pytest.raises(AirflowFailException, match=r"stuck at step 30 \(stall\) in an earlier try too: not retried"):
+        train.execute_complete(ctx, stuck(30))
+    stalls = json.loads(bucket.blob(record).download_as_text())["stalls"]
+    assert stalls == [{"kind": "stall", "step": s} for s in (30, 40, 30)]
+
+
 def test_a_preemption_after_an_early_end_on_a_save_boundary_completes_the_training_without_a_resume(bucket):
     """The trainer dropped prompts and ended at step 40 of 50, a multiple of checkpoint_period, saved it, printed
     its success line, and lost its host in the evaluation after training: the training is complete."""

@@ -400,3 +400,58 @@ def test_a_flooded_log_the_kubelet_rotates_leaves_a_task_log_one_can_read(sim, c
     assert len(out) < 2**20, f"{len(out)} characters of task log"
     assert "of the workload's log not copied here in the last" in out
     assert "(step 0, prompt " in result["log_tail"][-1]  # the failure report's tail is the log's own end
+
+
+class Watched(JobSetOperator):
+    """A stage whose trigger runs the watchdog with a start window of ``START_WINDOW`` seconds."""
+
+    def trigger_kwargs(self):
+        from tpu_rl.watchdog import Windows
+
+        return {"log_cursor": True, "watchdog": Windows(start_seconds=START_WINDOW, bound_scheduling=True).to_dict()}
+
+
+START_WINDOW = 20
+#: The window, then one look of the watchdog (15 s) and the deletion.
+WATCHDOG_BOUND = START_WINDOW + 15 + 45
+
+
+def run_watched(manifest: dict, name: str) -> str:
+    """The stage's failure message, once its wait ended on the watchdog; checks that it ended within the bound and
+    that the JobSet went with it (its pods free their nodes)."""
+    started = time.monotonic()
+    with pytest.raises(JobSetFailedError) as failure:
+        run_operator(
+            Watched(task_id="train", manifest=manifest, kubernetes_conn_id=CONN_ID, progress_interval=10),
+            task_context(ti_for(name)),
+        )
+    assert time.monotonic() - started < WATCHDOG_BOUND
+    return str(failure.value)
+
+
+def test_pods_that_cannot_pull_their_image_end_the_stage_at_its_start_window_and_free_their_nodes(sim):
+    """Before the watchdog the wait went on until the task's timeout (72 hours for the training, on each try)."""
+    name = unique("pull")
+    message = run_watched(tpu_jobset(name, run_seconds=600, annotations={f"{SIM}waiting": "ImagePullBackOff"}), name)
+    assert f"JobSet default/{name} was deleted by the watchdog" in message
+    assert "did not all run within 20 s (0 of 2 running)" in message
+    assert "2 pod(s) of main-job" in message and "ImagePullBackOff: Back-off pulling image" in message
+    assert "fix: check that the image exists" in message
+    sim.wait("the JobSet gone", lambda: not sim.jobsets(name), timeout=60)
+
+
+def test_workers_that_never_join_the_pathways_head_end_the_training_at_its_start_window(sim):
+    """The head runs, waiting for its TPU workers; a fault rule (the emulator's path, as on a created cluster) keeps
+    the workers' containers from starting."""
+    from sim import faults
+
+    name = unique("nojoin")
+    manifest = pathways_jobset(name)
+    head = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    head["metadata"]["annotations"][f"{SIM}run-seconds"] = "600"  # a trainer would wait for its workers that long
+    with faults.rules_removed_after(sim.core) as api:
+        faults.set_fault(api, f"{name}-workers", prefix=name, replicated_job="worker", waiting="ContainerCreating")
+        message = run_watched(manifest, name)
+    assert "(1 of 3 running)" in message and "2 pod(s) of worker" in message
+    assert "pathways-worker waiting: ContainerCreating" in message
+    sim.wait("the JobSet gone", lambda: not sim.jobsets(name), timeout=60)

@@ -4,11 +4,13 @@ webhooks, kwok-simulated v6e hosts, the GCS emulator and the MaxText stage emula
 The workloads come from the package's manifest builder (tpu_rl.manifests), as the DAG submits them.
 """
 
+import asyncio
 import dataclasses
 import json
 import struct
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -500,3 +502,65 @@ def test_lost_host_fails_its_pod_with_disruption_target_and_the_jobset_restarts(
         timeout=30,
     )
     sim.delete_jobset(name)
+
+
+def test_the_watchdog_ends_a_stalled_training_and_deletes_its_jobset(sim, config, converted, faults_api, monkeypatch):
+    """The trainer stalls after step 4 (``stall-at-step=4``: its saves and event file up to 4, then no step and no
+    line, its pods still running). The package's JobSet trigger, watching its steps in the bucket and its log, ends
+    the wait 20 s into the silence with the step, and deletes the JobSet: its pods free the slice. Before the
+    watchdog, the wait (and the slice) went on until train_rl's 72-hour timeout."""
+    from tpu_rl.hooks.kubernetes import ClusterTarget
+    from tpu_rl.triggers.jobset import JobSetTrigger
+    from tpu_rl.watchdog import STALL, Windows
+
+    for key, value in sim.env.items():
+        if key.startswith("AIRFLOW_CONN_"):
+            monkeypatch.setenv(key, value)
+    run, layout = new_run(sim, config, "stall")
+    body = manifests.training_jobset(config, run)
+    name = body["metadata"]["name"]
+    faults_api.set_fault(sim.core, "stall", prefix=name, stage="train_rl", maxtext_fault="stall-at-step=4")
+    wait_slice_free(sim)
+    uid = sim.create_jobset(body)["metadata"]["uid"]
+    trigger = JobSetTrigger(
+        name=name,
+        namespace="default",
+        uid=uid,
+        log_replicated_job="pathways-head",
+        log_container="workload-container",
+        cluster=ClusterTarget(kubernetes_conn_id="tpu_rl_sim"),
+        progress_interval=10,
+        training={
+            "bucket": BUCKET,
+            "prefix": layout.tensorboard_prefix,
+            "train_steps": config.train_steps,
+            "gcp_conn_id": "google_cloud_default",
+            "interval": 5,
+        },
+        watchdog=Windows(stall_seconds=20, first_step_seconds=300).to_dict(),
+    )
+    started = time.monotonic()
+    event = asyncio.run(first_event(trigger)).payload
+    assert time.monotonic() - started < 20 + 15 + 5 + 60  # the window, a look, a read of the steps, slack
+    assert event["status"] == "stuck" and event["stuck"] == {"kind": STALL, "step": 4}
+    assert f"JobSet default/{name} was deleted by the watchdog: the training stalled at step 4" in event["message"]
+    assert committed_steps(sim, layout) == [4]  # what a retry resumes from
+    sim.wait("the JobSet gone", lambda: jobset_gone(sim, name), timeout=60)
+
+
+def jobset_gone(sim, name):
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        sim.get_jobset(name)
+    except ApiException as e:
+        if e.status == 404:
+            return True
+        raise
+    return False
+
+
+async def first_event(trigger):
+    async for event in trigger.run():
+        return event
+    raise AssertionError("trigger ended without an event")

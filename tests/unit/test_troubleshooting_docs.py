@@ -85,6 +85,10 @@ FOLLOWED: dict[tuple[str, str], tuple[tuple[str, str], ...] | str] = {
     ("operators/jobset.py", "failure"): (("jobset_status.py", "explain_failure"),),
     ("operators/jobset.py", "event['message']"): (
         ("triggers/jobset.py", "JobSetTrigger._deleted_message"),
+        ("triggers/jobset.py", "JobSetTrigger._stuck_event"),
+        ("watchdog.py", "_start_message"),
+        ("watchdog.py", "_first_step_message"),
+        ("watchdog.py", "_stall_message"),
         ("jobset_status.py", "explain_failure"),
     ),
     ("operators/tpu_pools.py", "failure"): (
@@ -94,6 +98,7 @@ FOLLOWED: dict[tuple[str, str], tuple[tuple[str, str], ...] | str] = {
     ),
     ("operators/workloads.py", "f\"{message}\\n{event['message']}\""): (
         ("preemption.py", "budget_spent_message"),
+        ("watchdog.py", "repeated_message"),
         ("jobset_status.py", "explain_failure"),
     ),
     ("sensors/checkpoints.py", "event['message']"): (("triggers/checkpoints.py", "GcsOutputTrigger.run"),),

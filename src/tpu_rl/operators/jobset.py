@@ -121,6 +121,10 @@ class JobSetOperator(BaseOperator):
         with the JobSet's failure."""
         return None
 
+    def after_stuck(self, context: Context, event: dict[str, Any]) -> None:
+        """Runs when the trigger's watchdog deleted the JobSet (its ``stuck``: ``kind``, ``step``), before the task
+        fails for a retry; it may fail the task for good (a retry would be stuck the same way)."""
+
     def after_completed(self, context: Context, event: dict[str, Any]) -> None:
         """Runs when the JobSet Completed, with the trigger's event (its ``evaluation_lines``, ``log_tail``);
         when a Completed JobSet of an earlier try was adopted (nothing watched it), the event has only the
@@ -264,6 +268,8 @@ class JobSetOperator(BaseOperator):
         try:
             if event["status"] == "failed" and (result := self.after_failed(context, event)) is not None:
                 return result
+            if event["status"] == "stuck":
+                self.after_stuck(context, event)
             if event["status"] != "success":
                 raise JobSetFailedError(event["message"])
             return self.succeed(context, event)

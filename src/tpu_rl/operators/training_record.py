@@ -34,6 +34,8 @@ PREEMPTIONS_KEY = "preemptions"
 BASELINE_KEY = "evaluation_before"
 #: The record's list of the run's capacity attempts (:class:`~tpu_rl.failover.Attempt` as JSON), oldest first.
 CAPACITY_ATTEMPTS_KEY = "capacity_attempts"
+#: The record's list of the times the watchdog ended the training (``kind``, ``step``), oldest first.
+STALLS_KEY = "stalls"
 
 
 def check_training_record(
@@ -77,6 +79,17 @@ def record_preemption(
 
     document = bucket.json_object(record_object).update(add)
     return [PreemptionRecord.from_json(entry) for entry in document[PREEMPTIONS_KEY]]
+
+
+def record_stall(bucket: gcs.GcsBucketHook, record_object: str, stall: Mapping[str, Any]) -> list[dict]:
+    """Adds the watchdog's ``stall`` (``kind``, ``step``) to the run's record; returns every stall recorded, this
+    one last."""
+
+    def add(document: dict) -> dict:
+        document.setdefault(STALLS_KEY, []).append({"kind": stall.get("kind"), "step": stall.get("step")})
+        return document
+
+    return list(bucket.json_object(record_object).update(add)[STALLS_KEY])
 
 
 def recorded_capacity_attempts(bucket: gcs.GcsBucketHook, record_object: str) -> list[Attempt]:

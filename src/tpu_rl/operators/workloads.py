@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
-from tpu_rl import checkpoints, manifests, preemption
+from tpu_rl import checkpoints, manifests, preemption, watchdog
 from tpu_rl import jobset_status as st
 from tpu_rl.compat import AirflowException, AirflowFailException, AirflowSkipException
 from tpu_rl.contract import (
@@ -36,6 +36,7 @@ from tpu_rl.operators.training_record import (
     check_training_record,
     record_baseline,
     record_preemption,
+    record_stall,
     recorded_preemptions,
 )
 from tpu_rl.output_checks import ConversionLockWait, OrbaxStep
@@ -51,6 +52,7 @@ from tpu_rl.training_metrics import (
     trainer_completed,
 )
 from tpu_rl.vocabulary import ANNOTATION_SUBMITTED_TRY
+from tpu_rl.watchdog import Windows
 
 
 class RunJobSetOperator(RunScoped, JobSetOperator):
@@ -66,8 +68,11 @@ class RunJobSetOperator(RunScoped, JobSetOperator):
         self.manifest = self.stage_manifest(scope, context)
 
     def trigger_kwargs(self) -> dict[str, Any]:
-        """The JobSet keeps how far its trigger logged the workload's log, for a triggerer that takes over."""
-        return {**super().trigger_kwargs(), "log_cursor": True}
+        """The JobSet keeps how far its trigger logged the workload's log, for a triggerer that takes over; the
+        watchdog bounds how long its pods may take to run (a conversion's CPU node may come from the autoscaler:
+        only the time from a pod's node counts)."""
+        windows = Windows(start_seconds=self.scope.config.start_timeout_minutes * 60)
+        return {**super().trigger_kwargs(), "log_cursor": True, "watchdog": windows.to_dict()}
 
 
 class HfToMaxTextOperator(RunJobSetOperator):
@@ -292,6 +297,12 @@ class TrainRlOperator(TpuPoolPass, RunJobSetOperator):
 
     def trigger_kwargs(self) -> dict[str, Any]:
         config, layout = self.scope.config, self.scope.layout
+        windows = Windows(
+            start_seconds=config.start_timeout_minutes * 60,
+            first_step_seconds=config.first_step_timeout_minutes * 60,
+            stall_seconds=config.stall_timeout_minutes * 60,
+            bound_scheduling=config.slice_is_the_runs_own,
+        )
         return {
             **super().trigger_kwargs(),
             "training": {
@@ -300,7 +311,18 @@ class TrainRlOperator(TpuPoolPass, RunJobSetOperator):
                 "train_steps": config.train_steps,
                 "gcp_conn_id": config.gcp_conn_id,
             },
+            "watchdog": windows.to_dict(),
         }
+
+    def after_stuck(self, context: Any, event: dict[str, Any]) -> None:
+        """Records the stall in the run's training record; the same stall again (its kind, at the same step) fails
+        the task for good: a retry would spend its slice time stalling there once more."""
+        scope, stuck = self.scope, event.get("stuck") or {}
+        earlier = record_stall(scope.bucket, scope.layout.training_record_object, stuck)[:-1]
+        if watchdog.repeated(earlier, stuck):
+            message = watchdog.repeated_message(stuck, self.scope.config)
+            raise AirflowFailException(f"{message}\n{event['message']}")
+        self.log.warning("The watchdog ended the training; a retry resumes from the newest complete checkpoint")
 
     def after_completed(self, context: Any, event: dict[str, Any]) -> None:
         kept = event.get("evaluation_lines") or []

@@ -19,6 +19,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from tpu_rl import jobset_status as st
+from tpu_rl import watchdog
 from tpu_rl.hooks.gcs import GcsReadHook
 from tpu_rl.hooks.in_thread import in_thread
 from tpu_rl.hooks.kubernetes import AsyncKubernetesApiHook, ClusterTarget
@@ -41,6 +42,8 @@ HELPERS_STOP_SECONDS = 30
 #: Once cancelled, how long the trigger may take to read its task's state and delete the JobSet (Airflow 3.3
 #: gives ``on_kill`` 30 s by default).
 CANCEL_DECISION_SECONDS = 30
+#: Seconds between two looks of the watchdog (``watchdog.check``) while the workload runs.
+WATCHDOG_INTERVAL_SECONDS = 15
 #: A wait starts within this many seconds, at random: a triggerer that takes many waits at once (another one's, on
 #: its death or stall; its own, on a restart) would otherwise start them in one pass of its event loop, each with its
 #: first requests' TLS set-ups, and stall every trigger it runs (make bench-triggerer: 0.3 s at 25 at once).
@@ -64,6 +67,9 @@ class JobSetTrigger(BaseTrigger):
         ``tpu-rl.dev/log-cursor``), so that the wait taken over by another triggerer goes on after the last line
         logged (see :class:`~tpu_rl.triggers.workload_log.LogPrinter`); lines are then logged once a minute.
         Without it, lines are logged as they come, and a takeover logs the log again from its start.
+    :param watchdog: the windows of :mod:`tpu_rl.watchdog` (``Windows.to_dict()``): a workload whose pods do not
+        all run, whose trainer writes no first step, or that stalls, past its window, has its JobSet deleted and
+        the wait ends with ``status`` ``stuck``. None (a trigger of an earlier release): no watchdog.
     :param older: what triggers serialised by earlier versions hold instead (:func:`_upgraded`), read so that a
         task deferred across a deploy resumes its wait.
     """
@@ -82,6 +88,7 @@ class JobSetTrigger(BaseTrigger):
         delete_on_kill: bool = True,
         training: Mapping[str, Any] | None = None,
         log_cursor: bool | Mapping[str, Any] | None = None,
+        watchdog: Mapping[str, Any] | None = None,
         **older: Any,
     ) -> None:
         super().__init__()
@@ -95,6 +102,7 @@ class JobSetTrigger(BaseTrigger):
         self.log_tail_lines = log_tail_lines
         self.delete_on_kill = delete_on_kill
         self.training = dict(training) if training else None
+        self.watchdog = dict(watchdog) if watchdog else None
 
     #: Serialised as they are; ``cluster`` as its ``to_dict()``.
     _SERIALIZED = (
@@ -108,6 +116,7 @@ class JobSetTrigger(BaseTrigger):
         "delete_on_kill",
         "training",
         "log_cursor",
+        "watchdog",
     )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -136,17 +145,23 @@ class JobSetTrigger(BaseTrigger):
             if follower.printer.store is not None:
                 waits.append(follower.log_batches)
             helpers = [asyncio.create_task(self._keep_running(fn, hook, progress)) for fn in waits]
+            windows = watchdog.Windows.from_dict(self.watchdog)
+            if windows.on:
+                helpers.insert(0, asyncio.create_task(self._keep_running(self._watchdog, hook, progress)))
             if self.training:
                 helpers.append(asyncio.create_task(self._report_training(progress, sessions)))
             printer: LogPrinter | None = follower.printer
             try:
-                final = await self._watch_jobset(hook, progress)
+                final = await self._watch_jobset_or_watchdog(hook, progress)
                 if final:
                     await WorkloadLogFollower.drain(progress)
                 if self.training:
                     progress.finished.set()
                     await asyncio.wait(helpers[-1:], timeout=TRAINING_LAST_READ_SECONDS)
-                event = await self._event(hook, progress, final)
+                if progress.stuck is not None:
+                    event = await self._stuck_event(hook, progress)
+                else:
+                    event = await self._event(hook, progress, final)
             except asyncio.CancelledError:
                 if not await self._cancelled_with_the_task(hook):
                     printer = None  # the wait goes on elsewhere: its successor logs what this one has not
@@ -274,6 +289,65 @@ class JobSetTrigger(BaseTrigger):
                 return jobset
         return None
 
+    async def _watch_jobset_or_watchdog(self, hook: AsyncKubernetesApiHook, progress: Progress) -> dict | None:
+        """:meth:`_watch_jobset`, or None as soon as the watchdog found the workload stuck (``progress.stuck``)."""
+        watch = asyncio.create_task(self._watch_jobset(hook, progress))
+        stuck = asyncio.create_task(progress.stuck_found.wait())
+        try:
+            await asyncio.wait({watch, stuck}, return_when=asyncio.FIRST_COMPLETED)
+            return watch.result() if watch.done() and progress.stuck is None else None
+        finally:
+            for task in (watch, stuck):
+                task.cancel()
+            await asyncio.gather(watch, stuck, return_exceptions=True)
+
+    async def _watchdog(self, hook: AsyncKubernetesApiHook, progress: Progress) -> None:
+        """Looks every few seconds whether the workload is past a window of the watchdog; sets ``progress.stuck``
+        when it is. Only informs the wait: an error is logged and retried (``_keep_running``)."""
+        windows = watchdog.Windows.from_dict(self.watchdog)
+        while True:  # never returns: the wait cancels it (a helper that returned would be called again at once)
+            await asyncio.sleep(WATCHDOG_INTERVAL_SECONDS)
+            if not progress.jobset or progress.stuck is not None:
+                continue
+            now = time.time()
+            expected = st.expected_pods(progress.jobset)
+            progress.note_running(expected, now)
+            seen = watchdog.Seen(
+                created=_created(progress.jobset),
+                pods=progress.attempt_pods(),
+                expected_pods=expected,
+                all_running_since=progress.all_running_since,
+                last_step=progress.last_step,
+                last_step_seen=progress.last_step_seen,
+                last_log_line=progress.last_log_line,
+                suspended=st.is_suspended(progress.jobset),
+                training=bool(self.training) and progress.steps_read,
+            )
+            if (stuck := watchdog.check(windows, seen, now)) is not None:
+                self.log.warning("JobSet %s is stuck: %s", self.ref, stuck.message)
+                progress.stuck = stuck
+                progress.stuck_found.set()
+
+    async def _stuck_event(self, hook: AsyncKubernetesApiHook, progress: Progress) -> dict[str, Any]:
+        """The watchdog's end of the wait: the JobSet is deleted (its pods free the nodes, the slice), and the event
+        says why, with the pods' states and the log's last lines."""
+        stuck = progress.stuck
+        await hook.delete_jobset(self.name, self.namespace, self.uid)
+        message = f"JobSet {self.ref} was deleted by the watchdog: {stuck.message}"
+        if progress.tail:
+            message += "\nLast lines of the workload log:\n" + "\n".join(f"  | {x}" for x in progress.tail)
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "uid": self.uid,
+            "log_tail": list(progress.tail),
+            "log_pod": progress.log_pod,
+            "evaluation_lines": list(progress.evaluation.values()),
+            "status": "stuck",
+            "stuck": {"kind": stuck.kind, "step": stuck.step},
+            "message": message,
+        }
+
     async def _watch_pods(self, hook: AsyncKubernetesApiHook, progress: Progress) -> None:
         async for kind, pod in hook.watch_pods(self.name, self.namespace, self.uid):
             progress.record_pod(kind, pod)
@@ -317,6 +391,7 @@ class JobSetTrigger(BaseTrigger):
                     await training.report(
                         reader, self.log, _created(progress.jobset), only_news=ended and not training.due()
                     )
+                    progress.note_step(training.step(_created(progress.jobset)), time.time())
                 except Exception as e:
                     self.log.warning(
                         "Could not read the training's event files under gs://%s/%s (%s: %s)",

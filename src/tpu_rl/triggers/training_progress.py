@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpu_rl.hooks.gcs import EventFileFolder, GcsReader
-from tpu_rl.training_metrics import attempt_progress
+from tpu_rl.training_metrics import attempt_progress, attempt_step
 
 #: Seconds between two reads, and so between two progress lines, while the training runs.
 PROGRESS_INTERVAL_SECONDS = 60
@@ -54,3 +54,7 @@ class TrainingProgress:
         if line:
             log.info("Training progress: %s", line)
             self.logged_at, self.logged_sizes = started, sizes
+
+    def step(self, attempt_started: float | None = None) -> int | None:
+        """The current attempt's newest step, as last read (None: none yet)."""
+        return attempt_step(self.events.scalars(), attempt_started)

@@ -531,6 +531,7 @@ class WorkloadLogFollower:
                 if text is not None:
                     received = True
                     progress.tail.append(text)
+                    progress.last_log_line = time.time()
                     if kind := kept_line_kind(text):
                         progress.evaluation[kind] = text
                     if not self.printer.logged_before(pod, raw):
