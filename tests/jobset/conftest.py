@@ -11,9 +11,9 @@ import os
 import subprocess
 
 import pytest
-from jobset_helpers import REPO, SIM_DIR, Cluster
+from jobset_helpers import REPO, SESSION_POOL, SIM_DIR, Cluster
 
-from tpu_rl_testing import read_env
+from tpu_rl_testing import read_env, spare_tpu_pool
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +26,12 @@ def sim() -> Cluster:
         subprocess.run([REPO / "sim" / "up.sh"], check=True)
     env = read_env(SIM_DIR / "airflow.env")
     os.environ.update({k: v for k, v in env.items() if k.startswith("AIRFLOW_CONN_")})
-    yield Cluster(env["KUBECONFIG"])
+    cluster = Cluster(env["KUBECONFIG"])
+    with spare_tpu_pool(cluster.core) as (pool, _):  # the session's own TPU hosts (jobset_helpers.tpu_jobset)
+        os.environ[SESSION_POOL] = pool
+        try:
+            yield cluster
+        finally:
+            os.environ.pop(SESSION_POOL, None)
     if started:
         subprocess.run([REPO / "sim" / "down.sh"], check=True)

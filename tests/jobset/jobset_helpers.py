@@ -46,15 +46,13 @@ class Cluster:
         return wait_until(what, predicate, timeout, interval)
 
     def wait_running(self, name: str, count: int = 2) -> list:
-        """The JobSet's running pods, once ``count`` run. The slice is shared with the end-to-end scenarios, whose
-        trainings run beside these tests in ``make test`` and take it in turn (exclusive placement): the pods may
-        wait minutes for it, as the tests of tests/sim do (``wait_slice_free``)."""
+        """The JobSet's running pods, once ``count`` run (the session's hosts take one JobSet at a time)."""
 
         def running():
             pods = [p for p in self.pods(name) if p.status.phase == "Running"]
             return pods if len(pods) >= count else None
 
-        return self.wait(f"{count} pods of {name} to run (the shared slice may be busy)", running, timeout=600)
+        return self.wait(f"{count} pods of {name} to run", running, timeout=300)
 
 
 def tpu_jobset(
@@ -67,8 +65,13 @@ def tpu_jobset(
     replicated_job: str = "main-job",
     node_selector: dict[str, str] | None = None,
 ) -> dict:
-    """A small plain multi-host TPU JobSet shaped like the conversions' (workloads.md section 1), on the standing
-    8x8 slice unless ``node_selector`` names other nodes (a spare pool)."""
+    """A small plain multi-host TPU JobSet shaped like the conversions' (workloads.md section 1), on the session's
+    own TPU hosts (``SESSION_POOL``, which the ``sim`` fixture creates: the standing slice is the end-to-end
+    scenarios' in make test, and a test waiting for it waited up to their trainings' end), or the nodes
+    ``node_selector`` names."""
+    node_selector = node_selector or (
+        {"cloud.google.com/gke-nodepool": os.environ[SESSION_POOL]} if os.environ.get(SESSION_POOL) else None
+    )
     pod_annotations = {f"{SIM}run-seconds": str(run_seconds), **(annotations or {})}
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -119,6 +122,10 @@ def tpu_jobset(
             ],
         },
     }
+
+
+#: The environment variable naming the TPU hosts of the session (inherited by the tasks the tests start).
+SESSION_POOL = "TPU_RL_JOBSET_TEST_POOL"
 
 
 def unique(prefix: str) -> str:

@@ -446,10 +446,10 @@ def test_workers_that_never_join_the_pathways_head_end_the_training_at_its_start
     from sim import faults
 
     name = unique("nojoin")
-    manifest = pathways_jobset(name)
-    head = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-    head["metadata"]["annotations"][f"{SIM}run-seconds"] = "600"  # a trainer would wait for its workers that long
     with faults.rules_removed_after(sim.core) as api:
+        manifest = pathways_jobset(name)
+        head = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        head["metadata"]["annotations"][f"{SIM}run-seconds"] = "600"  # a trainer would wait for its workers that long
         faults.set_fault(api, f"{name}-workers", prefix=name, replicated_job="worker", waiting="ContainerCreating")
         message = run_watched(manifest, name)
     assert "(1 of 3 running)" in message and "2 pod(s) of worker" in message

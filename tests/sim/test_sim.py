@@ -22,7 +22,7 @@ from tpu_rl.config import RunConfig
 from tpu_rl.layout import GcsLayout
 from tpu_rl.run import RunIdentity
 from tpu_rl.vocabulary import REPLICATED_JOB_LABEL
-from tpu_rl_testing import spare_tpu_pool
+from tpu_rl_testing import SPARE_TOPOLOGY, spare_tpu_pool
 
 pytestmark = pytest.mark.sim
 
@@ -508,7 +508,8 @@ def test_the_watchdog_ends_a_stalled_training_and_deletes_its_jobset(sim, config
     """The trainer stalls after step 4 (``stall-at-step=4``: its saves and event file up to 4, then no step and no
     line, its pods still running). The package's JobSet trigger, watching its steps in the bucket and its log, ends
     the wait 20 s into the silence with the step, and deletes the JobSet: its pods free the slice. Before the
-    watchdog, the wait (and the slice) went on until train_rl's 72-hour timeout."""
+    watchdog, the wait (and the slice) went on until train_rl's 72-hour timeout. On a v6e-8 slice of its own (a
+    spare pool's 2x4 hosts), so that the end-to-end scenarios beside it keep the standing slice."""
     from tpu_rl.hooks.kubernetes import ClusterTarget
     from tpu_rl.triggers.jobset import JobSetTrigger
     from tpu_rl.watchdog import STALL, Windows
@@ -516,36 +517,45 @@ def test_the_watchdog_ends_a_stalled_training_and_deletes_its_jobset(sim, config
     for key, value in sim.env.items():
         if key.startswith("AIRFLOW_CONN_"):
             monkeypatch.setenv(key, value)
-    run, layout = new_run(sim, config, "stall")
-    body = manifests.training_jobset(config, run)
+    small = dataclasses.replace(
+        config,
+        tpu_type="v6e-8",
+        topology=SPARE_TOPOLOGY,
+        ici_tensor_parallelism=2,
+        ici_expert_parallelism=2,
+        rollout_tensor_parallelism=4,
+    )
+    assert small.problems() == []
+    run, layout = new_run(sim, small, "stall")
+    body = manifests.training_jobset(small, run)
     name = body["metadata"]["name"]
     faults_api.set_fault(sim.core, "stall", prefix=name, stage="train_rl", maxtext_fault="stall-at-step=4")
-    wait_slice_free(sim)
-    uid = sim.create_jobset(body)["metadata"]["uid"]
-    trigger = JobSetTrigger(
-        name=name,
-        namespace="default",
-        uid=uid,
-        log_replicated_job="pathways-head",
-        log_container="workload-container",
-        cluster=ClusterTarget(kubernetes_conn_id="tpu_rl_sim"),
-        progress_interval=10,
-        training={
-            "bucket": BUCKET,
-            "prefix": layout.tensorboard_prefix,
-            "train_steps": config.train_steps,
-            "gcp_conn_id": "google_cloud_default",
-            "interval": 5,
-        },
-        watchdog=Windows(stall_seconds=20, first_step_seconds=300).to_dict(),
-    )
-    started = time.monotonic()
-    event = asyncio.run(first_event(trigger)).payload
-    assert time.monotonic() - started < 20 + 15 + 5 + 60  # the window, a look, a read of the steps, slack
+    with spare_tpu_pool(sim.core):
+        uid = sim.create_jobset(body)["metadata"]["uid"]
+        trigger = JobSetTrigger(
+            name=name,
+            namespace="default",
+            uid=uid,
+            log_replicated_job="pathways-head",
+            log_container="workload-container",
+            cluster=ClusterTarget(kubernetes_conn_id="tpu_rl_sim"),
+            progress_interval=10,
+            training={
+                "bucket": BUCKET,
+                "prefix": layout.tensorboard_prefix,
+                "train_steps": small.train_steps,
+                "gcp_conn_id": "google_cloud_default",
+                "interval": 5,
+            },
+            watchdog=Windows(stall_seconds=20, first_step_seconds=300).to_dict(),
+        )
+        started = time.monotonic()
+        event = asyncio.run(first_event(trigger)).payload
+        assert time.monotonic() - started < 20 + 15 + 5 + 60  # the window, a look, a read of the steps, slack
+        sim.wait("the JobSet gone", lambda: jobset_gone(sim, name), timeout=60)
     assert event["status"] == "stuck" and event["stuck"] == {"kind": STALL, "step": 4}
     assert f"JobSet default/{name} was deleted by the watchdog: the training stalled at step 4" in event["message"]
     assert committed_steps(sim, layout) == [4]  # what a retry resumes from
-    sim.wait("the JobSet gone", lambda: jobset_gone(sim, name), timeout=60)
 
 
 def jobset_gone(sim, name):
