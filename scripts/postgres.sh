@@ -41,8 +41,13 @@ case "${1:-}" in
       echo "PostgreSQL already running on 127.0.0.1:$PORT"
       exit 0
     fi
-    as_postgres "$PGBIN/pg_ctl" -D "$PGDATA" -l "$PGDATA/server.log" -w \
-      -o "-c listen_addresses=127.0.0.1 -p $PORT -k $PGDATA -c fsync=off -c max_connections=200" start >/dev/null
+    if ! as_postgres "$PGBIN/pg_ctl" -D "$PGDATA" -l "$PGDATA/server.log" -w \
+      -o "-c listen_addresses=127.0.0.1 -p $PORT -k $PGDATA -c fsync=off -c max_connections=200" start >/dev/null; then
+      # The server's own words (a port another checkout's server holds, a data directory it refuses).
+      echo "PostgreSQL did not start on 127.0.0.1:$PORT; the end of $PGDATA/server.log:" >&2
+      tail -n 8 "$PGDATA/server.log" >&2 || true
+      exit 1
+    fi
     ensure_db airflow
     echo "started PostgreSQL on 127.0.0.1:$PORT"
     ;;
