@@ -30,6 +30,10 @@ def test_the_backfill_dialog_starts_a_backfill_with_one_run_per_week(airflow_sta
     assert airflow.request("GET", f"/api/v2/dags/{PROGRAM}")["is_paused"]  # paused at creation
     for run in airflow.request("GET", f"/api/v2/dags/{PROGRAM}/dagRuns?limit=100")["dag_runs"]:
         airflow.request("DELETE", f"/api/v2/dags/{PROGRAM}/dagRuns/{run['dag_run_id']}")  # an earlier session's
+    # A backfill an interrupted earlier session left open: Airflow refuses a second one for the program.
+    for open_backfill in airflow.request("GET", f"/api/v2/backfills?dag_id={PROGRAM}&limit=100")["backfills"]:
+        if not open_backfill["completed_at"]:
+            airflow.request("PUT", f"/api/v2/backfills/{open_backfill['id']}/cancel")
 
     page.goto(f"{airflow.base_url}/dags/{PROGRAM}", wait_until="domcontentloaded")
     page.get_by_role("button", name="Trigger").first.click()
