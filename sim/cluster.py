@@ -256,6 +256,9 @@ def finish():
         "HTTPS_PROXY": f"http://127.0.0.1:{os.environ['GKE_PROXY_PORT']}",
         "NO_PROXY": "127.0.0.1,localhost",
         "SSL_CERT_FILE": str(PKI / "public-trust.pem"),
+        # google-cloud-compute's REST transport (requests) trusts certifi's roots unless told otherwise: the same
+        # bundle, for the Compute Engine stand-in at compute.googleapis.com (sim/compute_api.py).
+        "REQUESTS_CA_BUNDLE": str(PKI / "public-trust.pem"),
         # The reaper DAG (paused at creation) watches where the simulation's runs create clusters.
         "TPU_RL_REAPER_WATCH": f"{PROJECT}/us-east5",
         # The recurring programs of the shipped example, declared for the simulation.

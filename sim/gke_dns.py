@@ -104,19 +104,26 @@ def ensure_public_ca(pki: Path) -> None:
 
 def _region_certificate(pki: Path, location: str) -> tuple[Path, Path]:
     """A serving cert for ``*.<location>.gke.goog`` signed by the public root (made once per location)."""
+    return host_certificate(pki, f"*.{location}.{DOMAIN}", location)
+
+
+def host_certificate(pki: Path, host: str, file_name: str | None = None) -> tuple[Path, Path]:
+    """A serving cert for ``host`` (a name or a wildcard) signed by the public root, made once: the DNS endpoints'
+    and the Compute Engine stand-in's (sim/compute_api.py)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    crt, key_path = pki / "gke-dns" / f"{location}.crt", pki / "gke-dns" / f"{location}.key"
+    file_name = file_name or host
+    crt, key_path = pki / "gke-dns" / f"{file_name}.crt", pki / "gke-dns" / f"{file_name}.key"
     if crt.exists():
         return crt, key_path
     crt.parent.mkdir(parents=True, exist_ok=True)
     ca_key = serialization.load_pem_private_key((pki / "public-ca.key").read_bytes(), password=None)
     ca = x509.load_pem_x509_certificate((pki / "public-ca.crt").read_bytes())
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    wildcard = f"*.{location}.{DOMAIN}"
+    wildcard = host
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()

@@ -55,11 +55,12 @@ import threading
 import time
 import uuid
 
-from . import gke_dns, gke_iam, gke_rules
+from . import compute_api, gke_dns, gke_iam, gke_rules
 from .gke_auth import init_files, serve_tokens
 from .gke_errors import GkeError
 from .gke_project import Project, as_dict, held_seconds, now_iso, take_fault
 from .gke_settings import (
+    COMPUTE_PORT,
     DEFAULT_BOOT_DISK,
     DNS_PORT,
     GKE_DIR,
@@ -79,6 +80,11 @@ log = logging.getLogger("gke")
 def reservations(project: str) -> dict[str, frozenset[str]]:
     """The reservations the emulator knows, with who may consume each (read on each request)."""
     return gke_rules.reservation_consumers(read_json(GKE_DIR / "reservations.json", []), project)
+
+
+def region_limits(region: str) -> dict[str, float]:
+    """The region's Compute Engine quota limits: $SIM/gke/quotas.json's, over the stand-in's defaults."""
+    return {**compute_api.DEFAULT_QUOTAS, **(read_json(GKE_DIR / "quotas.json", {}).get(region) or {})}
 
 
 def reservation_vm_counts(project: str) -> dict[str, int]:
@@ -162,6 +168,7 @@ class Emulator(Project):
                 # GKE answers this for a Standard cluster without nodes (wording ours).
                 raise GkeError("INVALID_ARGUMENT", "Cluster.initial_node_count or Cluster.node_pools must be set.")
             gke_rules.check_cluster(body, location, project, reservations(project), DEFAULT_BOOT_DISK)
+            self._check_quota(project, location, body, body.get("node_pools") or [])
             if body.get("initial_node_count"):  # the legacy form: one pool named default-pool
                 cluster.node_pools.append(
                     c.NodePool(
@@ -276,8 +283,10 @@ class Emulator(Project):
                 "capacity_type": gke_rules.capacity_type_of(body),
                 "region": location,
             }
+            gke_rules.check_reservation_zone(body, where["zone"], project, read_json(GKE_DIR / "reservations.json", []))
             consumed = self._reserved_vms(project, gke_rules.reservation_of(body, project))
             gke_rules.check_reservation_vms(body, where["zone"], project, reservation_vm_counts(project), consumed)
+            self._check_quota(project, location, cluster_body, [body])
             if take_fault("reservation-missing", pool.name, machine_type, name, **where):
                 affinity = body.get("config", {}).get("reservation_affinity") or {}
                 res = (affinity.get("values") or ["(any)"])[0].rsplit("/", 1)[-1]
@@ -310,6 +319,39 @@ class Emulator(Project):
         if slow:  # Applied, answered late: outside the lock, the pool's create goes on meanwhile.
             time.sleep(held_seconds(slow))
         return operation
+
+    def _check_quota(self, project: str, location: str, cluster: dict, pools: list[dict]) -> None:
+        """GKE's 403 for pools whose first nodes the region's Compute Engine quota cannot hold (limits:
+        $SIM/gke/quotas.json, sim/compute_api.py; usage: the project's pools in the region)."""
+        region = gke_rules.region_of(location)
+        needs: dict[str, float] = {}
+        for pool in pools:
+            for metric, need in gke_rules.quota_needs(cluster, pool, location).items():
+                needs[metric] = needs.get(metric, 0.0) + need
+        if needs:
+            gke_rules.check_quota(pools[0], needs, region_limits(region), self.quota_usage(project, region), region)
+
+    def quota_usage(self, project: str, region: str) -> dict[str, float]:
+        """What the project's pools in ``region`` draw of each quota metric (pools in ERROR or going away: nothing)."""
+        usage: dict[str, float] = {}
+        with self.lock:
+            for key, rec in self.clusters.items():
+                owner, location, _ = key.split("/")
+                if owner != project or gke_rules.region_of(location) != region:
+                    continue
+                cluster = as_dict(rec["cluster"])
+                for pool in rec["cluster"].node_pools:
+                    if pool.status.name in ("ERROR", "STOPPING"):
+                        continue
+                    for metric, used in gke_rules.quota_needs(cluster, as_dict(pool), location).items():
+                        usage[metric] = usage.get(metric, 0.0) + used
+        return usage
+
+    def reservation_in_use(self, owner: str, name: str) -> int:
+        """The VMs the emulated project's pools take from reservation ``owner``/``name`` (Compute Engine's
+        ``specificReservation.inUseCount``)."""
+        with self.lock:
+            return self._reserved_vms(PROJECT, f"projects/{owner}/reservations/{name}")
 
     def _reserved_vms(self, project: str, path: str | None) -> int:
         """The VMs the project's pools take from reservation ``path``: their nodes, but for pools that have none
@@ -458,6 +500,18 @@ def main():
     serve_proxy()
     serve_tokens(emulator.accounts)
     gke_dns.serve(DNS_PORT, PKI, emulator.dns_route, emulator.accounts.caller, emulator.connect_refusal)
+    compute_api.serve(
+        COMPUTE_PORT,
+        PKI,
+        compute_api.ComputeApi(
+            reservations=lambda: read_json(GKE_DIR / "reservations.json", []),
+            quotas=lambda: read_json(GKE_DIR / "quotas.json", {}),
+            in_use=emulator.reservation_in_use,
+            usage=emulator.quota_usage,
+            policy=lambda: gke_iam.read_policy(GKE_DIR / "iam.json"),
+            caller=emulator.accounts.caller,
+        ),
+    )
     emulator.resume()
     log.info(
         "GKE emulator: proxy 127.0.0.1:%d, gRPC/TLS 127.0.0.1:%d, DNS endpoints 127.0.0.1:%d, "

@@ -59,6 +59,9 @@ ACT_AS = "iam.serviceAccounts.actAs"
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "roles/container.admin": ("container.*",),
     "roles/iam.serviceAccountUser": (ACT_AS, "iam.serviceAccounts.get", "iam.serviceAccounts.list"),
+    # IAM "Compute Engine roles and permissions": roles/compute.viewer, "Read-only access to get and list Compute
+    # Engine resources": among them compute.reservations.get/.list and compute.regions.get (the preflight's reads).
+    "roles/compute.viewer": ("compute.reservations.get", "compute.reservations.list", "compute.regions.get"),
 }
 
 
@@ -132,7 +135,7 @@ def node_accounts(pools: list[dict], project_number: int) -> list[str]:
 #: What docs/getting-started/composer.md ("1. Identities and the roles each one uses") grants the environment's service
 #: account that the GKE API and the DNS endpoint check: on the run's project, on the node account, and on each project
 #: the reaper watches.
-PIPELINE_PROJECT_ROLES = ("roles/composer.worker", "roles/container.admin")
+PIPELINE_PROJECT_ROLES = ("roles/composer.worker", "roles/container.admin", "roles/compute.viewer")
 PIPELINE_NODE_ACCOUNT_ROLES = ("roles/iam.serviceAccountUser",)
 REAPER_PROJECT_ROLES = ("roles/container.admin",)
 

@@ -69,6 +69,11 @@ def project_number(project_id: str) -> str:
     return str(100000000000 + int.from_bytes(project_id.encode(), "big") % 899999999999)
 
 
+def region_of(location: str) -> str:
+    """The region of a location: itself, or a zone's (``us-east5-b`` -> ``us-east5``)."""
+    return location.rsplit("-", 1)[0] if location.count("-") == 2 else location
+
+
 def zones_of(region: str) -> list[str]:
     """The zones of a region (REGION_ZONES); a zone is its own only zone."""
     if region.count("-") != 1:  # a zone, not a region
@@ -224,6 +229,24 @@ def check_reservation_affinity(pool: dict, project: str, known_reservations: dic
             f'Google Compute Engine: reservation "{match["name"]}" not found for node pool '
             f'"{pool.get("name")}" at zone "{zone}".',
         )
+
+
+def check_reservation_zone(pool: dict, zone: str, project: str, entries: list) -> None:
+    """A reservation is zonal: a pool in another zone than the one ``entries`` (reservations.json) gives it is
+    answered as for a reservation that does not exist there, GKE's 404 of :func:`check_reservation_affinity`
+    ('Google Compute Engine: reservation "NAME" not found for node pool "POOL" at zone "ZONE".'). Compute Engine
+    "Reservations of Compute Engine zonal resources": "Reservations are zonal"."""
+    path = reservation_of(pool, project)
+    for entry in entries:
+        if not isinstance(entry, dict) or not entry.get("zone"):
+            continue
+        match = _RESERVATION_VALUE.fullmatch(entry["name"])
+        if path == f"projects/{match['owner'] or project}/reservations/{match['name']}" and entry["zone"] != zone:
+            raise GkeError(
+                "NOT_FOUND",
+                f'Google Compute Engine: reservation "{match["name"]}" not found for node pool "{pool.get("name")}" '
+                f'at zone "{zone}".',
+            )
 
 
 def reservation_vm_counts(entries: list, project: str) -> dict[str, int]:
@@ -542,20 +565,64 @@ TPU_QUOTA_METRICS = {
 }
 
 
-def quota_message(pool: dict, region: str) -> str:
+#: The machine families whose vCPUs draw the region's general CPUS quota; every other family has its own
+#: ``<FAMILY>_CPUS`` (Compute Engine "Allocation quotas"). TPU hosts draw their chips' quota only.
+GENERAL_CPU_FAMILIES = ("e2", "n1")
+
+
+def quota_needs(cluster: dict, pool: dict, region: str) -> dict[str, float]:
+    """What a pool's first nodes draw of the region's Compute Engine quotas, by metric: a TPU pool its chips (on
+    demand: the family's metric; Spot and flex-start: its PREEMPTIBLE_ twin; a reservation: nothing, its VMs are
+    reserved), a CPU pool its vCPUs, in every zone its nodes go to."""
+    mt = machine((pool.get("config") or {}).get("machine_type", ""))
+    nodes = int(pool.get("initial_node_count") or 0) * len(pool_zones(cluster, pool, region))
+    if mt.tpu_chips:
+        capacity = capacity_type_of(pool)
+        if capacity == "reservation":
+            return {}
+        metric = TPU_QUOTA_METRICS.get(mt.family, "TPUS")
+        metric = f"PREEMPTIBLE_{metric}" if capacity in ("spot", "flex_start") else metric
+        # A flex-start pool starts empty; its slice draws the quota when GKE adds it.
+        nodes = nodes or int((pool.get("autoscaling") or {}).get("max_node_count") or 0)
+        return {metric: float(mt.tpu_chips * nodes)}
+    metric = "CPUS" if mt.family in GENERAL_CPU_FAMILIES else f"{mt.family.upper()}_CPUS"
+    return {metric: float(mt.vcpus * nodes)}
+
+
+def check_quota(pool: dict, needs: dict[str, float], limits: dict[str, float], usage: dict[str, float], region: str):
+    """GKE refuses at once a pool whose first nodes the region's quota cannot hold (403, :func:`quota_message`)."""
+    for metric, need in needs.items():
+        left = limits.get(metric, 0.0) - usage.get(metric, 0.0)
+        if need > left:
+            raise GkeError(
+                "PERMISSION_DENIED", quota_message(pool, region, metric, need, limits.get(metric, 0.0), left)
+            )
+
+
+def quota_message(
+    pool: dict,
+    region: str,
+    metric: str | None = None,
+    need: float | None = None,
+    limit: float = 0.0,
+    left: float = 0.0,
+) -> str:
     """GKE's answer to a node pool create beyond quota: 403 at once, in the form GKE gives for a regional
     quota (quoted in kaiwaehner/... issue 48: 'Error 403: (1) insufficient regional quota to satisfy request:
     resource "CPUS": request requires '72.0' and is short '48.0'. project has a quota of '24.0' with '24.0'
     available.'), here for the TPU family's quota the pool's chips count against. (wording after GKE's)"""
     mt = machine((pool.get("config") or {}).get("machine_type", ""))
-    chips = mt.tpu_chips * int(
-        pool.get("initial_node_count") or (pool.get("autoscaling") or {}).get("max_node_count") or 0
-    )
-    metric = TPU_QUOTA_METRICS.get(mt.family, "TPUS")
+    if need is None:  # the quota fault: none of the TPU family's quota
+        need = float(
+            mt.tpu_chips
+            * int(pool.get("initial_node_count") or (pool.get("autoscaling") or {}).get("max_node_count") or 0)
+        )
+    metric = metric or TPU_QUOTA_METRICS.get(mt.family, "TPUS")
+    left = max(0.0, left)
     return (
-        f"Insufficient regional quota to satisfy request: resource \"{metric}\": request requires '{chips:.1f}' "
-        f"and is short '{chips:.1f}'. project has a quota of '0.0' with '0.0' available in region {region}. "
-        "View and manage quotas at https://console.cloud.google.com/iam-admin/quotas."
+        f"Insufficient regional quota to satisfy request: resource \"{metric}\": request requires '{need:.1f}' "
+        f"and is short '{need - left:.1f}'. project has a quota of '{limit:.1f}' with '{left:.1f}' available in "
+        f"region {region}. View and manage quotas at https://console.cloud.google.com/iam-admin/quotas."
     )
 
 

@@ -19,6 +19,9 @@ PROXY_PORT = int(os.environ.get("TPU_RL_SIM_GKE_PROXY_PORT", "14480"))
 GRPC_PORT = int(os.environ.get("TPU_RL_SIM_GKE_GRPC_PORT", "14481"))
 TOKEN_PORT = int(os.environ.get("TPU_RL_SIM_GKE_TOKEN_PORT", "14482"))
 DNS_PORT = int(os.environ.get("TPU_RL_SIM_GKE_DNS_PORT", "14483"))
+#: Compute Engine's REST API as the preflight reads it (sim/compute_api.py), reached as compute.googleapis.com:443.
+COMPUTE_PORT = int(os.environ.get("TPU_RL_SIM_GKE_COMPUTE_PORT", "14484"))
+COMPUTE_HOST = "compute.googleapis.com"
 PROJECT = "tpu-rl-sim"
 SA_EMAIL = f"tpu-rl-sim@{PROJECT}.iam.gserviceaccount.com"
 SERVICE = "google.container.v1.ClusterManager"

@@ -1,7 +1,7 @@
 """How the real clients reach the GKE emulator: the ClusterManager gRPC service over TLS, behind an HTTP
 CONNECT proxy (the clients run with grpc_proxy / HTTPS_PROXY pointing at it, so they dial
-container.googleapis.com and gke-<id>.<location>.gke.goog unmodified). The proxy never dials anything but
-the emulator's own ports on 127.0.0.1."""
+container.googleapis.com, compute.googleapis.com and gke-<id>.<location>.gke.goog unmodified). The proxy never
+dials anything but the emulator's own ports on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from . import gke_dns
 from .gke_errors import GkeError
-from .gke_settings import DNS_PORT, GRPC_PORT, HOST, PKI, PROXY_PORT, SERVICE
+from .gke_settings import COMPUTE_HOST, COMPUTE_PORT, DNS_PORT, GRPC_PORT, HOST, PKI, PROXY_PORT, SERVICE
 
 log = logging.getLogger("gke")
 
@@ -87,8 +87,9 @@ def serve_grpc(emulator: Any):
 
 
 def serve_proxy():
-    """The CONNECT proxy on PROXY_PORT: container.googleapis.com:443 to the gRPC server, a cluster's DNS endpoint
-    to the DNS front end, anything else 403."""
+    """The CONNECT proxy on PROXY_PORT: container.googleapis.com:443 to the gRPC server, compute.googleapis.com:443
+    to the Compute Engine stand-in (sim/compute_api.py), a cluster's DNS endpoint to the DNS front end, anything else
+    403."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", PROXY_PORT))
@@ -108,6 +109,8 @@ def _upstream_port(request_line: str) -> int | None:
     target = parts[1].rsplit(":", 1) if len(parts) == 3 and parts[0] == "CONNECT" else ["", ""]
     if target == [HOST, "443"]:
         return GRPC_PORT
+    if target == [COMPUTE_HOST, "443"]:
+        return COMPUTE_PORT
     if gke_dns.is_endpoint_host(target[0]) and target[1] == "443":
         return DNS_PORT
     return None

@@ -9,7 +9,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 # The simulation's own processes never use the clients' egress settings of .sim/airflow.env (a shell that
 # sourced it): the apiservers would send their webhook calls to the GKE emulator's proxy.
-unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy NO_PROXY no_proxy grpc_proxy SSL_CERT_FILE
+unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy NO_PROXY no_proxy grpc_proxy SSL_CERT_FILE REQUESTS_CA_BUNDLE
 begin=$(date +%s%N)
 
 # Builds only what the cache lacks (seconds when warm).

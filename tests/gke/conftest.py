@@ -29,6 +29,7 @@ ENV_KEYS = (
     "HTTPS_PROXY",
     "NO_PROXY",
     "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
 )
 
 

@@ -42,6 +42,7 @@ def gke_env(sim):
         "HTTPS_PROXY",
         "NO_PROXY",
         "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
     )
     with environ({n: sim.env[n] for n in names}):
         yield sim.env
