@@ -143,13 +143,17 @@ case "${1:-}" in
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
     }
     shift
-    # The 3.1.7 stack runs the checkout's wheel (make wheel), as the main one runs make venv's.
-    if [ "${TPU_RL_STACK:-main}" = af31 ]; then scripts/test-compat.sh --install-wheel; fi
-    scripts/postgres.sh ensure-db $DB
-    airflow db migrate >/dev/null
-    if [ -n "${STORAGE_EMULATOR_HOST:-}" ]; then
-      python -c "from sim.clients import gcs_client; import sys; c = gcs_client(sys.argv[1]); c.lookup_bucket(sys.argv[2]) or c.create_bucket(sys.argv[2])" \
-        "$STORAGE_EMULATOR_HOST" "$LOG_BUCKET"
+    # The stack's setup, when it starts as a whole; a component (re)started alone joins the stack as it is (a test
+    # that kills one: a wheel check, a migration and a bucket lookup there took ten minutes on a loaded machine).
+    if [ $# -eq 0 ]; then
+      # The 3.1.7 stack runs the checkout's wheel (make wheel), as the main one runs make venv's.
+      if [ "${TPU_RL_STACK:-main}" = af31 ]; then scripts/test-compat.sh --install-wheel; fi
+      scripts/postgres.sh ensure-db $DB
+      airflow db migrate >/dev/null
+      if [ -n "${STORAGE_EMULATOR_HOST:-}" ]; then
+        python -c "from sim.clients import gcs_client; import sys; c = gcs_client(sys.argv[1]); c.lookup_bucket(sys.argv[2]) or c.create_bucket(sys.argv[2])" \
+          "$STORAGE_EMULATOR_HOST" "$LOG_BUCKET"
+      fi
     fi
     for c in "${@:-${COMPONENTS[@]}}"; do
       if running "$c"; then echo "$c already running (pid $(cat "$STATE/$c.pid"))"; continue; fi
