@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv wheel test lint format core unit demo chaos plan docs docs-pages sim-up sim-down sim-status bench bench-triggerer bench-trigger-start bench-run-view
+.PHONY: venv wheel test lint format core unit demo chaos plan preflight docs docs-pages sim-up sim-down sim-status bench bench-triggerer bench-trigger-start bench-run-view
 
 # The package as it ships: the wheel of src/ (dist/), installed into .venv like any distribution (no path to
 # the source tree), so every Airflow component and every test imports what a deployment imports.
@@ -82,6 +82,11 @@ docs-pages: venv
 # make plan CONF=my-run.json
 plan: venv
 	$(VENV)/bin/python -m tpu_rl.plan --conf $(or $(CONF),include/examples/tutorial.json)
+
+# The run's preflight from your machine: reads the project's reservations and quotas with your Application Default
+# Credentials (gcloud auth application-default login) and says what the run's preflight stage would.
+preflight: venv
+	$(VENV)/bin/python -m tpu_rl.project_check --conf $(or $(CONF),include/examples/tutorial.json)
 
 sim-up: venv
 	sim/up.sh

@@ -7,4 +7,4 @@ this module imports nothing else: the plugin manager loads it in every component
 """
 
 #: The one version of the distribution: the wheel's, and the one task logs, the plan and the Training tab show.
-__version__ = "2.8.0"
+__version__ = "2.9.0"

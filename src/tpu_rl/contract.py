@@ -16,6 +16,7 @@ class Task:
 
     VALIDATE_CONFIG = "validate_config"
     CHECK_TRIGGERER = "check_triggerer"
+    PREFLIGHT = "preflight"
     GUARD = "guard"
     ENSURE_BUCKET = "ensure_bucket"
     CREATE_CLUSTER = "create_cluster"
@@ -67,6 +68,9 @@ class Pull:
         return "{{ ti.xcom_pull(task_ids='" + self.task + "'" + key + ") }}"
 
 
+#: ``preflight``: ``skipped``, the capacity candidates it left out (index as a string -> why); ``warnings``, what it
+#: could not check (``tpu_rl.preflight``).
+PREFLIGHT_RESULT = Pull(Task.PREFLIGHT)
 #: ``train_rl``: the trainer's evaluation before and after training (``Evaluation.to_dict()``, or None).
 TRAINING_EVALUATION = Pull(Task.TRAIN_RL, XCOM_EVALUATION)
 #: ``train_rl``: whether the trainer printed its success line (a normal exit).
@@ -95,6 +99,7 @@ PUBLISHED_MODEL = Pull(Task.PUBLISH_EXPORT)
 
 #: Every XCom pulled across tasks or by the UI.
 PULLED = (
+    PREFLIGHT_RESULT,
     TRAINING_EVALUATION,
     TRAINER_COMPLETED,
     TRAINING_JOBSET,

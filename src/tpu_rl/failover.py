@@ -33,6 +33,8 @@ class Outcome(StrEnum):
     WAIT_EXPIRED = "wait-expired"
     #: The slice's VMs were reclaimed (Spot, host maintenance) while the training ran.
     PREEMPTED = "preempted"
+    #: The preflight found the candidate cannot give the run its slices (its reservation, its quota): never tried.
+    PREFLIGHT = "left out by the preflight"
 
 
 @dataclass(frozen=True)
@@ -84,10 +86,16 @@ def next_candidate(
     """Where the run's slices come from next, after ``attempts`` (oldest first).
 
     A preempted run stays on its candidate until it was preempted ``max_preemptions_per_candidate`` times there
-    (0: it always stays); any other outcome leaves the candidate at once."""
-    if not attempts:
-        return TryCandidate(0, candidates[0], f"candidate 0 ({candidates[0].describe()}) first")
-    last = attempts[-1]
+    (0: it always stays); any other outcome leaves the candidate at once. A candidate the preflight left out is
+    never tried."""
+    refused = {a.candidate for a in attempts if a.outcome is Outcome.PREFLIGHT}
+    tried = [a for a in attempts if a.outcome is not Outcome.PREFLIGHT]
+    if not tried:
+        first = next((i for i in range(len(candidates)) if i not in refused), None)
+        if first is None:
+            return GiveUp(tuple(describe_attempts(candidates, attempts)))
+        return TryCandidate(first, candidates[first], f"candidate {first} ({candidates[first].describe()}) first")
+    last = tried[-1]
     here = candidates[last.candidate]
     if last.outcome is Outcome.PREEMPTED:
         preempted = sum(1 for a in attempts if a.candidate == last.candidate and a.outcome is Outcome.PREEMPTED)
@@ -96,8 +104,8 @@ def next_candidate(
             return TryCandidate(
                 last.candidate, here, f"preemption {preempted}{budget} on candidate {last.candidate}: resuming there"
             )
-    following = last.candidate + 1
-    if following >= len(candidates):
+    following = next((i for i in range(last.candidate + 1, len(candidates)) if i not in refused), None)
+    if following is None:
         return GiveUp(tuple(describe_attempts(candidates, attempts)))
     return TryCandidate(
         following,

@@ -392,6 +392,13 @@ TPU_QUOTAS = {
     "v5p": ("the TPU v5p chips quota", "the preemptible TPU v5p chips quota"),
     "v4": ("the TPU v4 pod slice quota", "the preemptible TPU v4 pod slice quota"),
 }
+#: The metric of each of those quotas that Compute Engine's region quotas (``regions.get``) name, by (generation,
+#: preemptible): only those the sources above name; the preflight warns that it cannot check the others.
+TPU_QUOTA_METRICS = {
+    ("v6e", False): "TPUS_PER_TPU_FAMILY",
+    ("v5litepod", False): "TPU_LITE_PODSLICE_V5",
+    ("v5litepod", True): "PREEMPTIBLE_TPU_LITE_PODSLICE_V5",
+}
 
 
 #: The quota a refusal names: GKE's own form (``Insufficient regional quota to satisfy request: resource "CPUS":

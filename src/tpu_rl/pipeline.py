@@ -14,6 +14,7 @@ from tpu_rl.candidates import CREATE_TPU_POOLS_TIMEOUT_MINUTES
 from tpu_rl.contract import EXPORT_ATTEMPT_PREFIX, EXPORT_SUBMITTED_AT, FINAL_STEP, TRAINER_COMPLETED, Task
 from tpu_rl.operators.cluster import ClusterReadySensor, CreateClusterOperator, DeleteClusterOperator
 from tpu_rl.operators.leases import WaitForTpuCapacitySensor
+from tpu_rl.operators.preflight import PreflightOperator
 from tpu_rl.operators.publish import RunPublishHfExportOperator
 from tpu_rl.operators.retention import PruneCheckpointsOperator
 from tpu_rl.operators.run_report import QualityGateOperator, RunSummaryOperator
@@ -121,6 +122,8 @@ def _cluster_tasks() -> tuple[EmptyOperator, list[BaseOperator]]:
     # Before anything billable: a triggerer that cannot import the package fails the run here, naming the fix
     # (without a retry: AirflowFailException). Its retries are for Airflow's own race on a quick trigger.
     check_triggerer = TriggererCheckOperator(task_id=Task.CHECK_TRIGGERER, retry_delay=timedelta(seconds=10))
+    # Before anything is created: the project's reservations and quotas against what the run asks for.
+    preflight = PreflightOperator(task_id=Task.PREFLIGHT, execution_timeout=timedelta(minutes=10))
     guard = EmptyOperator(task_id=Task.GUARD)
     bucket = EnsureBucketOperator(task_id=Task.ENSURE_BUCKET)
     create_cluster = CreateClusterOperator(task_id=Task.CREATE_CLUSTER)
@@ -129,7 +132,7 @@ def _cluster_tasks() -> tuple[EmptyOperator, list[BaseOperator]]:
     )
     jobset = EnsureJobSetOperator(task_id=Task.ENSURE_JOBSET)
     token = CreateHfTokenSecretOperator(task_id=Task.HF_TOKEN_SECRET)
-    validate >> check_triggerer >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
+    validate >> check_triggerer >> preflight >> guard >> bucket >> create_cluster >> wait_for_cluster >> jobset >> token
     return guard, [create_cluster, wait_for_cluster, jobset, token]
 
 

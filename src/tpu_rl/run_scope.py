@@ -26,6 +26,7 @@ from tpu_rl.layout import GcsLayout, training_record
 from tpu_rl.run import DataInterval, RunIdentity
 
 if TYPE_CHECKING:
+    from tpu_rl.hooks.compute import ComputeApiHook
     from tpu_rl.hooks.gcs import GcsBucketHook, GcsReadHook
     from tpu_rl.hooks.gke import GkeApiHook
     from tpu_rl.hooks.kubernetes import ClusterTarget, KubernetesApiHook
@@ -86,6 +87,13 @@ class RunScope:
         from tpu_rl.hooks.gke import GkeApiHook
 
         return GkeApiHook(self.config.gcp_conn_id, self.config.project, self.config.region)
+
+    @cached_property
+    def compute(self) -> ComputeApiHook:
+        """Compute Engine's reads of the preflight, through the run's Google connection."""
+        from tpu_rl.hooks.compute import ComputeApiHook
+
+        return ComputeApiHook(self.config.gcp_conn_id)
 
     @cached_property
     def kubernetes(self) -> KubernetesApiHook:

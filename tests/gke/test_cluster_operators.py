@@ -856,6 +856,32 @@ def test_a_reservation_too_small_for_the_slice_moves_the_run_to_the_next_candida
         )
 
 
+def test_a_candidate_the_preflight_left_out_is_never_asked_of_gke(gke, created):
+    """The preflight found candidate 0's reservation too small: create_tpu_pools starts on candidate 1, and GKE
+    never sees a pool request for candidate 0 (the emulator would have refused it: the reservation does not exist)."""
+    run, _ = created
+    candidates = [
+        {"zone": "us-east5-b", "capacity_type": "reservation", "reservation": "tpu-rl-not-there"},
+        {"zone": "us-east5-b", "capacity_type": "on_demand"},
+    ]
+    other = Run(cluster_name=run.params["cluster_name"], capacity_candidates=candidates)
+    why = "capacity_candidates[0].reservation: reservation ... has 2 of 2 VMs not in use"
+    other.ti.xcoms["preflight", "return_value"] = {"skipped": {"0": why}, "warnings": []}
+    try:
+        scope = RunScope.of(other.context())
+        check_training_record(scope.bucket, scope.layout.training_record_object, scope.training_record, logging)
+        create = tpu_pools.CreateTpuNodePoolsOperator(task_id="create_tpu_pools", poll_interval=POLL)
+        operations = run_operator(create, other.context())
+        assert len(operations) == 1  # one pool, created once, on candidate 1
+        report = other.ti.pushed("capacity")
+        assert report["serving"] == 1
+        assert report["attempts"] == [{"candidate": 0, "outcome": "left out by the preflight", "detail": why, "at": ""}]
+    finally:
+        run_operator(
+            tpu_pools.DeleteTpuNodePoolsOperator(task_id="delete_tpu_pools", poll_interval=POLL), other.context()
+        )
+
+
 def test_pool_teardown_never_touches_pools_it_did_not_create(gke, created):
     run, _ = created
     other = Run(cluster_name=run.params["cluster_name"], tpu_pool_mode="cluster")

@@ -59,9 +59,11 @@ def test_a_templated_pull_renders_as_airflow_reads_it():
     )
 
 
-#: The XComs operators read in code (the export's step, ``run_report.TrainingFigures``, ``RunSummaryOperator``), by
-#: reader.
+#: The XComs operators read in code (the preflight's left-out candidates, the export's step,
+#: ``run_report.TrainingFigures``, ``RunSummaryOperator``), by reader.
 READ_IN_CODE = {
+    Task.CREATE_TPU_POOLS: (contract.PREFLIGHT_RESULT,),
+    Task.TRAIN_RL: (contract.PREFLIGHT_RESULT,),
     Task.MAXTEXT_TO_HF: (contract.FINAL_STEP,),
     Task.QUALITY_GATE: (contract.TRAINING_EVALUATION,),
     Task.PUBLISH_EXPORT: (contract.TRAINING_EVALUATION, contract.SLICE_TIMES),

@@ -31,7 +31,7 @@ def test_dag_imports_without_errors_and_has_no_cycles(dag):
     from airflow.utils.dag_cycle_tester import check_cycle
 
     check_cycle(dag)
-    assert len(dag.tasks) == 24
+    assert len(dag.tasks) == 25
 
 
 def test_the_training_tab_loads_from_the_installed_distribution_without_importing_the_package():
@@ -120,6 +120,12 @@ def test_the_triggerer_is_proven_before_anything_billable_is_created(dag):
     assert set(dag.task_ids) - downstream == {"validate_config", "check_triggerer"}
 
 
+def test_the_preflight_reads_the_project_after_the_triggerer_check_and_before_anything_is_created(dag):
+    preflight = dag.get_task("preflight")
+    assert [t.task_id for t in preflight.upstream_list] == ["check_triggerer"]
+    assert [t.task_id for t in preflight.downstream_list] == ["guard"]
+
+
 def test_the_slice_teardown_is_queued_first_when_worker_slots_are_short(dag):
     """A waiting TPU slice bills by the hour: its deletion outranks every other task (the scheduler queues
     scheduled tasks by priority when the executor is full). The others keep Airflow's default rule, under
@@ -177,6 +183,8 @@ def run_with_failure(dag, failing: str | None):
     [
         # A triggerer that cannot import the package: nothing is created, so nothing is torn down.
         ("check_triggerer", "failed", [], ["guard", "ensure_bucket", "create_cluster", "delete_cluster"]),
+        # The project cannot give the run its slices: nothing is created, so nothing is torn down.
+        ("preflight", "failed", [], ["guard", "ensure_bucket", "create_cluster", "delete_cluster"]),
         ("create_cluster", "failed", ["delete_cluster"], ["train_rl", "delete_tpu_pools"]),
         # A stockout at the pool create: the pool left in ERROR is deleted, then the cluster.
         ("create_tpu_pools", "failed", ["delete_tpu_pools", "delete_cluster"], ["train_rl", "maxtext_to_hf"]),
@@ -195,6 +203,7 @@ def run_with_failure(dag, failing: str | None):
     ],
     ids=[
         "triggerer check fails",
+        "preflight refuses",
         "create fails",
         "pool create fails",
         "training fails",

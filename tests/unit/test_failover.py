@@ -101,3 +101,18 @@ def test_the_cost_is_split_by_candidate_at_each_ones_price():
         "candidate 2 (reservation 'my-v6e' in us-east5-a): 64.0 chip-hours, about $172.80 at $2.70 per chip-hour; "
         "in all 192.0 chip-hours, about $313.60"
     )
+
+
+def test_candidates_the_preflight_left_out_are_never_tried():
+    left_out = [Attempt(0, Outcome.PREFLIGHT, "reservation too small"), Attempt(2, Outcome.PREFLIGHT, "no quota")]
+    first = next_candidate(CANDIDATES, left_out, 0)
+    assert (first.index, first.leaving) == (1, None)
+    gave_up = next_candidate(CANDIDATES, [*left_out, Attempt(1, Outcome.STOCKOUT, "GCE_STOCKOUT")], 0)
+    assert isinstance(gave_up, GiveUp)
+    assert gave_up.tried == (
+        "candidate 0 (on_demand in us-east5-b): left, left out by the preflight (reservation too small)",
+        "candidate 1 (spot in us-east5-b): left, stockout (GCE_STOCKOUT)",
+        "candidate 2 (reservation 'my-v6e' in us-east5-a): left, left out by the preflight (no quota)",
+    )
+    everything = [Attempt(i, Outcome.PREFLIGHT, "no") for i in range(3)]
+    assert isinstance(next_candidate(CANDIDATES, everything, 0), GiveUp)

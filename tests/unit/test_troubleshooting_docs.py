@@ -83,6 +83,13 @@ FOLLOWED: dict[tuple[str, str], tuple[tuple[str, str], ...] | str] = {
         "validation.md"
     ),
     ("operators/jobset.py", "failure"): (("jobset_status.py", "explain_failure"),),
+    ("operators/preflight.py", "result.failure()"): (
+        ("preflight.py", "Preflight.failure"),
+        ("preflight.py", "_reservation"),
+        ("preflight.py", "_reservation_fit"),
+        ("preflight.py", "_tpu_quota"),
+        ("preflight.py", "_quota"),
+    ),
     ("operators/jobset.py", "event['message']"): (
         ("triggers/jobset.py", "JobSetTrigger._deleted_message"),
         ("triggers/jobset.py", "JobSetTrigger._stuck_event"),

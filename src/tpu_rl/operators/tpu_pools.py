@@ -16,7 +16,13 @@ from tpu_rl import candidates, gke
 from tpu_rl.candidates import Candidate
 from tpu_rl.compat import AirflowException, AirflowFailException
 from tpu_rl.config import RunConfig
-from tpu_rl.contract import CAPACITY_CANDIDATES, TRAINING_CAPACITY, XCOM_CAPACITY, XCOM_TPU_SLICES
+from tpu_rl.contract import (
+    CAPACITY_CANDIDATES,
+    PREFLIGHT_RESULT,
+    TRAINING_CAPACITY,
+    XCOM_CAPACITY,
+    XCOM_TPU_SLICES,
+)
 from tpu_rl.failover import Attempt, GiveUp, Outcome, candidate_at, describe_attempts, next_candidate
 from tpu_rl.hooks.gke import GkeApiHook, GkeRefusedError
 from tpu_rl.operators.gke_operations import AwaitsGkeOperations
@@ -24,6 +30,16 @@ from tpu_rl.operators.leases import release_capacity
 from tpu_rl.operators.training_record import record_capacity_attempts, recorded_capacity_attempts
 from tpu_rl.timestamps import parse_time
 from tpu_rl.vocabulary import TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
+
+
+def preflight_attempts(context: Any) -> list[Attempt]:
+    """The capacity candidates the run's preflight left out, as attempts that were never made."""
+    pushed = context["ti"].xcom_pull(task_ids=PREFLIGHT_RESULT.task, key=PREFLIGHT_RESULT.key) or {}
+    skipped = pushed.get("skipped") or {}
+    return [
+        Attempt(int(index), Outcome.PREFLIGHT, why) for index, why in sorted(skipped.items(), key=lambda i: int(i[0]))
+    ]
+
 
 #: After a stockout ended a pool's create, how long to wait before creating it again.
 CAPACITY_RETRY_SECONDS = 120
@@ -83,7 +99,7 @@ class TpuPoolPass(AwaitsGkeOperations):
 
     def pass_from_resume_point(self, context: Any) -> Any:
         """A pass on the candidate the run is on (:meth:`_resume_point`); with one candidate, on it."""
-        candidate, attempts = self._resume_point() if len(self.scope.config.candidates) > 1 else (0, [])
+        candidate, attempts = self._resume_point(context) if len(self.scope.config.candidates) > 1 else (0, [])
         return self.pass_on(context, candidate, attempts)
 
     def pass_on(self, context: Any, candidate: int, attempts: list[dict[str, Any]]) -> Any:
@@ -91,15 +107,17 @@ class TpuPoolPass(AwaitsGkeOperations):
         from now."""
         return self.submit(context, 0, **_arrival(self.scope.config, candidate, attempts))
 
-    def _resume_point(self) -> tuple[int, list[dict[str, Any]]]:
+    def _resume_point(self, context: Any) -> tuple[int, list[dict[str, Any]]]:
         """Where this try goes on from (a retry, a cleared task): the candidate the run's recorded attempts lead
         to, or a later one its pools are already on (a record without attempts: the pools are the only memory).
         There the pass adopts the RUNNING pools and waits for those being created; a candidate the record says
         was left is not tried again. When every candidate was left, a new round starts: on the candidate the
         pools are RUNNING on (a training preempted too often on the last one: its slices are not moved back), else
-        from the first."""
+        from the first. The candidates the preflight left out come first in the attempts: never tried."""
         config, scope = self.scope.config, self.scope
-        attempts = recorded_capacity_attempts(scope.bucket, scope.layout.training_record_object)
+        left_out = preflight_attempts(context)
+        recorded = recorded_capacity_attempts(scope.bucket, scope.layout.training_record_object)
+        attempts = left_out + [a for a in recorded if a.outcome is not Outcome.PREFLIGHT]
         decision = next_candidate(config.candidates, attempts, config.max_preemptions_per_candidate)
         if isinstance(decision, GiveUp):
             self.log.warning(
@@ -107,7 +125,10 @@ class TpuPoolPass(AwaitsGkeOperations):
                 "; ".join(decision.tried),
             )
             record_capacity_attempts(scope.bucket, scope.layout.training_record_object, [])
-            return max(self._pools_candidates(running_only=True), default=0), []
+            first = next_candidate(config.candidates, left_out, config.max_preemptions_per_candidate)
+            first_index = first.index if not isinstance(first, GiveUp) else 0
+            running = self._pools_candidates(running_only=True)
+            return max(running, default=first_index), [a.to_json() for a in left_out]
         found = self._pools_candidates()
         start = max([decision.index, *found])
         for line in describe_attempts(config.candidates, attempts):
