@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -435,7 +436,10 @@ def test_pods_that_cannot_pull_their_image_end_the_stage_at_its_start_window_and
     message = run_watched(tpu_jobset(name, run_seconds=600, annotations={f"{SIM}waiting": "ImagePullBackOff"}), name)
     assert f"JobSet default/{name} was deleted by the watchdog" in message
     assert "did not all run within 20 s (0 of 2 running)" in message
-    assert "2 pod(s) of main-job" in message and "ImagePullBackOff: Back-off pulling image" in message
+    # Each pod counts its window from its node: on a loaded machine the second may be placed seconds after the first,
+    # and the watchdog ends the stage once the first is late.
+    assert re.search(r"[12] pod\(s\) of main-job \(e\.g\. ", message), message
+    assert "ImagePullBackOff: Back-off pulling image" in message
     assert "fix: check that the image exists" in message
     sim.wait("the JobSet gone", lambda: not sim.jobsets(name), timeout=60)
 
@@ -452,6 +456,7 @@ def test_workers_that_never_join_the_pathways_head_end_the_training_at_its_start
         head["metadata"]["annotations"][f"{SIM}run-seconds"] = "600"  # a trainer would wait for its workers that long
         faults.set_fault(api, f"{name}-workers", prefix=name, replicated_job="worker", waiting="ContainerCreating")
         message = run_watched(manifest, name)
-    assert "(1 of 3 running)" in message and "2 pod(s) of worker" in message
+    # The head runs; each worker counts its window from its node, so the first late one may end the stage alone.
+    assert "(1 of 3 running)" in message and re.search(r"[12] pod\(s\) of worker \(e\.g\. ", message), message
     assert "pathways-worker waiting: ContainerCreating" in message
     sim.wait("the JobSet gone", lambda: not sim.jobsets(name), timeout=60)
