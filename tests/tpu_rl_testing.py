@@ -31,6 +31,20 @@ SMALL_SLICE = {
     "num_batches": 4,
     "checkpoint_period": 2,
 }
+#: The GKE emulator's project, on a v6e-16 slice: what the GKE operator and preflight tests run (their cluster name
+#: their own).
+GKE_TEST_CONF = {
+    "project": "tpu-rl-sim",
+    "region": "us-east5",
+    "zone": "us-east5-b",
+    "gcs_bucket": "tpu-rl-sim",
+    "node_service_account": "tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com",
+    "tpu_type": "v6e-16",
+    "topology": "4x4",
+    "ici_tensor_parallelism": 2,
+    "ici_expert_parallelism": 2,
+    "rollout_tensor_parallelism": 4,
+}
 #: Where the simulation's runs create clusters.
 GKE_PARENT = f"projects/{SIM_CREATE_CONF['project']}/locations/{SIM_CREATE_CONF['region']}"
 

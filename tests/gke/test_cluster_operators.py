@@ -34,7 +34,7 @@ from tpu_rl.operators.training_record import check_training_record
 from tpu_rl.run import GKE_LABEL_RUN_KEY, RunIdentity
 from tpu_rl.run_scope import RunScope
 from tpu_rl.triggers.gke import GkeOperationTrigger
-from tpu_rl_testing import TaskInstanceStandIn, task_context
+from tpu_rl_testing import GKE_TEST_CONF, TaskInstanceStandIn, task_context
 
 try:  # Airflow >= 3.1 task SDK
     from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
@@ -46,18 +46,7 @@ pytestmark = pytest.mark.gke
 REPO = Path(__file__).resolve().parents[2]
 
 DAG_ID = "maxtext_rl_tpu"
-SMALL = {
-    "project": "tpu-rl-sim",
-    "region": "us-east5",
-    "zone": "us-east5-b",
-    "gcs_bucket": "tpu-rl-sim",
-    "node_service_account": "tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com",
-    "tpu_type": "v6e-16",
-    "topology": "4x4",
-    "ici_tensor_parallelism": 2,
-    "ici_expert_parallelism": 2,
-    "rollout_tensor_parallelism": 4,
-}
+SMALL = GKE_TEST_CONF
 POLL = 1
 
 

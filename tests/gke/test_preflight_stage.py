@@ -13,7 +13,7 @@ import pytest
 
 from sim.gke_settings import GKE_DIR
 from tpu_rl.operators.preflight import PreflightOperator
-from tpu_rl_testing import TaskInstanceStandIn, task_context
+from tpu_rl_testing import GKE_TEST_CONF, TaskInstanceStandIn, task_context
 
 try:  # Airflow 3.1+
     from airflow.sdk.exceptions import AirflowFailException
@@ -23,18 +23,7 @@ except ImportError:  # pragma: no cover - Airflow 3.0
 pytestmark = pytest.mark.gke
 
 DAG_ID = "maxtext_rl_tpu"
-SMALL = {
-    "project": "tpu-rl-sim",
-    "region": "us-east5",
-    "zone": "us-east5-b",
-    "gcs_bucket": "tpu-rl-sim",
-    "node_service_account": "tpu-rl-nodes@tpu-rl-sim.iam.gserviceaccount.com",
-    "tpu_type": "v6e-16",
-    "topology": "4x4",
-    "ici_tensor_parallelism": 2,
-    "ici_expert_parallelism": 2,
-    "rollout_tensor_parallelism": 4,
-}
+SMALL = GKE_TEST_CONF
 
 
 @contextmanager
